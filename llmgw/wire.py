@@ -1,0 +1,386 @@
+"""Wire types: everything that crosses a process boundary.
+
+Inbound models (what an agent or an operator sends) forbid unknown fields and
+bound every list and string, so one malformed or hostile body cannot grow the
+controller's memory. Outbound views are plain models with the same habits.
+
+Agents send durations, never wall-clock timestamps: node clocks skew. The
+controller stamps the time it received a report.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# -- bounded scalar types -----------------------------------------------------
+
+NodeName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+ModelName = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/@:+-]*$")
+]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+Text = Annotated[str, StringConstraints(max_length=4096)]
+PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+Uuid = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+GpuClass = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+FabricName = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=1024)]
+
+
+class Inbound(BaseModel):
+    """Base for bodies we receive: unknown fields are an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Outbound(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+# -- enums ---------------------------------------------------------------------
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    UNREACHABLE = "unreachable"
+
+
+class AdminFlag(StrEnum):
+    """What an operator set on a node. Liveness is derived, never stored."""
+
+    NONE = "none"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+
+
+class GpuHealth(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"
+
+
+class StorageScope(StrEnum):
+    LOCAL = "local"
+    SHARED = "shared"
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class ShardState(StrEnum):
+    """What an agent says about one engine process it runs."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+# -- the agent's report ---------------------------------------------------------
+
+
+class GpuReport(Inbound):
+    uuid: Uuid
+    index: int = Field(ge=0, le=4096)
+    name: ShortText = ""  # raw product name as NVML gives it
+    gpu_class: GpuClass  # normalised name + memory in GiB, e.g. H100-SXM-80GB
+    memory_total_mib: int = Field(ge=0)
+    memory_used_mib: int | None = Field(default=None, ge=0)
+    utilization_pct: int | None = Field(default=None, ge=0, le=100)
+    in_use: bool = False  # compute processes present on the card
+    health: GpuHealth = GpuHealth.UNKNOWN
+    health_reason: Text | None = None
+    mig_parent_uuid: Uuid | None = None  # set when this device is a MIG slice
+
+
+class ModelFound(Inbound):
+    name: ModelName  # relative path (org/name) or HF cache repo id
+    path: PathText
+    format: Annotated[str, StringConstraints(max_length=32)] = "safetensors"
+    size_bytes: int = Field(ge=0)
+    files: int = Field(default=0, ge=0)
+
+
+class ModelIncomplete(Inbound):
+    """A directory that looks like a model but is not usable, and why."""
+
+    name: ShortText
+    path: PathText
+    reason: Text
+
+
+class StorageLocation(Inbound):
+    path: PathText
+    fs_type: ShortText = ""
+    scope: StorageScope = StorageScope.LOCAL
+    scope_overridden: bool = False
+    mount_source: Text = ""  # e.g. filer1:/export/models
+    mount_point: PathText | None = None
+    error: Text | None = None  # e.g. the directory does not exist
+    models: list[ModelFound] = Field(default_factory=list, max_length=4096)
+    incomplete: list[ModelIncomplete] = Field(default_factory=list, max_length=4096)
+
+
+class ReplicaReport(Inbound):
+    """One engine (one shard of a replica) that the agent runs."""
+
+    id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    model: ModelName
+    rank: int = Field(default=0, ge=0, le=1024)
+    state: ShardState
+    gpus: list[Uuid] = Field(default_factory=list, max_length=256)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    idle_seconds: float | None = Field(default=None, ge=0)  # None: not known yet
+    exit_code: int | None = None
+    error: Text | None = None
+
+
+class NodeReport(Inbound):
+    node: NodeName
+    agent_version: ShortText
+    boot_id: ShortText
+    interval_s: float = Field(gt=0, le=3600)
+    uptime_s: float | None = Field(default=None, ge=0)  # agent uptime, a duration
+    address: ShortText | None = None  # where engines on this node can be reached
+    gpus: list[GpuReport] = Field(default_factory=list, max_length=256)
+    gpu_error: Text | None = None  # why there are no GPUs (no NVML, driver error)
+    fabrics: list[FabricName] = Field(default_factory=list, max_length=16)
+    storage_configured: bool = False
+    storage: list[StorageLocation] = Field(default_factory=list, max_length=64)
+    replicas: list[ReplicaReport] = Field(default_factory=list, max_length=256)
+
+
+class ShardAssignment(Outbound):
+    """One engine the controller wants a node to run."""
+
+    replica_id: str
+    model: str
+    source: str
+    engine: str
+    engine_args: list[str] = Field(default_factory=list)
+    gpus: list[str]  # UUIDs of the cards to use
+    rank: int = 0
+    nnodes: int = 1
+    leader_node: str | None = None
+    leader_address: str | None = None
+    port: int | None = None  # rendezvous port for multi-node engines
+
+
+class ReportReply(Outbound):
+    node: str
+    admin_flag: AdminFlag
+    state: NodeState
+    assignments: list[ShardAssignment] = Field(default_factory=list)
+
+
+# -- admin requests --------------------------------------------------------------
+
+
+class ReasonRequest(Inbound):
+    reason: Reason
+
+
+class DrainRequest(Inbound):
+    reason: Reason
+    force: bool = False
+
+
+class ModelSpec(Inbound):
+    name: ModelName
+    source: PathText  # what the engine loads: a repository id or a path
+    min_replicas: int = Field(default=1, ge=0, le=10_000)
+    gpus_per_shard: int = Field(default=1, ge=1, le=64)
+    shards: int = Field(default=1, ge=1, le=256)  # nodes per replica
+    gpu_class: GpuClass | None = None
+    engine: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "vllm"
+    engine_args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
+        default_factory=list, max_length=256
+    )
+
+
+class ModelSpecList(Inbound):
+    models: list[ModelSpec] = Field(max_length=10_000)
+
+
+# -- views the controller serves -------------------------------------------------
+
+
+class AdminInfo(Outbound):
+    flag: AdminFlag = AdminFlag.NONE
+    reason: str | None = None
+    by: str | None = None
+    at: float | None = None  # unix time, controller clock
+    drained: bool = False  # a drain finished: cordoned, marked drained
+
+
+class AdminEvent(Outbound):
+    node: str
+    action: str  # cordon | uncordon | drain | drained
+    reason: str | None
+    by: str
+    at: float
+
+
+class NodeRow(Outbound):
+    """One line of the nodes table: small, so 2,000 of them stay cheap."""
+
+    name: str
+    state: NodeState
+    admin: AdminInfo
+    report_age_s: float | None  # None: no report since the controller started
+    classes: dict[str, int]  # gpu class -> cards
+    gpus_total: int
+    gpus_used: int
+    gpus_unhealthy: int
+    gpus_unknown: int
+    fabrics: list[str]
+    models: list[str]  # complete weights held
+    replicas: int
+    gpu_error: str | None = None
+    drain_blocked: str | None = None  # why a drain is not progressing
+
+
+class NodeDetail(Outbound):
+    row: NodeRow
+    gpus: list[GpuReport]
+    storage_configured: bool
+    storage: list[StorageLocation]
+    replicas: list[ReplicaReport]
+    history: list[AdminEvent]
+    agent_version: str | None = None
+    address: str | None = None
+
+
+class ShardView(Outbound):
+    node: str
+    rank: int
+    gpus: list[str]
+    state: ShardState | None = None  # None: the node has not reported it yet
+    idle_seconds: float | None = None
+    error: str | None = None
+
+
+class ReplicaView(Outbound):
+    id: str
+    model: str
+    state: ReplicaState
+    shards: list[ShardView]
+    gpus: int
+    idle_seconds: float | None
+    created_at: float
+    error: str | None = None
+    replaces: str | None = None  # the replica this one stands in for (drain)
+
+
+class ModelView(Outbound):
+    spec: ModelSpec
+    ready: int
+    starting: int
+    failed: int
+    satisfied: bool
+    unplaceable_reason: str | None = None
+    last_failure: str | None = None
+
+
+# -- the fleet summary (a wire contract: fields may be added, never removed) ----
+
+
+class NodeCounts(Outbound):
+    total: int
+    ready: int
+    cordoned: int
+    draining: int
+    unreachable: int
+
+
+class GpuClassCounts(Outbound):
+    gpu_class: str = Field(alias="class", serialization_alias="class")
+    total: int
+    used: int
+    unhealthy: int
+    # Added fields. Every card is in exactly one bucket:
+    # total = used + unhealthy + unknown + unschedulable + free
+    unknown: int = 0  # health not readable: never counted as free
+    unschedulable: int = 0  # healthy, unused, but on a node that takes no new work
+    free: int = 0  # healthy, unused, on a ready node
+
+
+class FabricModelCopies(Outbound):
+    model: str
+    local_copies: int  # nodes holding it on local storage
+    shared_copies: int  # distinct shared filers (mount sources) holding it
+    nodes: int  # nodes that can read it
+
+
+class FabricSummary(Outbound):
+    fabric: str
+    nodes: int
+    nodes_with_weights: int
+    models_present: int
+    largest_free_block: int
+    copies: list[FabricModelCopies] = Field(default_factory=list)
+
+
+class ReplicaCounts(Outbound):
+    ready: int = 0
+    starting: int = 0
+    draining: int = 0
+    failed: int = 0
+
+
+class ModelCounts(Outbound):
+    total: int
+    satisfied: int
+    short: int
+
+
+class IdleReplica(Outbound):
+    id: str
+    model: str
+    idle_seconds: float
+    gpus: int
+
+
+class ReasonGroup(Outbound):
+    """Nodes sharing one admin reason, as `sinfo -R` lists them."""
+
+    reason: str
+    flag: AdminFlag
+    by: str | None
+    at: float | None
+    nodes: list[str]
+
+
+class FleetSummary(Outbound):
+    nodes: NodeCounts
+    gpus: list[GpuClassCounts]
+    fabrics: list[FabricSummary]
+    replicas: ReplicaCounts
+    models: ModelCounts
+    unplaceable: list[str]
+    idle_replicas: list[IdleReplica]
+    # added fields
+    unplaceable_reasons: dict[str, str] = Field(default_factory=dict)
+    reasons: list[ReasonGroup] = Field(default_factory=list)
+    generated_at: float = 0.0  # controller clock
+
+
+class ErrorBody(Outbound):
+    error: str
+    detail: list[dict[str, object]] | None = None
+
+
+IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes
