@@ -384,3 +384,28 @@ class ErrorBody(Outbound):
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes
+
+
+# -- drain pre-check ----------------------------------------------------------------
+
+
+class DrainPlanRequest(Inbound):
+    nodes: list[NodeName] = Field(min_length=1, max_length=10_000)
+
+
+class DrainImpact(Outbound):
+    """What draining some nodes would do to one model."""
+
+    model: str
+    min_replicas: int
+    ready_now: int
+    replicas_on_nodes: int  # replicas that would have to move
+    replaceable: int  # of those, how many the scheduler can place elsewhere now
+    verdict: str  # "ok" | "below_minimum" | "unplaceable"
+    reason: str | None = None
+
+
+class DrainPlan(Outbound):
+    nodes: list[str]
+    replicas_to_move: int
+    impacts: list[DrainImpact]  # only models with replicas on the nodes, worst first
