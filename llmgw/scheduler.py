@@ -1,0 +1,519 @@
+"""Replica placement and the drain pre-check, as pure functions over a snapshot.
+
+Nothing here does I/O, reads a clock or keeps state between calls. The controller
+builds a snapshot of the fleet (one `NodeCapacity` per node), asks, and records
+the answer. The same snapshot gives the same answer whatever the order of nodes
+and of the card UUIDs in it.
+
+Public API
+----------
+``place(spec, nodes) -> Placement | Unplaceable``
+    Place one replica of ``spec``.
+``place_many(requests, nodes) -> list[Placement | Unplaceable]``
+    Place one replica per request, in request order. Cards taken by one placement
+    are not free for the next; an `Unplaceable` takes nothing. Results come back
+    in request order. Ask for two replicas of a model by listing its spec twice.
+``plan_drain(specs, replicas, nodes, draining) -> DrainPlan``
+    What draining ``draining`` would do to every model with replicas on those
+    nodes: how many replicas must move, how many replacements fit elsewhere now,
+    and a verdict, worst first.
+
+All three raise `ValueError` when two snapshot entries share a node name.
+
+Rules
+-----
+Candidates
+    Ready (``schedulable``) nodes with at least ``gpus_per_shard`` free cards of
+    the class asked for. ``free`` lists only healthy, unused cards, so broken or
+    busy cards are never handed out. A shard never mixes classes, and a
+    multi-shard replica uses one class on all its nodes. With no class asked for,
+    every class is tried and the best-ranked choice wins (ties by class name).
+Fabrics
+    A replica with ``shards > 1`` takes that many distinct nodes in one fabric.
+    Nodes in no fabric can host single-shard replicas only. A node in several
+    fabrics is a candidate in each. Single-shard placements report ``fabric=None``.
+Weights (a preference, never a filter)
+    One shard: a node that holds the model's weights beats any node that does
+    not. Several shards: the fabric where the most of the chosen nodes hold the
+    weights wins (holders beyond ``shards`` add nothing, so the count is capped
+    at ``shards``), and inside it holders are taken first.
+Packing, after weights
+    Nodes rank by: not entirely free before entirely free (an entirely free node
+    is a free block a multi-node replica may need), then least leftover free
+    cards on the node, then least leftover in the class, then name.
+    Fabrics rank by: fewest entirely free nodes consumed, then *best fit* on
+    blocks -- the fabric whose largest free block is smallest after placement,
+    so the largest blocks elsewhere stay intact -- then least leftover on the
+    chosen nodes, then fabric name, then class.
+Ranks
+    Rank 0 is the best-ranked node (a weight holder when there is one).
+Reasons
+    An `Unplaceable` says what is missing, in words with numbers, e.g.
+    "needs 2 nodes x 8 H100-80GB in one fabric; largest free block: ib-a 1, ib-b 0".
+
+How it stays fast
+-----------------
+Ready nodes are bucketed per (scope, class) by (entirely free, free cards on the
+node, free cards of the class); a scope is the whole fleet or one fabric. Bucket
+keys sort in rank order and each bucket keeps its names sorted, so the best
+candidates are read off the front instead of ranking every node per placement;
+taking cards moves one node between a few buckets.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import Literal
+
+from llmgw.wire import DrainImpact, DrainPlan, ModelSpec
+
+__all__ = [
+    "NodeCapacity",
+    "Placement",
+    "RunningReplica",
+    "ShardPlacement",
+    "Unplaceable",
+    "place",
+    "place_many",
+    "plan_drain",
+]
+
+# -- inputs and results ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """What placement needs to know about one node.
+
+    ``free`` maps a GPU class to the UUIDs of its healthy, unused cards. List a
+    class the node has even when none of its cards is free (an empty tuple), so
+    that reasons can tell "all busy" from "no such cards here".
+    """
+
+    name: str
+    free: Mapping[str, tuple[str, ...]]
+    total_cards: int  # every card, busy or broken: tells whether the node is entirely free
+    fabrics: tuple[str, ...] = ()
+    schedulable: bool = True  # ready: not cordoned, draining or unreachable
+    holds: frozenset[str] = frozenset()  # models whose complete weights the node can read
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlacement:
+    node: str
+    rank: int
+    gpus: tuple[str, ...]  # UUIDs, sorted
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    model: str
+    fabric: str | None  # None for a single-shard replica
+    shards: tuple[ShardPlacement, ...]  # in rank order
+    gpu_class: str
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunningReplica:
+    """A replica as the drain pre-check needs it."""
+
+    id: str
+    model: str
+    nodes: tuple[str, ...]
+    ready: bool
+
+
+Verdict = Literal["ok", "below_minimum", "unplaceable"]
+
+# -- public functions --------------------------------------------------------------
+
+
+def place(spec: ModelSpec, nodes: Iterable[NodeCapacity]) -> Placement | Unplaceable:
+    """Place one replica of ``spec`` on ``nodes``."""
+    return _Fleet(nodes).place(spec)
+
+
+def place_many(
+    requests: Sequence[ModelSpec], nodes: Iterable[NodeCapacity]
+) -> list[Placement | Unplaceable]:
+    """Place one replica per request, in order, each seeing the cards the earlier took."""
+    fleet = _Fleet(nodes)
+    return [fleet.place(spec) for spec in requests]
+
+
+def plan_drain(
+    specs: Iterable[ModelSpec],
+    replicas: Iterable[RunningReplica],
+    nodes: Iterable[NodeCapacity],
+    draining: Collection[str],
+) -> DrainPlan:
+    """Say what draining ``draining`` would do to each model with replicas on them.
+
+    ``nodes`` is the fleet as it is now; the nodes to drain are treated as not
+    ready. Every replica with a shard on them must move. Replacements are placed
+    one after another, models in name order, so two models competing for the
+    same free cards are not both promised them.
+
+    Verdicts, per model:
+
+    - ``ok``: every replacement fits elsewhere now.
+    - ``below_minimum``: some do not, and ready replicas (those kept plus the
+      replacements that fit) would fall below ``min_replicas``.
+    - ``unplaceable``: some do not, but the model keeps its minimum; the drain
+      would still wait for them (or lose them with ``--force``).
+
+    Replicas of models without a spec are ignored: they are stopped, not moved.
+    Impacts come worst first: verdict, then most replacements missing, then name.
+    """
+    drain = frozenset(draining)
+    by_name = {spec.name: spec for spec in specs}
+    ready_now: dict[str, int] = defaultdict(int)
+    moving: dict[str, int] = defaultdict(int)
+    ready_moving: dict[str, int] = defaultdict(int)
+    for replica in replicas:
+        if replica.model not in by_name:
+            continue
+        ready_now[replica.model] += replica.ready
+        if drain.intersection(replica.nodes):
+            moving[replica.model] += 1
+            ready_moving[replica.model] += replica.ready
+
+    fleet = _Fleet(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
+    impacts: list[DrainImpact] = []
+    for model in sorted(moving):
+        spec, need = by_name[model], moving[model]
+        placed, why = 0, ""
+        for _ in range(need):
+            result = fleet.place(spec)
+            if isinstance(result, Unplaceable):
+                why = result.reason  # capacity only shrinks: the rest fail too
+                break
+            placed += 1
+        ready_after = ready_now[model] - ready_moving[model] + placed
+        verdict: Verdict
+        reason: str | None = None
+        if placed == need:
+            verdict = "ok"
+        else:
+            fit = f"{placed} of {need} replacements fit elsewhere"
+            if ready_after < spec.min_replicas:
+                verdict = "below_minimum"
+                reason = (
+                    f"{fit}; ready replicas would fall to {ready_after}"
+                    f" of minimum {spec.min_replicas}: {why}"
+                )
+            else:
+                verdict = "unplaceable"
+                reason = f"{fit}; the drain would wait for the rest: {why}"
+        impacts.append(
+            DrainImpact(
+                model=model,
+                min_replicas=spec.min_replicas,
+                ready_now=ready_now[model],
+                replicas_on_nodes=need,
+                replaceable=placed,
+                verdict=verdict,
+                reason=reason,
+            )
+        )
+    severity = {"below_minimum": 0, "unplaceable": 1, "ok": 2}
+    impacts.sort(key=lambda i: (severity[i.verdict], i.replaceable - i.replicas_on_nodes, i.model))
+    return DrainPlan(
+        nodes=sorted(drain),
+        replicas_to_move=sum(moving.values()),
+        impacts=impacts,
+    )
+
+
+# -- the index -------------------------------------------------------------------------
+
+# (entirely free, free cards on the node, free cards of the class). For a fixed
+# request these sort exactly as the packing rank does.
+_BucketKey = tuple[bool, int, int]
+# (not a holder, entirely free, leftover on node, leftover in class, name): smaller is better.
+_Rank = tuple[bool, bool, int, int, str]
+_Scope = str | None  # None: the whole fleet; otherwise a fabric
+
+_MAX_LISTED = 6  # fabrics or classes named in one reason
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    fabrics: tuple[str, ...]
+    total_cards: int
+    holds: frozenset[str]
+    free: dict[str, list[str]]
+    total_free: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.total_free = sum(len(cards) for cards in self.free.values())
+
+    @property
+    def entirely_free(self) -> bool:
+        return self.total_cards > 0 and self.total_free >= self.total_cards
+
+    def key(self, cls: str) -> _BucketKey:
+        return (self.entirely_free, self.total_free, len(self.free.get(cls, ())))
+
+
+class _Fleet:
+    """Mutable allocation state for one call: the snapshot, indexed."""
+
+    def __init__(self, nodes: Iterable[NodeCapacity]) -> None:
+        self._ready: dict[str, _Node] = {}
+        self._not_ready: list[NodeCapacity] = []
+        self._buckets: dict[tuple[_Scope, str], dict[_BucketKey, list[str]]] = defaultdict(dict)
+        self._free_block: dict[str, int] = defaultdict(int)  # fabric -> entirely free nodes
+        self._holders_by_model: dict[str, set[str]] = defaultdict(set)
+        self._holders: dict[tuple[str, _Scope], frozenset[str]] = {}
+        seen: set[str] = set()
+        for cap in sorted(nodes, key=lambda n: n.name):
+            if cap.name in seen:
+                raise ValueError(f"node {cap.name!r} appears twice in the snapshot")
+            seen.add(cap.name)
+            if not cap.schedulable:
+                self._not_ready.append(cap)
+                continue
+            node = _Node(
+                name=cap.name,
+                fabrics=tuple(sorted(set(cap.fabrics))),
+                total_cards=cap.total_cards,
+                holds=cap.holds,
+                free={cls: sorted(cards) for cls, cards in cap.free.items()},
+            )
+            self._ready[node.name] = node
+            for model in node.holds:
+                self._holders_by_model[model].add(node.name)
+            self._enter(node, presorted=True)  # names arrive sorted: append keeps buckets sorted
+        self._fabrics = sorted({f for n in self._ready.values() for f in n.fabrics})
+
+    # -- bookkeeping
+
+    def _enter(self, node: _Node, *, presorted: bool = False) -> None:
+        for scope in (None, *node.fabrics):
+            for cls, cards in node.free.items():
+                if not cards:
+                    continue
+                bucket = self._buckets[scope, cls].setdefault(node.key(cls), [])
+                if presorted:
+                    bucket.append(node.name)
+                else:
+                    bisect.insort(bucket, node.name)
+        if node.entirely_free:
+            for fabric in node.fabrics:
+                self._free_block[fabric] += 1
+
+    def _leave(self, node: _Node) -> None:
+        for scope in (None, *node.fabrics):
+            for cls, cards in node.free.items():
+                if not cards:
+                    continue
+                table = self._buckets[scope, cls]
+                key = node.key(cls)
+                bucket = table[key]
+                del bucket[bisect.bisect_left(bucket, node.name)]
+                if not bucket:
+                    del table[key]
+        if node.entirely_free:
+            for fabric in node.fabrics:
+                self._free_block[fabric] -= 1
+
+    def _take(self, name: str, cls: str, count: int) -> tuple[str, ...]:
+        node = self._ready[name]
+        self._leave(node)
+        cards = node.free[cls]
+        taken, node.free[cls] = tuple(cards[:count]), cards[count:]
+        node.total_free -= count
+        self._enter(node)
+        return taken
+
+    def _holders_in(self, model: str, scope: _Scope) -> frozenset[str]:
+        cached = self._holders.get((model, scope))
+        if cached is None:
+            everywhere = self._holders_by_model.get(model, set())
+            if scope is None:
+                cached = frozenset(everywhere)
+            else:
+                cached = frozenset(n for n in everywhere if scope in self._ready[n].fabrics)
+            self._holders[model, scope] = cached
+        return cached
+
+    # -- choosing
+
+    def _pick(self, scope: _Scope, cls: str, gpus: int, count: int, model: str) -> list[_Rank]:
+        """The ``count`` best-ranked candidates in ``scope``, or [] when too few fit."""
+        table = self._buckets.get((scope, cls))
+        if not table:
+            return []
+        keys = sorted(k for k in table if k[2] >= gpus)
+        eligible = sum(len(table[k]) for k in keys)
+        if eligible < count:
+            return []
+
+        def rank(holder: bool, key: _BucketKey, name: str) -> _Rank:
+            return (not holder, key[0], key[1] - gpus, key[2] - gpus, name)
+
+        def walk() -> Iterator[tuple[_BucketKey, str]]:
+            return ((k, name) for k in keys for name in table[k])
+
+        holders = self._holders_in(model, scope)
+        chosen: list[_Rank] = []
+        if holders:
+            if len(holders) * 4 < eligible:
+                # Few holders: rank them directly rather than walking every bucket.
+                for name in holders:
+                    key = self._ready[name].key(cls)
+                    if key[2] >= gpus:
+                        chosen.append(rank(True, key, name))
+                chosen = sorted(chosen)[:count]
+            else:
+                # Many holders: walking in rank order meets them early.
+                hits = ((k, n) for k, n in walk() if n in holders)
+                chosen = [rank(True, k, n) for k, n in islice(hits, count)]
+        if len(chosen) < count:
+            rest = ((k, n) for k, n in walk() if n not in holders)
+            chosen += [rank(False, k, n) for k, n in islice(rest, count - len(chosen))]
+        return chosen
+
+    def _classes(self, scope: _Scope) -> list[str]:
+        return sorted(cls for (s, cls), table in self._buckets.items() if s == scope and table)
+
+    def place(self, spec: ModelSpec) -> Placement | Unplaceable:
+        gpus, shards = spec.gpus_per_shard, spec.shards
+        if shards == 1:
+            single: tuple[_Rank, str] | None = None
+            for cls in [spec.gpu_class] if spec.gpu_class else self._classes(None):
+                picked = self._pick(None, cls, gpus, 1, spec.name)
+                if picked and (single is None or (picked[0], cls) < single):
+                    single = (picked[0], cls)
+            if single is None:
+                return Unplaceable(spec.name, self._why_single(spec))
+            return self._commit(spec, None, single[1], [single[0]])
+
+        best: tuple[tuple[int, int, int, int, str, str], list[_Rank]] | None = None
+        for fabric in self._fabrics:
+            for cls in [spec.gpu_class] if spec.gpu_class else self._classes(fabric):
+                picked = self._pick(fabric, cls, gpus, shards, spec.name)
+                if not picked:
+                    continue
+                consumed = sum(r[1] for r in picked)
+                score = (
+                    sum(r[0] for r in picked),  # non-holders: fewer is better
+                    consumed,
+                    self._free_block[fabric] - consumed,  # best fit on free blocks
+                    sum(r[2] for r in picked),
+                    fabric,
+                    cls,
+                )
+                if best is None or score < best[0]:
+                    best = (score, picked)
+        if best is None:
+            return Unplaceable(spec.name, self._why_multi(spec))
+        score, picked = best
+        return self._commit(spec, score[4], score[5], picked)
+
+    def _commit(
+        self, spec: ModelSpec, fabric: str | None, cls: str, picked: list[_Rank]
+    ) -> Placement:
+        shards = tuple(
+            ShardPlacement(node=r[4], rank=i, gpus=self._take(r[4], cls, spec.gpus_per_shard))
+            for i, r in enumerate(picked)
+        )
+        return Placement(model=spec.name, fabric=fabric, shards=shards, gpu_class=cls)
+
+    # -- reasons (only on failure, so plain scans are fine)
+
+    def _no_ready_node(self) -> str:
+        if self._not_ready:
+            return f"no node is ready ({len(self._not_ready)} cordoned, draining or unreachable)"
+        return "the fleet has no nodes"
+
+    def _missing_class(self, cls: str) -> str | None:
+        if any(cls in node.free for node in self._ready.values()):
+            return None
+        reason = f"no ready node has GPUs of class {cls}"
+        elsewhere = sum(cls in cap.free for cap in self._not_ready)
+        if elsewhere:
+            reason += f" ({elsewhere} not-ready nodes do)"
+        present = sorted({c for node in self._ready.values() for c in node.free})
+        if present:
+            reason += "; ready nodes have " + _listing(present)
+        return reason
+
+    def _why_single(self, spec: ModelSpec) -> str:
+        gpus, cls = spec.gpus_per_shard, spec.gpu_class
+        want = f"needs 1 node with {gpus} free {cls or 'GPUs of one class'}"
+        if not self._ready:
+            return f"{want}; {self._no_ready_node()}"
+        if cls is not None and (missing := self._missing_class(cls)):
+            return f"{want}; {missing}"
+        # Most free, then first by name: (-count, name, class) is smallest.
+        most = min(
+            (
+                (-len(cards), node.name, c)
+                for node in self._ready.values()
+                for c, cards in node.free.items()
+                if cls is None or c == cls
+            ),
+            default=(0, "", ""),
+        )
+        if most[0] == 0:
+            return f"{want}; no ready node has a free one"
+        where = most[1] if cls else f"{most[2]} on {most[1]}"
+        kind = "" if cls else " of one class"
+        return f"{want}; most free{kind} on a ready node: {-most[0]} ({where})"
+
+    def _why_multi(self, spec: ModelSpec) -> str:
+        gpus, cls, shards = spec.gpus_per_shard, spec.gpu_class, spec.shards
+        want = f"needs {shards} nodes x {gpus} {cls or 'GPUs of one class'} in one fabric"
+        if not self._ready:
+            return f"{want}; {self._no_ready_node()}"
+        if cls is not None and (missing := self._missing_class(cls)):
+            return f"{want}; {missing}"
+
+        def fitting(nodes: Iterable[_Node]) -> int:
+            # A replica uses one class throughout, so count per class and keep the best.
+            per_class: dict[str, int] = defaultdict(int)
+            for node in nodes:
+                for c, cards in node.free.items():
+                    if (cls is None or c == cls) and len(cards) >= gpus:
+                        per_class[c] += 1
+            return max(per_class.values(), default=0)
+
+        loose = fitting(n for n in self._ready.values() if not n.fabrics)
+        if not self._fabrics:
+            reason = f"{want}; no ready node is in a fabric"
+            return reason + (f" ({loose} would fit)" if loose else "")
+        fits = {
+            f: fitting(n for n in self._ready.values() if f in n.fabrics) for f in self._fabrics
+        }
+        if all(fits[f] == self._free_block[f] for f in self._fabrics):
+            label = "largest free block"  # the same numbers, in the fleet's own words
+        else:
+            label = f"ready nodes with {gpus} free" + ("" if cls else " of one class")
+        ordered = sorted(self._fabrics, key=lambda f: (-fits[f], f))
+        reason = f"{want}; {label}: " + _listing([f"{f} {fits[f]}" for f in ordered])
+        if loose:
+            reason += f"; {loose} more would fit but are in no fabric"
+        return reason
+
+
+def _listing(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    more = len(items) - _MAX_LISTED
+    return f"{shown} and {more} more" if more > 0 else shown
