@@ -1,0 +1,290 @@
+"""A fake inference engine: `python -m agent.fake_engine --port P`.
+
+It behaves, from the outside, like a vLLM OpenAI server: it "loads" for a
+while (`/health` answers 503), then serves `/health`, `/v1/models`,
+`/v1/completions` and vLLM-format `/metrics`. Tests and the demo run it where
+there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
+`--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL.
+`--traffic RATE` makes it serve simulated requests by itself, so that a demo
+fleet has some busy replicas and some idle ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    model: str = "fake-model"
+    load_seconds: float = 2.0
+    latency_s: float = 0.05  # how long one request "runs"
+    traffic_rate: float = 0.0  # simulated requests per second, 0 = none
+    traffic_duration_s: float | None = None  # stop simulated traffic after this long
+    seed: int | None = None
+
+
+class EngineMetrics:
+    """The vLLM metric names the agent reads, in a registry of their own."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        self.running = Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.model = model
+
+    def finished(self, prompt_tokens: int, generation_tokens: int, reason: str) -> None:
+        self.success.labels(self.model, reason).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generation_tokens)
+
+
+@dataclass
+class EngineState:
+    config: FakeConfig
+    metrics: EngineMetrics
+    ready_at: float  # monotonic
+    created: int = field(default_factory=lambda: int(time.time()))
+    requests: int = 0
+    ids: count[int] = field(default_factory=count)
+
+    @property
+    def loaded(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+STATE = web.AppKey("fake_engine_state", EngineState)
+
+
+async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) -> str:
+    """Run one request through the metrics: running while it sleeps, then counted."""
+    state.metrics.running.inc()
+    try:
+        await asyncio.sleep(state.config.latency_s)
+    finally:
+        state.metrics.running.dec()
+    state.requests += 1
+    state.metrics.finished(prompt_tokens, max_tokens, "length")
+    return " lorem" * max_tokens
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.loaded:
+        return web.Response(status=503, text="loading\n")
+    return web.Response(status=200)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    item = {
+        "id": state.config.model,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "llmgw-fake",
+    }
+    return web.json_response({"object": "list", "data": [item]})
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.json_response(body, status=status)
+
+
+async def completions(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.loaded:
+        return _error(503, "the model is still loading; retry shortly", "ServiceUnavailable")
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "the body must be a JSON object", "BadRequestError")
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object", "BadRequestError")
+    model = body.get("model", state.config.model)
+    if model != state.config.model:
+        return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+    prompt = body.get("prompt", "")
+    text_in = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or not 0 < max_tokens <= 4096:
+        return _error(400, "max_tokens must be an integer in 1..4096", "BadRequestError")
+    prompt_tokens = len(text_in.split())
+    text = await _serve_one(state, prompt_tokens, max_tokens)
+    return web.json_response(
+        {
+            "id": f"cmpl-fake-{next(state.ids)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.config.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_tokens,
+                "total_tokens": prompt_tokens + max_tokens,
+            },
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE].metrics.registry)
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return resp
+
+
+async def _simulate_traffic(state: EngineState) -> None:
+    """Poisson arrivals at the configured rate, once loaded, for the configured time."""
+    cfg = state.config
+    rng = random.Random(cfg.seed)
+    await asyncio.sleep(max(0.0, state.ready_at - time.monotonic()))  # traffic only once loaded
+    stop_at = None if cfg.traffic_duration_s is None else time.monotonic() + cfg.traffic_duration_s
+    tasks: set[asyncio.Task[str]] = set()
+    while stop_at is None or time.monotonic() < stop_at:
+        await asyncio.sleep(rng.expovariate(cfg.traffic_rate))
+        task = asyncio.create_task(_serve_one(state, rng.randint(8, 512), rng.randint(16, 256)))
+        tasks.add(task)  # keep a reference until done
+        task.add_done_callback(tasks.discard)
+
+
+async def _traffic_ctx(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    task = None
+    if state.config.traffic_rate > 0:
+        task = asyncio.create_task(_simulate_traffic(state))
+    yield
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def make_app(config: FakeConfig) -> web.Application:
+    app = web.Application()
+    app[STATE] = EngineState(
+        config=config,
+        metrics=EngineMetrics(config.model),
+        ready_at=time.monotonic() + config.load_seconds,
+    )
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(_traffic_ctx)
+    return app
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m agent.fake_engine", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
+    p.add_argument("--latency", type=float, default=0.05, help="seconds one request runs")
+    p.add_argument("--traffic", type=float, default=0.0, help="simulated requests per second")
+    p.add_argument("--traffic-duration", type=float, default=None, help="then go quiet")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--fail-after", type=float, default=None, help="crash after this many seconds")
+    p.add_argument("--exit-code", type=int, default=1, help="exit status of --fail-after")
+    p.add_argument("--ignore-sigterm", action="store_true", help="only SIGKILL stops it")
+    # Real engines take many more options; accept and ignore unknown ones so a
+    # model spec's engine_args written for vLLM do not crash the fake.
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        print(f"fake engine: ignoring options {unknown}", flush=True)
+    return args
+
+
+def _say(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} fake engine: {text}", flush=True)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    config = FakeConfig(
+        model=args.model,
+        load_seconds=args.load_seconds,
+        latency_s=args.latency,
+        traffic_rate=args.traffic,
+        traffic_duration_s=args.traffic_duration,
+        seed=args.seed,
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    _say(f"loading {args.model} on {args.host}:{args.port} for {args.load_seconds:g}s")
+    loop.call_later(args.load_seconds, _say, "ready")
+    code = 0
+    try:
+        if args.fail_after is None:
+            await stop.wait()
+            _say("stopping on signal")
+        else:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=args.fail_after)
+                _say("stopping on signal")
+            except TimeoutError:
+                print(f"fatal: simulated failure, exit code {args.exit_code}", file=sys.stderr)
+                code = args.exit_code
+    finally:
+        await runner.cleanup()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return asyncio.run(_run(_parse(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
