@@ -180,7 +180,9 @@ def _error_message(response: httpx.Response) -> str:
         message = str(body["error"])
         detail = body.get("detail")
         if isinstance(detail, list) and detail:
-            parts = [f"{d.get('loc', '')}: {d.get('msg', '')}" for d in detail if isinstance(d, dict)]
+            parts = [
+                f"{d.get('loc', '')}: {d.get('msg', '')}" for d in detail if isinstance(d, dict)
+            ]
             message += " (" + "; ".join(parts) + ")"
         return message
     return response.text.strip()

@@ -21,7 +21,8 @@ NodeName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
 ModelName = Annotated[
-    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/@:+-]*$")
+    str,
+    StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/@:+-]*$"),
 ]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
 Text = Annotated[str, StringConstraints(max_length=4096)]

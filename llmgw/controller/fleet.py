@@ -1,0 +1,374 @@
+"""The controller's state: durable records (via the store) plus soft reports.
+
+Every view the API serves (summary, node rows, node detail, replicas, models)
+is derived here from one set of facts, so no two answers can disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
+from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
+from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.store import Backoff, ReplicaRecord, Store
+from llmgw.controller.summary import NodeFacts, SummaryBasis, build_summary
+from llmgw.wire import (
+    AdminFlag,
+    AdminInfo,
+    FleetSummary,
+    ModelSpec,
+    ModelView,
+    NodeDetail,
+    NodeReport,
+    NodeRow,
+    NodeState,
+    ReplicaState,
+    ReplicaView,
+    ReportReply,
+    ShardAssignment,
+)
+
+
+class UnknownNode(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no node named {name!r} has ever reported to this controller")
+        self.name = name
+
+
+class UnknownModel(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no model named {name!r} is declared")
+        self.name = name
+
+
+@dataclass
+class _CachedSummary:
+    version: int
+    valid_until: float
+    basis: SummaryBasis
+
+
+class Fleet:
+    def __init__(
+        self,
+        store: Store,
+        settings: ControllerSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.wall = wall
+        self.started_at = clock()
+        self.entries: dict[str, NodeEntry] = {
+            name: NodeEntry(name, first_seen) for name, first_seen in store.known_nodes().items()
+        }
+        self.admin: dict[str, AdminInfo] = store.admin()
+        self.models: dict[str, ModelSpec] = store.models()
+        self.records: dict[str, ReplicaRecord] = store.replicas()
+        self.backoffs: dict[str, Backoff] = store.backoffs()
+        # Written by the reconcile loop: why a model cannot be placed, why a drain waits.
+        self.unplaceable_reasons: dict[str, str] = {}
+        self.drain_blocked: dict[str, str] = {}
+        self._by_node: dict[str, list[ReplicaRecord]] = {}
+        self._version = 0
+        self._cache: _CachedSummary | None = None
+        self._index_records()
+
+    # -- change tracking ------------------------------------------------------
+
+    def changed(self) -> None:
+        """Something the derived views depend on changed: drop cached answers."""
+        self._version += 1
+
+    def _index_records(self) -> None:
+        by_node: dict[str, list[ReplicaRecord]] = defaultdict(list)
+        for rec in self.records.values():
+            for shard in rec.shards:
+                by_node[shard.node].append(rec)
+        self._by_node = dict(by_node)
+        self.changed()
+
+    def assigned_gpus(self, node: str) -> frozenset[str]:
+        return frozenset(
+            gpu
+            for rec in self._by_node.get(node, ())
+            for shard in rec.shards
+            if shard.node == node
+            for gpu in shard.gpus
+        )
+
+    # -- agent reports ----------------------------------------------------------
+
+    def grace_s(self, entry: NodeEntry) -> float:
+        return entry.grace_s(self.settings.grace_intervals, self.settings.grace_extra_s)
+
+    def state_of(self, name: str, now: float | None = None) -> NodeState:
+        entry = self.entries[name]
+        now = self.clock() if now is None else now
+        return node_state(entry, self.admin.get(name), now, self.grace_s(entry), self.started_at)
+
+    def ingest(self, report: NodeReport) -> ReportReply:
+        now = self.clock()
+        entry = self.entries.get(report.node)
+        if entry is None:
+            first_seen = self.wall()
+            self.store.add_node(report.node, first_seen)
+            entry = self.entries[report.node] = NodeEntry(report.node, first_seen)
+            self.changed()
+        elif self.state_of(report.node, now) is NodeState.UNREACHABLE:
+            self.changed()  # it comes back
+        digest = digest_report(report, now, self.assigned_gpus(report.node), entry.digest)
+        if digest != entry.digest:
+            self.changed()
+        entry.report, entry.received_at, entry.digest = report, now, digest
+        return ReportReply(
+            node=report.node,
+            admin_flag=self.admin_info(report.node).flag,
+            state=self.state_of(report.node, now),
+            assignments=self.assignments_for(report.node),
+        )
+
+    def refresh_digest(self, node: str) -> None:
+        """Re-derive a node's digest after its replica assignments changed."""
+        entry = self.entries.get(node)
+        if entry is None or entry.report is None or entry.received_at is None:
+            return
+        entry.digest = digest_report(
+            entry.report, entry.received_at, self.assigned_gpus(node), entry.digest
+        )
+        self.changed()
+
+    def assignments_for(self, node: str) -> list[ShardAssignment]:
+        out = []
+        for rec in self._by_node.get(node, ()):
+            spec = self.models.get(rec.model)
+            if spec is None or rec.state is ReplicaState.FAILED:
+                continue
+            leader = rec.shards[0].node
+            leader_entry = self.entries.get(leader)
+            leader_address = (
+                leader_entry.report.address if leader_entry and leader_entry.report else None
+            )
+            for shard in rec.shards:
+                if shard.node != node:
+                    continue
+                out.append(
+                    ShardAssignment(
+                        replica_id=rec.id,
+                        model=rec.model,
+                        source=spec.source,
+                        engine=spec.engine,
+                        engine_args=list(spec.engine_args),
+                        gpus=list(shard.gpus),
+                        rank=shard.rank,
+                        nnodes=len(rec.shards),
+                        leader_node=leader,
+                        leader_address=leader_address,
+                        port=rendezvous_port(rec.id) if len(rec.shards) > 1 else None,
+                    )
+                )
+        return out
+
+    # -- admin flags -------------------------------------------------------------
+
+    def admin_info(self, name: str) -> AdminInfo:
+        return self.admin.get(name) or AdminInfo()
+
+    def _require(self, name: str) -> NodeEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise UnknownNode(name)
+        return entry
+
+    def set_flag(
+        self, name: str, flag: AdminFlag, reason: str | None, by: str, *, force: bool = False
+    ) -> NodeRow:
+        self._require(name)
+        at = self.wall()
+        info = (
+            AdminInfo(flag=flag, reason=reason, by=by, at=at)
+            if flag is not AdminFlag.NONE
+            else AdminInfo()
+        )
+        action = {
+            AdminFlag.NONE: "uncordon",
+            AdminFlag.CORDONED: "cordon",
+            AdminFlag.DRAINING: "drain",
+        }[flag]
+        self.store.set_admin(name, info, action=action, by=by, at=at, force=force)
+        if flag is AdminFlag.NONE:
+            self.admin.pop(name, None)
+        else:
+            self.admin[name] = info
+        self.drain_blocked.pop(name, None)
+        self.changed()
+        return self.row(name)
+
+    def mark_drained(self, name: str) -> None:
+        """A drain finished: the node stays cordoned, marked as drained."""
+        old = self.admin_info(name)
+        at = self.wall()
+        info = AdminInfo(
+            flag=AdminFlag.CORDONED, reason=old.reason, by=old.by, at=old.at, drained=True
+        )
+        self.store.set_admin(name, info, action="drained", by="controller", at=at)
+        self.admin[name] = info
+        self.drain_blocked.pop(name, None)
+        self.changed()
+
+    # -- models and replicas ------------------------------------------------------
+
+    def put_models(self, specs: Iterable[ModelSpec]) -> None:
+        specs = list(specs)
+        self.store.put_models(specs, self.wall())
+        for spec in specs:
+            self.models[spec.name] = spec
+        self.changed()
+
+    def delete_model(self, name: str) -> None:
+        if name not in self.models:
+            raise UnknownModel(name)
+        self.store.delete_model(name)
+        del self.models[name]
+        self.backoffs.pop(name, None)
+        self.unplaceable_reasons.pop(name, None)
+        # Its replicas go with it: the agents stop engines no longer assigned.
+        self.remove_replicas([r.id for r in self.records.values() if r.model == name])
+
+    def put_replicas(self, records: Iterable[ReplicaRecord]) -> None:
+        records = list(records)
+        if not records:
+            return
+        self.store.put_replicas(records)
+        touched = set()
+        for rec in records:
+            old = self.records.get(rec.id)
+            touched.update(old.nodes if old else ())
+            touched.update(rec.nodes)
+            self.records[rec.id] = rec
+        self._index_records()
+        for node in touched:
+            self.refresh_digest(node)
+
+    def remove_replicas(self, ids: Iterable[str]) -> None:
+        ids = [i for i in ids if i in self.records]
+        if not ids:
+            return
+        self.store.delete_replicas(ids)
+        touched = set()
+        for i in ids:
+            touched.update(self.records.pop(i).nodes)
+        self._index_records()
+        for node in touched:
+            self.refresh_digest(node)
+
+    def replica_statuses(self) -> dict[str, ReplicaStatus]:
+        reported: dict[tuple[str, int], ShardDigest] = {}
+        for node in self._by_node:
+            entry = self.entries.get(node)
+            if entry is None:
+                continue
+            for shard in entry.digest.shards:
+                reported[(shard.replica_id, shard.rank)] = shard
+        return {rid: replica_status(rec, reported) for rid, rec in self.records.items()}
+
+    # -- views ----------------------------------------------------------------------
+
+    def summary(self) -> FleetSummary:
+        now = self.clock()
+        cache = self._cache
+        if cache is None or cache.version != self._version or now >= cache.valid_until:
+            cache = self._cache = self._build_summary(now)
+        return cache.basis.render(now, self.wall())
+
+    def _build_summary(self, now: float) -> _CachedSummary:
+        version = self._version
+        facts: dict[str, NodeFacts] = {}
+        # The earliest moment any node could change liveness: the cache expires then.
+        next_flip = float("inf")
+        for name, entry in self.entries.items():
+            state = self.state_of(name, now)
+            if state is not NodeState.UNREACHABLE:
+                last = entry.received_at if entry.received_at is not None else self.started_at
+                next_flip = min(next_flip, last + self.grace_s(entry))
+            facts[name] = NodeFacts(state, entry.digest.fabrics, entry.digest)
+        basis = build_summary(
+            facts, self.admin, self.replica_statuses(), self.models, self.unplaceable_reasons
+        )
+        return _CachedSummary(version, min(next_flip, basis.next_idle_change(now)), basis)
+
+    def row(self, name: str, now: float | None = None) -> NodeRow:
+        entry = self._require(name)
+        now = self.clock() if now is None else now
+        d = entry.digest
+        report = entry.report
+        return NodeRow(
+            name=name,
+            state=self.state_of(name, now),
+            admin=self.admin_info(name),
+            report_age_s=None if entry.received_at is None else round(now - entry.received_at, 1),
+            classes={cls: c.total for cls, c in d.classes},
+            gpus_total=d.gpus_total,
+            gpus_used=sum(c.used for _, c in d.classes),
+            gpus_unhealthy=sum(c.unhealthy for _, c in d.classes),
+            gpus_unknown=sum(c.unknown for _, c in d.classes),
+            fabrics=list(d.fabrics),
+            models=sorted(d.models),
+            replicas=len(self._by_node.get(name, ())),
+            gpu_error=report.gpu_error if report else None,
+            drain_blocked=self.drain_blocked.get(name),
+        )
+
+    def rows(self) -> list[NodeRow]:
+        now = self.clock()
+        return [self.row(name, now) for name in sorted(self.entries)]
+
+    def detail(self, name: str) -> NodeDetail:
+        entry = self._require(name)
+        report = entry.report
+        return NodeDetail(
+            row=self.row(name),
+            gpus=list(report.gpus) if report else [],
+            storage_configured=report.storage_configured if report else False,
+            storage=list(report.storage) if report else [],
+            replicas=list(report.replicas) if report else [],
+            history=self.store.history(name),
+            agent_version=report.agent_version if report else None,
+            address=report.address if report else None,
+        )
+
+    def replica_views(self) -> list[ReplicaView]:
+        now = self.clock()
+        return [replica_view(s, now) for s in self.replica_statuses().values()]
+
+    def model_views(self) -> list[ModelView]:
+        statuses = self.replica_statuses().values()
+        views = []
+        for name, spec in sorted(self.models.items()):
+            mine = [s for s in statuses if s.record.model == name]
+            ready = sum(s.state in (ReplicaState.READY, ReplicaState.DRAINING) for s in mine)
+            backoff = self.backoffs.get(name)
+            views.append(
+                ModelView(
+                    spec=spec,
+                    ready=ready,
+                    starting=sum(s.state is ReplicaState.STARTING for s in mine),
+                    failed=sum(s.state is ReplicaState.FAILED for s in mine),
+                    satisfied=ready >= spec.min_replicas,
+                    unplaceable_reason=self.unplaceable_reasons.get(name),
+                    last_failure=backoff.last_failure if backoff else None,
+                )
+            )
+        return views
+
+
+def rendezvous_port(replica_id: str) -> int:
+    """A stable port for a multi-node replica's leader, derived from its id."""
+    return 29500 + sum(replica_id.encode()) % 500

@@ -1,0 +1,165 @@
+"""The node registry: each node's latest report, when it came, and its digest.
+
+A *digest* is the part of a report that the fleet summary depends on, reduced
+once when the report arrives, so that the summary never walks 80,000 GPU
+records. Two reports with the same digest leave every aggregate unchanged,
+which is what lets the summary be cached between real changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from llmgw.wire import (
+    AdminFlag,
+    AdminInfo,
+    GpuHealth,
+    NodeReport,
+    NodeState,
+    ShardState,
+    StorageScope,
+)
+
+# Idle-since values closer than this are the same moment measured twice.
+IDLE_JITTER_S = 2.0
+
+
+@dataclass(frozen=True)
+class CardCounts:
+    total: int = 0
+    used: int = 0
+    unhealthy: int = 0
+    unknown: int = 0
+
+    @property
+    def healthy_unused(self) -> int:
+        return self.total - self.used - self.unhealthy - self.unknown
+
+
+@dataclass(frozen=True)
+class ShardDigest:
+    replica_id: str
+    rank: int
+    state: ShardState
+    idle_since: float | None  # controller monotonic time of last activity; None unknown
+    error: str | None
+
+
+@dataclass(frozen=True)
+class NodeDigest:
+    classes: tuple[tuple[str, CardCounts], ...]
+    entirely_free: bool  # >= 1 card, every card healthy and unused
+    models: frozenset[str]
+    # (model, scope, where): where is the mount source for shared storage
+    copies: frozenset[tuple[str, StorageScope, str]]
+    shards: tuple[ShardDigest, ...]
+    fabrics: tuple[str, ...] = ()
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(c.total for _, c in self.classes)
+
+
+EMPTY_DIGEST = NodeDigest((), False, frozenset(), frozenset(), ())
+
+
+def card_bucket(health: GpuHealth, used: bool) -> str:
+    """Each card is counted in exactly one bucket; broken beats busy beats unknown."""
+    if health is GpuHealth.UNHEALTHY:
+        return "unhealthy"
+    if used:
+        return "used"
+    if health is GpuHealth.UNKNOWN:
+        return "unknown"
+    return "healthy_unused"
+
+
+def digest_report(
+    report: NodeReport,
+    received_at: float,
+    assigned_gpus: Collection[str],
+    previous: NodeDigest | None = None,
+) -> NodeDigest:
+    """Reduce a report to what the aggregates need.
+
+    A card is used when the agent sees compute processes on it or the controller
+    has assigned it to a replica shard on this node.
+    """
+    per_class: dict[str, dict[str, int]] = {}
+    entirely_free = bool(report.gpus)
+    for gpu in report.gpus:
+        counts = per_class.setdefault(
+            gpu.gpu_class, {"total": 0, "used": 0, "unhealthy": 0, "unknown": 0}
+        )
+        counts["total"] += 1
+        bucket = card_bucket(gpu.health, gpu.in_use or gpu.uuid in assigned_gpus)
+        if bucket != "healthy_unused":
+            counts[bucket] += 1
+            entirely_free = False
+
+    models: set[str] = set()
+    copies: set[tuple[str, StorageScope, str]] = set()
+    for loc in report.storage:
+        where = loc.mount_source or loc.path if loc.scope is StorageScope.SHARED else ""
+        for m in loc.models:
+            models.add(m.name)
+            copies.add((m.name, loc.scope, where))
+
+    old_idle = {(s.replica_id, s.rank): s.idle_since for s in previous.shards} if previous else {}
+    shards = []
+    for r in report.replicas:
+        idle_since = None if r.idle_seconds is None else received_at - r.idle_seconds
+        before = old_idle.get((r.id, r.rank))
+        if (
+            idle_since is not None
+            and before is not None
+            and abs(idle_since - before) < IDLE_JITTER_S
+        ):
+            idle_since = before  # unchanged: keep the digest stable across reports
+        shards.append(ShardDigest(r.id, r.rank, r.state, idle_since, r.error))
+
+    return NodeDigest(
+        classes=tuple(sorted((k, CardCounts(**v)) for k, v in per_class.items())),
+        entirely_free=entirely_free,
+        models=frozenset(models),
+        copies=frozenset(copies),
+        shards=tuple(sorted(shards, key=lambda s: (s.replica_id, s.rank))),
+        fabrics=tuple(sorted(set(report.fabrics))),
+    )
+
+
+@dataclass
+class NodeEntry:
+    name: str
+    first_seen: float  # unix time
+    report: NodeReport | None = None
+    received_at: float | None = None  # controller monotonic clock
+    digest: NodeDigest = field(default=EMPTY_DIGEST)
+
+    def grace_s(self, intervals: float, extra_s: float, default_interval: float = 5.0) -> float:
+        interval = self.report.interval_s if self.report else default_interval
+        return intervals * interval + extra_s
+
+
+def node_state(
+    entry: NodeEntry,
+    admin: AdminInfo | None,
+    now: float,
+    grace_s: float,
+    started_at: float,
+) -> NodeState:
+    """Liveness wins over admin flags; the flag is still kept and shown beside it.
+
+    A node that has not reported since the controller started is given one grace
+    period from the start before it counts as unreachable.
+    """
+    last = entry.received_at if entry.received_at is not None else started_at
+    if now - last > grace_s:
+        return NodeState.UNREACHABLE
+    flag = admin.flag if admin else AdminFlag.NONE
+    if flag is AdminFlag.DRAINING:
+        return NodeState.DRAINING
+    if flag is AdminFlag.CORDONED:
+        return NodeState.CORDONED
+    return NodeState.READY

@@ -1,0 +1,74 @@
+"""Replica state, derived from the durable record and what the agents report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmgw.controller.nodes import ShardDigest
+from llmgw.controller.store import ReplicaRecord
+from llmgw.wire import ReplicaState, ReplicaView, ShardState, ShardView
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    record: ReplicaRecord
+    state: ReplicaState
+    shards: tuple[ShardDigest | None, ...]  # by rank; None: not reported (yet)
+    idle_since: float | None  # most recent activity over the shards that know
+
+    @property
+    def error(self) -> str | None:
+        errors = [s.error for s in self.shards if s is not None and s.error]
+        return errors[0] if errors else self.record.error
+
+
+def replica_status(
+    record: ReplicaRecord, reported: Mapping[tuple[str, int], ShardDigest]
+) -> ReplicaStatus:
+    """`reported` maps (replica id, rank) to what the shard's node says of it.
+
+    Draining and failed are sticky decisions of the controller; otherwise a
+    replica is ready when every shard is, failed when one failed, else starting.
+    """
+    shards = tuple(reported.get((record.id, s.rank)) for s in record.shards)
+    states = [s.state if s else None for s in shards]
+    if record.state in (ReplicaState.DRAINING, ReplicaState.FAILED):
+        state = record.state
+    elif ShardState.FAILED in states:
+        state = ReplicaState.FAILED
+    elif states and all(s is ShardState.READY for s in states):
+        state = ReplicaState.READY
+    else:
+        state = ReplicaState.STARTING
+    # Only rank 0 serves requests in most multi-node engines, so other ranks
+    # report no idleness: take the latest activity among those that know.
+    known = [s.idle_since for s in shards if s is not None and s.idle_since is not None]
+    return ReplicaStatus(record, state, shards, max(known) if known else None)
+
+
+def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:
+    rec = status.record
+    return ReplicaView(
+        id=rec.id,
+        model=rec.model,
+        state=status.state,
+        shards=[
+            ShardView(
+                node=s.node,
+                rank=s.rank,
+                gpus=list(s.gpus),
+                state=d.state if d else None,
+                idle_seconds=round(now - d.idle_since, 1)
+                if d and d.idle_since is not None
+                else None,
+                error=d.error if d else None,
+            )
+            for s, d in zip(rec.shards, status.shards, strict=True)
+        ],
+        gpus=rec.gpu_count,
+        idle_seconds=None if status.idle_since is None else round(now - status.idle_since, 1),
+        created_at=rec.created_at,
+        error=status.error,
+        replaces=rec.replaces,
+    )

@@ -1,0 +1,53 @@
+"""Controller settings: one frozen object built by the CLI, the demo or a test."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.controller.auth import Tokens
+
+DEFAULT_LISTEN = "127.0.0.1:7460"
+MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    state_dir: Path
+    listen: str = DEFAULT_LISTEN
+    tokens: Tokens = field(default_factory=Tokens)
+    # A node is unreachable after grace_intervals report intervals plus grace_extra_s
+    # without a report: one late report must never flip a node.
+    grace_intervals: float = 3.0
+    grace_extra_s: float = 5.0
+    # Replicas on a node unreachable this long are replaced elsewhere.
+    replace_after_s: float = 300.0
+    reconcile_interval_s: float = 1.0
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) -> (host, port); a usage error says so."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen wants HOST:PORT, got {listen!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
