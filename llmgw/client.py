@@ -77,12 +77,15 @@ class AdminClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        user: str | None = None,
     ) -> None:
         self.base_url = controller_url(base_url)
         headers = {"User-Agent": "llmgw-admin"}
         tok = admin_token(token)
         if tok:
             headers["Authorization"] = f"Bearer {tok}"
+        if user:  # recorded beside the token's identity on cordons and drains
+            headers["X-LLMGW-User"] = user
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
