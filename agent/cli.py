@@ -1,0 +1,229 @@
+"""`llmgw agent`: the node agent daemon.
+
+`llmgw agent --once --json` prints one report without sending it: the first
+thing an operator runs on a node, like `nvidia-smi -q`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from agent.gpus import DEFAULT_IGNORED_XIDS, FakeGpus, GpuSource, NvmlGpus, parse_fake_spec
+from agent.loop import Engines, ReportLoop
+from agent.report import ReportBuilder
+from agent.storage import StorageScanner, parse_storage_arg
+from llmgw.wire import GpuHealth, NodeName, NodeReport
+
+log = logging.getLogger("agent")
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw agent",
+        description="Observe this node (GPUs, fabrics, model weights on disk), run the "
+        "engines the controller assigns, and report every few seconds.",
+    )
+    p.add_argument(
+        "--controller",
+        default=os.environ.get("LLMGW_CONTROLLER", DEFAULT_CONTROLLER),
+        help="controller URL (env LLMGW_CONTROLLER; default %(default)s)",
+    )
+    p.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between reports")
+    p.add_argument(
+        "--token-file", type=Path, help="file holding the agent token (else LLMGW_AGENT_TOKEN)"
+    )
+    p.add_argument(
+        "--fabric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fabric this node is on (repeatable); else derived from InfiniBand",
+    )
+    p.add_argument(
+        "--storage",
+        action="append",
+        default=[],
+        metavar="PATH[:local|:shared]",
+        help="directory to look for model weights in (repeatable); the suffix "
+        "overrides the mount-table classification",
+    )
+    p.add_argument(
+        "--fake-gpus",
+        action="append",
+        default=[],
+        metavar="COUNTxCLASS[,unhealthy=I,J]",
+        help="simulate GPUs instead of NVML, e.g. 8xH100-80GB,unhealthy=3 (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-xids",
+        default=",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS)),
+        help="Xids that do not make a card unhealthy (default %(default)s; '' for none)",
+    )
+    p.add_argument("--address", help="where engines on this node are reached (default: hostname)")
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--mountinfo", type=Path, default=Path("/proc/self/mountinfo"), help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("LLMGW_AGENT_STATE", "/var/lib/llmgw/agent")),
+        help="where engine state and logs go (default %(default)s)",
+    )
+    p.add_argument("--once", action="store_true", help="print one report and exit; send nothing")
+    p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+class UsageError(Exception):
+    pass
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The token file's first non-comment line (`TOKEN` or `NAME TOKEN`), else the env."""
+    if token_file is not None:
+        try:
+            lines = token_file.read_text().splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}") from exc
+        for line in lines:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                return line.split()[-1]
+        raise UsageError(f"--token-file {token_file} holds no token")
+    return os.environ.get("LLMGW_AGENT_TOKEN") or None
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError as exc:
+        raise UsageError(f"--ignore-xids wants numbers separated by commas, got {text!r}") from exc
+
+
+def make_gpus(args: argparse.Namespace) -> GpuSource:
+    if args.fake_gpus:
+        try:
+            groups = [parse_fake_spec(spec) for spec in args.fake_gpus]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        return FakeGpus(args.node, groups)
+    return NvmlGpus(_xids(args.ignore_xids))
+
+
+def make_builder(args: argparse.Namespace) -> ReportBuilder:
+    try:
+        TypeAdapter(NodeName).validate_python(args.node)
+    except ValidationError as exc:
+        raise UsageError(
+            f"--node {args.node!r}: not a valid node name (letters, digits, .-_)"
+        ) from exc
+    if not 0 < args.interval <= 3600:
+        raise UsageError("--interval must be between 0 and 3600 seconds")
+    try:
+        dirs = [parse_storage_arg(s) for s in args.storage]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return ReportBuilder(
+        node=args.node,
+        gpus=make_gpus(args),
+        storage=StorageScanner(dirs, args.mountinfo),
+        interval_s=args.interval,
+        fabrics=args.fabric,
+        sysfs_root=args.sysfs_root,
+        address=args.address or socket.gethostname(),
+    )
+
+
+def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | None:
+    """The engine supervisor, when this build has one (agent/engines.py)."""
+    return None
+
+
+def describe(report: NodeReport) -> str:
+    """A short human reading of one report, for `--once` without `--json`."""
+    lines = [f"node {report.node}  agent {report.agent_version}  boot {report.boot_id}"]
+    if report.gpu_error:
+        lines.append(f"GPUs: none ({report.gpu_error})")
+    else:
+        bad = sum(g.health is GpuHealth.UNHEALTHY for g in report.gpus)
+        lines.append(f"GPUs: {len(report.gpus)}, {bad} unhealthy")
+    for g in report.gpus:
+        mem = f"{g.memory_used_mib if g.memory_used_mib is not None else '?'}/{g.memory_total_mib}"
+        reason = f"  ({g.health_reason})" if g.health_reason else ""
+        lines.append(
+            f"  {g.index:>2} {g.uuid}  {g.gpu_class:<16} {g.health.value:<9} "
+            f"mem {mem} MiB  {'in use' if g.in_use else 'idle'}{reason}"
+        )
+    lines.append("fabrics: " + (", ".join(report.fabrics) or "none"))
+    if not report.storage_configured:
+        lines.append("storage: not configured (no --storage): no weights reported")
+    for loc in report.storage:
+        where = f"{loc.fs_type or '?'} {loc.mount_source or '?'}"
+        override = ", override" if loc.scope_overridden else ""
+        lines.append(f"storage {loc.path}: {loc.scope.value}{override} on {where}")
+        if loc.error:
+            lines.append(f"  error: {loc.error}")
+        for m in loc.models:
+            lines.append(f"  model {m.name}  {m.format}  {m.size_bytes / 2**30:.1f} GiB")
+        for bad_model in loc.incomplete:
+            lines.append(f"  not usable {bad_model.name}: {bad_model.reason}")
+    return "\n".join(lines)
+
+
+async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
+    engines = make_engines(args, builder)
+    loop = ReportLoop(builder, args.controller, token=read_token(args.token_file), engines=engines)
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            running.add_signal_handler(sig, stop.set)
+    log.info("agent %s reporting to %s every ~%.0f s", builder.node, args.controller, args.interval)
+    try:
+        await loop.run(stop)
+    finally:
+        if engines is not None:
+            await engines.close()
+        builder.gpus.close()
+        log.info("agent %s stopped", builder.node)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        builder = make_builder(args)
+        if args.once:
+            try:
+                report = builder.build()
+            finally:
+                builder.gpus.close()
+            print(report.model_dump_json(indent=2) if args.json else describe(report))
+            return 0
+        read_token(args.token_file)  # a bad token file is a usage error, up front
+        asyncio.run(run_agent(args, builder))
+    except UsageError as exc:
+        sys.stderr.write(f"llmgw agent: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

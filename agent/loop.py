@@ -1,0 +1,198 @@
+"""The report loop: observe, POST the report, hand the reply's assignments to
+the engines, sleep a jittered interval; repeat until told to stop.
+
+When the controller is away the loop backs off with jitter (capped at about
+30 s) and logs once when the outage starts and once when it ends, never once
+per try. It never exits because the controller is down: the node keeps its
+engines running and reports again when it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import aiohttp
+from pydantic import ValidationError
+
+from agent.report import ReportBuilder
+from llmgw.wire import NodeReport, ReplicaReport, ReportReply, ShardAssignment
+
+log = logging.getLogger(__name__)
+
+REPORT_PATH = "/v1/agent/report"
+BACKOFF_CAP_S = 30.0
+
+
+class Engines(Protocol):
+    """What the loop needs from the engine supervisor (agent/engines.py)."""
+
+    def reports(self) -> list[ReplicaReport]: ...
+
+    async def apply(
+        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class ReportError(Exception):
+    """A report that did not land; `kind` groups tries into one outage."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def next_delay(interval_s: float, failures: int, rng: random.Random, cap_s: float) -> float:
+    """Seconds until the next try.
+
+    Healthy: the interval +-10%, so a fleet started at once spreads out.
+    After n failures: min(cap, interval * 2^(n-1)), scaled by 0.5..1 (jitter,
+    so agents do not all return at the same instant after a controller restart).
+    """
+    if failures <= 0:
+        return interval_s * rng.uniform(0.9, 1.1)
+    ceiling = min(cap_s, interval_s * 2 ** min(failures - 1, 16))
+    return ceiling * rng.uniform(0.5, 1.0)
+
+
+class ReportLoop:
+    def __init__(
+        self,
+        builder: ReportBuilder,
+        controller: str,
+        *,
+        token: str | None = None,
+        engines: Engines | None = None,
+        rng: random.Random | None = None,
+        backoff_cap_s: float = BACKOFF_CAP_S,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.builder = builder
+        self.url = controller.rstrip("/") + REPORT_PATH
+        self.token = token
+        self.engines = engines
+        self.rng = rng or random.Random()
+        self.backoff_cap_s = backoff_cap_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.failures = 0  # consecutive
+        self.sent = 0  # reports the controller accepted
+        self.last_reply: ReportReply | None = None
+        self._outage_kind: str | None = None
+        self._outage_started = 0.0
+        self._build_error: str | None = None
+
+    # -- one cycle --
+
+    async def build(self) -> NodeReport:
+        replicas = self.engines.reports() if self.engines is not None else []
+        # NVML and filesystem reads block: keep them off the event loop.
+        return await asyncio.to_thread(self.builder.build, replicas)
+
+    async def post(self, session: aiohttp.ClientSession, report: NodeReport) -> ReportReply:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        body = report.model_dump_json(exclude_none=True)
+        try:
+            async with session.post(
+                self.url, data=body, headers=headers, timeout=self.timeout
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ReportError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+        if status in (401, 403):
+            raise ReportError(
+                "auth",
+                f"HTTP {status}: {text[:300]}; check --token-file or LLMGW_AGENT_TOKEN",
+            )
+        if status >= 400:
+            raise ReportError("http", f"HTTP {status}: {text[:500]}")
+        try:
+            return ReportReply.model_validate_json(text)
+        except ValidationError as exc:
+            raise ReportError("reply", f"unreadable reply: {exc.errors()[:1]}") from exc
+
+    async def cycle(self, session: aiohttp.ClientSession) -> ReportReply:
+        report = await self.build()
+        reply = await self.post(session, report)
+        self.last_reply = reply
+        self.sent += 1
+        if self.engines is not None:
+            try:
+                await self.engines.apply(reply.assignments, self.builder.local_weights())
+            except Exception:  # one bad assignment must not stop reporting
+                log.exception("engines could not apply the controller's assignments")
+        return reply
+
+    # -- the loop --
+
+    async def run(self, stop: asyncio.Event, session: aiohttp.ClientSession | None = None) -> None:
+        own = session is None
+        session = session or aiohttp.ClientSession()
+        try:
+            while not stop.is_set():
+                await self._one(session)
+                delay = next_delay(
+                    self.builder.interval_s, self.failures, self.rng, self.backoff_cap_s
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        finally:
+            if own:
+                await session.close()
+
+    async def _one(self, session: aiohttp.ClientSession) -> None:
+        try:
+            await self.cycle(session)
+        except ReportError as exc:
+            self._failed(exc)
+            return
+        except (ValidationError, OSError, RuntimeError, ValueError) as exc:
+            # A report we could not even build: say so once, keep going.
+            message = f"{type(exc).__name__}: {exc}"
+            if message != self._build_error:
+                log.error("could not build the report: %s", message)
+                self._build_error = message
+            self.failures += 1
+            return
+        self._build_error = None
+        if self._outage_kind is not None:
+            took = time.monotonic() - self._outage_started
+            log.warning(
+                "controller %s reachable again after %.0f s (%d failed tries)",
+                self.url,
+                took,
+                self.failures,
+            )
+        self._outage_kind = None
+        self.failures = 0
+
+    def _failed(self, exc: ReportError) -> None:
+        self.failures += 1
+        if self._outage_kind == exc.kind:
+            return  # already said: once per outage, not once per try
+        if self._outage_kind is None:
+            self._outage_started = time.monotonic()
+        self._outage_kind = exc.kind
+        what = {
+            "unreachable": "cannot reach the controller",
+            "auth": "the controller rejected the agent token",
+            "http": "the controller refused the report",
+            "reply": "the controller's reply was not understood",
+        }.get(exc.kind, "report failed")
+        log.warning(
+            "%s at %s: %s; retrying with backoff (at most %.0f s apart), "
+            "engines keep running; logged once per outage",
+            what,
+            self.url,
+            exc,
+            self.backoff_cap_s,
+        )
