@@ -1,0 +1,506 @@
+"""The engine supervisor: runs the shards the controller assigns to this node.
+
+`apply()` takes the desired set (from the reply to each report) and starts what
+is missing and stops what is no longer assigned; `reports()` says what runs.
+A background task, started by the first `apply()`, notices exits, escalates
+slow stops to SIGKILL, polls `/health` of starting engines and scrapes
+`/metrics` of ready ones for idleness.
+
+Lifecycles, per (replica id, rank):
+
+    starting --/health 200--> ready
+    starting|ready --process exits--> failed (exit code + log tail); stays
+        failed while assigned, so the controller's backoff decides on restarts
+    any --unassigned--> stopping --exit--> gone   (SIGTERM, grace, SIGKILL)
+
+Engines run in their own session, outside the agent's process group, and are
+recorded in state_dir/engines.json: an agent restart (or `close()`) leaves them
+running, and the next supervisor on that state_dir adopts them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from agent.engine_proc import ProcessRef, describe_exit, free_port, log_tail, ref_for
+from agent.engine_state import EngineRecord, load_state, save_state
+from agent.engine_templates import (
+    DEFAULT_RENDEZVOUS_PORT,
+    EngineTemplate,
+    TemplateError,
+    merged_templates,
+    python_executable,
+    render,
+)
+from agent.metrics import IdleTracker, scrape
+from llmgw.wire import ReplicaReport, ShardAssignment, ShardState
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]  # (replica id, rank)
+
+STATE_FILE = "engines.json"
+LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
+MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
+WORKER_SETTLE_S = 2.0  # a rank without HTTP is ready once it has stayed up this long
+
+
+@dataclass
+class Engine:
+    """One engine process (one shard) as the supervisor sees it."""
+
+    assignment: ShardAssignment
+    template: EngineTemplate | None
+    state: ShardState
+    port: int | None = None
+    log_path: Path | None = None
+    argv: list[str] = field(default_factory=list)
+    ref: ProcessRef | None = None  # None: never started
+    popen: subprocess.Popen[bytes] | None = None  # None: adopted from a previous agent
+    started_at: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.monotonic)
+    exit_code: int | None = None
+    error: str | None = None
+    stop_deadline: float | None = None  # monotonic
+    killed: bool = False
+    reported: bool = False  # a failure is kept until it has been reported once
+    tracker: IdleTracker = field(default_factory=IdleTracker)
+
+    @property
+    def key(self) -> Key:
+        return (self.assignment.replica_id, self.assignment.rank)
+
+    @property
+    def serves_http(self) -> bool:
+        return self.template is not None and self.template.serves_http(self.assignment.rank)
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:100] or "engine"
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        templates: Mapping[str, str | EngineTemplate] | None = None,
+        node: str,
+        address: str | None = None,
+        grace_s: float = 30.0,
+        poll_interval_s: float = 1.0,
+        scrape_interval_s: float = 5.0,
+        health_timeout_s: float = 2.0,
+        engine_host: str = "0.0.0.0",
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.log_dir = self.state_dir / "logs"
+        self.state_path = self.state_dir / STATE_FILE
+        self.templates = merged_templates(templates)
+        self.node = node
+        self.address = address
+        self.grace_s = grace_s
+        self.poll_interval_s = poll_interval_s
+        self.scrape_interval_s = scrape_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.engine_host = engine_host
+        # Probe on loopback when the engine listens everywhere.
+        self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
+        self.extra_env = dict(extra_env or {})
+        self._engines: dict[Key, Engine] = {}
+        self._monitor: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._last_scrape = float("-inf")
+        self._closed = False
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._adopt()
+
+    # -- public interface ------------------------------------------------------
+
+    async def apply(
+        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+    ) -> None:
+        """Make the running set match `assignments`: start missing, stop unassigned."""
+        if self._closed:
+            raise RuntimeError("the engine supervisor is closed")
+        self._ensure_monitor()
+        self._poll_exits()
+        desired = {(a.replica_id, a.rank): a for a in assignments}
+        for key, eng in list(self._engines.items()):
+            if desired.get(key) == eng.assignment:
+                continue
+            # Unassigned, or assigned differently (the new one starts once this is gone).
+            if eng.state is ShardState.FAILED:
+                if eng.reported:
+                    del self._engines[key]
+            elif eng.state is not ShardState.STOPPING:
+                self._begin_stop(eng)
+        for key, a in desired.items():
+            if key not in self._engines:
+                self._engines[key] = self._start(a, local_weights)
+        self._save()
+
+    def reports(self) -> list[ReplicaReport]:
+        self._poll_exits()
+        out: list[ReplicaReport] = []
+        for eng in self._engines.values():
+            a = eng.assignment
+            idle = eng.tracker.idle_seconds() if eng.state is ShardState.READY else None
+            try:
+                out.append(
+                    ReplicaReport(
+                        id=a.replica_id,
+                        model=a.model,
+                        rank=a.rank,
+                        state=eng.state,
+                        gpus=a.gpus,
+                        port=eng.port,
+                        idle_seconds=idle,
+                        exit_code=eng.exit_code,
+                        error=eng.error[-MAX_ERROR_CHARS:] if eng.error else None,
+                    )
+                )
+            except ValidationError as exc:  # never let one odd id break the report
+                log.error("cannot report engine %s/%d: %s", a.replica_id, a.rank, exc)
+                continue
+            if eng.state is ShardState.FAILED:
+                eng.reported = True
+        return out
+
+    async def close(self) -> None:
+        """Stop supervising. Engines keep running: the next agent adopts them."""
+        self._closed = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+            self._monitor = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._save()
+        for eng in self._engines.values():
+            eng.popen = None  # let go without waiting: the engine outlives us
+
+    # -- starting ----------------------------------------------------------------
+
+    def _start(self, a: ShardAssignment, local_weights: Mapping[str, str]) -> Engine:
+        template = self.templates.get(a.engine)
+        if template is None:
+            known = ", ".join(sorted(self.templates))
+            return self._failed_to_start(
+                a, None, f"no engine template named {a.engine!r} on this node; known: {known}"
+            )
+        port = free_port()
+        try:
+            argv = self._argv(a, template, local_weights, port)
+        except (TemplateError, ValueError) as exc:
+            return self._failed_to_start(a, template, f"cannot build the engine command: {exc}")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{_safe_name(a.replica_id)}-{a.rank}.log"
+        env = {**os.environ, **self.extra_env}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpus)  # UUIDs: stable, unlike indices
+        env.update(LLMGW_REPLICA_ID=a.replica_id, LLMGW_RANK=str(a.rank), LLMGW_MODEL=a.model)
+        try:
+            _rotate(log_path)
+            with log_path.open("ab") as logf:
+                header = (
+                    f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} llmgw agent {self.node}: "
+                    f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {shlex.join(argv)}\n"
+                )
+                logf.write(header.encode())
+                logf.flush()
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.state_dir,
+                    start_new_session=True,  # not in the agent's group: survives the agent
+                )
+        except OSError as exc:
+            return self._failed_to_start(
+                a, template, f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            )
+        ref = ref_for(popen.pid)
+        if ref is None:  # died before we could even read its start time
+            code = popen.wait()
+            return self._failed_to_start(
+                a, template, _exit_error(describe_exit(code), log_path), code, log_path, port
+            )
+        log.info("started %s/%d (%s) pid %d port %d", a.replica_id, a.rank, a.model, ref.pid, port)
+        return Engine(
+            assignment=a,
+            template=template,
+            state=ShardState.STARTING,
+            port=port,
+            log_path=log_path,
+            argv=argv,
+            ref=ref,
+            popen=popen,
+        )
+
+    def _argv(
+        self,
+        a: ShardAssignment,
+        template: EngineTemplate,
+        local_weights: Mapping[str, str],
+        port: int,
+    ) -> list[str]:
+        # Weights on this node's disk win: the engine loads them instead of fetching.
+        source = local_weights.get(a.model) or local_weights.get(a.source) or a.source
+        leader = a.leader_address or (self.address if a.rank == 0 else None)
+        if a.nnodes > 1 and leader is None:
+            raise ValueError(f"rank {a.rank} of {a.nnodes} has no leader address to join")
+        values = {
+            "python": python_executable(),
+            "source": source,
+            "model": a.model,
+            "replica": a.replica_id,
+            "port": str(port),
+            "host": self.engine_host,
+            "gpus": str(len(a.gpus)),
+            "gpu_uuids": ",".join(a.gpus),
+            "total_gpus": str(len(a.gpus) * a.nnodes),
+            "nnodes": str(a.nnodes),
+            "rank": str(a.rank),
+            "leader_addr": leader or "127.0.0.1",
+            "rendezvous_port": str(a.port or DEFAULT_RENDEZVOUS_PORT),
+        }
+        # engine_args are separate argv words already: appended as they are, never split.
+        return [*render(template.command_for(a.rank, a.nnodes), values), *a.engine_args]
+
+    def _failed_to_start(
+        self,
+        a: ShardAssignment,
+        template: EngineTemplate | None,
+        error: str,
+        exit_code: int | None = None,
+        log_path: Path | None = None,
+        port: int | None = None,
+    ) -> Engine:
+        log.error("engine %s/%d: %s", a.replica_id, a.rank, error)
+        return Engine(
+            assignment=a,
+            template=template,
+            state=ShardState.FAILED,
+            error=error,
+            exit_code=exit_code,
+            log_path=log_path,
+            port=port,
+        )
+
+    # -- stopping and exits --------------------------------------------------------
+
+    def _begin_stop(self, eng: Engine) -> None:
+        eng.state = ShardState.STOPPING
+        eng.stop_deadline = time.monotonic() + self.grace_s
+        if eng.ref is not None and eng.ref.send(signal.SIGTERM):
+            log.info("stopping %s/%d pid %d (SIGTERM)", *eng.key, eng.ref.pid)
+
+    def _exit_code(self, eng: Engine) -> tuple[bool, int | None]:
+        """(exited, exit code if known) without blocking."""
+        if eng.popen is not None:
+            code = eng.popen.poll()
+            return (code is not None, code)
+        return (eng.ref is None or not eng.ref.alive(), None)
+
+    def _poll_exits(self) -> None:
+        changed = False
+        now = time.monotonic()
+        for key, eng in list(self._engines.items()):
+            if eng.ref is None or eng.state is ShardState.FAILED:
+                continue
+            exited, code = self._exit_code(eng)
+            if exited:
+                eng.ref.signal_group(signal.SIGKILL)  # workers it left behind hold GPUs
+                eng.popen = None
+                changed = True
+                if eng.state is ShardState.STOPPING:
+                    log.info("stopped %s/%d: %s", *key, describe_exit(code))
+                    del self._engines[key]
+                else:
+                    eng.state = ShardState.FAILED
+                    eng.exit_code = code
+                    eng.error = _exit_error(describe_exit(code), eng.log_path)
+                    log.warning("engine %s/%d %s", *key, describe_exit(code))
+            elif (
+                eng.state is ShardState.STOPPING
+                and not eng.killed
+                and eng.stop_deadline is not None
+                and now >= eng.stop_deadline
+            ):
+                if eng.ref.alive():
+                    log.warning("engine %s/%d ignored SIGTERM for %gs: SIGKILL", *key, self.grace_s)
+                    eng.ref.signal_group(signal.SIGKILL)
+                eng.killed = True
+        if changed:
+            self._save()
+
+    # -- health and metrics ------------------------------------------------------------
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.create_task(self._run_monitor(), name="engine-monitor")
+
+    async def _run_monitor(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad tick must not end supervision
+                log.exception("engine monitor tick failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def _tick(self) -> None:
+        self._poll_exits()
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        now = time.monotonic()
+        starting = [e for e in self._engines.values() if e.state is ShardState.STARTING]
+        if starting:
+            await asyncio.gather(*(self._probe(e, now) for e in starting))
+        if now - self._last_scrape >= self.scrape_interval_s:
+            self._last_scrape = now
+            ready = [
+                e for e in self._engines.values() if e.state is ShardState.READY and e.serves_http
+            ]
+            if ready:
+                await asyncio.gather(*(self._scrape(e) for e in ready))
+
+    def _url(self, eng: Engine, path: str) -> str:
+        return f"http://{self.probe_host}:{eng.port}{path}"
+
+    async def _probe(self, eng: Engine, now: float) -> None:
+        if not eng.serves_http or eng.template is None:
+            if now - eng.started_mono >= WORKER_SETTLE_S:
+                self._mark_ready(eng)
+            return
+        assert self._session is not None
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+            async with self._session.get(
+                self._url(eng, eng.template.health_path), timeout=timeout
+            ) as resp:
+                healthy = resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            healthy = False
+        if healthy and eng.state is ShardState.STARTING:
+            self._mark_ready(eng)
+
+    def _mark_ready(self, eng: Engine) -> None:
+        eng.state = ShardState.READY
+        log.info("engine %s/%d ready on port %s", *eng.key, eng.port)
+        self._save()
+
+    async def _scrape(self, eng: Engine) -> None:
+        assert self._session is not None and eng.template is not None
+        sample = await scrape(
+            self._session,
+            self._url(eng, eng.template.metrics_path),
+            timeout_s=self.health_timeout_s,
+        )
+        if sample is not None and eng.state is ShardState.READY:
+            eng.tracker.observe(sample)
+
+    # -- the state file ------------------------------------------------------------
+
+    def _save(self) -> None:
+        records = [
+            EngineRecord(
+                replica_id=eng.assignment.replica_id,
+                rank=eng.assignment.rank,
+                pid=eng.ref.pid,
+                start_ticks=eng.ref.start_ticks,
+                boot_id=eng.ref.boot_id,
+                port=eng.port or 0,
+                state=eng.state.value,
+                assignment=eng.assignment,
+                argv=eng.argv,
+                log_path=str(eng.log_path or ""),
+                started_at=eng.started_at,
+                stop_requested=eng.state is ShardState.STOPPING,
+            )
+            for eng in self._engines.values()
+            if eng.ref is not None and eng.state is not ShardState.FAILED
+        ]
+        try:
+            save_state(self.state_path, records)
+        except OSError as exc:  # keep supervising; the next save may succeed
+            log.error("cannot write engine state %s: %s", self.state_path, exc)
+
+    def _adopt(self) -> None:
+        """Take back the engines a previous agent left running; report the dead once."""
+        for rec in load_state(self.state_path):
+            ref = ProcessRef(pid=rec.pid, start_ticks=rec.start_ticks, boot_id=rec.boot_id)
+            key = (rec.replica_id, rec.rank)
+            log_path = Path(rec.log_path) if rec.log_path else None
+            template = self.templates.get(rec.assignment.engine)
+            eng = Engine(
+                assignment=rec.assignment,
+                template=template,
+                state=_shard_state(rec.state),
+                port=rec.port or None,
+                log_path=log_path,
+                argv=rec.argv,
+                ref=ref,
+                started_at=rec.started_at,
+                started_mono=time.monotonic() - max(0.0, time.time() - rec.started_at),
+            )
+            if ref.alive():
+                log.info("adopted engine %s/%d pid %d (%s)", *key, rec.pid, eng.state.value)
+                if rec.stop_requested:
+                    self._begin_stop(eng)  # finish the stop the previous agent began
+                self._engines[key] = eng
+            elif not rec.stop_requested:
+                eng.state = ShardState.FAILED
+                eng.ref = None
+                eng.error = _exit_error("exited while the agent was not running", log_path)
+                self._engines[key] = eng
+        self._save()
+
+    def debug_state(self) -> dict[str, Any]:
+        """What the supervisor holds, for logs and tests."""
+        return {
+            f"{k[0]}/{k[1]}": {"state": e.state.value, "pid": e.ref.pid if e.ref else None}
+            for k, e in self._engines.items()
+        }
+
+
+def _exit_error(what: str, log_path: Path | None) -> str:
+    text = f"engine {what}"
+    if log_path is not None:
+        tail = log_tail(log_path)
+        text += f"; last lines of {log_path}:\n{tail}" if tail else f"; log: {log_path}"
+    return text[-MAX_ERROR_CHARS:]
+
+
+def _shard_state(value: str) -> ShardState:
+    try:
+        return ShardState(value)
+    except ValueError:
+        return ShardState.STARTING  # unknown to this version: health decides again
+
+
+def _rotate(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if path.stat().st_size > LOG_ROTATE_BYTES:
+            os.replace(path, path.with_suffix(path.suffix + ".1"))

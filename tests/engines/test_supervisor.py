@@ -1,0 +1,211 @@
+"""EngineSupervisor with real fake-engine processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agent.engines import EngineSupervisor
+from llmgw.wire import ReplicaReport, ShardState
+
+from .conftest import SupervisorFactory, assignment, pid_alive, wait_for
+
+
+def only(sup: EngineSupervisor) -> ReplicaReport:
+    reps = sup.reports()
+    assert len(reps) == 1, reps
+    return reps[0]
+
+
+def pid_of(sup: EngineSupervisor) -> int:
+    (entry,) = sup.debug_state().values()
+    pid = entry["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+def proc_file(pid: int, name: str) -> bytes:
+    return Path(f"/proc/{pid}/{name}").read_bytes()
+
+
+def state_of(sup: EngineSupervisor) -> ShardState | None:
+    reps = sup.reports()
+    return reps[0].state if reps else None
+
+
+async def test_starts_engine_with_env_and_argv_then_ready(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([assignment()], {})
+    rep = only(sup)
+    assert rep.state is ShardState.STARTING
+    assert (rep.id, rep.model, rep.rank, rep.gpus) == ("r1", "org/m", 0, ["GPU-aaaa", "GPU-bbbb"])
+    assert rep.idle_seconds is None
+    pid = pid_of(sup)
+
+    environ = proc_file(pid, "environ").split(b"\0")
+    assert b"CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in environ
+    assert b"LLMGW_REPLICA_ID=r1" in environ
+    argv = [a.decode() for a in proc_file(pid, "cmdline").split(b"\0")[:-1]]
+    assert argv[1:] == [
+        "-m", "agent.fake_engine", "--host", "127.0.0.1", "--port", str(rep.port),
+        "--model", "org/m", "--load-seconds", "0.3",
+    ]  # fmt: skip
+    assert os.getsid(pid) == pid, "engines run in their own session"
+
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    # Once ready, the metrics scrape makes idleness known.
+    await wait_for(lambda: only(sup).idle_seconds is not None, what="first scrape")
+
+    log = (state_dir / "logs" / "r1-0.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in log and "fake engine: loading" in log
+    saved = json.loads((state_dir / "engines.json").read_text())
+    (rec,) = saved["engines"]
+    assert rec["pid"] == pid and rec["port"] == rep.port and rec["start_ticks"] > 0
+
+
+async def test_traffic_resets_idle(make_supervisor: SupervisorFactory) -> None:
+    sup = make_supervisor()
+    await sup.apply([assignment(engine_args=["--load-seconds", "0"])], {})
+    await wait_for(lambda: only(sup).idle_seconds is not None, what="first scrape")
+    await wait_for(lambda: (only(sup).idle_seconds or 0) >= 0.3, what="idle time growing")
+    port = only(sup).port
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        async with s.post(url, json={"prompt": "hi", "max_tokens": 2}) as r:
+            assert r.status == 200
+    await wait_for(lambda: (only(sup).idle_seconds or 1) < 0.3, what="idle reset by a request")
+
+
+async def test_local_weights_become_source(make_supervisor: SupervisorFactory) -> None:
+    tpl = (
+        "{python} -m agent.fake_engine --host {host} --port {port} --load-seconds 0 --src {source}"
+    )
+    sup = make_supervisor(templates={"probe": tpl})
+    await sup.apply([assignment(engine="probe", engine_args=[])], {"org/m": "/models/org/m"})
+    cmdline = proc_file(pid_of(sup), "cmdline").split(b"\0")
+    assert cmdline[-3:-1] == [b"--src", b"/models/org/m"]
+
+
+async def test_unassigned_engine_stops_on_sigterm(make_supervisor: SupervisorFactory) -> None:
+    sup = make_supervisor(grace_s=10.0)
+    await sup.apply([assignment()], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    pid = pid_of(sup)
+    t0 = time.monotonic()
+    await sup.apply([], {})
+    assert state_of(sup) is ShardState.STOPPING
+    await wait_for(lambda: sup.reports() == [], what="stopped")
+    assert time.monotonic() - t0 < 5, "a cooperative engine stops on SIGTERM, not after grace"
+    assert not pid_alive(pid)
+    assert json.loads(sup.state_path.read_text())["engines"] == []
+
+
+@pytest.mark.slow
+async def test_engine_ignoring_sigterm_is_killed_after_grace(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(grace_s=0.6)
+    await sup.apply([assignment(engine_args=["--load-seconds", "0", "--ignore-sigterm"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    pid = pid_of(sup)
+    t0 = time.monotonic()
+    await sup.apply([], {})
+    await wait_for(lambda: sup.reports() == [], what="killed")
+    assert time.monotonic() - t0 >= 0.6
+    assert not pid_alive(pid)
+
+
+async def test_crash_reports_exit_code_and_log_tail(make_supervisor: SupervisorFactory) -> None:
+    sup = make_supervisor()
+    a = assignment(engine_args=["--load-seconds", "0", "--fail-after", "0.3", "--exit-code", "3"])
+    await sup.apply([a], {})
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="failed")
+    rep = only(sup)
+    assert rep.exit_code == 3
+    assert rep.error is not None
+    assert "exited with code 3" in rep.error and "simulated failure" in rep.error
+    # Still assigned: stays failed, not restarted behind the controller's back.
+    await sup.apply([a], {})
+    assert only(sup).state is ShardState.FAILED
+    # Unassigned after being reported: forgotten.
+    await sup.apply([], {})
+    assert sup.reports() == []
+
+
+async def test_unknown_engine_and_missing_binary_fail_clearly(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(templates={"ghost": "/nonexistent/engine --port {port}"})
+    await sup.apply(
+        [assignment(replica_id="a", engine="nope"), assignment(replica_id="b", engine="ghost")], {}
+    )
+    errors = {r.id: r.error or "" for r in sup.reports()}
+    assert all(r.state is ShardState.FAILED for r in sup.reports())
+    assert "no engine template named 'nope'" in errors["a"] and "fake" in errors["a"]
+    assert "cannot start '/nonexistent/engine'" in errors["b"]
+
+
+async def test_new_supervisor_readopts_running_engine(make_supervisor: SupervisorFactory) -> None:
+    a = assignment()
+    first = make_supervisor()
+    await first.apply([a], {})
+    await wait_for(lambda: state_of(first) is ShardState.READY, what="ready")
+    pid, port = pid_of(first), only(first).port
+    await first.close()  # the agent goes away...
+    assert pid_alive(pid), "closing the supervisor must not kill engines"
+
+    second = make_supervisor()  # ...and a new one starts on the same state_dir
+    rep = only(second)
+    assert (rep.state, rep.port, pid_of(second)) == (ShardState.READY, port, pid)
+    await second.apply([a], {})  # same assignment: kept, not restarted
+    assert pid_of(second) == pid
+    await wait_for(lambda: only(second).idle_seconds is not None, what="scrape after adoption")
+
+    await second.apply([], {})  # an adopted engine can be stopped too
+    await wait_for(lambda: second.reports() == [], what="stopped")
+    assert not pid_alive(pid)
+
+
+async def test_engine_dead_during_restart_reported_failed_once(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    first = make_supervisor()
+    await first.apply([assignment(engine_args=["--load-seconds", "0"])], {})
+    pid = pid_of(first)
+    await first.close()
+    os.kill(pid, 9)
+    await wait_for(lambda: not pid_alive(pid), what="engine dead")
+
+    second = make_supervisor()
+    rep = only(second)
+    assert rep.state is ShardState.FAILED
+    assert rep.error is not None and "while the agent was not running" in rep.error
+    await second.apply([], {})
+    assert second.reports() == []
+
+
+async def test_changed_assignment_restarts_after_old_one_stops(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(grace_s=0.3)
+    # The old engine ignores SIGTERM, so "stopping" is observable for the grace period.
+    args = ["--load-seconds", "0", "--ignore-sigterm"]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    old = pid_of(sup)
+    changed = assignment(gpus=["GPU-cccc"])
+    await sup.apply([changed], {})
+    assert state_of(sup) is ShardState.STOPPING  # the old one first: its cards are needed
+    await wait_for(lambda: not pid_alive(old), what="old stopped")
+    await wait_for(lambda: sup.reports() == [], what="old forgotten")
+    await sup.apply([changed], {})
+    rep = only(sup)
+    assert rep.state is ShardState.STARTING and rep.gpus == ["GPU-cccc"]
+    assert pid_of(sup) != old
