@@ -204,8 +204,14 @@ def status(summary: FleetSummary, controller: str) -> RenderableType:
 
     if summary.reasons:
         table = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST", title="\nReasons")
-        for g in summary.reasons:
-            table.add_row(g.reason, g.flag.value, g.by or "-", timestamp(g.at), hostlist(g.nodes))
+        for group in summary.reasons:
+            table.add_row(
+                group.reason,
+                group.flag.value,
+                group.by or "-",
+                timestamp(group.at),
+                hostlist(group.nodes),
+            )
         parts.append(table)
     return Group(*parts)
 

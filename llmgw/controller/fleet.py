@@ -247,7 +247,7 @@ class Fleet:
         if not records:
             return
         self.store.put_replicas(records)
-        touched = set()
+        touched: set[str] = set()
         for rec in records:
             old = self.records.get(rec.id)
             touched.update(old.nodes if old else ())
@@ -262,7 +262,7 @@ class Fleet:
         if not ids:
             return
         self.store.delete_replicas(ids)
-        touched = set()
+        touched: set[str] = set()
         for i in ids:
             touched.update(self.records.pop(i).nodes)
         self._index_records()

@@ -33,6 +33,7 @@ def replica_status(
     """
     shards = tuple(reported.get((record.id, s.rank)) for s in record.shards)
     states = [s.state if s else None for s in shards]
+    state: ReplicaState
     if record.state in (ReplicaState.DRAINING, ReplicaState.FAILED):
         state = record.state
     elif ShardState.FAILED in states:

@@ -26,7 +26,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def llmgw(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def llmgw(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "llmgw", *args],
         capture_output=True,
@@ -42,7 +44,16 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = tmp_path_factory.mktemp("ctl-state")
     env = {**os.environ, "LLMGW_AGENT_TOKEN": AGENT, "LLMGW_ADMIN_TOKEN": ADMIN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "controller", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state)],
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "controller",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(state),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -59,7 +70,10 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         assert time.monotonic() < deadline, "controller did not start"
         time.sleep(0.1)
-    send(url, report("gpu001", storage=[location("/models", ["meta/llama-8b"], "shared", "filer:/m")]))
+    send(
+        url,
+        report("gpu001", storage=[location("/models", ["meta/llama-8b"], "shared", "filer:/m")]),
+    )
     send(url, report("gpu002", fabrics=["ib-b"]))
     send(url, report("gpu003"))
     yield url
@@ -85,7 +99,15 @@ def test_status_json_is_the_summary_as_served(controller: str) -> None:
     result = ctl(controller, "status", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert set(summary) >= {"nodes", "gpus", "fabrics", "replicas", "models", "unplaceable", "idle_replicas"}
+    assert set(summary) >= {
+        "nodes",
+        "gpus",
+        "fabrics",
+        "replicas",
+        "models",
+        "unplaceable",
+        "idle_replicas",
+    }
     assert summary["nodes"]["total"] == 3
     assert [f["fabric"] for f in summary["fabrics"]] == ["ib-a", "ib-b"]
     assert summary["gpus"][0]["class"] == "H100-SXM-80GB"
