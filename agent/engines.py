@@ -57,7 +57,6 @@ Key = tuple[str, int]  # (replica id, rank)
 STATE_FILE = "engines.json"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
 MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
-WORKER_SETTLE_S = 2.0  # a rank without HTTP is ready once it has stayed up this long
 
 
 @dataclass
@@ -107,6 +106,7 @@ class EngineSupervisor:
         scrape_interval_s: float = 5.0,
         health_timeout_s: float = 2.0,
         engine_host: str = "0.0.0.0",
+        worker_settle_s: float = 2.0,
         extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
@@ -120,6 +120,9 @@ class EngineSupervisor:
         self.scrape_interval_s = scrape_interval_s
         self.health_timeout_s = health_timeout_s
         self.engine_host = engine_host
+        # A rank that serves no HTTP (a multi-node worker) is ready once it has
+        # stayed up this long; the leader's health covers the replica as a whole.
+        self.worker_settle_s = worker_settle_s
         # Probe on loopback when the engine listens everywhere.
         self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
         self.extra_env = dict(extra_env or {})
@@ -391,7 +394,7 @@ class EngineSupervisor:
 
     async def _probe(self, eng: Engine, now: float) -> None:
         if not eng.serves_http or eng.template is None:
-            if now - eng.started_mono >= WORKER_SETTLE_S:
+            if now - eng.started_mono >= self.worker_settle_s:
                 self._mark_ready(eng)
             return
         assert self._session is not None

@@ -209,3 +209,26 @@ async def test_changed_assignment_restarts_after_old_one_stops(
     rep = only(sup)
     assert rep.state is ShardState.STARTING and rep.gpus == ["GPU-cccc"]
     assert pid_of(sup) != old
+
+
+async def test_multi_node_worker_without_http_is_ready_once_settled(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # A worker rank (like vLLM --headless) serves no HTTP: ready once it stays up.
+    tpl = {"command": "{python} -m agent.fake_engine --port {port} --load-seconds 99"}
+    sup = make_supervisor(templates={"w": tpl}, worker_settle_s=0.3)
+    a = assignment(engine="w", rank=1, nnodes=2, leader_address="127.0.0.1", engine_args=[])
+    await sup.apply([a], {})
+    assert state_of(sup) is ShardState.STARTING
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="worker ready")
+    assert only(sup).idle_seconds is None, "only the leader's counters say anything"
+
+
+async def test_worker_without_leader_address_fails_clearly(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([assignment(rank=1, nnodes=2)], {})
+    rep = only(sup)
+    assert rep.state is ShardState.FAILED
+    assert rep.error is not None and "no leader address" in rep.error
