@@ -1,0 +1,278 @@
+"""Example-based tests: one rule each, chosen so that breaking the rule fails the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.scheduler import NodeCapacity, place, place_many
+
+from ._fleet import A100, H100, node, placed, refused, spec
+
+# -- candidates -------------------------------------------------------------------
+
+
+def test_skips_nodes_that_are_not_ready() -> None:
+    nodes = [node("a", 8, schedulable=False), node("b", 2, total=8)]
+    assert placed(place(spec(gpus=2), nodes)).nodes == ("b",)
+    assert "needs 1 node with 4 free" in refused(place(spec(gpus=4), nodes))
+
+
+def test_skips_nodes_without_enough_cards_of_the_class() -> None:
+    nodes = [node("a", {A100: 8}), node("b", {H100: 3}, total=8), node("c", {H100: 4}, total=8)]
+    assert placed(place(spec(gpus=4), nodes)).nodes == ("c",)
+
+
+def test_takes_the_first_free_cards_in_uuid_order() -> None:
+    cap = NodeCapacity("a", free={H100: ("u3", "u1", "u2")}, total_cards=4)
+    p = placed(place(spec(gpus=2), [cap]))
+    assert p.shards[0].gpus == ("u1", "u2")
+    assert p.gpu_class == H100
+
+
+def test_a_shard_never_mixes_classes() -> None:
+    nodes = [node("a", {A100: 2, H100: 2})]
+    reason = refused(place(spec(gpus=3, cls=None), nodes))
+    assert reason == (
+        "needs 1 node with 3 free GPUs of one class;"
+        " most free of one class on a ready node: 2 (A100-40GB on a)"
+    )
+
+
+def test_without_a_class_the_best_fitting_class_wins() -> None:
+    # 2 of 3 A100s leaves 1; 2 of 4 H100s leaves 2: the A100s fit better.
+    nodes = [node("a", {A100: 3, H100: 4})]
+    p = placed(place(spec(gpus=2, cls=None), nodes))
+    assert p.gpu_class == A100
+    # Equal leftovers: the class name breaks the tie.
+    nodes = [node("a", {A100: 2, H100: 2})]
+    assert placed(place(spec(gpus=2, cls=None), nodes)).gpu_class == A100
+
+
+def test_a_multi_shard_replica_uses_one_class_on_all_nodes() -> None:
+    nodes = [node("a", {A100: 8}, fabrics=["ib"]), node("b", {H100: 8}, fabrics=["ib"])]
+    reason = refused(place(spec(gpus=8, shards=2, cls=None), nodes))
+    assert reason.startswith("needs 2 nodes x 8 GPUs of one class in one fabric;")
+    assert "ib 1" in reason
+
+
+def test_duplicate_node_names_are_an_error() -> None:
+    with pytest.raises(ValueError, match="appears twice"):
+        place(spec(), [node("a"), node("a")])
+
+
+# -- fabrics -------------------------------------------------------------------------
+
+
+def test_multi_shard_never_spans_fabrics() -> None:
+    nodes = [node("a", fabrics=["ib-a"]), node("b", fabrics=["ib-b"])]
+    assert refused(place(spec(gpus=8, shards=2), nodes)) == (
+        "needs 2 nodes x 8 H100-80GB in one fabric; largest free block: ib-a 1, ib-b 1"
+    )
+
+
+def test_multi_shard_lands_in_the_fabric_that_fits() -> None:
+    nodes = [node("a", fabrics=["ib-a"]), node("b", fabrics=["ib-b"]), node("c", fabrics=["ib-b"])]
+    p = placed(place(spec(gpus=8, shards=2), nodes))
+    assert p.fabric == "ib-b"
+    assert p.nodes == ("b", "c")
+    assert [s.rank for s in p.shards] == [0, 1]
+
+
+def test_nodes_without_a_fabric_host_single_shards_only() -> None:
+    nodes = [node("a"), node("b")]
+    assert refused(place(spec(gpus=8, shards=2), nodes)) == (
+        "needs 2 nodes x 8 H100-80GB in one fabric; no ready node is in a fabric (2 would fit)"
+    )
+    p = placed(place(spec(gpus=8), nodes))
+    assert p.fabric is None
+    assert p.nodes == ("a",)
+
+
+def test_a_node_in_two_fabrics_counts_in_each() -> None:
+    nodes = [
+        node("a", fabrics=["ib-a", "ib-b"]),
+        node("b", fabrics=["ib-b"]),
+        node("c", fabrics=["ib-c"]),
+    ]
+    assert placed(place(spec(gpus=8, shards=2), nodes)).fabric == "ib-b"
+
+
+# -- weights --------------------------------------------------------------------------
+
+
+def test_single_shard_prefers_a_holder_over_a_better_fit() -> None:
+    nodes = [node("a", 2, total=8), node("b", 8, holds=["m"])]
+    assert placed(place(spec(gpus=2), nodes)).nodes == ("b",)
+
+
+def test_weights_are_a_preference_not_a_filter() -> None:
+    nodes = [node("a", 1, total=8, holds=["m"]), node("b", 8)]
+    assert placed(place(spec(gpus=2), nodes)).nodes == ("b",)
+    cordoned_holder = [node("a", 8, holds=["m"], schedulable=False), node("b", 8)]
+    assert placed(place(spec(gpus=2), cordoned_holder)).nodes == ("b",)
+
+
+def test_multi_shard_prefers_the_fabric_with_most_holders() -> None:
+    nodes = [
+        # ib-a would pack better (partly used nodes), but holds no weights
+        node("a1", 4, total=8, fabrics=["ib-a"]),
+        node("a2", 4, total=8, fabrics=["ib-a"]),
+        node("b1", 8, fabrics=["ib-b"], holds=["m"]),
+        node("b2", 8, fabrics=["ib-b"]),
+        node("b3", 8, fabrics=["ib-b"]),
+    ]
+    p = placed(place(spec(gpus=4, shards=2), nodes))
+    assert p.fabric == "ib-b"
+    assert p.nodes == ("b1", "b2")  # the holder first, as rank 0
+
+
+def test_holders_beyond_the_shard_count_do_not_outweigh_packing() -> None:
+    # Both fabrics can give 2 holders for a 2-shard replica; ib-a has 3, which
+    # buys nothing more, so packing decides: ib-b uses partly used nodes.
+    nodes = [
+        *(node(f"a{i}", 8, fabrics=["ib-a"], holds=["m"]) for i in range(3)),
+        *(node(f"b{i}", 4, total=8, fabrics=["ib-b"], holds=["m"]) for i in range(2)),
+    ]
+    assert placed(place(spec(gpus=4, shards=2), nodes)).fabric == "ib-b"
+
+
+def test_within_the_fabric_holders_go_first() -> None:
+    nodes = [
+        node("a", 2, total=8, fabrics=["ib"]),
+        node("b", 2, total=8, fabrics=["ib"]),
+        node("z", 8, fabrics=["ib"], holds=["m"]),
+    ]
+    assert placed(place(spec(gpus=2, shards=2), nodes)).nodes == ("z", "a")
+
+
+# -- packing ---------------------------------------------------------------------------
+
+
+def test_single_shard_takes_the_least_leftover() -> None:
+    nodes = [node("a", 6, total=8), node("b", 3, total=8), node("c", 5, total=8)]
+    assert placed(place(spec(gpus=3), nodes)).nodes == ("b",)
+
+
+def test_entirely_free_nodes_stay_free() -> None:
+    # "big" would leave 4 free (more than "small"), yet is kept whole: breaking a
+    # free block costs a future multi-node replica its landing place.
+    nodes = [node("big", 8), node("part", 12, total=16)]
+    assert placed(place(spec(gpus=4), nodes)).nodes == ("part",)
+
+
+def test_leftover_counts_every_class_on_the_node() -> None:
+    nodes = [node("a", {H100: 2, A100: 4}, total=8), node("b", {H100: 2}, total=8)]
+    assert placed(place(spec(gpus=2), nodes)).nodes == ("b",)
+
+
+def test_multi_shard_prefers_the_fabric_that_consumes_no_free_block() -> None:
+    nodes = [
+        node("a1", fabrics=["ib-a"]),
+        node("a2", fabrics=["ib-a"]),
+        node("b1", 4, total=8, fabrics=["ib-b"]),
+        node("b2", 4, total=8, fabrics=["ib-b"]),
+    ]
+    assert placed(place(spec(gpus=4, shards=2), nodes)).fabric == "ib-b"
+
+
+def test_multi_shard_best_fit_keeps_the_largest_block_intact() -> None:
+    # Both fabrics must give up two free nodes; taking them from the smaller
+    # block leaves ib-a's four intact for a bigger replica later.
+    nodes = [
+        *(node(f"a{i}", fabrics=["ib-a"]) for i in range(4)),
+        *(node(f"b{i}", fabrics=["ib-b"]) for i in range(2)),
+    ]
+    p = placed(place(spec(gpus=8, shards=2), nodes))
+    assert p.fabric == "ib-b"
+    assert refused(place(spec(gpus=8, shards=3), [*nodes[:2], *nodes[4:]])).endswith(
+        "largest free block: ib-a 2, ib-b 2"
+    )
+
+
+def test_ties_break_by_name_whatever_the_input_order() -> None:
+    nodes = [node("c", 8), node("a", 8), node("b", 8)]
+    assert placed(place(spec(gpus=8), nodes)).nodes == ("a",)
+    assert placed(place(spec(gpus=8), nodes[::-1])).nodes == ("a",)
+    fabrics = [node("x", fabrics=["ib-b"]), node("y", fabrics=["ib-b"])]
+    fabrics += [node("p", fabrics=["ib-a"]), node("q", fabrics=["ib-a"])]
+    assert placed(place(spec(gpus=8, shards=2), fabrics)).fabric == "ib-a"
+
+
+# -- place_many --------------------------------------------------------------------
+
+
+def test_place_many_allocates_as_it_goes() -> None:
+    nodes = [node("a", 4, total=8)]
+    results = place_many([spec(gpus=2), spec(gpus=2), spec(gpus=1)], nodes)
+    first, second = placed(results[0]), placed(results[1])
+    assert set(first.shards[0].gpus).isdisjoint(second.shards[0].gpus)
+    assert refused(results[2]) == (
+        "needs 1 node with 1 free H100-80GB; no ready node has a free one"
+    )
+
+
+def test_place_many_keeps_request_order_and_an_unplaceable_takes_nothing() -> None:
+    nodes = [node("a", 4, total=8)]
+    results = place_many([spec("big", gpus=8), spec("small", gpus=4)], nodes)
+    assert [r.model for r in results] == ["big", "small"]
+    refused(results[0])
+    assert placed(results[1]).shards[0].gpus == tuple(f"a/{H100}/{i}" for i in range(4))
+
+
+def test_a_placement_breaks_the_free_block_for_the_next() -> None:
+    nodes = [node("a", fabrics=["ib"]), node("b", fabrics=["ib"])]
+    results = place_many([spec(gpus=1), spec(gpus=8, shards=2)], nodes)
+    assert refused(results[1]) == (
+        "needs 2 nodes x 8 H100-80GB in one fabric; largest free block: ib 1"
+    )
+
+
+# -- reasons ---------------------------------------------------------------------------
+
+
+def test_reason_names_the_missing_class_and_what_there_is() -> None:
+    nodes = [node("a", {A100: 8}), node("b", {"B200-192GB": 8}, schedulable=False)]
+    assert refused(place(spec(cls="B200-192GB"), nodes)) == (
+        "needs 1 node with 1 free B200-192GB; no ready node has GPUs of class B200-192GB"
+        " (1 not-ready nodes do); ready nodes have A100-40GB"
+    )
+
+
+def test_reason_gives_the_most_free_on_a_ready_node() -> None:
+    nodes = [
+        node("a", {A100: 2}, total=8),
+        node("b", {A100: 1}, total=8),
+        node("c", {A100: 8}, schedulable=False),
+    ]
+    assert refused(place(spec(gpus=4, cls=A100), nodes)) == (
+        "needs 1 node with 4 free A100-40GB; most free on a ready node: 2 (a)"
+    )
+
+
+def test_reason_when_nothing_is_ready() -> None:
+    nodes = [node("a", schedulable=False)]
+    assert refused(place(spec(), nodes)) == (
+        "needs 1 node with 1 free H100-80GB; no node is ready (1 cordoned, draining or unreachable)"
+    )
+    assert (
+        refused(place(spec(), [])) == "needs 1 node with 1 free H100-80GB; the fleet has no nodes"
+    )
+
+
+def test_reason_counts_fitting_nodes_when_they_are_not_free_blocks() -> None:
+    nodes = [
+        node("a1", 4, total=8, fabrics=["ib-a"]),
+        node("b1", 4, total=8, fabrics=["ib-b"]),
+        node("b2", 2, total=8, fabrics=["ib-b"]),
+        node("loose", 8),
+    ]
+    assert refused(place(spec(gpus=4, shards=2), nodes)) == (
+        "needs 2 nodes x 4 H100-80GB in one fabric; ready nodes with 4 free: ib-a 1, ib-b 1;"
+        " 1 more would fit but are in no fabric"
+    )
+
+
+def test_reason_lists_at_most_six_fabrics() -> None:
+    nodes = [node(f"n{i}", fabrics=[f"ib-{i}"]) for i in range(8)]
+    reason = refused(place(spec(gpus=8, shards=2), nodes))
+    assert reason.endswith("ib-5 1 and 2 more")
