@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cli import UsageError, main, read_token
+from agent.gpus import FakeGpus, parse_fake_spec
+from agent.report import ReportBuilder, read_boot_id
+from agent.sample_models import write_model
+from agent.storage import StorageScanner
+from llmgw.wire import GpuHealth, NodeReport
+
+
+def test_once_json_prints_one_report_without_sending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_model(tmp_path / "models" / "org" / "m")
+    rc = main(
+        [
+            "--once",
+            "--json",
+            "--node",
+            "gpu-07",
+            "--controller",
+            "http://127.0.0.1:9",  # nothing listens: must not matter
+            "--fake-gpus",
+            "8xH100-80GB,unhealthy=3",
+            "--fake-gpus",
+            "2xA100-40GB",
+            "--storage",
+            f"{tmp_path / 'models'}:shared",
+            "--fabric",
+            "ib-a",
+        ]
+    )
+    assert rc == 0
+    report = NodeReport.model_validate_json(capsys.readouterr().out)
+    assert report.node == "gpu-07" and report.fabrics == ["ib-a"]
+    assert len(report.gpus) == 10
+    assert [g.index for g in report.gpus if g.health is GpuHealth.UNHEALTHY] == [3]
+    assert report.storage_configured and report.storage[0].scope_overridden
+    assert [m.name for m in report.storage[0].models] == ["org/m"]
+
+
+def test_once_without_json_is_a_readable_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "models" / "half").mkdir(parents=True)
+    rc = main(
+        [
+            "--once",
+            "--node",
+            "n",
+            "--fake-gpus",
+            "2xH100-80GB,unhealthy=1",
+            "--storage",
+            str(tmp_path / "models"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "GPUs: 2, 1 unhealthy" in out
+    assert "not usable half: empty directory" in out
+
+
+def test_no_storage_says_not_configured(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--once", "--json", "--node", "n", "--fake-gpus", "1xL4-24GB"]) == 0
+    report = NodeReport.model_validate_json(capsys.readouterr().out)
+    assert not report.storage_configured and report.storage == []
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--fake-gpus", "lots"], "COUNTxCLASS"),
+        (["--node", "bad name"], "not a valid node name"),
+        (["--interval", "0"], "--interval"),
+        (["--storage", ":shared"], "--storage"),
+        (["--ignore-xids", "a,b", "--once"], "--ignore-xids"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_message(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--once", *args]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_token_from_file_or_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_AGENT_TOKEN", "from-env")
+    assert read_token(None) == "from-env"
+    f = tmp_path / "token"
+    f.write_text("# agent token\n\nnode-a s3cret\n")
+    assert read_token(f) == "s3cret"
+    f.write_text("\n")
+    with pytest.raises(UsageError, match="holds no token"):
+        read_token(f)
+    with pytest.raises(UsageError, match="cannot read"):
+        read_token(tmp_path / "missing")
+    monkeypatch.delenv("LLMGW_AGENT_TOKEN")
+    assert read_token(None) is None
+
+
+def test_report_builder_uptime_boot_id_and_derived_fabric(tmp_path: Path) -> None:
+    clock = [100.0]
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    for name, text in [
+        ("state", "4: ACTIVE"),
+        ("phys_state", "5: LinkUp"),
+        ("link_layer", "InfiniBand"),
+        ("lid", "0x5"),
+    ]:
+        (port / name).write_text(text)
+    (port / "gids" / "0").write_text("fec0:0000:0000:0007:0002:c903:00f1:1234")
+    b = ReportBuilder(
+        node="n",
+        gpus=FakeGpus("n", [parse_fake_spec("1xH100-80GB")]),
+        storage=StorageScanner([]),
+        sysfs_root=tmp_path,
+        boot_id="b",
+        clock=lambda: clock[0],
+    )
+    clock[0] += 42.5
+    report = b.build()
+    assert report.uptime_s == 42.5 and report.boot_id == "b"
+    assert report.fabrics == ["ib-fec0:0000:0000:0007"]
+    assert not report.storage_configured
+
+
+def test_boot_id(tmp_path: Path) -> None:
+    (tmp_path / "boot_id").write_text("abc-123\n")
+    assert read_boot_id(tmp_path / "boot_id") == "abc-123"
+    assert read_boot_id(tmp_path / "missing") == "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once() -> None:
+    env = {**os.environ, "LLMGW_AGENT_TOKEN": ""}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "agent",
+            "--node",
+            "n1",
+            "--interval",
+            "0.05",
+            "--fake-gpus",
+            "1xH100-80GB",
+            "--controller",
+            f"http://127.0.0.1:{free_port()}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        time.sleep(2.5)  # startup, then several failed tries (backoff from 25 ms)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert err.count("cannot reach the controller") == 1, err
+    assert "stopped" in err

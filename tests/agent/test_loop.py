@@ -1,0 +1,228 @@
+"""The report loop against a real aiohttp server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.gpus import FakeGpus, parse_fake_spec
+from agent.loop import ReportLoop, next_delay
+from agent.report import ReportBuilder
+from agent.sample_models import write_model
+from agent.storage import StorageDir, StorageScanner
+from llmgw.wire import (
+    AdminFlag,
+    NodeReport,
+    NodeState,
+    ReplicaReport,
+    ReportReply,
+    ShardAssignment,
+    ShardState,
+)
+
+ASSIGNMENT = ShardAssignment(replica_id="r1", model="m", source="m", engine="fake", gpus=["GPU-x"])
+
+
+class FakeController:
+    """Accepts reports on a fixed port; can go away and come back."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.reports: list[NodeReport] = []
+        self.token = token
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"error": "invalid token"}, status=401)
+        report = NodeReport.model_validate_json(await request.read())
+        self.reports.append(report)
+        reply = ReportReply(
+            node=report.node,
+            admin_flag=AdminFlag.NONE,
+            state=NodeState.READY,
+            assignments=[ASSIGNMENT],
+        )
+        return web.Response(text=reply.model_dump_json(), content_type="application/json")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/agent/report", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = int(self.runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+        self.runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class FakeEngines:
+    def __init__(self) -> None:
+        self.applied: list[tuple[list[ShardAssignment], dict[str, str]]] = []
+        self.closed = False
+        self.fail = False
+
+    def reports(self) -> list[ReplicaReport]:
+        return [ReplicaReport(id="r1", model="m", state=ShardState.READY, gpus=["GPU-x"])]
+
+    async def apply(
+        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+    ) -> None:
+        if self.fail:
+            raise RuntimeError("engine exploded")
+        self.applied.append((list(assignments), dict(local_weights)))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[FakeController]:
+    c = FakeController()
+    await c.start()
+    yield c
+    if c.runner is not None:
+        await c.stop()
+
+
+def builder(tmp_path: Path, interval: float = 0.02) -> ReportBuilder:
+    write_model(tmp_path / "models" / "m")
+    return ReportBuilder(
+        node="n1",
+        gpus=FakeGpus("n1", [parse_fake_spec("2xH100-80GB")]),
+        storage=StorageScanner([StorageDir(str(tmp_path / "models"))]),
+        interval_s=interval,
+        fabrics=["ib-a"],
+        sysfs_root=tmp_path,
+        boot_id="boot-1",
+    )
+
+
+async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def messages(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+async def test_reports_reach_the_controller_and_assignments_reach_engines(
+    controller: FakeController, tmp_path: Path
+) -> None:
+    engines = FakeEngines()
+    loop = ReportLoop(builder(tmp_path), controller.url, engines=engines)
+    async with aiohttp.ClientSession() as session:
+        reply = await loop.cycle(session)
+    assert reply.assignments == [ASSIGNMENT]
+    (report,) = controller.reports
+    assert report.node == "n1" and report.boot_id == "boot-1" and report.fabrics == ["ib-a"]
+    assert len(report.gpus) == 2 and report.storage_configured
+    assert [m.name for m in report.storage[0].models] == ["m"]
+    assert [r.id for r in report.replicas] == ["r1"]
+    assert engines.applied == [([ASSIGNMENT], {"m": str(tmp_path / "models" / "m")})]
+
+
+async def test_survives_a_controller_restart_and_logs_once_per_outage(
+    controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.loop")
+    loop = ReportLoop(builder(tmp_path), controller.url, rng=random.Random(1), backoff_cap_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until(lambda: len(controller.reports) >= 2)
+
+    await controller.stop()  # the controller goes away ...
+    failures_seen = loop.failures
+    await until(lambda: loop.failures >= failures_seen + 4)
+    assert not task.done()  # ... and the agent does not exit
+    assert len(messages(caplog, "cannot reach the controller")) == 1
+
+    before = len(controller.reports)
+    await controller.start()  # ... and comes back on the same port
+    await until(lambda: len(controller.reports) > before + 1)
+    assert loop.failures == 0
+    assert len(messages(caplog, "reachable again")) == 1
+    assert len(messages(caplog, "cannot reach the controller")) == 1
+
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
+async def test_rejected_token_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    controller = FakeController(token="right")
+    await controller.start()
+    try:
+        loop = ReportLoop(builder(tmp_path), controller.url, token="wrong", backoff_cap_s=0.05)
+        stop = asyncio.Event()
+        task = asyncio.create_task(loop.run(stop))
+        await until(lambda: loop.failures >= 3)
+        assert len(messages(caplog, "rejected the agent token")) == 1
+        assert "LLMGW_AGENT_TOKEN" in messages(caplog, "rejected")[0]
+        loop.token = "right"
+        await until(lambda: len(controller.reports) >= 1)
+        stop.set()
+        await asyncio.wait_for(task, 2)
+    finally:
+        await controller.stop()
+
+
+async def test_engine_failure_does_not_stop_reporting(
+    controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engines = FakeEngines()
+    engines.fail = True
+    loop = ReportLoop(builder(tmp_path), controller.url, engines=engines)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until(lambda: len(controller.reports) >= 3)
+    assert loop.failures == 0
+    assert messages(caplog, "engines could not apply")
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
+async def test_build_failure_does_not_stop_the_loop(
+    controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = builder(tmp_path)
+    b.node = "not a valid name"  # the report will not validate
+    loop = ReportLoop(b, controller.url, backoff_cap_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until(lambda: loop.failures >= 3)
+    assert len(messages(caplog, "could not build the report")) == 1
+    b.node = "n1"
+    await until(lambda: len(controller.reports) >= 1)
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
+def test_interval_jitter_and_capped_backoff() -> None:
+    rng = random.Random(7)
+    healthy = [next_delay(5.0, 0, rng, 30.0) for _ in range(200)]
+    assert min(healthy) >= 4.5 and max(healthy) <= 5.5 and len(set(healthy)) > 100
+    for failures, ceiling in [(1, 5.0), (2, 10.0), (3, 20.0), (4, 30.0), (50, 30.0)]:
+        delays = [next_delay(5.0, failures, rng, 30.0) for _ in range(200)]
+        assert ceiling / 2 <= min(delays) and max(delays) <= ceiling
