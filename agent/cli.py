@@ -80,13 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(os.environ.get("LLMGW_AGENT_STATE", "/var/lib/llmgw/agent")),
-        help="where engine state and logs go (default %(default)s)",
+        default=default_state_dir(),
+        help="where engine state and logs go (env LLMGW_AGENT_STATE; default %(default)s)",
     )
     p.add_argument("--once", action="store_true", help="print one report and exit; send nothing")
     p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     return p
+
+
+def default_state_dir() -> Path:
+    if "LLMGW_AGENT_STATE" in os.environ:
+        return Path(os.environ["LLMGW_AGENT_STATE"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/llmgw/agent")
+    return Path.home() / ".local" / "state" / "llmgw" / "agent"
 
 
 class UsageError(Exception):
@@ -150,8 +158,16 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
 
 
 def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | None:
-    """The engine supervisor, when this build has one (agent/engines.py)."""
-    return None
+    """The engine supervisor: runs what the controller assigns to this node."""
+    from agent.engines import EngineSupervisor  # not needed by --once
+
+    try:
+        return EngineSupervisor(state_dir=args.state_dir, node=args.node, address=builder.address)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot use --state-dir {args.state_dir}: {exc.strerror or exc}; "
+            "point --state-dir (or LLMGW_AGENT_STATE) at a writable directory"
+        ) from exc
 
 
 def describe(report: NodeReport) -> str:

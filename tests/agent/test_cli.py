@@ -147,7 +147,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once() -> None:
+def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once(tmp_path: Path) -> None:
     env = {**os.environ, "LLMGW_AGENT_TOKEN": ""}
     proc = subprocess.Popen(
         [
@@ -161,6 +161,8 @@ def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once() -> None:
             "0.05",
             "--fake-gpus",
             "1xH100-80GB",
+            "--state-dir",
+            str(tmp_path / "state"),
             "--controller",
             f"http://127.0.0.1:{free_port()}",
         ],
@@ -180,3 +182,13 @@ def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once() -> None:
     assert proc.returncode == 0, err
     assert err.count("cannot reach the controller") == 1, err
     assert "stopped" in err
+    assert (tmp_path / "state").is_dir()  # the engine supervisor ran there
+
+
+def test_unwritable_state_dir_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    args = ["--node", "n", "--fake-gpus", "1xL4-24GB", "--state-dir", str(tmp_path / "file" / "s")]
+    assert main(args) == 2
+    assert "cannot use --state-dir" in capsys.readouterr().err
