@@ -1,0 +1,49 @@
+"""`llmgw console`: options, then run the app."""
+
+from __future__ import annotations
+
+import argparse
+
+from llmgw.client import AdminClient, controller_url
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="llmgw console",
+        description="Live fleet console: nodes, GPUs, fabrics, weights; cordon and drain.",
+    )
+    parser.add_argument(
+        "--controller",
+        metavar="URL",
+        default=None,
+        help="controller admin API (default: $LLMGW_CONTROLLER or http://127.0.0.1:7460)",
+    )
+    parser.add_argument(
+        "--token", metavar="T", default=None, help="admin token (default: $LLMGW_TOKEN)"
+    )
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        help="look, don't touch: no cordon, uncordon or drain keys at all",
+    )
+    parser.add_argument(
+        "--refresh",
+        metavar="SECONDS",
+        type=float,
+        default=1.0,
+        help="poll interval (default 1; changes show within about twice this)",
+    )
+    args = parser.parse_args(argv)
+    if args.refresh <= 0:
+        parser.error("--refresh must be a positive number of seconds")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from console.app import ConsoleApp  # Textual loads only when we really run
+
+    client = AdminClient(controller_url(args.controller), args.token)
+    app = ConsoleApp(client, readonly=args.readonly, refresh=args.refresh)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,178 @@
+"""Pure formatting: durations, ages, colours by meaning, stacked GPU bars.
+
+Everything here returns `rich.text.Text`, never markup strings: node names,
+reasons and model names come from operators and agents, and a reason such as
+"[bold]rma" must be shown as typed, not interpreted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rich.text import Text
+
+from llmgw.wire import (
+    AdminFlag,
+    GpuClassCounts,
+    GpuHealth,
+    NodeRow,
+    NodeState,
+    ReplicaState,
+    ShardState,
+)
+
+# Colours by meaning, shared by every pane (k9s-like: green fine, yellow
+# attention, red broken, magenta in motion).
+STATE_STYLE: dict[str, str] = {
+    NodeState.READY: "green",
+    NodeState.CORDONED: "yellow",
+    NodeState.DRAINING: "magenta",
+    NodeState.UNREACHABLE: "bold red",
+    ReplicaState.STARTING: "cyan",
+    ReplicaState.FAILED: "bold red",
+    ShardState.STOPPING: "magenta",
+    GpuHealth.HEALTHY: "green",
+    GpuHealth.UNHEALTHY: "bold red",
+    GpuHealth.UNKNOWN: "magenta",
+}
+
+VERDICT_STYLE = {"ok": "green", "below_minimum": "yellow", "unplaceable": "bold red"}
+
+# Glyphs of the stacked GPU bar, in the order the segments are drawn.
+BAR_USED = "█"
+BAR_UNHEALTHY = "✗"
+BAR_UNKNOWN = "?"
+BAR_UNSCHED = "▒"
+BAR_FREE = "░"
+
+
+def styled(value: object, style: str = "") -> Text:
+    return Text(str(value), style=style, no_wrap=True, end="")
+
+
+def state_text(state: str) -> Text:
+    return styled(state, STATE_STYLE.get(state, ""))
+
+
+def node_state_text(row: NodeRow) -> Text:
+    """The displayed state; for an unreachable node the kept admin flag beside it."""
+    text = state_text(row.state)
+    if row.state == NodeState.UNREACHABLE and row.admin.flag != AdminFlag.NONE:
+        text.append(f"/{row.admin.flag[:4]}", style="yellow")
+    elif row.admin.drained and row.state == NodeState.CORDONED:
+        text.append("+drained", style="dim yellow")
+    return text
+
+
+def humanize(seconds: float | None) -> str:
+    """A compact duration: 45s, 7m05s, 2h13m, 3d04h. None is unknown: '-'."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def age_text(seconds: float | None) -> Text:
+    """Report age, quantised so a healthy fleet's rows do not change every second.
+
+    Agents report every few seconds, so exact ages churn every cell on every
+    refresh; buckets keep the table patch small and still show lateness.
+    """
+    if seconds is None:
+        return styled("never", "bold red")
+    if seconds < 10:
+        return styled("<10s", "green")
+    if seconds < 60:
+        return styled(f"{int(seconds) // 10 * 10}s", "yellow")
+    return styled(humanize(seconds // 60 * 60), "bold red")
+
+
+def load_style(fraction: float) -> str:
+    """nvitop's colouring: light load green, moderate yellow, heavy red."""
+    if fraction < 0.5:
+        return "green"
+    if fraction < 0.85:
+        return "yellow"
+    return "red"
+
+
+def split_width(counts: Sequence[int], width: int) -> list[int]:
+    """Share `width` cells between counts in proportion, largest remainder first.
+
+    A non-zero count always gets at least one cell: one broken card among two
+    thousand must still be visible.
+    """
+    total = sum(counts)
+    if total <= 0 or width <= 0:
+        return [0 for _ in counts]
+    nonzero = [c > 0 for c in counts]
+    floor_each = [1 if nz else 0 for nz in nonzero]
+    spare = width - sum(floor_each)
+    if spare < 0:  # fewer cells than non-empty segments: first ones win
+        out, left = [], width
+        for nz in nonzero:
+            take = 1 if nz and left > 0 else 0
+            out.append(take)
+            left -= take
+        return out
+    exact = [c * spare / total for c in counts]
+    cells = [int(e) for e in exact]
+    order = sorted(range(len(counts)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in order[: spare - sum(cells)]:
+        cells[i] += 1
+    return [f + c for f, c in zip(floor_each, cells, strict=True)]
+
+
+def gpu_segments(c: GpuClassCounts) -> list[tuple[int, str, str]]:
+    """(count, glyph, style) of each bar segment; unaccounted cards count as free."""
+    load = c.used / c.total if c.total else 0.0
+    accounted = c.used + c.unhealthy + c.unknown + c.unschedulable + c.free
+    free = c.free + max(0, c.total - accounted)
+    return [
+        (c.used, BAR_USED, load_style(load)),
+        (c.unhealthy, BAR_UNHEALTHY, "bold red"),
+        (c.unknown, BAR_UNKNOWN, "magenta"),
+        (c.unschedulable, BAR_UNSCHED, "bright_black"),
+        (free, BAR_FREE, "green dim"),
+    ]
+
+
+def stacked_bar(segments: Iterable[tuple[int, str, str]], width: int) -> Text:
+    segs = list(segments)
+    cells = split_width([n for n, _, _ in segs], width)
+    bar = Text(no_wrap=True, end="")
+    for n, (_, glyph, style) in zip(cells, segs, strict=True):
+        if n:
+            bar.append(glyph * n, style=style)
+    return bar
+
+
+def gpus_cell(row: NodeRow) -> Text:
+    """'used/total' coloured by load; no GPUs at all is shown, not hidden."""
+    if row.gpus_total == 0:
+        return styled("none", "bold red" if row.gpu_error else "dim")
+    load = row.gpus_used / row.gpus_total
+    return styled(f"{row.gpus_used}/{row.gpus_total}", load_style(load))
+
+
+def count_text(n: int, style: str) -> Text:
+    """A count that only draws the eye when it is non-zero."""
+    return styled(n, style if n else "dim")
+
+
+def join_short(items: Sequence[str], limit: int = 3) -> str:
+    if len(items) <= limit:
+        return ",".join(items)
+    return ",".join(items[:limit]) + f",+{len(items) - limit}"
+
+
+def classes_text(classes: dict[str, int]) -> Text:
+    if not classes:
+        return styled("-", "dim")
+    return styled(" ".join(f"{n}×{name}" for name, n in sorted(classes.items())))

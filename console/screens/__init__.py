@@ -1,0 +1,1 @@
+"""Screens: the main fleet view, node detail, and modals."""

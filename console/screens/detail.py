@@ -1,0 +1,304 @@
+"""Node detail: GPUs with health, storage with what was and was not counted,
+replicas, and the cordon/drain history. Fetched by the app's poll loop while
+this screen is open, patched in place like the main screen."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from console.format import humanize, node_state_text, state_text, styled
+from console.screens.actions import ADMIN_BINDINGS, AdminActions
+from console.state import Connection, NodeView
+from console.widgets.header import ConnectionBanner
+from console.widgets.keyed_table import KeyedTable
+from llmgw.wire import (
+    AdminEvent,
+    GpuHealth,
+    GpuReport,
+    NodeDetail,
+    NodeRow,
+    ReplicaReport,
+    StorageLocation,
+    StorageScope,
+)
+
+if TYPE_CHECKING:
+    from console.app import ConsoleApp
+
+GIB = 2**30
+
+
+def when(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+class GpusTable(KeyedTable):
+    BORDER_TITLE = "GPUs"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="uuid", **kwargs)
+
+    def on_mount(self) -> None:
+        for key, title in (
+            ("idx", "#"),
+            ("uuid", "UUID"),
+            ("class", "CLASS"),
+            ("mem", "MEMORY"),
+            ("util", "UTIL"),
+            ("use", "IN USE"),
+            ("health", "HEALTH"),
+            ("why", "REASON"),
+        ):
+            self.add_column(title, key=key)
+
+    def show(self, gpus: list[GpuReport]) -> None:
+        self.sync({g.uuid: self._row_cells(g) for g in sorted(gpus, key=lambda g: g.index)})
+
+    @staticmethod
+    def _row_cells(g: GpuReport) -> tuple[Text, ...]:
+        used = g.memory_used_mib
+        mem = (
+            f"{(used or 0) / 1024:.0f}/{g.memory_total_mib / 1024:.0f}G"
+            if used is not None
+            else "?"
+        )
+        util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
+        return (
+            styled(g.index),
+            styled(g.uuid, "dim"),
+            styled(g.gpu_class),
+            styled(mem),
+            styled(util, "yellow" if (g.utilization_pct or 0) > 50 else ""),
+            styled("yes" if g.in_use else "no", "bold" if g.in_use else "dim"),
+            state_text(g.health),
+            styled(g.health_reason or "", "red" if g.health != GpuHealth.HEALTHY else "dim"),
+        )
+
+
+class ReplicasTable(KeyedTable):
+    BORDER_TITLE = "Replicas on this node"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="id", **kwargs)
+
+    def on_mount(self) -> None:
+        for key, title in (
+            ("id", "REPLICA"),
+            ("model", "MODEL"),
+            ("rank", "RANK"),
+            ("state", "STATE"),
+            ("gpus", "GPUS"),
+            ("port", "PORT"),
+            ("idle", "IDLE"),
+            ("error", "ERROR"),
+        ):
+            self.add_column(title, key=key)
+
+    def show(self, replicas: list[ReplicaReport]) -> None:
+        self.sync({r.id: self._row_cells(r) for r in replicas})
+
+    @staticmethod
+    def _row_cells(r: ReplicaReport) -> tuple[Text, ...]:
+        return (
+            styled(r.id, "bold"),
+            styled(r.model),
+            styled(r.rank),
+            state_text(r.state),
+            styled(len(r.gpus)),
+            styled(r.port if r.port else "-"),
+            styled(humanize(r.idle_seconds) if r.idle_seconds is not None else "unknown", "dim"),
+            styled(r.error or "", "red"),
+        )
+
+
+class HistoryTable(KeyedTable):
+    BORDER_TITLE = "Cordon / drain history"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="n", **kwargs)
+
+    def on_mount(self) -> None:
+        for key, title in (
+            ("n", "#"),
+            ("at", "WHEN"),
+            ("action", "ACTION"),
+            ("by", "BY"),
+            ("reason", "REASON"),
+        ):
+            self.add_column(title, key=key)
+
+    def show(self, events: list[AdminEvent]) -> None:
+        # Newest first; numbered oldest = 1 so keys stay stable as events arrive.
+        rows = {str(i + 1): self._row_cells(i + 1, e) for i, e in enumerate(events)}
+        self.sync(rows, list(reversed(rows)))
+
+    @staticmethod
+    def _row_cells(n: int, e: AdminEvent) -> tuple[Text, ...]:
+        style = {
+            "cordon": "yellow",
+            "drain": "magenta",
+            "drained": "yellow",
+            "uncordon": "green",
+        }.get(e.action, "")
+        return (
+            styled(n, "dim"),
+            styled(when(e.at)),
+            styled(e.action, style),
+            styled(e.by),
+            styled(e.reason or "", ""),
+        )
+
+
+def storage_text(detail: NodeDetail) -> Text:
+    text = Text()
+    if not detail.storage_configured:
+        text.append(
+            "Storage observation is off for this node: its agent was told no\n"
+            "directories to look in. It ranks like a node that found nothing.",
+            style="dim",
+        )
+        return text
+    if not detail.storage:
+        text.append("No storage locations reported.", style="dim")
+    for n, loc in enumerate(detail.storage):
+        if n:
+            text.append("\n")
+        _location(text, loc)
+    return text
+
+
+def _location(text: Text, loc: StorageLocation) -> None:
+    text.append(loc.path, style="bold")
+    text.append(f"  {loc.fs_type or '?'}  ")
+    scope_style = "bold blue" if loc.scope == StorageScope.SHARED else "green"
+    text.append(loc.scope.upper(), style=scope_style)
+    if loc.scope_overridden:
+        text.append(" (set by operator)", style="dim")
+    if loc.mount_source:
+        text.append(f"  {loc.mount_source}", style="dim")
+    text.append(f"  {len(loc.models)} models\n")
+    if loc.error:
+        text.append(f"  ✗ {loc.error}\n", style="bold red")
+    for m in loc.models:
+        text.append("  ✓ ", style="green")
+        text.append(m.name, style="bold")
+        text.append(f"  {m.size_bytes / GIB:.0f} GiB, {m.files} files, {m.format}\n", style="dim")
+    for bad in loc.incomplete:
+        text.append("  ✗ ", style="yellow")
+        text.append(bad.name)
+        text.append(f"  not counted: {bad.reason}\n", style="yellow")
+
+
+def title_text(
+    name: str, row: NodeRow | None, detail: NodeDetail | None, error: str | None
+) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f" {name} ", style="bold reverse")
+    if row is not None:
+        text.append(" ")
+        text.append_text(node_state_text(row))
+        if row.admin.reason:
+            text.append(f"  “{row.admin.reason}”", style="yellow")
+            text.append(f" by {row.admin.by or '?'} at {when(row.admin.at)}", style="dim")
+        if row.drain_blocked:
+            text.append(f"  ⚠ drain blocked: {row.drain_blocked}", style="bold red")
+    if detail is not None:
+        text.append(f"\n agent {detail.agent_version or '?'}", style="dim")
+        text.append(f"  address {detail.address or '?'}", style="dim")
+        if detail.row.report_age_s is not None:
+            text.append(f"  last report {humanize(detail.row.report_age_s)} ago", style="dim")
+        if detail.row.fabrics:
+            text.append("  fabrics ", style="dim").append(", ".join(detail.row.fabrics), "cyan")
+        if detail.row.gpu_error:
+            text.append(f"  GPUs: {detail.row.gpu_error}", style="red")
+    if error:
+        text.append(f"\n {error}", style="bold red")
+    elif detail is None:
+        text.append("\n loading…", style="dim")
+    return text
+
+
+class NodeDetailScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.node_name = name
+
+    @property
+    def console(self) -> ConsoleApp:
+        return cast("ConsoleApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        yield ConnectionBanner(id="banner")
+        with VerticalScroll(id="detail-body"):
+            yield GpusTable(id="detail-gpus", classes="pane")
+            yield Static(id="detail-storage", classes="pane")
+            yield ReplicasTable(id="detail-replicas", classes="pane")
+            yield HistoryTable(id="detail-history", classes="pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-storage").border_title = "Storage: weights found and not counted"
+        self.watch(self.app, "node_view", self.show_view)
+        self.watch(self.app, "connection", self.show_connection)
+
+    def show_connection(self, conn: Connection) -> None:
+        self.query_one(ConnectionBanner).show(conn, self.console.fleet, self.console.clock())
+        self.set_class(not conn.healthy, "-stale")
+
+    def show_view(self, view: NodeView | None) -> None:
+        if view is None or view.name != self.node_name:
+            return
+        detail = view.detail
+        row = detail.row if detail else self.row()
+        self.query_one("#detail-title", Static).update(
+            title_text(self.node_name, row, detail, view.error)
+        )
+        if detail is not None:
+            with self.app.batch_update():
+                self.query_one(GpusTable).show(detail.gpus)
+                self.query_one("#detail-storage", Static).update(storage_text(detail))
+                self.query_one(ReplicasTable).show(detail.replicas)
+                self.query_one(HistoryTable).show(detail.history)
+                gpus = self.query_one(GpusTable)
+                bad = sum(1 for g in detail.gpus if g.health != GpuHealth.HEALTHY)
+                gpus.border_subtitle = f"{len(detail.gpus)} cards" + (
+                    f", {bad} not healthy" if bad else ""
+                )
+        self.refresh_bindings()
+
+    def row(self) -> NodeRow | None:
+        view = self.console.node_view
+        if view is not None and view.detail is not None and view.name == self.node_name:
+            return view.detail.row
+        fleet = self.console.fleet
+        return fleet.nodes.get(self.node_name) if fleet else None
+
+    def targets(self) -> list[NodeRow]:
+        row = self.row()
+        return [row] if row else []
+
+    def action_help(self) -> None:
+        self.console.show_help(self)
+
+
+class AdminNodeDetailScreen(AdminActions, NodeDetailScreen):
+    BINDINGS = ADMIN_BINDINGS
+
+    def targets(self) -> list[NodeRow]:
+        return NodeDetailScreen.targets(self)

@@ -1,0 +1,205 @@
+"""The main fleet screen: header, summary panes, nodes table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input
+
+from console.screens.actions import ADMIN_BINDINGS, AdminActions
+from console.state import Connection, Fleet
+from console.widgets.gpus import GpuClassesPane
+from console.widgets.header import ConnectionBanner, FleetHeader
+from console.widgets.nodes import NodesTable
+from console.widgets.summary import FabricsTable, IdleTable, UnplaceableList, WeightsMatrix
+from llmgw.wire import NodeRow
+
+if TYPE_CHECKING:
+    from console.app import ConsoleApp
+
+
+class MainScreen(Screen[None]):
+    """Read-only by construction; `AdminMainScreen` adds the admin keys."""
+
+    BINDINGS = [
+        Binding("enter", "open_detail", "Details"),
+        Binding("slash", "filter", "Filter"),
+        Binding("space", "mark", "Mark"),
+        Binding("s", "sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("escape", "clear", "Clear", show=False),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    @property
+    def console(self) -> ConsoleApp:
+        return cast("ConsoleApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield FleetHeader(id="header")
+        yield ConnectionBanner(id="banner")
+        with Grid(id="panes"):
+            yield GpuClassesPane(id="gpus", classes="pane")
+            yield FabricsTable(id="fabrics", classes="pane")
+            yield IdleTable(id="idle", classes="pane")
+            yield WeightsMatrix(id="weights", classes="pane")
+            yield UnplaceableList(id="unplaceable", classes="pane")
+        with Vertical(id="nodes-pane", classes="pane"):
+            yield Input(
+                placeholder="/ filter: words match name, state, reason, class, fabric, model",
+                id="filter",
+            )
+            yield NodesTable(id="nodes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#nodes-pane").border_title = "Nodes"
+        self.query_one(NodesTable).focus()
+        self.watch(self.app, "fleet", self.show_fleet)
+        self.watch(self.app, "connection", self.show_connection)
+        # Ages on screen move with the clock even between fetches.
+        self.set_interval(1.0, self.tick)
+
+    @property
+    def nodes_table(self) -> NodesTable:
+        return self.query_one(NodesTable)
+
+    # -- data in --------------------------------------------------------------
+
+    def show_fleet(self, fleet: Fleet | None) -> None:
+        if fleet is None:
+            return
+        s = fleet.summary
+        with self.app.batch_update():
+            self.query_one(GpuClassesPane).show(s.gpus)
+            self.query_one(FabricsTable).show(s.fabrics)
+            self.query_one(IdleTable).show(s.idle_replicas)
+            self.query_one(WeightsMatrix).show(s)
+            self.query_one(UnplaceableList).show(s)
+            self.nodes_table.apply(fleet.nodes)
+            self._title_nodes()
+            self.tick()
+        self.refresh_bindings()
+
+    def show_connection(self, conn: Connection) -> None:
+        self.set_class(not conn.healthy and self.console.fleet is not None, "-stale")
+        self.tick()
+
+    def tick(self) -> None:
+        app = self.console
+        now = app.clock()
+        self.query_one(FleetHeader).show(
+            app.fleet, app.connection, now, app.client.base_url, app.readonly
+        )
+        self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
+
+    def _title_nodes(self) -> None:
+        table = self.nodes_table
+        parts = [f"{len(table.shown)}/{len(table.rows_by_name)}"]
+        if table.filter_text:
+            parts.append(f"filter: {table.filter_text}")
+        if table.marks:
+            parts.append(f"{len(table.marks)} marked")
+        pane = self.query_one("#nodes-pane")
+        pane.border_title = "Nodes"
+        pane.border_subtitle = " · ".join(parts)
+
+    # -- what the admin keys act on ----------------------------------------------
+
+    def targets(self) -> list[NodeRow]:
+        """Marked nodes if any, else the one under the cursor."""
+        table = self.nodes_table
+        if table.marks:
+            return [table.rows_by_name[n] for n in sorted(table.marks)]
+        row = table.selected
+        return [row] if row else []
+
+    # -- keys ------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("-active")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.nodes_table.set_filter(event.value.strip())
+        self._title_nodes()
+        self.refresh_bindings()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        box = self.query_one("#filter", Input)
+        if not box.value:
+            box.remove_class("-active")
+        self.nodes_table.focus()
+
+    def action_clear(self) -> None:
+        """Escape: first the filter, then the marks."""
+        box = self.query_one("#filter", Input)
+        if box.value or box.has_class("-active"):
+            box.value = ""
+            box.remove_class("-active")
+            self.nodes_table.set_filter("")
+            self.nodes_table.focus()
+        elif self.nodes_table.marks:
+            self.nodes_table.clear_marks()
+        self._title_nodes()
+        self.refresh_bindings()
+
+    def action_sort(self) -> None:
+        sort = self.nodes_table.cycle_sort()
+        self.notify(f"Nodes sorted by {sort.title}", timeout=1.5)
+
+    def action_reverse_sort(self) -> None:
+        self.nodes_table.cycle_sort(reverse=True)
+
+    def action_mark(self) -> None:
+        table = self.nodes_table
+        key = table.cursor_key
+        if key is None:
+            return
+        table.toggle_mark(key)
+        # k9s: space marks and moves on, so a run of nodes is quick to mark.
+        if table.cursor_row < table.row_count - 1:
+            table.move_cursor(row=table.cursor_row + 1)
+
+    def action_open_detail(self) -> None:
+        row = self.nodes_table.selected
+        if row is not None:
+            self.console.open_detail(row.name)
+
+    def action_help(self) -> None:
+        self.console.show_help(self)
+
+    @on(DataTable.RowSelected, "#nodes")
+    def _row_selected(self) -> None:
+        self.action_open_detail()
+
+    @on(DataTable.RowHighlighted, "#nodes")
+    def _row_highlighted(self) -> None:
+        self.refresh_bindings()
+
+    @on(NodesTable.MarksChanged)
+    def _marks_changed(self) -> None:
+        self._title_nodes()
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "open_detail":
+            return self.nodes_table.selected is not None
+        return True
+
+
+class AdminMainScreen(AdminActions, MainScreen):
+    """The main screen with cordon / uncordon / drain."""
+
+    BINDINGS = ADMIN_BINDINGS
+
+    def targets(self) -> list[NodeRow]:
+        return MainScreen.targets(self)

@@ -1,0 +1,54 @@
+"""What the console knows: the last fleet it fetched and how the link is doing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from llmgw.wire import FleetSummary, NodeDetail, NodeRow
+
+
+class Link(StrEnum):
+    CONNECTING = "connecting"
+    LIVE = "live"
+    LOST = "unreachable"  # no answer at all
+    ERROR = "error"  # the controller answered, with an error
+
+
+@dataclass(frozen=True, eq=False)
+class Fleet:
+    """One consistent fetch. `eq=False`: identity is enough, and comparing two
+    thousand rows field by field on every reactive assignment is not."""
+
+    summary: FleetSummary
+    nodes: dict[str, NodeRow]
+    fetched_at: float  # console clock
+
+
+@dataclass(frozen=True)
+class Connection:
+    link: Link = Link.CONNECTING
+    message: str = ""
+    failures: int = 0
+    retry_at: float | None = None  # console clock of the next attempt
+    last_ok: float | None = None  # console clock of the last good fetch
+
+    @property
+    def healthy(self) -> bool:
+        return self.link == Link.LIVE
+
+
+def backoff(failures: int, base: float, cap: float = 30.0) -> float:
+    """Retry delay after `failures` consecutive failures: base, 2, 4, 8 … cap."""
+    if failures <= 0:
+        return base
+    return float(min(cap, max(base, 1.0) * 2 ** (failures - 1)))
+
+
+@dataclass(frozen=True, eq=False)
+class NodeView:
+    """The node detail screen's data: one node, fetched with each poll."""
+
+    name: str
+    detail: NodeDetail | None
+    error: str | None = None

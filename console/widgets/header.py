@@ -1,0 +1,97 @@
+"""The header totals line and the connection banner."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from console.format import humanize
+from console.state import Connection, Fleet, Link
+
+LINK_STYLE = {
+    Link.CONNECTING: ("◌ connecting", "yellow"),
+    Link.LIVE: ("● live", "bold green"),
+    Link.LOST: ("✗ unreachable", "bold red"),
+    Link.ERROR: ("! error", "bold red"),
+}
+
+
+def _part(text: Text, label: str, n: int, style: str) -> None:
+    text.append(f" {n}", style=style if n else "dim")
+    text.append(f" {label}", style="dim" if not n else "")
+
+
+class FleetHeader(Static):
+    """Two lines: where we are connected and how fresh; then fleet totals."""
+
+    def show(self, fleet: Fleet | None, conn: Connection, now: float, url: str, ro: bool) -> None:
+        self.update(self.render_text(fleet, conn, now, url, ro))
+
+    @staticmethod
+    def render_text(
+        fleet: Fleet | None, conn: Connection, now: float, url: str, readonly: bool
+    ) -> Text:
+        top = Text(no_wrap=True, overflow="ellipsis")
+        top.append(" llmgw ", style="bold reverse")
+        top.append(f" {url} ", style="bold")
+        label, style = LINK_STYLE[conn.link]
+        top.append(label, style=style)
+        if fleet is not None:
+            age = max(0.0, now - fleet.fetched_at)
+            stale = not conn.healthy
+            top.append("  data ", style="dim")
+            top.append(
+                f"{humanize(age)} old" + (" · STALE" if stale else ""),
+                style="bold red" if stale else ("yellow" if age > 3 else "green"),
+            )
+        if readonly:
+            top.append("  READ-ONLY", style="bold blue")
+        if fleet is None:
+            wait = Text(" waiting for the first answer from the controller…", style="dim")
+            return Text("\n").join([top, wait])
+        s = fleet.summary
+        top.append("  │ models", style="bold")
+        top.append(f" {s.models.total}:")
+        _part(top, "satisfied", s.models.satisfied, "green")
+        _part(top, "short", s.models.short, "bold yellow")
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(" nodes", style="bold")
+        line.append(f" {s.nodes.total}:")
+        _part(line, "ready", s.nodes.ready, "green")
+        _part(line, "cordoned", s.nodes.cordoned, "yellow")
+        _part(line, "draining", s.nodes.draining, "magenta")
+        _part(line, "unreachable", s.nodes.unreachable, "bold red")
+        r = s.replicas
+        line.append("  │ replicas", style="bold")
+        line.append(f" {r.ready + r.starting + r.draining + r.failed}:")
+        _part(line, "ready", r.ready, "green")
+        _part(line, "starting", r.starting, "cyan")
+        _part(line, "draining", r.draining, "magenta")
+        _part(line, "failed", r.failed, "bold red")
+        return Text("\n").join([top, line])
+
+
+class ConnectionBanner(Static):
+    """Shown only while the controller is not answering (CSS class `-visible`)."""
+
+    def show(self, conn: Connection, fleet: Fleet | None, now: float) -> None:
+        visible = conn.link in (Link.LOST, Link.ERROR)
+        self.set_class(visible, "-visible")
+        if not visible:
+            return
+        what = "Controller unreachable" if conn.link == Link.LOST else "Controller error"
+        text = Text(no_wrap=False)
+        text.append(f" ⚠ {what}: ", style="bold")
+        text.append(conn.message)
+        text.append(
+            f"\n   Retrying in {humanize(max(0.0, (conn.retry_at or now) - now))}"
+            f" (attempt {conn.failures + 1}). ",
+        )
+        if fleet is not None:
+            text.append(
+                f"Showing the last data, from {humanize(now - fleet.fetched_at)} ago: it is stale. "
+            )
+        else:
+            text.append("Nothing fetched yet. ")
+        text.append("Check that `llmgw controller` runs and --controller points at it.")
+        self.update(text)

@@ -1,0 +1,274 @@
+"""The nodes table: k9s-style filter, sort cycling, marks, patched in place."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual.message import Message
+
+from console.format import (
+    age_text,
+    classes_text,
+    count_text,
+    gpus_cell,
+    join_short,
+    node_state_text,
+    styled,
+)
+from console.widgets.keyed_table import BULK_REMOVE, KeyedTable
+from llmgw.wire import NodeRow, NodeState
+
+MARK = "●"
+
+# Trouble sorts first when sorting by state: that is what an operator looks for.
+STATE_RANK = {
+    NodeState.UNREACHABLE: 0,
+    NodeState.DRAINING: 1,
+    NodeState.CORDONED: 2,
+    NodeState.READY: 3,
+}
+
+
+def natural(name: str) -> tuple[Any, ...]:
+    """gpu-a2 before gpu-a10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+@dataclass(frozen=True)
+class SortSpec:
+    label: str  # column key it marks
+    title: str
+    key: Callable[[NodeRow], Any]
+
+
+SORTS: tuple[SortSpec, ...] = (
+    SortSpec("name", "name", lambda r: natural(r.name)),
+    SortSpec("state", "state", lambda r: (STATE_RANK[r.state], natural(r.name))),
+    SortSpec("gpus", "GPUs used", lambda r: (-r.gpus_used, natural(r.name))),
+    SortSpec("unh", "unhealthy", lambda r: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name))),
+    SortSpec(
+        "age",
+        "report age",
+        lambda r: (-(r.report_age_s if r.report_age_s is not None else 1e12), natural(r.name)),
+    ),
+)
+
+# (key, title, width); None width: sized to content. Reason and models take
+# whatever a wide terminal has to spare.
+COLUMNS: tuple[tuple[str, str, int | None], ...] = (
+    ("mark", " ", 1),
+    ("name", "NAME", None),
+    ("state", "STATE", 16),
+    ("reason", "REASON", 16),
+    ("classes", "CLASSES", 15),
+    ("gpus", "GPUS", 5),
+    ("unh", "UNH", 3),
+    ("fabrics", "FABRIC", 6),
+    ("models", "MODELS", 12),
+    ("repl", "REPL", 4),
+    ("age", "AGE", 5),
+)
+AGE_INDEX = len(COLUMNS) - 1
+MARK_INDEX = 0
+
+
+def _same_but_age(a: NodeRow, b: NodeRow) -> bool:
+    """Equal apart from report age, which moves on every refresh."""
+    da, db = a.__dict__, b.__dict__
+    return all(da[k] == db[k] for k in da if k != "report_age_s")
+
+
+def reason_text(row: NodeRow) -> Text:
+    text = Text(no_wrap=True, end="")
+    if row.admin.reason:
+        text.append(row.admin.reason)
+    if row.drain_blocked:
+        text.append(f"{' ' if text else ''}⚠ {row.drain_blocked}", style="bold red")
+    if row.gpu_error:
+        text.append(f"{' ' if text else ''}{row.gpu_error}", style="red")
+    return text if text else styled("-", "dim")
+
+
+def unhealthy_text(row: NodeRow) -> Text:
+    if row.gpus_unhealthy:
+        text = styled(row.gpus_unhealthy, "bold red")
+        if row.gpus_unknown:
+            text.append(f"{row.gpus_unknown}?", style="magenta")
+        return text
+    if row.gpus_unknown:
+        return styled(f"{row.gpus_unknown}?", "magenta")
+    return styled(0, "dim")
+
+
+def models_text(row: NodeRow) -> Text:
+    if not row.models:
+        return styled("-", "dim")
+    names = sorted(m.rsplit("/", 1)[-1] for m in row.models)
+    text = styled(names[0])
+    if len(names) > 1:
+        text.append(f" +{len(names) - 1}", style="dim")
+    return text
+
+
+def haystack(row: NodeRow) -> str:
+    """What `/` matches against, lower-cased once per change."""
+    parts = [row.name, row.state, row.admin.reason or "", *row.classes, *row.fabrics, *row.models]
+    if row.admin.drained:
+        parts.append("drained")
+    return " ".join(parts).lower()
+
+
+class NodesTable(KeyedTable):
+    """All nodes; `apply()` diffs against what is shown and patches only that."""
+
+    class MarksChanged(Message):
+        def __init__(self, marks: frozenset[str]) -> None:
+            super().__init__()
+            self.marks = marks
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(key_column="name", zebra_stripes=True, **kwargs)
+        self.rows_by_name: dict[str, NodeRow] = {}
+        self.marks: set[str] = set()
+        self.filter_text = ""
+        self.sort_index = 0
+        self.reverse = False
+        self._hay: dict[str, str] = {}
+        self._sort_keys: dict[str, Any] = {}
+
+    def on_mount(self) -> None:
+        spare = max(0, self.app.size.width - 120)
+        for key, title, width in COLUMNS:
+            if key in ("reason", "models") and width:
+                width += spare // 2
+            self.add_column(title, key=key, width=width)
+        self._label_sort_column()
+
+    # -- data -------------------------------------------------------------------
+
+    def apply(self, rows: Mapping[str, NodeRow]) -> int:
+        """Show `rows` (filtered and sorted); returns cells touched."""
+        old_rows = self.rows_by_name
+        self.rows_by_name = dict(rows)
+        self.marks &= set(rows)
+        changed: set[str] = set()
+        for name, row in rows.items():
+            old = old_rows.get(name)
+            if old is None or not _same_but_age(old, row):
+                changed.add(name)
+                self._hay[name] = haystack(row)
+        for name in set(self._hay) - set(rows):
+            del self._hay[name]
+            self._sort_keys.pop(name, None)
+        visible = [n for n in rows if self._matches(n)]
+        visible_set = set(visible)
+        gone = [k for k in self.shown if k not in visible_set]
+        if len(gone) > BULK_REMOVE:
+            cells = {n: self._cells_for(rows[n]) for n in visible}
+            return self.sync(cells, self._ordered(visible))
+        sort = SORTS[self.sort_index]
+        resort = sort.label == "age"  # ages move every refresh
+        touched = 0
+        cursor = self.cursor_key
+        with self.app.batch_update():
+            self.drop(gone)
+            for name in visible:
+                row = rows[name]
+                if name in self.shown and name not in changed:
+                    # The common case: only the (bucketed) age may differ.
+                    touched += self.patch_cell(name, AGE_INDEX, age_text(row.report_age_s))
+                    continue
+                if name not in self.shown or self._sort_keys.get(name) != sort.key(row):
+                    resort = True
+                touched += self.patch_row(name, self._cells_for(row))
+            if resort:
+                self._apply_order(self._ordered(visible))
+            self._restore_cursor(cursor)
+        return touched
+
+    def _cells_for(self, row: NodeRow) -> tuple[Text, ...]:
+        self._sort_keys[row.name] = SORTS[self.sort_index].key(row)
+        return (
+            self._mark_cell(row.name),
+            styled(row.name, "bold"),
+            node_state_text(row),
+            reason_text(row),
+            classes_text(row.classes),
+            gpus_cell(row),
+            unhealthy_text(row),
+            styled(join_short(row.fabrics, 2) or "-", "cyan" if row.fabrics else "dim"),
+            models_text(row),
+            count_text(row.replicas, "bold"),
+            age_text(row.report_age_s),
+        )
+
+    def _mark_cell(self, name: str) -> Text:
+        return styled(MARK, "bold cyan") if name in self.marks else styled(" ")
+
+    def _ordered(self, names: list[str]) -> list[str]:
+        key = SORTS[self.sort_index].key
+        rows = self.rows_by_name
+        return sorted(names, key=lambda n: key(rows[n]), reverse=self.reverse)
+
+    def _matches(self, name: str) -> bool:
+        if not self.filter_text:
+            return True
+        hay = self._hay.get(name)
+        if hay is None:
+            hay = self._hay[name] = haystack(self.rows_by_name[name])
+        return all(word in hay for word in self.filter_text.lower().split())
+
+    # -- view controls -------------------------------------------------------------
+
+    def set_filter(self, text: str) -> None:
+        if text == self.filter_text:
+            return
+        self.filter_text = text
+        self.apply(self.rows_by_name)
+
+    def cycle_sort(self, reverse: bool = False) -> SortSpec:
+        if reverse:
+            self.reverse = not self.reverse
+        else:
+            self.sort_index = (self.sort_index + 1) % len(SORTS)
+            self.reverse = False
+        sort = SORTS[self.sort_index]
+        self._sort_keys = {n: sort.key(r) for n, r in self.rows_by_name.items()}
+        self._label_sort_column()
+        self._apply_order(self._ordered(list(self.shown)))
+        self._restore_cursor(self.cursor_key)
+        return sort
+
+    def _label_sort_column(self) -> None:
+        sort = SORTS[self.sort_index]
+        arrow = "▼" if self.reverse else "▲"
+        for key, title, _ in COLUMNS:
+            column = self.columns.get(key)  # type: ignore[call-overload]
+            if column is not None:
+                column.label = Text(title + (arrow if key == sort.label else ""))
+        self.refresh()
+
+    def toggle_mark(self, name: str) -> None:
+        if name in self.marks:
+            self.marks.discard(name)
+        else:
+            self.marks.add(name)
+        if name in self.shown:
+            self.patch_cell(name, MARK_INDEX, self._mark_cell(name))
+        self.post_message(self.MarksChanged(frozenset(self.marks)))
+
+    def clear_marks(self) -> None:
+        marked, self.marks = self.marks, set()
+        for name in marked:
+            if name in self.shown:
+                self.patch_cell(name, MARK_INDEX, self._mark_cell(name))
+        self.post_message(self.MarksChanged(frozenset()))
+
+    @property
+    def selected(self) -> NodeRow | None:
+        key = self.cursor_key
+        return self.rows_by_name.get(key) if key else None

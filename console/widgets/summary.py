@@ -1,0 +1,153 @@
+"""Summary panes built on KeyedTable: fabrics, weights matrix, idle replicas;
+and the unplaceable list. Each is patched from a new FleetSummary."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from console.format import count_text, humanize, styled
+from console.widgets.keyed_table import GlanceTable
+from llmgw.wire import FabricSummary, FleetSummary, IdleReplica
+
+
+class FabricsTable(GlanceTable):
+    BORDER_TITLE = "Fabrics"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="fabric", **kwargs)
+
+    def on_mount(self) -> None:
+        self.add_column("FABRIC", key="fabric")
+        self.add_column("NODES", key="nodes")
+        self.add_column("W/WTS", key="weights")
+        self.add_column("MODELS", key="models")
+        # Largest free block: whole free nodes, what a multi-node replica needs.
+        self.add_column("BLOCK", key="block")
+        self.border_subtitle = "BLOCK: largest free block (whole free nodes)"
+
+    def show(self, fabrics: list[FabricSummary]) -> None:
+        self.sync({f.fabric: self._row_cells(f) for f in fabrics})
+
+    @staticmethod
+    def _row_cells(f: FabricSummary) -> tuple[Text, ...]:
+        return (
+            styled(f.fabric, "bold cyan"),
+            styled(f.nodes),
+            styled(f"{f.nodes_with_weights}/{f.nodes}", "" if f.nodes_with_weights else "dim"),
+            count_text(f.models_present, ""),
+            # The number that decides whether a multi-node replica can land.
+            styled(f.largest_free_block, "bold green" if f.largest_free_block else "bold red"),
+        )
+
+
+class WeightsMatrix(GlanceTable):
+    """Model × fabric: where weights are, shared or local, and how many copies."""
+
+    BORDER_TITLE = "Weights per fabric"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="model", **kwargs)
+        self.fabrics: list[str] = []
+
+    def on_mount(self) -> None:
+        self.add_column("MODEL", key="model")
+        self.add_column("SPREAD", key="spread")
+        self.border_subtitle = "shared: on a filer · N local: node disks · ⚠ one fabric only"
+
+    def show(self, summary: FleetSummary) -> None:
+        fabrics = [f.fabric for f in summary.fabrics]
+        if fabrics != self.fabrics:
+            self._set_fabric_columns(fabrics)
+        where: dict[str, dict[str, tuple[int, int]]] = {}
+        for f in summary.fabrics:
+            for c in f.copies:
+                if c.local_copies or c.shared_copies:
+                    where.setdefault(c.model, {})[f.fabric] = (c.shared_copies, c.local_copies)
+        rows = {}
+        for model in sorted(where, key=str.lower):
+            held = where[model]
+            cells = [styled(model, "bold")]
+            if len(held) == 1 and len(fabrics) > 1:
+                # The rest of the cluster cannot serve it without a slow copy.
+                cells.append(styled("1 fabric ⚠", "bold yellow"))
+            else:
+                cells.append(styled(f"{len(held)}/{len(fabrics)}", "green"))
+            cells += [self._cell(held.get(fab)) for fab in fabrics]
+            rows[model] = cells
+        self.sync(rows)
+
+    def _set_fabric_columns(self, fabrics: list[str]) -> None:
+        # Rare (a fabric appears or goes): rebuild the columns, rows re-added by sync.
+        self.clear(columns=True)
+        self._cells.clear()
+        self._order.clear()
+        self.add_column("MODEL", key="model")
+        self.add_column("SPREAD", key="spread")
+        for fab in fabrics:
+            self.add_column(fab, key=f"fab:{fab}")
+        self.fabrics = fabrics
+
+    @staticmethod
+    def _cell(copies: tuple[int, int] | None) -> Text:
+        if copies is None:
+            return styled("·", "dim")
+        shared, local = copies
+        text = Text(no_wrap=True, end="")
+        if shared:
+            text.append("shared" if shared == 1 else f"shared×{shared}", style="bold blue")
+        if local:
+            text.append(f"{'+' if shared else ''}{local} local", style="green")
+        return text
+
+
+class IdleTable(GlanceTable):
+    BORDER_TITLE = "Idle replicas"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(key_column="id", **kwargs)
+
+    def on_mount(self) -> None:
+        # Most telling first, so a narrow pane cuts the model name, not the time.
+        self.add_column("IDLE", key="idle")
+        self.add_column("GPUS", key="gpus")
+        self.add_column("REPLICA", key="id")
+        self.add_column("MODEL", key="model")
+
+    def show(self, idle: list[IdleReplica]) -> None:
+        ordered = sorted(idle, key=lambda r: -r.idle_seconds)  # most idle first
+        self.sync({r.id: self._row_cells(r) for r in ordered})
+        self.border_subtitle = f"{sum(r.gpus for r in idle)} GPUs idle" if idle else ""
+
+    @staticmethod
+    def _row_cells(r: IdleReplica) -> tuple[Text, ...]:
+        hours = r.idle_seconds / 3600
+        return (
+            styled(humanize(r.idle_seconds), "bold red" if hours >= 1 else "yellow"),
+            styled(r.gpus, "bold yellow"),
+            styled(r.id, "bold"),
+            styled(r.model.rsplit("/", 1)[-1], "dim"),
+        )
+
+
+class UnplaceableList(Static):
+    """Short models the scheduler cannot place, each with its reason."""
+
+    BORDER_TITLE = "Unplaceable"
+
+    def show(self, summary: FleetSummary) -> None:
+        text = Text()
+        for i, model in enumerate(summary.unplaceable):
+            if i:
+                text.append("\n")
+            text.append("✗ ", style="bold red")
+            text.append(model, style="bold")
+            reason = summary.unplaceable_reasons.get(model)
+            text.append("\n  " + (reason or "no reason given"), style="" if reason else "dim")
+        if not summary.unplaceable:
+            text.append("every short model can be placed", style="green")
+        if text != self._last:
+            self._last = text
+            self.update(text)
+
+    _last: Text | None = None
