@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -132,6 +133,7 @@ class EngineSupervisor:
         self._last_scrape = float("-inf")
         self._closed = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.state_dir / "engines.lock")
         self._adopt()
 
     # -- public interface ------------------------------------------------------
@@ -188,6 +190,8 @@ class EngineSupervisor:
 
     async def close(self) -> None:
         """Stop supervising. Engines keep running: the next agent adopts them."""
+        if self._closed:
+            return
         self._closed = True
         if self._monitor is not None:
             self._monitor.cancel()
@@ -200,6 +204,7 @@ class EngineSupervisor:
         self._save()
         for eng in self._engines.values():
             eng.popen = None  # let go without waiting: the engine outlives us
+        os.close(self._lock_fd)  # releases the lock for the next agent
 
     # -- starting ----------------------------------------------------------------
 
@@ -501,6 +506,24 @@ def _shard_state(value: str) -> ShardState:
         return ShardState(value)
     except ValueError:
         return ShardState.STARTING  # unknown to this version: health decides again
+
+
+def _lock(path: Path) -> int:
+    """Hold an exclusive lock on the state dir: two agents must never fight over
+    the same engines. Released by closing the fd, or by the kernel when we die."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RuntimeError(
+            f"another agent (pid {holder}) is supervising engines in {path.parent}; "
+            "stop it first, or give this one its own --state-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _rotate(path: Path) -> None:

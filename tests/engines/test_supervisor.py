@@ -232,3 +232,13 @@ async def test_worker_without_leader_address_fails_clearly(
     rep = only(sup)
     assert rep.state is ShardState.FAILED
     assert rep.error is not None and "no leader address" in rep.error
+
+
+async def test_second_live_supervisor_on_same_state_dir_is_refused(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    first = make_supervisor()
+    with pytest.raises(RuntimeError, match=r"another agent .* is supervising engines"):
+        make_supervisor()
+    await first.close()
+    make_supervisor()  # free again once the first let go
