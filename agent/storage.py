@@ -66,6 +66,8 @@ def _valid_name(name: str) -> bool:
 
 def _looks_like_model(directory: Path) -> bool:
     """Holds config.json or weight files directly (not in a subdirectory)."""
+    if os.path.isfile(os.path.join(directory, "config.json")):
+        return True  # the usual case, without listing the directory
     try:
         with os.scandir(directory) as it:
             return any(e.name == "config.json" or e.name.endswith(_WEIGHT_SUFFIXES) for e in it)

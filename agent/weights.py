@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
 GGUF_MAGIC = b"GGUF"
@@ -53,6 +54,8 @@ class FileCache:
         return value
 
     def prune(self, keep: set[str]) -> None:
+        if len(keep) == len(self.entries) and keep.issuperset(self.entries):
+            return  # the common case: nothing went away
         for path in [p for p in self.entries if p not in keep]:
             del self.entries[path]
 
@@ -151,24 +154,43 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
     if not entries:
         return Verdict(False, "empty directory: no config.json and no weight files")
 
+    # One pass: the stat (the cost floor of a scan) and the sorting by kind.
     stats: dict[str, os.stat_result] = {}
+    paths: dict[str, str] = {}
     dangling: list[str] = []
     incomplete: list[str] = []
+    indexes: list[str] = []
+    shards: list[str] = []
+    ggufs: list[str] = []
+    size = 0
     for entry in entries:
-        if entry.name.endswith(".incomplete"):
-            incomplete.append(entry.name)
+        name = entry.name
         try:
             st = entry.stat()  # follows symlinks, as an engine would
         except OSError:
             if entry.is_symlink():
-                dangling.append(entry.name)
+                dangling.append(name)
             continue
-        if not entry.is_dir():
-            stats[entry.name] = st
-    incomplete += _local_dir_downloads(directory)
-    names = set(stats)
-    size = sum(st.st_size for st in stats.values())
+        if S_ISDIR(st.st_mode):
+            if name == ".cache":
+                incomplete += _local_dir_downloads(Path(directory))
+            continue
+        stats[name] = st
+        paths[name] = entry.path
+        size += st.st_size
+        if name.endswith(".safetensors"):
+            shards.append(name)
+        elif name.endswith(".safetensors.index.json"):
+            indexes.append(name)
+        elif name.endswith(".gguf"):
+            ggufs.append(name)
+        elif name.endswith(".incomplete"):
+            incomplete.append(name)
+    names = stats.keys()
     files = len(stats)
+    indexes.sort()
+    shards.sort()
+    ggufs.sort()
 
     if incomplete:
         return Verdict(
@@ -185,9 +207,6 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             files=files,
         )
 
-    indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
-    shards = sorted(n for n in names if n.endswith(".safetensors"))
-    ggufs = sorted(n for n in names if n.endswith(".gguf"))
     has_config = "config.json" in names
 
     if indexes or shards:
@@ -197,7 +216,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             )
         wanted: set[str] = set(shards)
         for index in indexes:
-            named = cache.get(str(directory / index), stats[index], _index_shards)
+            named = cache.get(paths[index], stats[index], _index_shards)
             if isinstance(named, str):
                 return Verdict(False, named, size_bytes=size, files=files)
             assert isinstance(named, frozenset)
@@ -213,7 +232,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             wanted |= named
         reasons = []
         for shard in sorted(wanted):
-            problem = cache.get(str(directory / shard), stats[shard], check_safetensors)
+            problem = cache.get(paths[shard], stats[shard], check_safetensors)
             if problem is not None:
                 reasons.append(str(problem))
         if reasons:
@@ -221,7 +240,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
         return Verdict(True, None, "safetensors", size, files)
 
     if ggufs:
-        missing = gguf_missing_parts(names)
+        missing = gguf_missing_parts(set(names))
         if missing:
             return Verdict(
                 False,
@@ -233,7 +252,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
         reasons = [
             str(problem)
             for g in ggufs
-            if (problem := cache.get(str(directory / g), stats[g], check_gguf_magic)) is not None
+            if (problem := cache.get(paths[g], stats[g], check_gguf_magic)) is not None
         ]
         if reasons:
             return Verdict(False, _first(reasons), "gguf", size, files)
