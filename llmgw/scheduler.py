@@ -209,7 +209,7 @@ def plan_drain(
         if placed == need:
             verdict = "ok"
         else:
-            fit = f"{placed} of {need} replacements fit elsewhere"
+            fit = f"replacements that fit elsewhere: {placed} of {need}"
             if ready_after < spec.min_replicas:
                 verdict = "below_minimum"
                 reason = (
@@ -449,7 +449,10 @@ class _Fleet:
         reason = f"no ready node has GPUs of class {cls}"
         elsewhere = sum(cls in cap.free for cap in self._not_ready)
         if elsewhere:
-            reason += f" ({elsewhere} not-ready nodes do)"
+            reason += (
+                f" ({_nodes(elsewhere)} that {_is(elsewhere, 'is', 'are')} not ready"
+                f" {_is(elsewhere, 'has', 'have')} them)"
+            )
         present = sorted({c for node in self._ready.values() for c in node.free})
         if present:
             reason += "; ready nodes have " + _listing(present)
@@ -509,7 +512,7 @@ class _Fleet:
         ordered = sorted(self._fabrics, key=lambda f: (-fits[f], f))
         reason = f"{want}; {label}: " + _listing([f"{f} {fits[f]}" for f in ordered])
         if loose:
-            reason += f"; {loose} more would fit but are in no fabric"
+            reason += f"; {_nodes(loose)} outside any fabric would fit"
         return reason
 
 
@@ -517,3 +520,11 @@ def _listing(items: Sequence[str]) -> str:
     shown = ", ".join(items[:_MAX_LISTED])
     more = len(items) - _MAX_LISTED
     return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _is(count: int, one: str, many: str) -> str:
+    return one if count == 1 else many
+
+
+def _nodes(count: int) -> str:
+    return f"{count} {_is(count, 'node', 'nodes')}"

@@ -31,7 +31,7 @@ def test_the_drained_nodes_are_not_candidates() -> None:
     [impact] = plan.impacts
     assert impact.verdict == "below_minimum"
     assert impact.reason == (
-        "0 of 1 replacements fit elsewhere; ready replicas would fall to 0 of minimum 1:"
+        "replacements that fit elsewhere: 0 of 1; ready replicas would fall to 0 of minimum 1:"
         " needs 1 node with 8 free H100-80GB; no node is ready"
         " (1 cordoned, draining or unreachable)"
     )
@@ -44,7 +44,9 @@ def test_unplaceable_when_the_minimum_holds_without_the_replacement() -> None:
     [impact] = plan.impacts
     assert impact.verdict == "unplaceable"
     assert impact.reason is not None
-    assert impact.reason.startswith("0 of 1 replacements fit elsewhere; the drain would wait")
+    assert impact.reason.startswith(
+        "replacements that fit elsewhere: 0 of 1; the drain would wait for the rest: needs"
+    )
 
 
 def test_replicas_that_are_not_ready_do_not_count_toward_the_minimum() -> None:

@@ -234,7 +234,7 @@ def test_reason_names_the_missing_class_and_what_there_is() -> None:
     nodes = [node("a", {A100: 8}), node("b", {"B200-192GB": 8}, schedulable=False)]
     assert refused(place(spec(cls="B200-192GB"), nodes)) == (
         "needs 1 node with 1 free B200-192GB; no ready node has GPUs of class B200-192GB"
-        " (1 not-ready nodes do); ready nodes have A100-40GB"
+        " (1 node that is not ready has them); ready nodes have A100-40GB"
     )
 
 
@@ -268,7 +268,7 @@ def test_reason_counts_fitting_nodes_when_they_are_not_free_blocks() -> None:
     ]
     assert refused(place(spec(gpus=4, shards=2), nodes)) == (
         "needs 2 nodes x 4 H100-80GB in one fabric; ready nodes with 4 free: ib-a 1, ib-b 1;"
-        " 1 more would fit but are in no fabric"
+        " 1 node outside any fabric would fit"
     )
 
 

@@ -288,16 +288,16 @@ def reference(
         if chosen is None:
             out.append(None)
             continue
-        fabric, cls, names = chosen
+        where, cls, names = chosen
         shards = []
         for name in names:
             taken, free[name][cls] = free[name][cls][:g], free[name][cls][g:]
             shards.append((name, tuple(taken)))
-        out.append((fabric, cls, tuple(shards)))
+        out.append((where, cls, tuple(shards)))
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@SETTINGS
 @given(fleets(), st.lists(specs, min_size=1, max_size=10))
 def test_agrees_with_the_reference(fleet: Fleet, requests: list[ModelSpec]) -> None:
     got = [
