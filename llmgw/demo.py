@@ -1,0 +1,409 @@
+"""`llmgw demo`: a whole simulated fleet on this machine, in one command.
+
+An embedded controller (state in a temporary directory) and N in-process
+agents running the real agent code (report builder, storage scanner, report
+loop, engine supervisor) with fake GPUs. By default 48 nodes in 3 fabrics:
+
+- ib-a: 8 x H100-SXM-80GB per node; every node mounts one NFS filer holding
+  two models and a half-finished download; two nodes have broken cards;
+- ib-b: 8 x A100-SXM-80GB (one node also has L40S cards); a few nodes keep
+  models on local NVMe: two complete copies, an empty directory, a truncated
+  shard; the rest are not told to look;
+- ib-c: 4 x L40S-48GB; two nodes look in an empty directory and find nothing.
+
+The storage is real files (small but valid safetensors), classified through a
+simulated mount table per node, exactly as on a real node. A few model specs
+with the `fake` engine are declared, so replicas start as fake engine
+processes once the controller places them; one spec cannot be placed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from agent.gpus import FakeGpus, parse_fake_spec
+from agent.loop import Engines, ReportLoop
+from agent.report import ReportBuilder
+from agent.sample_models import write_model
+from agent.storage import StorageDir, StorageScanner
+from llmgw.client import AdminClient
+from llmgw.controller.app import create_app
+from llmgw.controller.settings import ControllerSettings
+from llmgw.wire import ModelSpec
+
+log = logging.getLogger("llmgw.demo")
+
+FABRICS = ("ib-a", "ib-b", "ib-c")
+REPORT_INTERVAL_S = 2.0
+
+
+@dataclass
+class DemoNode:
+    name: str
+    fabric: str
+    gpus: list[str]  # --fake-gpus specs
+    storage: list[StorageDir] = field(default_factory=list)
+    mountinfo: Path | None = None
+
+
+def _escape(path: Path) -> str:
+    """A path as mountinfo writes it (octal escapes for space, tab, newline, backslash)."""
+    out = str(path)
+    for ch, code in (("\\", "\\134"), (" ", "\\040"), ("\t", "\\011"), ("\n", "\\012")):
+        out = out.replace(ch, code)
+    return out
+
+
+def _mountinfo(root_dev: str, mounts: Sequence[tuple[Path, str, str]]) -> str:
+    lines = [f"22 1 252:1 / / rw,relatime shared:1 - ext4 {root_dev} rw"]
+    for i, (point, fs_type, source) in enumerate(mounts):
+        lines.append(
+            f"{30 + i} 22 0:{45 + i} / {_escape(point)} rw,relatime - {fs_type} {source} rw"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _hf_download_in_progress(cache: Path, repo: str) -> None:
+    """An HF cache entry whose download has not finished: a blob still .incomplete."""
+    base = cache / ("models--" + repo.replace("/", "--"))
+    commit = "3f1c" * 10
+    snapshot = base / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+    (base / "blobs").mkdir()
+    (snapshot / "config.json").write_text('{"model_type": "mixtral"}')
+    (base / "blobs" / ("9e" * 32 + ".incomplete")).write_bytes(b"\0" * 1024)
+
+
+def _hf_complete(cache: Path, repo: str) -> None:
+    """A finished HF cache entry: refs/main -> snapshot of symlinks into blobs/."""
+    base = cache / ("models--" + repo.replace("/", "--"))
+    commit = "a1b2" * 10
+    snapshot = base / "snapshots" / commit
+    staging = base / "staging"
+    write_model(staging, shards=2)
+    snapshot.mkdir(parents=True)
+    (base / "blobs").mkdir()
+    for i, f in enumerate(sorted(staging.iterdir())):
+        blob = base / "blobs" / f"{i:064x}"
+        f.rename(blob)
+        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
+    staging.rmdir()
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+
+
+def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
+    """Lay out the simulated disks under `root` and say what each node has."""
+    sizes = [nodes // 3 + (1 if i < nodes % 3 else 0) for i in range(3)]
+    fleet: list[DemoNode] = []
+
+    # ib-a: one NFS filer for every node of the fabric.
+    filer = root / "filers" / "ib-a"
+    write_model(filer / "meta-llama" / "Llama-3.1-8B-Instruct", shards=4)
+    _hf_complete(filer / "hub", "Qwen/Qwen2.5-7B-Instruct")
+    _hf_download_in_progress(filer / "hub", "mistralai/Mixtral-8x7B-Instruct-v0.1")
+    unhealthy_a = {3: "unhealthy=3", 7: "unhealthy=0,5"}
+    for i in range(sizes[0]):
+        name = f"gpu-a{i + 1:02d}"
+        spec = "8xH100-SXM-80GB" + (f",{unhealthy_a[i]}" if i in unhealthy_a else "")
+        mounts = root / "mounts" / name
+        mounts.parent.mkdir(parents=True, exist_ok=True)
+        mounts.write_text(_mountinfo("/dev/sda1", [(filer, "nfs4", "filer-a:/export/models")]))
+        fleet.append(
+            DemoNode(
+                name,
+                "ib-a",
+                [spec],
+                [StorageDir(str(filer)), StorageDir(str(filer / "hub"))],
+                mounts,
+            )
+        )
+
+    # ib-b: local NVMe on a few nodes, nothing configured on the rest.
+    for i in range(sizes[1]):
+        name = f"gpu-b{i + 1:02d}"
+        gpus = ["8xA100-SXM-80GB"]
+        if i == 2:
+            gpus = ["4xA100-SXM-80GB", "4xL40S-48GB"]  # two classes on one node
+        if i == 5:
+            gpus = ["8xA100-SXM-80GB,unhealthy=6"]
+        node = DemoNode(name, "ib-b", gpus)
+        if i < 4:
+            local = root / "nodes" / name / "models"
+            local.mkdir(parents=True)
+            if i in (0, 1):
+                write_model(local / "mistralai" / "Mistral-7B-Instruct-v0.3", shards=3)
+            if i == 2:
+                (local / "deepseek-ai" / "DeepSeek-V3").mkdir(parents=True)  # empty
+            if i == 3:
+                files = write_model(local / "google" / "gemma-2-9b", shards=2, tensor_bytes=4096)
+                os.truncate(files[1], files[1].stat().st_size // 2)  # copy interrupted
+            node.mountinfo = root / "mounts" / name
+            node.mountinfo.parent.mkdir(parents=True, exist_ok=True)
+            node.mountinfo.write_text(
+                _mountinfo("/dev/sda1", [(local.parent, "ext4", "/dev/nvme0n1")])
+            )
+            node.storage = [StorageDir(str(local))]
+        fleet.append(node)
+
+    # ib-c: two nodes look and find nothing.
+    for i in range(sizes[2]):
+        name = f"gpu-c{i + 1:02d}"
+        node = DemoNode(name, "ib-c", ["4xL40S-48GB" + (",unhealthy=2" if i == 1 else "")])
+        if i < 2:
+            empty = root / "nodes" / name / "models"
+            empty.mkdir(parents=True)
+            node.storage = [StorageDir(str(empty))]
+        fleet.append(node)
+    return fleet
+
+
+def demo_specs() -> list[ModelSpec]:
+    fake = "fake"
+    return [
+        ModelSpec(
+            name="meta-llama/Llama-3.1-8B-Instruct",
+            source="meta-llama/Llama-3.1-8B-Instruct",
+            min_replicas=3,
+            gpus_per_shard=4,
+            gpu_class="H100-SXM-80GB",
+            engine=fake,
+            engine_args=["--traffic", "3"],
+        ),
+        ModelSpec(
+            name="Qwen/Qwen2.5-7B-Instruct",
+            source="Qwen/Qwen2.5-7B-Instruct",
+            min_replicas=2,
+            gpus_per_shard=2,
+            engine=fake,
+        ),
+        ModelSpec(
+            name="mistralai/Mistral-7B-Instruct-v0.3",
+            source="mistralai/Mistral-7B-Instruct-v0.3",
+            min_replicas=2,
+            gpus_per_shard=8,
+            gpu_class="A100-SXM-80GB",
+            engine=fake,
+            engine_args=["--traffic", "1"],
+        ),
+        ModelSpec(
+            name="deepseek-ai/DeepSeek-V3",
+            source="deepseek-ai/DeepSeek-V3",
+            min_replicas=1,
+            gpus_per_shard=8,
+            shards=2,
+            gpu_class="H100-SXM-80GB",
+            engine=fake,
+            engine_args=["--traffic", "0.5"],
+        ),
+        ModelSpec(
+            name="meta-llama/Llama-3.1-405B-Instruct",
+            source="meta-llama/Llama-3.1-405B-Instruct",
+            min_replicas=1,
+            gpus_per_shard=8,
+            shards=4,
+            gpu_class="B200-SXM-180GB",
+            engine=fake,
+        ),
+    ]
+
+
+@dataclass
+class DemoAgent:
+    node: DemoNode
+    loop: ReportLoop
+    engines: Engines | None
+
+
+def make_agent(
+    node: DemoNode, url: str, root: Path, *, engines: bool, seed: int, interval_s: float
+) -> DemoAgent:
+    builder = ReportBuilder(
+        node=node.name,
+        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus]),
+        storage=StorageScanner(node.storage, node.mountinfo or Path("/nonexistent")),
+        interval_s=interval_s,
+        fabrics=[node.fabric],
+        address="127.0.0.1",
+        boot_id=f"demo-{node.name}",
+    )
+    supervisor: Engines | None = None
+    if engines:
+        from agent.engines import EngineSupervisor
+
+        supervisor = EngineSupervisor(
+            state_dir=root / "agents" / node.name,
+            node=node.name,
+            address="127.0.0.1",
+            engine_host="127.0.0.1",
+            grace_s=3.0,
+        )
+    loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
+    return DemoAgent(node, loop, supervisor)
+
+
+async def _stop_engines(agents: Sequence[DemoAgent]) -> None:
+    """Unlike a real agent, the demo takes its engines down with it."""
+    running = [a.engines for a in agents if a.engines is not None]
+    for engines in running:
+        with contextlib.suppress(Exception):
+            await engines.apply([], {})
+    for _ in range(50):  # up to ~5 s: SIGTERM, then the supervisor's SIGKILL
+        if not any(
+            r.state.value in ("starting", "ready", "stopping") for e in running for r in e.reports()
+        ):
+            break
+        await asyncio.sleep(0.1)
+    for engines in running:
+        with contextlib.suppress(Exception):
+            await engines.close()
+
+
+def banner(url: str, fleet: Sequence[DemoNode], root: Path) -> str:
+    fabrics = sorted({n.fabric for n in fleet})
+    return "\n".join(
+        [
+            f"llmgw demo: {len(fleet)} simulated nodes in {len(fabrics)} fabrics "
+            f"({', '.join(fabrics)})",
+            f"  controller:  {url}",
+            f"  state and simulated disks: {root}",
+            "  in another terminal:",
+            f"    llmgw ctl --controller {url} status",
+            f"    export LLMGW_CONTROLLER={url}; llmgw ctl nodes; llmgw console",
+            "  Ctrl-C stops the demo.",
+        ]
+    )
+
+
+async def run_demo(
+    args: argparse.Namespace,
+    stop: asyncio.Event,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    own_root = args.state_dir is None
+    root = Path(tempfile.mkdtemp(prefix="llmgw-demo-")) if own_root else Path(args.state_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    runner: web.AppRunner | None = None
+    agents: list[DemoAgent] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        fleet = build_fleet(root, args.nodes)
+        settings = ControllerSettings(
+            state_dir=root / "controller", listen=f"127.0.0.1:{args.port}"
+        )
+        runner = web.AppRunner(create_app(settings), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        except OSError as exc:
+            sys.stderr.write(
+                f"llmgw demo: cannot listen on 127.0.0.1:{args.port}: {exc.strerror}; "
+                "pass --port 0 for any free port\n"
+            )
+            return 1
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        agents = [
+            make_agent(n, url, root, engines=not args.no_engines, seed=i, interval_s=args.interval)
+            for i, n in enumerate(fleet)
+        ]
+        tasks = [asyncio.create_task(a.loop.run(stop)) for a in agents]
+        if not args.no_engines:
+            async with AdminClient(url) as client:
+                await client.apply_models(demo_specs())
+        print(banner(url, fleet, root), flush=True)
+        if on_ready is not None:
+            on_ready(url)
+        if args.headless:
+            await stop.wait()
+        else:
+            await _console(url, stop)
+        return 0
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stop_engines(agents)
+        if runner is not None:
+            await runner.cleanup()
+        if own_root:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def _console(url: str, stop: asyncio.Event) -> None:
+    """The live console in this terminal; quitting it ends the demo."""
+    try:
+        from console.app import ConsoleApp
+    except ImportError:
+        await stop.wait()
+        return
+    app = ConsoleApp(AdminClient(url))
+    console = asyncio.create_task(app.run_async())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({console, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not console.done():
+        app.exit()
+        await console
+    stopped.cancel()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw demo",
+        description="A simulated fleet on this machine: an embedded controller and "
+        "in-process agents with fake GPUs, real storage observation and fake engines.",
+    )
+    p.add_argument("--nodes", type=int, default=48, help="simulated nodes (default 48)")
+    p.add_argument(
+        "--port", type=int, default=7460, help="controller port on 127.0.0.1 (0: any free)"
+    )
+    p.add_argument(
+        "--headless", action="store_true", help="no console here: print how to connect, wait"
+    )
+    p.add_argument(
+        "--interval", type=float, default=REPORT_INTERVAL_S, help="agent report interval"
+    )
+    p.add_argument("--no-engines", action="store_true", help="declare no models, run no engines")
+    p.add_argument("--state-dir", type=Path, help="keep state and disks here (default: a temp dir)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if not 3 <= args.nodes <= 2000:
+        sys.stderr.write("llmgw demo: --nodes must be between 3 and 2000\n")
+        return 2
+    logging.basicConfig(
+        level=logging.WARNING if not args.headless else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.headless:
+        # The console owns the terminal: keep agent warnings out of its way.
+        logging.getLogger().setLevel(logging.ERROR)
+
+    async def _main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        return await run_demo(args, stop)
+
+    try:
+        return asyncio.run(_main())
+    except KeyboardInterrupt:
+        return 0
