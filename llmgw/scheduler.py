@@ -177,6 +177,8 @@ def plan_drain(
       would still wait for them (or lose them with ``--force``).
 
     Replicas of models without a spec are ignored: they are stopped, not moved.
+    Leave out replicas that already have a replacement (a drain in progress):
+    the replacement's cards are already taken in ``nodes``.
     Impacts come worst first: verdict, then most replacements missing, then name.
     """
     drain = frozenset(draining)
