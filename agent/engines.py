@@ -95,6 +95,15 @@ def _safe_name(text: str) -> str:
 
 
 class EngineSupervisor:
+    """Runs this node's engines. One per agent per state_dir (a lock enforces it).
+
+    templates: operator templates (see agent.engine_templates), added to or
+    replacing the built-ins by name. address: where other nodes reach this one
+    (a rank-0 leader's own rendezvous address). grace_s: SIGTERM to SIGKILL.
+    engine_host: the address engines listen on. The interval and timeout knobs
+    exist for tests; the defaults suit production.
+    """
+
     def __init__(
         self,
         *,
@@ -395,10 +404,13 @@ class EngineSupervisor:
                 await asyncio.gather(*(self._scrape(e) for e in ready))
 
     def _url(self, eng: Engine, path: str) -> str:
-        return f"http://{self.probe_host}:{eng.port}{path}"
+        host = f"[{self.probe_host}]" if ":" in self.probe_host else self.probe_host
+        return f"http://{host}:{eng.port}{path}"
 
     async def _probe(self, eng: Engine, now: float) -> None:
-        if not eng.serves_http or eng.template is None:
+        if eng.template is None:
+            return  # adopted, but its template is gone: keep what we knew
+        if not eng.serves_http:
             if now - eng.started_mono >= self.worker_settle_s:
                 self._mark_ready(eng)
             return
