@@ -162,7 +162,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def agent_report(request: web.Request) -> web.Response:
     report = await parse_body(request, NodeReport)
-    return json_model(request.app[FLEET].ingest(report))
+    return json_model(request.app[FLEET].ingest(report, await request.read()))
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -273,8 +273,19 @@ def create_app(settings: ControllerSettings) -> web.Application:
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
-    app[FLEET] = Fleet(store, settings)
+    fleet = app[FLEET] = Fleet(store, settings)
+
+    async def flush_every_second() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            fleet.flush()
+
+    task = asyncio.create_task(flush_every_second())
     yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    fleet.flush()
     store.close()
 
 

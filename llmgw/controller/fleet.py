@@ -6,16 +6,16 @@ is derived here from one set of facts, so no two answers can disagree.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord, Store
-from llmgw.controller.summary import NodeFacts, SummaryBasis, build_summary
+from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
 from llmgw.wire import (
     AdminFlag,
     AdminInfo,
@@ -45,13 +45,6 @@ class UnknownModel(LookupError):
         self.name = name
 
 
-@dataclass
-class _CachedSummary:
-    version: int
-    valid_until: float
-    basis: SummaryBasis
-
-
 class Fleet:
     def __init__(
         self,
@@ -77,15 +70,62 @@ class Fleet:
         self.unplaceable_reasons: dict[str, str] = {}
         self.drain_blocked: dict[str, str] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
-        self._version = 0
-        self._cache: _CachedSummary | None = None
         self._index_records()
+        # Running sums for the summary, and what each node last put into them.
+        self.totals = FleetTotals()
+        self._facts: dict[str, NodeFacts] = {}
+        # (moment a node turns unreachable, node): popped lazily as time passes.
+        self._deadlines: list[tuple[float, str]] = []
+        # First sightings are written in batches: one fsync per node would stall
+        # the loop when a whole fleet registers at once.
+        self._unsaved_nodes: dict[str, float] = {}
+        for name in self.entries:
+            self._watch(name)
 
-    # -- change tracking ------------------------------------------------------
+    # -- running totals -------------------------------------------------------
 
-    def changed(self) -> None:
-        """Something the derived views depend on changed: drop cached answers."""
-        self._version += 1
+    def _deadline(self, entry: NodeEntry) -> float:
+        return entry.last_heard(self.started_at) + self.grace_s(entry)
+
+    def _watch(self, name: str, now: float | None = None) -> None:
+        """Bring a node's contribution to the totals up to date, and note when
+        its liveness will next change."""
+        entry = self.entries[name]
+        heapq.heappush(self._deadlines, (self._deadline(entry), name))
+        self._settle(name, now)
+
+    def _settle(self, name: str, now: float | None = None) -> None:
+        entry = self.entries[name]
+        d = entry.digest
+        facts = NodeFacts(
+            state=self.state_of(name, now),
+            fabrics=d.fabrics,
+            classes=d.classes,
+            entirely_free=d.entirely_free,
+            models=d.models,
+            copies=d.copies,
+        )
+        old = self._facts.get(name)
+        if old == facts:
+            return
+        if old is not None:
+            self.totals.remove(old)
+        self.totals.add(facts)
+        self._facts[name] = facts
+
+    def _expire(self, now: float) -> None:
+        """Nodes whose grace ran out since the last look become unreachable."""
+        heap = self._deadlines
+        while heap and heap[0][0] < now:
+            deadline, name = heapq.heappop(heap)
+            if deadline == self._deadline(self.entries[name]):  # else superseded by a report
+                self._settle(name, now)
+
+    def flush(self) -> None:
+        """Write first sightings of nodes (called every second and at shutdown)."""
+        if self._unsaved_nodes:
+            self.store.add_nodes(self._unsaved_nodes.items())
+            self._unsaved_nodes.clear()
 
     def _index_records(self) -> None:
         by_node: dict[str, list[ReplicaRecord]] = defaultdict(list)
@@ -93,7 +133,6 @@ class Fleet:
             for shard in rec.shards:
                 by_node[shard.node].append(rec)
         self._by_node = dict(by_node)
-        self.changed()
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
         return frozenset(
@@ -114,20 +153,17 @@ class Fleet:
         now = self.clock() if now is None else now
         return node_state(entry, self.admin.get(name), now, self.grace_s(entry), self.started_at)
 
-    def ingest(self, report: NodeReport) -> ReportReply:
+    def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
+        """Take a node's report; `raw` is the body as received, kept for the detail view."""
         now = self.clock()
         entry = self.entries.get(report.node)
         if entry is None:
-            first_seen = self.wall()
-            self.store.add_node(report.node, first_seen)
-            entry = self.entries[report.node] = NodeEntry(report.node, first_seen)
-            self.changed()
-        elif self.state_of(report.node, now) is NodeState.UNREACHABLE:
-            self.changed()  # it comes back
-        digest = digest_report(report, now, self.assigned_gpus(report.node), entry.digest)
-        if digest != entry.digest:
-            self.changed()
-        entry.report, entry.received_at, entry.digest = report, now, digest
+            entry = self.entries[report.node] = NodeEntry(report.node, self.wall())
+            self._unsaved_nodes[report.node] = entry.first_seen
+        digest = digest_report(report, now, self.assigned_gpus(report.node))
+        entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        self._watch(report.node, now)
+        self._expire(now)
         return ReportReply(
             node=report.node,
             admin_flag=self.admin_info(report.node).flag,
@@ -138,12 +174,11 @@ class Fleet:
     def refresh_digest(self, node: str) -> None:
         """Re-derive a node's digest after its replica assignments changed."""
         entry = self.entries.get(node)
-        if entry is None or entry.report is None or entry.received_at is None:
+        report = entry.report if entry else None
+        if entry is None or report is None or entry.received_at is None:
             return
-        entry.digest = digest_report(
-            entry.report, entry.received_at, self.assigned_gpus(node), entry.digest
-        )
-        self.changed()
+        entry.digest = digest_report(report, entry.received_at, self.assigned_gpus(node))
+        self._settle(node)
 
     def assignments_for(self, node: str) -> list[ShardAssignment]:
         out = []
@@ -153,9 +188,7 @@ class Fleet:
                 continue
             leader = rec.shards[0].node
             leader_entry = self.entries.get(leader)
-            leader_address = (
-                leader_entry.report.address if leader_entry and leader_entry.report else None
-            )
+            leader_address = leader_entry.address if leader_entry else None
             for shard in rec.shards:
                 if shard.node != node:
                     continue
@@ -208,7 +241,7 @@ class Fleet:
         else:
             self.admin[name] = info
         self.drain_blocked.pop(name, None)
-        self.changed()
+        self._settle(name)
         return self.row(name)
 
     def mark_drained(self, name: str) -> None:
@@ -221,7 +254,7 @@ class Fleet:
         self.store.set_admin(name, info, action="drained", by="controller", at=at)
         self.admin[name] = info
         self.drain_blocked.pop(name, None)
-        self.changed()
+        self._settle(name)
 
     # -- models and replicas ------------------------------------------------------
 
@@ -230,7 +263,6 @@ class Fleet:
         self.store.put_models(specs, self.wall())
         for spec in specs:
             self.models[spec.name] = spec
-        self.changed()
 
     def delete_model(self, name: str) -> None:
         if name not in self.models:
@@ -283,32 +315,22 @@ class Fleet:
 
     def summary(self) -> FleetSummary:
         now = self.clock()
-        cache = self._cache
-        if cache is None or cache.version != self._version or now >= cache.valid_until:
-            cache = self._cache = self._build_summary(now)
-        return cache.basis.render(now, self.wall())
-
-    def _build_summary(self, now: float) -> _CachedSummary:
-        version = self._version
-        facts: dict[str, NodeFacts] = {}
-        # The earliest moment any node could change liveness: the cache expires then.
-        next_flip = float("inf")
-        for name, entry in self.entries.items():
-            state = self.state_of(name, now)
-            if state is not NodeState.UNREACHABLE:
-                last = entry.received_at if entry.received_at is not None else self.started_at
-                next_flip = min(next_flip, last + self.grace_s(entry))
-            facts[name] = NodeFacts(state, entry.digest.fabrics, entry.digest)
-        basis = build_summary(
-            facts, self.admin, self.replica_statuses(), self.models, self.unplaceable_reasons
+        self._expire(now)
+        return build_summary(
+            self.totals,
+            self.admin,
+            self.entries,
+            self.replica_statuses(),
+            self.models,
+            self.unplaceable_reasons,
+            now,
+            self.wall(),
         )
-        return _CachedSummary(version, min(next_flip, basis.next_idle_change(now)), basis)
 
     def row(self, name: str, now: float | None = None) -> NodeRow:
         entry = self._require(name)
         now = self.clock() if now is None else now
         d = entry.digest
-        report = entry.report
         return NodeRow(
             name=name,
             state=self.state_of(name, now),
@@ -322,7 +344,7 @@ class Fleet:
             fabrics=list(d.fabrics),
             models=sorted(d.models),
             replicas=len(self._by_node.get(name, ())),
-            gpu_error=report.gpu_error if report else None,
+            gpu_error=entry.gpu_error,
             drain_blocked=self.drain_blocked.get(name),
         )
 

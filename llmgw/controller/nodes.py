@@ -21,9 +21,6 @@ from llmgw.wire import (
     StorageScope,
 )
 
-# Idle-since values closer than this are the same moment measured twice.
-IDLE_JITTER_S = 2.0
-
 
 @dataclass(frozen=True)
 class CardCounts:
@@ -79,7 +76,6 @@ def digest_report(
     report: NodeReport,
     received_at: float,
     assigned_gpus: Collection[str],
-    previous: NodeDigest | None = None,
 ) -> NodeDigest:
     """Reduce a report to what the aggregates need.
 
@@ -106,18 +102,16 @@ def digest_report(
             models.add(m.name)
             copies.add((m.name, loc.scope, where))
 
-    old_idle = {(s.replica_id, s.rank): s.idle_since for s in previous.shards} if previous else {}
-    shards = []
-    for r in report.replicas:
-        idle_since = None if r.idle_seconds is None else received_at - r.idle_seconds
-        before = old_idle.get((r.id, r.rank))
-        if (
-            idle_since is not None
-            and before is not None
-            and abs(idle_since - before) < IDLE_JITTER_S
-        ):
-            idle_since = before  # unchanged: keep the digest stable across reports
-        shards.append(ShardDigest(r.id, r.rank, r.state, idle_since, r.error))
+    shards = [
+        ShardDigest(
+            r.id,
+            r.rank,
+            r.state,
+            None if r.idle_seconds is None else received_at - r.idle_seconds,
+            r.error,
+        )
+        for r in report.replicas
+    ]
 
     return NodeDigest(
         classes=tuple(sorted((k, CardCounts(**v)) for k, v in per_class.items())),
@@ -131,15 +125,42 @@ def digest_report(
 
 @dataclass
 class NodeEntry:
+    """One node as the controller knows it.
+
+    The latest report is kept as the bytes that came in, not as a parsed model:
+    10,000 parsed reports are millions of long-lived objects for the garbage
+    collector to walk. Only the node detail view parses it again.
+    """
+
     name: str
     first_seen: float  # unix time
-    report: NodeReport | None = None
+    raw: bytes | None = None
     received_at: float | None = None  # controller monotonic clock
     digest: NodeDigest = field(default=EMPTY_DIGEST)
+    interval_s: float = 5.0
+    address: str | None = None
+    gpu_error: str | None = None
 
-    def grace_s(self, intervals: float, extra_s: float, default_interval: float = 5.0) -> float:
-        interval = self.report.interval_s if self.report else default_interval
-        return intervals * interval + extra_s
+    def update(
+        self, report: NodeReport, raw: bytes, received_at: float, digest: NodeDigest
+    ) -> None:
+        self.raw, self.received_at, self.digest = raw, received_at, digest
+        self.interval_s, self.address, self.gpu_error = (
+            report.interval_s,
+            report.address,
+            report.gpu_error,
+        )
+
+    @property
+    def report(self) -> NodeReport | None:
+        return None if self.raw is None else NodeReport.model_validate_json(self.raw)
+
+    def grace_s(self, intervals: float, extra_s: float) -> float:
+        return intervals * self.interval_s + extra_s
+
+    def last_heard(self, started_at: float) -> float:
+        """A node not heard from since the controller started gets one grace from the start."""
+        return self.received_at if self.received_at is not None else started_at
 
 
 def node_state(
@@ -154,8 +175,7 @@ def node_state(
     A node that has not reported since the controller started is given one grace
     period from the start before it counts as unreachable.
     """
-    last = entry.received_at if entry.received_at is not None else started_at
-    if now - last > grace_s:
+    if now - entry.last_heard(started_at) > grace_s:
         return NodeState.UNREACHABLE
     flag = admin.flag if admin else AdminFlag.NONE
     if flag is AdminFlag.DRAINING:

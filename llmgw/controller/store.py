@@ -131,9 +131,11 @@ class Store:
     def known_nodes(self) -> dict[str, float]:
         return {r["name"]: r["first_seen"] for r in self._db.execute("SELECT * FROM nodes")}
 
-    def add_node(self, name: str, at: float) -> None:
+    def add_nodes(self, nodes: Iterable[tuple[str, float]]) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO nodes(name, first_seen) VALUES (?, ?)", (name, at))
+            db.executemany(
+                "INSERT OR IGNORE INTO nodes(name, first_seen) VALUES (?, ?)", list(nodes)
+            )
 
     # -- admin flags ------------------------------------------------------------
 

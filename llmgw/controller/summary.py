@@ -1,18 +1,21 @@
 """The fleet summary: one answer for the whole fleet.
 
 Built from the same derived state as every table (node states from
-`nodes.node_state`, replica states from `replicas.replica_state`), so it can
-never disagree with them. `build_summary` is pure; the fleet caches its result
-until something it depends on changes (see `SummaryBasis`).
+`nodes.node_state`, replica states from `replicas.replica_status`), so it can
+never disagree with them.
+
+Node-level figures are kept as running sums (`FleetTotals`): each node adds its
+contribution, and takes it back out before a changed one goes in. A summary of
+10,000 nodes then costs as much as one of ten; only replicas are walked.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from llmgw.controller.nodes import NodeDigest
+from llmgw.controller.nodes import CardCounts
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.wire import (
     IDLE_AFTER_S,
@@ -36,140 +39,75 @@ from llmgw.wire import (
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What the summary needs to know of one node."""
+    """What one node contributes to the summary."""
 
     state: NodeState
     fabrics: tuple[str, ...]
-    digest: NodeDigest
+    classes: tuple[tuple[str, CardCounts], ...]
+    entirely_free: bool
+    models: frozenset[str]
+    copies: frozenset[tuple[str, StorageScope, str]]
 
 
-@dataclass(frozen=True)
-class IdleCandidate:
-    id: str
-    model: str
-    idle_since: float  # controller monotonic clock
-    gpus: int
+@dataclass
+class _FabricTotals:
+    nodes: int = 0
+    free_block: int = 0
+    with_weights: int = 0
+    readers: Counter[str] = field(default_factory=Counter)  # model -> nodes that can read it
+    local: Counter[str] = field(default_factory=Counter)  # model -> nodes holding it locally
+    shared: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, filer) -> nodes
 
 
-@dataclass(frozen=True)
-class SummaryBasis:
-    """A summary with its idle list still in monotonic time, ready to render."""
+class FleetTotals:
+    """Running sums of every node's `NodeFacts`."""
 
-    summary: FleetSummary
-    idle: tuple[IdleCandidate, ...]  # ready replicas whose idleness is known
+    def __init__(self) -> None:
+        self.states: Counter[NodeState] = Counter()
+        self.classes: dict[str, Counter[str]] = defaultdict(Counter)
+        self.fabrics: dict[str, _FabricTotals] = defaultdict(_FabricTotals)
 
-    def render(self, now: float, wall: float) -> FleetSummary:
-        idle = [
-            IdleReplica(
-                id=c.id, model=c.model, idle_seconds=round(now - c.idle_since, 1), gpus=c.gpus
-            )
-            for c in self.idle
-            if now - c.idle_since >= IDLE_AFTER_S
-        ]
-        idle.sort(key=lambda r: (-r.idle_seconds, r.id))
-        return self.summary.model_copy(update={"idle_replicas": idle, "generated_at": wall})
-
-    def next_idle_change(self, now: float) -> float:
-        """When the next not-yet-idle replica crosses the idle threshold."""
-        pending = [
-            c.idle_since + IDLE_AFTER_S for c in self.idle if now - c.idle_since < IDLE_AFTER_S
-        ]
-        return min(pending, default=float("inf"))
-
-
-def build_summary(
-    nodes: Mapping[str, NodeFacts],
-    admin: Mapping[str, AdminInfo],
-    replicas: Mapping[str, ReplicaStatus],
-    models: Mapping[str, ModelSpec],
-    unplaceable_reasons: Mapping[str, str],
-) -> SummaryBasis:
-    node_counts = dict.fromkeys(NodeState, 0)
-    classes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    fab_nodes: dict[str, int] = defaultdict(int)
-    fab_free: dict[str, int] = defaultdict(int)
-    fab_with_weights: dict[str, int] = defaultdict(int)
-    fab_local: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    fab_shared: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    fab_readers: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-
-    for facts in nodes.values():
-        node_counts[facts.state] += 1
+    def add(self, facts: NodeFacts, sign: int = 1) -> None:
+        self.states[facts.state] += sign
         ready = facts.state is NodeState.READY
-        d = facts.digest
-        for cls, c in d.classes:
-            agg = classes[cls]
-            agg["total"] += c.total
-            agg["used"] += c.used
-            agg["unhealthy"] += c.unhealthy
-            agg["unknown"] += c.unknown
-            agg["free" if ready else "unschedulable"] += c.healthy_unused
+        for cls, c in facts.classes:
+            agg = self.classes[cls]
+            agg["total"] += sign * c.total
+            agg["used"] += sign * c.used
+            agg["unhealthy"] += sign * c.unhealthy
+            agg["unknown"] += sign * c.unknown
+            agg["free" if ready else "unschedulable"] += sign * c.healthy_unused
         # An unreachable node's disk cannot serve anything now.
         reachable = facts.state is not NodeState.UNREACHABLE
         for fabric in facts.fabrics:
-            fab_nodes[fabric] += 1
-            if ready and d.entirely_free:
-                fab_free[fabric] += 1
-            if reachable and d.models:
-                fab_with_weights[fabric] += 1
-                for model in d.models:
-                    fab_readers[fabric][model] += 1
-                for model, scope, where in d.copies:
+            f = self.fabrics[fabric]
+            f.nodes += sign
+            f.free_block += sign * (ready and facts.entirely_free)
+            if reachable and facts.models:
+                f.with_weights += sign
+                for model in facts.models:
+                    f.readers[model] += sign
+                for model, scope, where in facts.copies:
                     if scope is StorageScope.SHARED:
-                        fab_shared[fabric][model].add(where)
+                        f.shared[(model, where)] += sign
                     else:
-                        fab_local[fabric][model] += 1
+                        f.local[model] += sign
 
-    fabrics = []
-    for fabric in sorted(fab_nodes):
-        readers = fab_readers.get(fabric, {})
-        copies = [
-            FabricModelCopies(
-                model=m,
-                local_copies=fab_local[fabric].get(m, 0),
-                shared_copies=len(fab_shared[fabric].get(m, ())),
-                nodes=readers[m],
-            )
-            for m in sorted(readers)
-        ]
-        fabrics.append(
-            FabricSummary(
-                fabric=fabric,
-                nodes=fab_nodes[fabric],
-                nodes_with_weights=fab_with_weights.get(fabric, 0),
-                models_present=len(readers),
-                largest_free_block=fab_free.get(fabric, 0),
-                copies=copies,
-            )
+    def remove(self, facts: NodeFacts) -> None:
+        self.add(facts, -1)
+
+    def node_counts(self) -> NodeCounts:
+        s = self.states
+        return NodeCounts(
+            total=sum(s.values()),
+            ready=s[NodeState.READY],
+            cordoned=s[NodeState.CORDONED],
+            draining=s[NodeState.DRAINING],
+            unreachable=s[NodeState.UNREACHABLE],
         )
 
-    replica_counts = dict.fromkeys(ReplicaState, 0)
-    serving: dict[str, int] = defaultdict(int)
-    starting: dict[str, int] = defaultdict(int)
-    idle: list[IdleCandidate] = []
-    for r in replicas.values():
-        replica_counts[r.state] += 1
-        if r.state in (ReplicaState.READY, ReplicaState.DRAINING):
-            serving[r.record.model] += 1  # a draining replica still answers until replaced
-        elif r.state is ReplicaState.STARTING:
-            starting[r.record.model] += 1
-        if r.state is ReplicaState.READY and r.idle_since is not None:
-            idle.append(
-                IdleCandidate(r.record.id, r.record.model, r.idle_since, r.record.gpu_count)
-            )
-
-    short = sorted(name for name, spec in models.items() if serving[name] < spec.min_replicas)
-    unplaceable = [name for name in short if starting[name] == 0]
-
-    summary = FleetSummary(
-        nodes=NodeCounts(
-            total=sum(node_counts.values()),
-            ready=node_counts[NodeState.READY],
-            cordoned=node_counts[NodeState.CORDONED],
-            draining=node_counts[NodeState.DRAINING],
-            unreachable=node_counts[NodeState.UNREACHABLE],
-        ),
-        gpus=[
+    def gpu_classes(self) -> list[GpuClassCounts]:
+        return [
             GpuClassCounts(
                 gpu_class=cls,
                 total=c["total"],
@@ -179,30 +117,99 @@ def build_summary(
                 unschedulable=c["unschedulable"],
                 free=c["free"],
             )
-            for cls, c in sorted(classes.items())
-        ],
-        fabrics=fabrics,
+            for cls, c in sorted(self.classes.items())
+            if c["total"]
+        ]
+
+    def fabric_summaries(self) -> list[FabricSummary]:
+        out = []
+        for name, f in sorted(self.fabrics.items()):
+            if f.nodes <= 0:
+                continue
+            filers: Counter[str] = Counter(model for (model, _), n in f.shared.items() if n > 0)
+            models = sorted(m for m, n in f.readers.items() if n > 0)
+            out.append(
+                FabricSummary(
+                    fabric=name,
+                    nodes=f.nodes,
+                    nodes_with_weights=f.with_weights,
+                    models_present=len(models),
+                    largest_free_block=f.free_block,
+                    copies=[
+                        FabricModelCopies(
+                            model=m,
+                            local_copies=f.local[m],
+                            shared_copies=filers[m],
+                            nodes=f.readers[m],
+                        )
+                        for m in models
+                    ],
+                )
+            )
+        return out
+
+
+def build_summary(
+    totals: FleetTotals,
+    admin: Mapping[str, AdminInfo],
+    known_nodes: Mapping[str, object],
+    replicas: Mapping[str, ReplicaStatus],
+    models: Mapping[str, ModelSpec],
+    unplaceable_reasons: Mapping[str, str],
+    now: float,
+    wall: float,
+) -> FleetSummary:
+    replica_counts = dict.fromkeys(ReplicaState, 0)
+    serving: Counter[str] = Counter()
+    starting: Counter[str] = Counter()
+    idle = []
+    for r in replicas.values():
+        replica_counts[r.state] += 1
+        if r.state in (ReplicaState.READY, ReplicaState.DRAINING):
+            serving[r.record.model] += 1  # a draining replica still answers until replaced
+        elif r.state is ReplicaState.STARTING:
+            starting[r.record.model] += 1
+        if r.state is ReplicaState.READY and r.idle_since is not None:
+            idle_s = now - r.idle_since
+            if idle_s >= IDLE_AFTER_S:
+                idle.append(
+                    IdleReplica(
+                        id=r.record.id,
+                        model=r.record.model,
+                        idle_seconds=round(idle_s, 1),
+                        gpus=r.record.gpu_count,
+                    )
+                )
+    idle.sort(key=lambda i: (-i.idle_seconds, i.id))
+
+    short = sorted(name for name, spec in models.items() if serving[name] < spec.min_replicas)
+    unplaceable = [name for name in short if starting[name] == 0]
+
+    return FleetSummary(
+        nodes=totals.node_counts(),
+        gpus=totals.gpu_classes(),
+        fabrics=totals.fabric_summaries(),
         replicas=ReplicaCounts(**{s.value: n for s, n in replica_counts.items()}),
         models=ModelCounts(total=len(models), satisfied=len(models) - len(short), short=len(short)),
         unplaceable=unplaceable,
-        idle_replicas=[],
+        idle_replicas=idle,
         unplaceable_reasons={
             m: unplaceable_reasons[m] for m in unplaceable if m in unplaceable_reasons
         },
-        reasons=reason_groups(admin, {name: f.state for name, f in nodes.items()}),
+        reasons=reason_groups(admin, known_nodes),
+        generated_at=wall,
     )
-    return SummaryBasis(summary, tuple(idle))
 
 
 def reason_groups(
-    admin: Mapping[str, AdminInfo], states: Mapping[str, NodeState]
+    admin: Mapping[str, AdminInfo], known_nodes: Mapping[str, object]
 ) -> list[ReasonGroup]:
-    """Nodes grouped by (reason, who, flag), as `sinfo -R` lists them."""
+    """Nodes grouped by (reason, flag, who), as `sinfo -R` lists them."""
     groups: dict[tuple[str, AdminFlag, str | None], list[str]] = defaultdict(list)
     first_at: dict[tuple[str, AdminFlag, str | None], float | None] = {}
     for name in sorted(admin):
         info = admin[name]
-        if info.flag is AdminFlag.NONE or name not in states:
+        if info.flag is AdminFlag.NONE or name not in known_nodes:
             continue
         key = (info.reason or "", info.flag, info.by)
         groups[key].append(name)
