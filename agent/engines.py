@@ -520,6 +520,10 @@ def _shard_state(value: str) -> ShardState:
         return ShardState.STARTING  # unknown to this version: health decides again
 
 
+class StateDirBusy(OSError):
+    """Another live agent holds this state dir (an OSError: the CLI reports those)."""
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive lock on the state dir: two agents must never fight over
     the same engines. Released by closing the fd, or by the kernel when we die."""
@@ -529,7 +533,7 @@ def _lock(path: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RuntimeError(
+        raise StateDirBusy(
             f"another agent (pid {holder}) is supervising engines in {path.parent}; "
             "stop it first, or give this one its own --state-dir"
         ) from None

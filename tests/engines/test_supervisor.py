@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.engines import EngineSupervisor
+from agent.engines import EngineSupervisor, StateDirBusy
 from llmgw.wire import ReplicaReport, ShardState
 
 from .conftest import SupervisorFactory, assignment, pid_alive, wait_for
@@ -238,7 +238,7 @@ async def test_second_live_supervisor_on_same_state_dir_is_refused(
     make_supervisor: SupervisorFactory,
 ) -> None:
     first = make_supervisor()
-    with pytest.raises(RuntimeError, match=r"another agent .* is supervising engines"):
+    with pytest.raises(StateDirBusy, match=r"another agent .* is supervising engines"):
         make_supervisor()
     await first.close()
     make_supervisor()  # free again once the first let go
