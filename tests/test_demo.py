@@ -1,0 +1,163 @@
+"""`llmgw demo`: the simulated fleet a newcomer sees first."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from agent.storage import StorageScanner
+from llmgw.client import AdminClient
+from llmgw.demo import build_fleet, parser, run_demo
+from llmgw.wire import FleetSummary, StorageScope
+
+
+def args(**overrides: object) -> Namespace:
+    ns = parser().parse_args(["--headless", "--port", "0", "--no-engines"])
+    ns.interval = 0.2
+    for key, value in overrides.items():
+        setattr(ns, key, value)
+    return ns
+
+
+def test_default_fleet_layout(tmp_path: Path) -> None:
+    fleet = build_fleet(tmp_path, 48)
+    assert len(fleet) == 48
+    assert [sum(n.fabric == f for n in fleet) for f in ("ib-a", "ib-b", "ib-c")] == [16, 16, 16]
+    assert len({n.name for n in fleet}) == 48
+    specs = [s for n in fleet for s in n.gpus]
+    assert sum("unhealthy" in s for s in specs) == 4
+    mixed = next(n for n in fleet if len(n.gpus) == 2)
+    assert mixed.fabric == "ib-b"
+
+
+def test_simulated_mount_tables_classify_like_a_real_node(tmp_path: Path) -> None:
+    fleet = {n.name: n for n in build_fleet(tmp_path, 12)}
+    a = fleet["gpu-a01"]
+    assert a.mountinfo is not None
+    filer, hub = StorageScanner(a.storage, a.mountinfo).scan()
+    assert (filer.scope, filer.fs_type, filer.mount_source) == (
+        StorageScope.SHARED,
+        "nfs4",
+        "filer-a:/export/models",
+    )
+    assert [m.name for m in filer.models] == ["meta-llama/Llama-3.1-8B-Instruct"]
+    assert [m.name for m in hub.models] == ["Qwen/Qwen2.5-7B-Instruct"]
+    assert "download in progress" in hub.incomplete[0].reason
+    b = fleet["gpu-b04"]
+    assert b.mountinfo is not None
+    (local,) = StorageScanner(b.storage, b.mountinfo).scan()
+    assert local.scope is StorageScope.LOCAL and local.mount_source == "/dev/nvme0n1"
+    assert local.models == [] and "truncated" in local.incomplete[0].reason
+
+
+async def until(fetch: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if await fetch():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("demo fleet did not settle in time")
+        await asyncio.sleep(0.1)
+
+
+async def test_demo_fleet_end_to_end_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(run_demo(args(nodes=12), stop, urls.append))
+    await until(lambda: asyncio.sleep(0, bool(urls)))  # the banner is out
+    summary: list[FleetSummary] = []
+    async with AdminClient(urls[0]) as client:
+
+        async def settled() -> bool:
+            s = await client.summary()
+            summary[:] = [s]
+            return s.nodes.ready == 12 and all(f.nodes == 4 for f in s.fabrics)
+
+        await until(settled)
+        detail = await client.node("gpu-b03")
+    s = summary[0]
+    fabrics = {f.fabric: f for f in s.fabrics}
+    assert (fabrics["ib-a"].nodes_with_weights, fabrics["ib-a"].models_present) == (4, 2)
+    assert (fabrics["ib-b"].nodes_with_weights, fabrics["ib-b"].models_present) == (2, 1)
+    assert (fabrics["ib-c"].nodes_with_weights, fabrics["ib-c"].models_present) == (0, 0)
+    classes = {c.gpu_class: c for c in s.gpus}
+    assert set(classes) == {"A100-SXM-80GB", "H100-SXM-80GB", "L40S-48GB"}
+    assert classes["H100-SXM-80GB"].unhealthy == 1 and classes["L40S-48GB"].unhealthy == 1
+    assert detail.row.classes == {"A100-SXM-80GB": 4, "L40S-48GB": 4}
+    assert "empty directory" in detail.storage[0].incomplete[0].reason
+    out = capsys.readouterr().out
+    assert f"llmgw ctl --controller {urls[0]} status" in out
+
+    stop.set()
+    assert await asyncio.wait_for(task, 10) == 0
+    root = Path(out.split("simulated disks: ")[1].splitlines()[0])
+    assert not await asyncio.to_thread(
+        os.path.exists, root
+    )  # a temporary demo leaves nothing behind
+
+
+async def test_demo_declares_models_when_engines_run(tmp_path: Path) -> None:
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=3, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    await until(lambda: asyncio.sleep(0, bool(urls)))  # the banner is out
+    async with AdminClient(urls[0]) as client:
+        models = await client.models()
+    assert len(models) == 5
+    stop.set()
+    assert await asyncio.wait_for(task, 15) == 0
+    assert await asyncio.to_thread(
+        os.path.isdir, tmp_path / "controller"
+    )  # a given state dir is kept
+
+
+def test_llmgw_demo_command_runs_and_stops_on_ctrl_c() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "demo",
+            "--headless",
+            "--port",
+            "0",
+            "--nodes",
+            "3",
+            "--no-engines",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("llmgw demo: 3 simulated nodes in 3 fabrics"), line
+        assert "controller:  http://127.0.0.1:" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_bad_node_count() -> None:
+    from llmgw.demo import main
+
+    assert main(["--nodes", "1"]) == 2
