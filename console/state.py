@@ -39,10 +39,11 @@ class Connection:
 
 
 def backoff(failures: int, base: float, cap: float = 30.0) -> float:
-    """Retry delay after `failures` consecutive failures: base, 2, 4, 8 … cap."""
-    if failures <= 0:
+    """Retry delay after `failures` consecutive failures: base, 2×, 4× … up to
+    `cap`, but never faster than the normal refresh."""
+    if failures <= 1:
         return base
-    return float(min(cap, max(base, 1.0) * 2 ** (failures - 1)))
+    return float(max(base, min(cap, base * 2 ** (failures - 1))))
 
 
 @dataclass(frozen=True, eq=False)

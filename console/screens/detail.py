@@ -230,7 +230,7 @@ def title_text(
 
 class NodeDetailScreen(Screen[None]):
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Back"),
+        Binding("escape", "back", "Back"),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -295,6 +295,9 @@ class NodeDetailScreen(Screen[None]):
 
     def action_help(self) -> None:
         self.console.show_help(self)
+
+    def action_back(self) -> None:
+        self.dismiss(None)  # the app's callback stops fetching this node
 
 
 class AdminNodeDetailScreen(AdminActions, NodeDetailScreen):

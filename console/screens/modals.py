@@ -48,7 +48,9 @@ class ReasonModal(ModalScreen[object]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.title_text(), id="title")
-            yield Input(placeholder="reason (required)", id="reason", max_length=1024)
+            yield Input(
+                placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
+            )
             yield from self.compose_fields()
             yield Label("", id="error")
             with Horizontal(id="buttons"):

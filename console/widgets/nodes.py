@@ -117,6 +117,8 @@ def models_text(row: NodeRow) -> Text:
 def haystack(row: NodeRow) -> str:
     """What `/` matches against, lower-cased once per change."""
     parts = [row.name, row.state, row.admin.reason or "", *row.classes, *row.fabrics, *row.models]
+    if row.admin.flag != "none":
+        parts.append(row.admin.flag)
     if row.admin.drained:
         parts.append("drained")
     return " ".join(parts).lower()
@@ -237,10 +239,11 @@ class NodesTable(KeyedTable):
             self.sort_index = (self.sort_index + 1) % len(SORTS)
             self.reverse = False
         sort = SORTS[self.sort_index]
+        cursor = self.cursor_key
         self._sort_keys = {n: sort.key(r) for n, r in self.rows_by_name.items()}
         self._label_sort_column()
         self._apply_order(self._ordered(list(self.shown)))
-        self._restore_cursor(self.cursor_key)
+        self._restore_cursor(cursor)
         return sort
 
     def _label_sort_column(self) -> None:

@@ -200,6 +200,7 @@ class FakeController:
     requests: list[Recorded] = field(default_factory=list)
     down: bool = False
     status_error: int | None = None
+    crash: bool = False  # the handler raises a non-transport error (a bug)
     history: dict[str, list[AdminEvent]] = field(default_factory=dict)
     _json_cache: dict[str, bytes] = field(default_factory=dict)
 
@@ -253,7 +254,16 @@ class FakeController:
 
     @property
     def mutations(self) -> list[Recorded]:
-        return [r for r in self.requests if r.method != "GET"]
+        """Requests that change state (the drain pre-check is a dry run)."""
+        return [r for r in self.requests if r.method != "GET" and r.path != "/v1/drain-plan"]
+
+    def put(self, row: NodeRow) -> None:
+        self.rows[row.name] = row
+        self._json_cache.clear()
+
+    def remove(self, name: str) -> None:
+        del self.rows[name]
+        self._json_cache.clear()
 
     # -- what the bench changes between refreshes -------------------------------
 
@@ -279,6 +289,8 @@ class FakeController:
         self.requests.append(Recorded(request.method, request.url.path, body))
         if self.down:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        if self.crash:
+            raise RuntimeError("boom")
         if self.status_error:
             return _error(self.status_error, "controller is restarting")
         path = request.url.path

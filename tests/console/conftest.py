@@ -1,0 +1,65 @@
+"""Console test fixtures: a fake controller, a frozen clock, and SVG snapshots
+written to the top-level `snapshots/` folder (reviewed like code)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import pytest_textual_snapshot
+from console_fixtures import NOW, FakeController
+from syrupy.location import PyTestLocation
+
+from console.app import ConsoleApp
+
+SNAPSHOT_DIR = Path(__file__).resolve().parents[2] / "snapshots"
+
+
+class TopLevelSVGExtension(pytest_textual_snapshot.SVGImageExtension):
+    """pytest-textual-snapshot's SVG extension, but under `snapshots/<test file>/`
+    at the repository root instead of `__snapshots__` beside the test."""
+
+    @classmethod
+    def dirname(cls, *, test_location: PyTestLocation) -> str:
+        # Keep the per-test-file folder: syrupy matches snapshots to tests by it.
+        return str(SNAPSHOT_DIR / test_location.basename)
+
+
+@pytest.fixture(autouse=True)
+def _snapshots_at_top_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Autouse fixtures are set up before `snap_compare`, which looks the
+    # extension up by this module global when it is created.
+    monkeypatch.setattr(pytest_textual_snapshot, "SVGImageExtension", TopLevelSVGExtension)
+
+
+class Clock:
+    """A console clock that moves only when a test says so."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake() -> FakeController:
+    return FakeController.small()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def make_app(fake: FakeController, clock: Clock) -> Callable[..., ConsoleApp]:
+    def make(*, readonly: bool = False, refresh: float = 3600.0) -> ConsoleApp:
+        # A long refresh: tests trigger polls explicitly with poll_now().
+        return ConsoleApp(fake.client(), readonly=readonly, refresh=refresh, clock=clock)
+
+    return make

@@ -1,0 +1,37 @@
+"""Waiting helpers for Pilot tests: poll a condition, never sleep blindly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+from console.app import ConsoleApp
+
+
+async def until(
+    pilot: Pilot[None], cond: Callable[[], object], what: str = "", tries: int = 200
+) -> None:
+    for _ in range(tries):
+        if cond():
+            return
+        await pilot.pause(0.01)
+    raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+async def loaded(pilot: Pilot[None]) -> ConsoleApp:
+    app = pilot.app
+    assert isinstance(app, ConsoleApp)
+    await until(pilot, lambda: app.fleet is not None and app.polls >= 1, "first fetch")
+    await pilot.pause()
+    return app
+
+
+async def repoll(pilot: Pilot[None]) -> None:
+    """Trigger one fetch now and wait until it has been applied."""
+    app = pilot.app
+    assert isinstance(app, ConsoleApp)
+    before = app.polls
+    app.poll_now()
+    await until(pilot, lambda: app.polls > before, "a poll")
+    await pilot.pause()

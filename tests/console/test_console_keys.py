@@ -1,0 +1,409 @@
+"""Pilot tests for every key path, against the fake controller."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+from console_fixtures import URL, FakeController, Recorded
+from console_fixtures import _row as make_row
+from console_pilot import loaded, repoll, until
+from textual.widgets import Button, Checkbox, DataTable, Input
+from textual.widgets.data_table import ColumnKey
+
+from console.app import ConsoleApp
+from console.screens.detail import NodeDetailScreen
+from console.screens.modals import REASON_REQUIRED, CordonModal, DrainModal, HelpScreen
+from console.state import backoff
+from console.widgets.nodes import NodesTable
+from llmgw.client import AdminClient
+
+MakeApp = Callable[..., ConsoleApp]
+
+
+def nodes(app: ConsoleApp) -> NodesTable:
+    return app.screen.query_one(NodesTable)
+
+
+async def test_first_paint_shows_the_fleet(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        assert table.row_count == 12
+        assert table.cursor_key == "gpu-a01"
+        assert app.connection.link == "live"
+
+
+async def test_cordon_with_a_reason_reaches_the_controller(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c")
+        assert isinstance(app.screen, CordonModal)
+        # Destructive confirmations open with Cancel focused …
+        assert app.screen.focused is app.screen.query_one("#cancel", Button)
+        # … and typing goes to the reason box.
+        await pilot.press(*"rma fan", "enter")
+        await until(pilot, lambda: fake.mutations, "the cordon request")
+        assert fake.mutations == [
+            Recorded("POST", "/v1/nodes/gpu-a01/cordon", {"reason": "rma fan"})
+        ]
+        # The change shows without waiting for the next scheduled refresh.
+        await until(pilot, lambda: nodes(app).rows_by_name["gpu-a01"].state == "cordoned")
+        assert nodes(app).shown["gpu-a01"][2].plain == "cordoned"
+
+
+async def test_cancel_changes_nothing(make_app: MakeApp, fake: FakeController) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c", *"oops", "escape")
+        assert not isinstance(app.screen, CordonModal)
+        await pilot.press("c", "enter")  # Enter on the focused Cancel button
+        assert not isinstance(app.screen, CordonModal)
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, DrainModal))
+        await pilot.click("#cancel")
+        await pilot.pause()
+        assert not isinstance(app.screen, DrainModal)
+        assert fake.mutations == []
+
+
+async def test_an_empty_reason_is_refused_in_the_ui(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c", "tab")  # Cancel -> Cordon
+        assert app.screen.focused is app.screen.query_one("#confirm", Button)
+        await pilot.press("enter")
+        assert isinstance(app.screen, CordonModal)
+        error = app.screen.query_one("#error")
+        assert error.display and REASON_REQUIRED in str(error.render())
+        await pilot.press(*"   ", "enter")  # whitespace is not a reason either
+        assert isinstance(app.screen, CordonModal)
+        assert fake.mutations == []
+
+
+async def test_a_drain_from_the_modal_starts_the_drain(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("down", "d")  # gpu-a02
+        modal = app.screen
+        assert isinstance(modal, DrainModal)
+        assert modal.focused is modal.query_one("#cancel", Button)
+        # The pre-check asked the controller what the drain would do.
+        await until(pilot, lambda: modal.plan is not None, "the drain plan")
+        assert Recorded("POST", "/v1/drain-plan", {"nodes": ["gpu-a02"]}) in fake.requests
+        plan = modal.query_one("#plan", DataTable)
+        assert plan.row_count == 2
+        assert "below_minimum" in plan.get_row("meta-llama/Llama-3.1-70B")[4].plain
+        await pilot.press(*"kernel upgrade", "enter")
+        await until(pilot, lambda: fake.mutations, "the drain request")
+        assert fake.mutations == [
+            Recorded(
+                "POST", "/v1/nodes/gpu-a02/drain", {"reason": "kernel upgrade", "force": False}
+            )
+        ]
+        await until(pilot, lambda: nodes(app).rows_by_name["gpu-a02"].state == "draining")
+
+
+async def test_drain_force_and_timeout_options(make_app: MakeApp, fake: FakeController) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("d")
+        modal = app.screen
+        assert isinstance(modal, DrainModal)
+        modal.query_one("#force", Checkbox).value = True
+        modal.query_one("#timeout", Input).value = "0"
+        modal.query_one("#reason", Input).value = "psu"
+        modal.query_one("#confirm", Button).press()
+        await pilot.pause()
+        # A zero timeout is refused with a message; nothing is sent.
+        assert isinstance(app.screen, DrainModal)
+        assert fake.mutations == []
+        modal.query_one("#timeout", Input).value = "15"
+        modal.query_one("#confirm", Button).press()
+        await until(pilot, lambda: fake.mutations, "the drain request")
+        assert fake.mutations[0].body == {"reason": "psu", "force": True}
+
+
+async def test_uncordon_is_offered_only_for_cordoned_nodes(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        screen = app.screen
+        # gpu-a01 is ready: cordon and drain apply, uncordon does not.
+        assert screen.check_action("cordon", ()) is True
+        assert screen.check_action("uncordon", ()) is False
+        footer_keys = {k for k, b in screen.active_bindings.items() if b.enabled}
+        assert {"c", "d"} <= footer_keys and "u" not in footer_keys
+        await pilot.press("u")
+        assert fake.mutations == []
+        await pilot.press("down", "down")  # gpu-a03, cordoned
+        assert nodes(app).cursor_key == "gpu-a03"
+        assert screen.check_action("uncordon", ()) is True
+        assert screen.check_action("cordon", ()) is False
+        await pilot.press("u")
+        await until(pilot, lambda: fake.mutations, "the uncordon request")
+        assert fake.mutations == [Recorded("POST", "/v1/nodes/gpu-a03/uncordon", {})]
+
+
+async def test_space_marks_several_nodes_for_one_action(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("space", "space")  # marks gpu-a01, gpu-a02; cursor moves on
+        assert nodes(app).marks == {"gpu-a01", "gpu-a02"}
+        assert nodes(app).cursor_key == "gpu-a03"
+        await pilot.press("c")
+        modal = app.screen
+        assert isinstance(modal, CordonModal)
+        assert modal.names == ["gpu-a01", "gpu-a02"]
+        await pilot.press(*"rack 7 maintenance", "enter")
+        await until(pilot, lambda: len(fake.mutations) == 2, "two cordons")
+        assert [m.path for m in fake.mutations] == [
+            "/v1/nodes/gpu-a01/cordon",
+            "/v1/nodes/gpu-a02/cordon",
+        ]
+        await pilot.press("escape")  # clears the marks
+        assert nodes(app).marks == set()
+
+
+async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, fake: FakeController) -> None:
+    async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        screen = app.screen
+        keys = set(screen.active_bindings)
+        assert not {"c", "u", "d"} & keys
+        assert not any(hasattr(screen, f"action_{a}") for a in ("cordon", "uncordon", "drain"))
+        await pilot.press("c", "u", "d", "space", "c")
+        assert not isinstance(app.screen, CordonModal | DrainModal)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert not [t for t in titles if t.split()[0] in ("Cordon", "Uncordon", "Drain")]
+        assert "Filter nodes" in titles
+        await pilot.press("enter")  # detail screen: read-only too
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        await pilot.press("c", "d")
+        assert fake.mutations == []
+
+
+async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Cordon gpu-a01" in titles and "Drain gpu-a01" in titles
+        assert "Uncordon gpu-a01" not in titles  # not cordoned: does not apply
+        command = next(
+            c for c in app.get_system_commands(app.screen) if c.title.startswith("Cordon")
+        )
+        command.callback()
+        await pilot.pause()
+        assert isinstance(app.screen, CordonModal)
+
+
+async def test_lost_controller_shows_banner_and_recovery_clears_it(
+    make_app: MakeApp, fake: FakeController, clock
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        banner = app.screen.query_one("#banner")
+        assert not banner.has_class("-visible")
+        fake.down = True
+        clock.advance(5)
+        await repoll(pilot)
+        assert app.connection.link == "unreachable"
+        assert banner.has_class("-visible")
+        assert "Connection refused" in str(banner.render())
+        assert app.screen.has_class("-stale")
+        # Last data stays on screen, marked stale.
+        assert nodes(app).row_count == 12
+        header = str(app.screen.query_one("#header").render())
+        assert "STALE" in header and "5s old" in header
+        await repoll(pilot)  # still down: counted, retried later (see test_backoff)
+        assert app.connection.failures == 2
+        assert app.connection.retry_at is not None and app.connection.retry_at > clock.now
+        fake.down = False
+        await repoll(pilot)
+        assert app.connection.link == "live"
+        assert not banner.has_class("-visible")
+        assert not app.screen.has_class("-stale")
+
+
+async def test_controller_errors_never_crash_the_console(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        fake.status_error = 503
+        await repoll(pilot)
+        assert app.connection.link == "error"
+        assert "503 controller is restarting" in app.connection.message
+        # A bug below the client (not a transport error) is caught too.
+        fake.status_error = None
+        fake.crash = True
+        await repoll(pilot)
+        assert app.is_running and app.connection.link == "error"
+        assert "RuntimeError" in app.connection.message
+        fake.crash = False
+        await repoll(pilot)
+        assert app.connection.link == "live"
+
+
+async def test_failed_admin_request_is_reported_not_fatal(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        fake.down = True
+        await pilot.press("c", *"x", "enter")
+        await until(pilot, lambda: fake.mutations, "the attempt")
+        await pilot.pause()
+        assert app.is_running
+
+
+async def test_filter_like_k9s(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("slash", *"cordoned")
+        table = nodes(app)
+        # gpu-a03 is cordoned; gpu-b04 is unreachable but keeps its cordon flag.
+        assert set(table.shown) == {"gpu-a03", "gpu-b04"}
+        await pilot.press("enter")
+        assert app.screen.focused is table
+        await pilot.press("slash", "ctrl+u", *"ib-b 4/8")  # words must all match
+        await pilot.press("backspace", "backspace", "backspace", "backspace")
+        assert set(table.shown) == {"gpu-b01", "gpu-b02", "gpu-b03", "gpu-b04"}
+        await pilot.press("escape")
+        assert table.row_count == 12 and table.filter_text == ""
+
+
+async def test_sort_cycles_and_cursor_stays_on_its_node(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        await pilot.press("down", "down", "down")  # gpu-a04
+        await pilot.press("s")  # by state: trouble first
+        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        assert table.cursor_key == "gpu-a04"
+        await pilot.press("s")  # GPUs used, most first
+        assert table.get_row_at(0)[1].plain in {"gpu-a01", "gpu-a02", "gpu-a05"}
+        await pilot.press("S")  # reversed
+        assert table.get_row_at(0)[5].plain.startswith("0/")
+        assert table.cursor_key == "gpu-a04"
+
+
+async def test_refresh_patches_rows_in_place(
+    make_app: MakeApp, fake: FakeController, monkeypatch
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+
+        def no_clear(*_: object, **__: object) -> None:
+            raise AssertionError("a refresh must not clear the table")
+
+        monkeypatch.setattr(table, "clear", no_clear)
+        await pilot.press("space", "down")  # mark gpu-a01 (moves on); cursor on gpu-a03
+        updates: list[tuple[str, str]] = []
+        real_update = table.update_cell
+
+        def spy(row: str, column: ColumnKey, value: object, **kw: bool) -> None:
+            updates.append((row, column.value or ""))
+            real_update(row, column, value, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(table, "update_cell", spy)
+        fake.put(fake.rows["gpu-a06"].model_copy(update={"gpus_used": 3}))
+        fake.remove("l40-02")
+        fake.put(make_row("gpu-a00", "H100-SXM-80GB", 8, 0, ["ib-a"], []))
+        await repoll(pilot)
+        assert updates == [("gpu-a06", "gpus")]
+        assert "l40-02" not in table.shown and "gpu-a00" in table.shown
+        assert table.get_row_at(0)[1].plain == "gpu-a00"  # sorted into place
+        assert table.cursor_key == "gpu-a03"  # the cursor followed its node
+        assert table.marks == {"gpu-a01"}
+
+
+async def test_node_detail(make_app: MakeApp, fake: FakeController) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("end")  # l40-02 … go to gpu-a06 instead via filter
+        await pilot.press("slash", *"gpu-a06", "enter", "enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "detail screen")
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+        screen = app.screen
+        gpus = screen.query_one("#detail-gpus", DataTable)
+        assert gpus.row_count == 8
+        health = [gpus.get_row_at(i)[6].plain for i in range(8)]
+        assert health.count("unhealthy") == 2
+        reasons = " ".join(gpus.get_row_at(i)[7].plain for i in range(8))
+        assert "Xid 79" in reasons
+        storage = str(screen.query_one("#detail-storage").render())
+        assert "SHARED" in storage and "not counted: 3 of 191 shards missing" in storage
+        assert "not counted: empty directory" in storage
+        assert Recorded("GET", "/v1/nodes/gpu-a06", None) in fake.requests
+        await pilot.press("escape")
+        assert not isinstance(app.screen, NodeDetailScreen)
+        assert app.watched_node is None
+
+
+async def test_detail_history_and_cordon_from_detail(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("down", "down", "enter")  # gpu-a03
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+        history = app.screen.query_one("#detail-history", DataTable)
+        assert [history.get_row_at(i)[2].plain for i in range(3)] == ["cordon", "drained", "drain"]
+        assert app.screen.check_action("cordon", ()) is False
+        await pilot.press("u")
+        await until(pilot, lambda: fake.mutations)
+        assert fake.mutations[0].path == "/v1/nodes/gpu-a03/uncordon"
+
+
+async def test_help_lists_only_available_keys(make_app: MakeApp) -> None:
+    async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "cordon:" not in text and "Read-only" in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+def test_backoff_doubles_up_to_a_cap() -> None:
+    assert [backoff(n, 1.0) for n in range(7)] == [1, 1, 2, 4, 8, 16, 30]
+    assert backoff(3, 60.0) == 60.0  # never faster than the normal refresh
+
+
+async def test_polls_never_overlap(fake: FakeController, clock) -> None:
+    in_flight = 0
+    most = 0
+    real = fake.handler
+
+    async def slow(request):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return real(request)
+
+    client = AdminClient(URL, transport=httpx.MockTransport(slow))
+    app = ConsoleApp(client, refresh=0.2, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(10):
+            app.poll_now()  # hammering does not stack fetches
+            await pilot.pause(0.01)
+        await until(pilot, lambda: app.polls >= 4, "several polls")
+    # summary and nodes are fetched together: two requests, never more.
+    assert most == 2
