@@ -56,12 +56,20 @@ async def test_rejects_bad_requests(aiohttp_client: AiohttpClient) -> None:
 
 
 async def test_running_gauge_counts_in_flight_requests(aiohttp_client: AiohttpClient) -> None:
-    client = await aiohttp_client(make_app(FakeConfig(load_seconds=0, latency_s=0.5)))
+    client = await aiohttp_client(make_app(FakeConfig(load_seconds=0, latency_s=1.0)))
     req = asyncio.create_task(client.post("/v1/completions", json={"prompt": "x"}))
-    await asyncio.sleep(0.2)
-    s = parse_engine_metrics(await (await client.get("/metrics")).text())
-    assert s is not None and s.gauges["vllm:num_requests_running"] == 1
+    running = 0.0
+    for _ in range(50):  # until the request is in flight
+        s = parse_engine_metrics(await (await client.get("/metrics")).text())
+        assert s is not None
+        running = s.gauges["vllm:num_requests_running"]
+        if running:
+            break
+        await asyncio.sleep(0.01)
+    assert running == 1
     assert (await req).status == 200
+    s = parse_engine_metrics(await (await client.get("/metrics")).text())
+    assert s is not None and s.gauges["vllm:num_requests_running"] == 0
 
 
 async def test_simulated_traffic_moves_counters(aiohttp_client: AiohttpClient) -> None:
