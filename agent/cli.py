@@ -21,7 +21,8 @@ from pydantic import TypeAdapter, ValidationError
 from agent.gpus import DEFAULT_IGNORED_XIDS, FakeGpus, GpuSource, NvmlGpus, parse_fake_spec
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
-from agent.storage import StorageScanner, parse_storage_arg
+from agent.storage import parse_storage_arg
+from agent.storage_watch import StorageWatch
 from llmgw.wire import GpuHealth, NodeName, NodeReport
 
 log = logging.getLogger("agent")
@@ -130,7 +131,8 @@ def make_gpus(args: argparse.Namespace) -> GpuSource:
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         return FakeGpus(args.node, groups)
-    return NvmlGpus(_xids(args.ignore_xids))
+    # --once reads once: no Xid event thread to start and stop.
+    return NvmlGpus(_xids(args.ignore_xids), watch_xids=not args.once)
 
 
 def make_builder(args: argparse.Namespace) -> ReportBuilder:
@@ -149,7 +151,13 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
     return ReportBuilder(
         node=args.node,
         gpus=make_gpus(args),
-        storage=StorageScanner(dirs, args.mountinfo),
+        # Each directory scanned in its own thread: a hung filer cannot stop reports.
+        storage=StorageWatch(
+            dirs,
+            args.mountinfo,
+            wait_s=min(5.0, args.interval),
+            stuck_after_s=max(60.0, 3 * args.interval),
+        ),
         interval_s=args.interval,
         fabrics=args.fabric,
         sysfs_root=args.sysfs_root,

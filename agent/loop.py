@@ -73,6 +73,7 @@ class ReportLoop:
         rng: random.Random | None = None,
         backoff_cap_s: float = BACKOFF_CAP_S,
         timeout_s: float = 10.0,
+        build_timeout_s: float = 30.0,
     ) -> None:
         self.builder = builder
         self.url = controller.rstrip("/") + REPORT_PATH
@@ -87,13 +88,32 @@ class ReportLoop:
         self._outage_kind: str | None = None
         self._outage_started = 0.0
         self._build_error: str | None = None
+        self.build_timeout_s = build_timeout_s
+        self._building: asyncio.Future[NodeReport] | None = None
+        self._build_started = 0.0
 
     # -- one cycle --
 
     async def build(self) -> NodeReport:
-        replicas = self.engines.reports() if self.engines is not None else []
-        # NVML and filesystem reads block: keep them off the event loop.
-        return await asyncio.to_thread(self.builder.build, replicas)
+        """Observe, in a worker thread: NVML and filesystem reads block.
+
+        A hung driver can block NVML for minutes. The report then fails (and
+        says so, once) instead of piling up one stuck thread per cycle: the
+        next cycle waits on the same build.
+        """
+        if self._building is None or self._building.done():
+            replicas = self.engines.reports() if self.engines is not None else []
+            self._building = asyncio.ensure_future(asyncio.to_thread(self.builder.build, replicas))
+            self._build_started = time.monotonic()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._building), self.build_timeout_s)
+        except TimeoutError:
+            took = time.monotonic() - self._build_started
+            raise ReportError(
+                "stuck",
+                f"observing the node has not finished after {took:.0f} s "
+                "(NVML or a filesystem not answering?)",
+            ) from None
 
     async def post(self, session: aiohttp.ClientSession, report: NodeReport) -> ReportReply:
         headers = {"Content-Type": "application/json"}
@@ -187,6 +207,7 @@ class ReportLoop:
             "auth": "the controller rejected the agent token",
             "http": "the controller refused the report",
             "reply": "the controller's reply was not understood",
+            "stuck": "no report sent",
         }.get(exc.kind, "report failed")
         log.warning(
             "%s at %s: %s; retrying with backoff (at most %.0f s apart), "

@@ -6,14 +6,24 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from agent.fabric import node_fabrics
 from agent.gpus import GpuSource
-from agent.storage import StorageScanner, local_weights
+from agent.storage import local_weights
 from llmgw import __version__
 from llmgw.wire import NodeReport, ReplicaReport, StorageLocation
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+class StorageSource(Protocol):
+    """A StorageScanner, or a StorageWatch that scans in worker threads."""
+
+    @property
+    def configured(self) -> bool: ...
+
+    def scan(self) -> list[StorageLocation]: ...
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
@@ -34,7 +44,7 @@ class ReportBuilder:
 
     node: str
     gpus: GpuSource
-    storage: StorageScanner
+    storage: StorageSource
     interval_s: float = 5.0
     fabrics: Sequence[str] = ()  # configured; derived from sysfs when empty
     sysfs_root: Path = Path("/sys")

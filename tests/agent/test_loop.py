@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -226,3 +227,29 @@ def test_interval_jitter_and_capped_backoff() -> None:
     for failures, ceiling in [(1, 5.0), (2, 10.0), (3, 20.0), (4, 30.0), (50, 30.0)]:
         delays = [next_delay(5.0, failures, rng, 30.0) for _ in range(200)]
         assert ceiling / 2 <= min(delays) and max(delays) <= ceiling
+
+
+async def test_stuck_observation_fails_the_report_without_piling_up_threads(
+    controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = builder(tmp_path)
+    release = threading.Event()
+    calls = []
+    real_build = b.build
+
+    def stuck(replicas: Sequence[ReplicaReport] = ()) -> NodeReport:
+        calls.append(1)
+        release.wait(10)
+        return real_build(replicas)
+
+    b.build = stuck  # type: ignore[method-assign]
+    loop = ReportLoop(b, controller.url, backoff_cap_s=0.05, build_timeout_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until(lambda: loop.failures >= 4)
+    assert calls == [1]  # every cycle waited on the one stuck build
+    assert len(messages(caplog, "has not finished after")) == 1
+    release.set()
+    await until(lambda: len(controller.reports) >= 1)
+    stop.set()
+    await asyncio.wait_for(task, 2)
