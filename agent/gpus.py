@@ -262,6 +262,11 @@ def _lost_reason(exc: pynvml.NVMLError) -> str:
 
 
 _LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
+_DRIVER_GONE = (
+    pynvml.NVMLError_Uninitialized,
+    pynvml.NVMLError_DriverNotLoaded,
+    pynvml.NVMLError_LibRmVersionMismatch,
+)
 
 
 class NvmlGpus:
@@ -280,6 +285,7 @@ class NvmlGpus:
         self._clock = clock
         self._note_s = recovered_note_s
         self._lock = threading.Lock()
+        self._xid_lock = threading.Lock()
         self._initialised = False
         self._init_error_logged: str | None = None
         self._xids: dict[str, tuple[int, str]] = {}  # uuid -> latest fatal Xid
@@ -333,7 +339,8 @@ class NvmlGpus:
         if xid in self.ignored_xids:
             return False
         text = XID_TEXT.get(xid, "critical error")
-        with self._lock:
+        # Its own lock: `scan` may join this thread while holding `_lock`.
+        with self._xid_lock:
             self._xids[uuid] = (xid, text)
             self._needs_reset_seen.discard(uuid)
         log.warning("GPU %s: fatal Xid %d (%s)", uuid, xid, text)
@@ -389,6 +396,8 @@ class NvmlGpus:
             try:
                 count = pynvml.nvmlDeviceGetCount()
             except pynvml.NVMLError as exc:
+                if isinstance(exc, _DRIVER_GONE):
+                    self.close()  # initialise afresh next scan (driver reloaded?)
                 return GpuScan([], f"NVML could not count the GPUs: {exc}")
             gpus: list[GpuReport] = []
             seen: set[str] = set()

@@ -96,6 +96,20 @@ def test_count_failure_is_a_reason(nvml: FakeNvml) -> None:
     assert result.gpus == [] and result.error and "could not count" in result.error
 
 
+def test_driver_gone_means_initialise_again(nvml: FakeNvml) -> None:
+    source = NvmlGpus()
+    try:
+        assert len(source.scan().gpus) == 4
+        nvml.count_error = pynvml.NVMLError_DriverNotLoaded  # driver unloaded under us
+        result = source.scan()
+        assert result.gpus == [] and result.error and "could not count" in result.error
+        nvml.count_error = None  # reloaded
+        assert len(source.scan().gpus) == 4
+        assert nvml.init_calls == 2
+    finally:
+        source.close()
+
+
 # -- healthy baseline and readings --------------------------------------------------
 
 
