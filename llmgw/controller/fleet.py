@@ -307,7 +307,7 @@ class Fleet:
             entry = self.entries.get(node)
             if entry is None:
                 continue
-            for shard in entry.digest.shards:
+            for shard in entry.shards:
                 reported[(shard.replica_id, shard.rank)] = shard
         return {rid: replica_status(rec, reported) for rid, rec in self.records.items()}
 

@@ -50,7 +50,6 @@ class NodeDigest:
     models: frozenset[str]
     # (model, scope, where): where is the mount source for shared storage
     copies: frozenset[tuple[str, StorageScope, str]]
-    shards: tuple[ShardDigest, ...]
     fabrics: tuple[str, ...] = ()
 
     @property
@@ -58,7 +57,7 @@ class NodeDigest:
         return sum(c.total for _, c in self.classes)
 
 
-EMPTY_DIGEST = NodeDigest((), False, frozenset(), frozenset(), ())
+EMPTY_DIGEST = NodeDigest((), False, frozenset(), frozenset())
 
 
 def card_bucket(health: GpuHealth, used: bool) -> str:
@@ -102,7 +101,18 @@ def digest_report(
             models.add(m.name)
             copies.add((m.name, loc.scope, where))
 
-    shards = [
+    return NodeDigest(
+        classes=tuple(sorted((k, CardCounts(**v)) for k, v in per_class.items())),
+        entirely_free=entirely_free,
+        models=frozenset(models),
+        copies=frozenset(copies),
+        fabrics=tuple(sorted(set(report.fabrics))),
+    )
+
+
+def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, ...]:
+    """The engines a node runs, with idleness turned into a moment on our clock."""
+    return tuple(
         ShardDigest(
             r.id,
             r.rank,
@@ -111,15 +121,6 @@ def digest_report(
             r.error,
         )
         for r in report.replicas
-    ]
-
-    return NodeDigest(
-        classes=tuple(sorted((k, CardCounts(**v)) for k, v in per_class.items())),
-        entirely_free=entirely_free,
-        models=frozenset(models),
-        copies=frozenset(copies),
-        shards=tuple(sorted(shards, key=lambda s: (s.replica_id, s.rank))),
-        fabrics=tuple(sorted(set(report.fabrics))),
     )
 
 
@@ -137,6 +138,7 @@ class NodeEntry:
     raw: bytes | None = None
     received_at: float | None = None  # controller monotonic clock
     digest: NodeDigest = field(default=EMPTY_DIGEST)
+    shards: tuple[ShardDigest, ...] = ()
     interval_s: float = 5.0
     address: str | None = None
     gpu_error: str | None = None
