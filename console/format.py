@@ -103,30 +103,26 @@ def load_style(fraction: float) -> str:
 
 
 def split_width(counts: Sequence[int], width: int) -> list[int]:
-    """Share `width` cells between counts in proportion, largest remainder first.
+    """Share `width` cells between counts in proportion (largest remainder).
 
-    A non-zero count always gets at least one cell: one broken card among two
-    thousand must still be visible.
+    A non-zero count always gets at least one cell, taken from the largest
+    segment: one broken card among two thousand must still be visible.
     """
     total = sum(counts)
     if total <= 0 or width <= 0:
         return [0 for _ in counts]
-    nonzero = [c > 0 for c in counts]
-    floor_each = [1 if nz else 0 for nz in nonzero]
-    spare = width - sum(floor_each)
-    if spare < 0:  # fewer cells than non-empty segments: first ones win
-        out, left = [], width
-        for nz in nonzero:
-            take = 1 if nz and left > 0 else 0
-            out.append(take)
-            left -= take
-        return out
-    exact = [c * spare / total for c in counts]
+    exact = [c * width / total for c in counts]
     cells = [int(e) for e in exact]
-    order = sorted(range(len(counts)), key=lambda i: exact[i] - cells[i], reverse=True)
-    for i in order[: spare - sum(cells)]:
+    by_remainder = sorted(range(len(counts)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in by_remainder[: width - sum(cells)]:
         cells[i] += 1
-    return [f + c for f, c in zip(floor_each, cells, strict=True)]
+    for i, count in enumerate(counts):
+        if count and not cells[i]:
+            donor = max(range(len(cells)), key=lambda j: cells[j])
+            if cells[donor] > 1:
+                cells[donor] -= 1
+                cells[i] = 1
+    return cells
 
 
 def gpu_segments(c: GpuClassCounts) -> list[tuple[int, str, str]]:

@@ -174,6 +174,7 @@ def storage_text(detail: NodeDetail) -> Text:
         if n:
             text.append("\n")
         _location(text, loc)
+    text.rstrip()
     return text
 
 
@@ -273,8 +274,12 @@ class NodeDetailScreen(Screen[None]):
             with self.app.batch_update():
                 self.query_one(GpusTable).show(detail.gpus)
                 self.query_one("#detail-storage", Static).update(storage_text(detail))
-                self.query_one(ReplicasTable).show(detail.replicas)
-                self.query_one(HistoryTable).show(detail.history)
+                replicas = self.query_one(ReplicasTable)
+                replicas.show(detail.replicas)
+                replicas.border_subtitle = "" if detail.replicas else "none running here"
+                history = self.query_one(HistoryTable)
+                history.show(detail.history)
+                history.border_subtitle = "" if detail.history else "never cordoned or drained"
                 gpus = self.query_one(GpusTable)
                 bad = sum(1 for g in detail.gpus if g.health != GpuHealth.HEALTHY)
                 gpus.border_subtitle = f"{len(detail.gpus)} cards" + (

@@ -130,6 +130,10 @@ class DrainModal(ReasonModal):
             yield Input(placeholder="min", id="timeout", type="integer", max_length=5)
             yield Label("minutes", classes="field-label")
             yield Checkbox("force now (stop replicas without waiting)", id="force")
+        yield Static(
+            "Replicas move elsewhere first; the node then stays cordoned, marked drained.",
+            classes="hint",
+        )
         yield Label("Pre-check: asking the controller…", id="plan-title")
         yield DataTable(id="plan", cursor_type="none", zebra_stripes=True)
 
@@ -141,9 +145,10 @@ class DrainModal(ReasonModal):
             ("move", "TO MOVE"),
             ("place", "PLACEABLE"),
             ("verdict", "VERDICT"),
-            ("why", "WHY"),
         ):
             table.add_column(title, key=key)
+        # Reasons wrap inside a fixed column rather than scroll sideways.
+        table.add_column("WHY", key="why", width=30)
         self.load_plan()
 
     @work(exclusive=True, group="drain-plan", exit_on_error=False)
@@ -180,9 +185,10 @@ class DrainModal(ReasonModal):
                 styled(
                     i.replaceable, "green" if i.replaceable >= i.replicas_on_nodes else "yellow"
                 ),
-                styled(i.verdict, VERDICT_STYLE.get(i.verdict, "")),
-                styled(i.reason or "", "dim"),
+                styled(i.verdict.replace("_", " "), VERDICT_STYLE.get(i.verdict, "")),
+                Text(i.reason or "", style="dim"),
                 key=i.model,
+                height=None,
             )
 
     def result(self, reason: str) -> DrainForm | None:

@@ -100,7 +100,7 @@ async def test_a_drain_from_the_modal_starts_the_drain(
         assert Recorded("POST", "/v1/drain-plan", {"nodes": ["gpu-a02"]}) in fake.requests
         plan = modal.query_one("#plan", DataTable)
         assert plan.row_count == 2
-        assert "below_minimum" in plan.get_row("meta-llama/Llama-3.1-70B")[4].plain
+        assert "below minimum" in plan.get_row("meta-llama/Llama-3.1-70B")[4].plain
         await pilot.press(*"kernel upgrade", "enter")
         await until(pilot, lambda: fake.mutations, "the drain request")
         assert fake.mutations == [

@@ -1,0 +1,73 @@
+"""SVG snapshots of the console from deterministic fixture data.
+
+Clocks are frozen (data age 0s, ages from fixed report ages), polling is
+left to the test (refresh of an hour), so every run draws the same frame.
+Update with `pytest tests/console --snapshot-update`, then look at them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from console_fixtures import FakeController
+from console_pilot import loaded, repoll, until
+from textual.pilot import Pilot
+
+from console.app import ConsoleApp
+from console.screens.modals import DrainModal
+
+MakeApp = Callable[..., ConsoleApp]
+
+
+async def _loaded(pilot: Pilot[None]) -> None:
+    await loaded(pilot)
+
+
+def test_main_120x40(snap_compare, make_app: MakeApp) -> None:
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=_loaded)
+
+
+def test_main_200x50(snap_compare, make_app: MakeApp) -> None:
+    assert snap_compare(make_app(), terminal_size=(200, 50), run_before=_loaded)
+
+
+def test_main_readonly_marked_and_filtered(snap_compare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        await loaded(pilot)
+        await pilot.press("slash", *"ib-a", "enter", "down", "space", "space")
+
+    assert snap_compare(make_app(readonly=True), terminal_size=(120, 40), run_before=run)
+
+
+def test_node_detail(snap_compare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("down", "down", "down", "down", "down", "enter")  # gpu-a06
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_drain_modal(snap_compare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("down", "d")
+        await until(pilot, lambda: isinstance(app.screen, DrainModal) and app.screen.plan)
+        await pilot.press(*"kernel 6.8 upgrade")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_disconnected_banner(snap_compare, make_app: MakeApp, fake: FakeController, clock) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        await loaded(pilot)
+        fake.down = True
+        clock.advance(35)
+        await repoll(pilot)
+        await repoll(pilot)
+
+    # A realistic refresh so the banner's retry delay reads like production;
+    # the next attempt (10s away) comes long after the screenshot.
+    assert snap_compare(make_app(refresh=5.0), terminal_size=(120, 40), run_before=run)
