@@ -146,7 +146,12 @@ class NodeEntry:
     def update(
         self, report: NodeReport, raw: bytes, received_at: float, digest: NodeDigest
     ) -> None:
-        self.raw, self.received_at, self.digest = raw, received_at, digest
+        # Keep the old digest object when nothing changed: the new one then dies
+        # young instead of joining the long-lived objects every GC pass walks.
+        if digest != self.digest:
+            self.digest = digest
+        self.raw, self.received_at = raw, received_at
+        self.shards = digest_shards(report, received_at)
         self.interval_s, self.address, self.gpu_error = (
             report.interval_s,
             report.address,
