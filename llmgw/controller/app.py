@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from llmgw import __version__
 from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
 from llmgw.controller.fleet import Fleet, UnknownModel, UnknownNode
+from llmgw.controller.reconcile import Reconciler
+from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
 from llmgw.wire import (
@@ -34,7 +36,6 @@ log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", Fleet)
-RECONCILER = web.AppKey("reconciler", object)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -230,9 +231,7 @@ async def drain_plan(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     for name in body.nodes:
         fleet._require(name)
-    from llmgw.controller.reconcile import drain_plan as plan
-
-    return json_model(plan(fleet, body.nodes))
+    return json_model(plan_drain(fleet, body.nodes))
 
 
 # -- the factory ------------------------------------------------------------------------
@@ -290,11 +289,6 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    try:
-        from llmgw.controller.reconcile import Reconciler
-    except ImportError:  # placement not built yet: the controller still observes
-        yield
-        return
     reconciler = Reconciler(app[FLEET])
     task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
     yield

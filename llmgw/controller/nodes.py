@@ -139,6 +139,8 @@ class NodeEntry:
     received_at: float | None = None  # controller monotonic clock
     digest: NodeDigest = field(default=EMPTY_DIGEST)
     shards: tuple[ShardDigest, ...] = ()
+    # (uuid, class, healthy and idle per the agent): what placement hands out
+    cards: tuple[tuple[str, str, bool], ...] = ()
     interval_s: float = 5.0
     address: str | None = None
     gpu_error: str | None = None
@@ -152,6 +154,12 @@ class NodeEntry:
             self.digest = digest
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
+        cards = tuple(
+            (g.uuid, g.gpu_class, g.health is GpuHealth.HEALTHY and not g.in_use)
+            for g in report.gpus
+        )
+        if cards != self.cards:
+            self.cards = cards
         self.interval_s, self.address, self.gpu_error = (
             report.interval_s,
             report.address,

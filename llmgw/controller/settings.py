@@ -23,6 +23,9 @@ class ControllerSettings:
     grace_extra_s: float = 5.0
     # Replicas on a node unreachable this long are replaced elsewhere.
     replace_after_s: float = 300.0
+    # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.
+    backoff_base_s: float = 5.0
+    backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
     max_body_bytes: int = MAX_BODY_BYTES
 
