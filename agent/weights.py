@@ -10,13 +10,13 @@ unchanged directory re-reads no headers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISDIR
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
 GGUF_MAGIC = b"GGUF"
@@ -43,7 +43,7 @@ class FileCache:
         self.reads = 0
 
     def get(self, path: str, st: os.stat_result, compute: Callable[[str, int], object]) -> object:
-        key = file_key(st)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)  # file_key, inlined: hot path
         self.touched.add(path)
         hit = self.entries.get(path)
         if hit is not None and hit[0] == key:
@@ -148,35 +148,49 @@ def _first(reasons: list[str]) -> str:
 def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
     """Check one model directory (a plain one, or an HF snapshot)."""
     try:
-        entries = list(os.scandir(directory))
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        return Verdict(False, f"cannot list the directory: {exc.strerror or exc}")
+    try:
+        return _check_listed(directory, fd, cache)
+    finally:
+        os.close(fd)
+
+
+def _check_listed(directory: Path | str, fd: int, cache: FileCache) -> Verdict:
+    try:
+        entries = os.listdir(fd)
     except OSError as exc:
         return Verdict(False, f"cannot list the directory: {exc.strerror or exc}")
     if not entries:
         return Verdict(False, "empty directory: no config.json and no weight files")
 
     # One pass: the stat (the cost floor of a scan) and the sorting by kind.
-    stats: dict[str, os.stat_result] = {}
-    paths: dict[str, str] = {}
+    # This loop runs once per file per scan, so it stays lean: names and
+    # stat relative to the open directory, no per-entry objects.
+    prefix = os.path.join(directory, "")
+    names: set[str] = set()
+    stats: dict[str, os.stat_result] = {}  # weight files and indexes only
     dangling: list[str] = []
     incomplete: list[str] = []
     indexes: list[str] = []
     shards: list[str] = []
     ggufs: list[str] = []
     size = 0
-    for entry in entries:
-        name = entry.name
+    stat = os.stat
+    for name in entries:
         try:
-            st = entry.stat()  # follows symlinks, as an engine would
+            st = stat(name, dir_fd=fd)  # follows symlinks, as an engine would
         except OSError:
-            if entry.is_symlink():
-                dangling.append(name)
+            with contextlib.suppress(OSError):
+                if os.lstat(name, dir_fd=fd).st_mode & 0o170000 == 0o120000:
+                    dangling.append(name)
             continue
-        if S_ISDIR(st.st_mode):
+        if st.st_mode & 0o170000 == 0o040000:  # a directory
             if name == ".cache":
                 incomplete += _local_dir_downloads(Path(directory))
             continue
-        stats[name] = st
-        paths[name] = entry.path
+        names.add(name)
         size += st.st_size
         if name.endswith(".safetensors"):
             shards.append(name)
@@ -186,8 +200,11 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             ggufs.append(name)
         elif name.endswith(".incomplete"):
             incomplete.append(name)
-    names = stats.keys()
-    files = len(stats)
+            continue
+        else:
+            continue
+        stats[name] = st
+    files = len(names)
     indexes.sort()
     shards.sort()
     ggufs.sort()
@@ -216,7 +233,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             )
         wanted: set[str] = set(shards)
         for index in indexes:
-            named = cache.get(paths[index], stats[index], _index_shards)
+            named = cache.get(prefix + index, stats[index], _index_shards)
             if isinstance(named, str):
                 return Verdict(False, named, size_bytes=size, files=files)
             assert isinstance(named, frozenset)
@@ -232,7 +249,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
             wanted |= named
         reasons = []
         for shard in sorted(wanted):
-            problem = cache.get(paths[shard], stats[shard], check_safetensors)
+            problem = cache.get(prefix + shard, stats[shard], check_safetensors)
             if problem is not None:
                 reasons.append(str(problem))
         if reasons:
@@ -240,7 +257,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
         return Verdict(True, None, "safetensors", size, files)
 
     if ggufs:
-        missing = gguf_missing_parts(set(names))
+        missing = gguf_missing_parts(names)
         if missing:
             return Verdict(
                 False,
@@ -252,7 +269,7 @@ def check_model_dir(directory: Path, cache: FileCache) -> Verdict:
         reasons = [
             str(problem)
             for g in ggufs
-            if (problem := cache.get(paths[g], stats[g], check_gguf_magic)) is not None
+            if (problem := cache.get(prefix + g, stats[g], check_gguf_magic)) is not None
         ]
         if reasons:
             return Verdict(False, _first(reasons), "gguf", size, files)

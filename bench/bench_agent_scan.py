@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} (timings scale with it)")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "models"
         t0 = time.perf_counter()
@@ -98,15 +100,17 @@ def main() -> None:
         print(f"first scan:  {first * 1000:8.1f} ms  ({scanner.cache.reads} files opened)")
 
         reads = scanner.cache.reads
-        times = []
+        times, cpu_times = [], []
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             scanner.scan()
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
+        # On a shared machine wall time includes waiting for a CPU; CPU time does not.
         print(
-            f"repeat scan: {statistics.median(times) * 1000:8.1f} ms median, "
-            f"{max(times) * 1000:.1f} ms max over {args.repeats} "
-            f"({scanner.cache.reads - reads} files opened)"
+            f"repeat scan: {statistics.median(times) * 1000:8.1f} ms median wall, "
+            f"{min(times) * 1000:.1f} ms min, {statistics.median(cpu_times) * 1000:.1f} ms CPU "
+            f"over {args.repeats} ({scanner.cache.reads - reads} files opened)"
         )
 
         builder = ReportBuilder(
@@ -124,6 +128,15 @@ def main() -> None:
             f"report cycle: {statistics.median(cpu) * 1000:7.1f} ms CPU median "
             f"(build + JSON, {len(body) / 1024:.0f} KiB body)"
         )
+        floor = []
+        dirs = [d for d, _, fs in os.walk(root) if fs]
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for d in dirs:
+                for entry in os.scandir(d):
+                    entry.stat()
+            floor.append(time.perf_counter() - t0)
+        print(f"floor (scandir + stat of every file, nothing else): {min(floor) * 1000:.1f} ms")
         print(f"this process RSS: {rss_mib(os.getpid()):.0f} MiB")
         print(f"llmgw agent RSS:  {agent_rss(root):.0f} MiB (8 fake GPUs, this storage, reporting)")
 
