@@ -275,7 +275,7 @@ async def _stop_engines(agents: Sequence[DemoAgent]) -> None:
             await engines.close()
 
 
-def banner(url: str, fleet: Sequence[DemoNode], root: Path) -> str:
+def banner(url: str, fleet: Sequence[DemoNode], root: Path, *, headless: bool = True) -> str:
     fabrics = sorted({n.fabric for n in fleet})
     return "\n".join(
         [
@@ -286,7 +286,9 @@ def banner(url: str, fleet: Sequence[DemoNode], root: Path) -> str:
             "  in another terminal:",
             f"    llmgw ctl --controller {url} status",
             f"    export LLMGW_CONTROLLER={url}; llmgw ctl nodes; llmgw console",
-            "  Ctrl-C stops the demo.",
+            "  Ctrl-C stops the demo."
+            if headless
+            else "  quitting the console (q) stops the demo.",
         ]
     )
 
@@ -326,7 +328,7 @@ async def run_demo(
         if not args.no_engines:
             async with AdminClient(url) as client:
                 await client.apply_models(demo_specs())
-        print(banner(url, fleet, root), flush=True)
+        print(banner(url, fleet, root, headless=args.headless), flush=True)
         if on_ready is not None:
             on_ready(url)
         if args.headless:
@@ -351,14 +353,16 @@ async def _console(url: str, stop: asyncio.Event) -> None:
     except ImportError:
         await stop.wait()
         return
-    app = ConsoleApp(AdminClient(url))
-    console = asyncio.create_task(app.run_async())
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({console, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if not console.done():
-        app.exit()
-        await console
-    stopped.cancel()
+    async with AdminClient(url) as client:
+        app = ConsoleApp(client)
+        console = asyncio.create_task(app.run_async())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({console, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not console.done():
+            app.exit()
+            await console
+        stopped.cancel()
+    print("llmgw demo: stopping the simulated fleet", flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
