@@ -45,6 +45,25 @@ def parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds unreachable before its replicas move",
     )
+    p.add_argument(
+        "--backoff-base",
+        type=float,
+        default=5.0,
+        help="seconds a model with a failed replica waits before the next placement; "
+        "doubles with each failure (default %(default)s)",
+    )
+    p.add_argument(
+        "--backoff-cap",
+        type=float,
+        default=300.0,
+        help="the longest crash-loop backoff, in seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reconcile passes (default %(default)s)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -52,6 +71,13 @@ def parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     """Build settings, or raise ValueError with a message a person can act on."""
     host, _ = split_listen(args.listen)
+    for option, value in (
+        ("--backoff-base", args.backoff_base),
+        ("--backoff-cap", args.backoff_cap),
+        ("--reconcile-interval", args.reconcile_interval),
+    ):
+        if not 0 < value <= 86_400:
+            raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
     files = {
         Role.AGENT: args.agent_token_file,
         Role.ADMIN: args.admin_token_file,
@@ -73,6 +99,9 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         tokens=tokens,
         grace_intervals=args.grace_intervals,
         replace_after_s=args.replace_after,
+        backoff_base_s=args.backoff_base,
+        backoff_cap_s=args.backoff_cap,
+        reconcile_interval_s=args.reconcile_interval,
     )
 
 
