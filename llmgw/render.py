@@ -81,13 +81,16 @@ def _table(*columns: str, title: str | None = None) -> Table:
         show_edge=False,
         pad_edge=False,
     )
-    for col in columns:
-        numeric = col in NUMERIC_COLUMNS
+    # Every column keeps its width; only the last (a reason, a status) wraps
+    # when the terminal is narrow, as `sinfo -R` and `ray status` read best.
+    for i, col in enumerate(columns):
+        last = i == len(columns) - 1
         table.add_column(
             col,
-            justify="right" if numeric else "left",
-            no_wrap=True,
-            min_width=len(col) if numeric else None,
+            justify="right" if col in NUMERIC_COLUMNS else "left",
+            no_wrap=not last,
+            overflow="fold" if last else "ellipsis",
+            min_width=None if last else len(col),
         )
     return table
 
