@@ -175,11 +175,13 @@ class ReportLoop:
         except ReportError as exc:
             self._failed(exc)
             return
-        except (ValidationError, OSError, RuntimeError, ValueError) as exc:
-            # A report we could not even build: say so once, keep going.
+        except Exception as exc:
+            # A report we could not even build (a bug, an odd reading): say so
+            # once, with the traceback, and keep going. A daemon that exits
+            # here would take the node's liveness with it.
             message = f"{type(exc).__name__}: {exc}"
             if message != self._build_error:
-                log.error("could not build the report: %s", message)
+                log.exception("could not build the report: %s", message)
                 self._build_error = message
             self.failures += 1
             return

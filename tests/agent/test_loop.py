@@ -253,3 +253,26 @@ async def test_stuck_observation_fails_the_report_without_piling_up_threads(
     await until(lambda: len(controller.reports) >= 1)
     stop.set()
     await asyncio.wait_for(task, 2)
+
+
+async def test_a_bug_in_the_engines_report_does_not_kill_the_loop(
+    controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engines = FakeEngines()
+    broken = [True]
+
+    def reports() -> list[ReplicaReport]:
+        if broken[0]:
+            raise KeyError("replica-7")
+        return []
+
+    engines.reports = reports  # type: ignore[method-assign]
+    loop = ReportLoop(builder(tmp_path), controller.url, engines=engines, backoff_cap_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until(lambda: loop.failures >= 3)
+    assert len(messages(caplog, "could not build the report: KeyError")) == 1
+    broken[0] = False
+    await until(lambda: len(controller.reports) >= 1)
+    stop.set()
+    await asyncio.wait_for(task, 2)
