@@ -81,7 +81,7 @@ def unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> list[Mount]:
     """Parse /proc/self/mountinfo (proc(5)); lines we cannot read are skipped."""
     mounts: list[Mount] = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): \x1e or \x85 may be in a path
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)  # optional fields end at a lone "-"
