@@ -181,23 +181,33 @@ def test_weights_per_fabric_end_to_end(tmp_path: Path, controller: str) -> None:
         )
         for name, (fabric, extra) in nodes.items()
     }
+    expected = {"ib-x": (3, 0, 0), "ib-y": (3, 3, 2), "ib-z": (2, 1, 2)}
+
+    def counts(summary: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
+        return {
+            f["fabric"]: (f["nodes"], f["nodes_with_weights"], f["models_present"])
+            for f in summary["fabrics"]
+        }
+
     try:
+        # Wait until every node is ready and has reported a finished storage
+        # scan (the first report may go out before a slow first scan ends).
         deadline = time.monotonic() + 60
         while True:
             summary = status(controller)
-            if summary["nodes"]["ready"] == len(nodes):
+            if summary["nodes"]["ready"] == len(nodes) and counts(summary) == expected:
                 break
             dead = {n: p.returncode for n, p in agents.items() if p.poll() is not None}
             assert not dead, f"agents exited: {dead}"
-            assert time.monotonic() < deadline, summary["nodes"]
+            if time.monotonic() > deadline:
+                break  # the assertions below say what is wrong
             time.sleep(0.3)
-        time.sleep(1.2)  # every agent has reported its storage at least twice
-        summary = status(controller)
     finally:
         for proc in agents.values():
             proc.send_signal(signal.SIGTERM)
         errors = {n: p.communicate(timeout=15)[1] for n, p in agents.items()}
 
+    assert summary["nodes"]["ready"] == len(nodes), summary["nodes"]
     assert all(p.returncode == 0 for p in agents.values()), errors
     fabrics = {f["fabric"]: f for f in summary["fabrics"]}
     assert set(fabrics) == {"ib-x", "ib-y", "ib-z"}
