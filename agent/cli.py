@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="controller URL (env LLMGW_CONTROLLER; default %(default)s)",
     )
     p.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between reports")
+    p.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between reports (default 5)"
+    )
     p.add_argument(
         "--token-file", type=Path, help="file holding the agent token (else LLMGW_AGENT_TOKEN)"
     )
@@ -83,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=default_state_dir(),
         help="where engine state and logs go (env LLMGW_AGENT_STATE; default %(default)s)",
+    )
+    p.add_argument(
+        "--engine-templates",
+        type=Path,
+        metavar="FILE",
+        help="TOML or YAML file adding or overriding engine command templates",
     )
     p.add_argument("--once", action="store_true", help="print one report and exit; send nothing")
     p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
@@ -167,10 +175,19 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
 
 def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | None:
     """The engine supervisor: runs what the controller assigns to this node."""
+    from agent.engine_templates import TemplateError, load_templates
     from agent.engines import EngineSupervisor  # not needed by --once
 
+    templates = None
+    if args.engine_templates is not None:
+        try:
+            templates = load_templates(args.engine_templates)
+        except TemplateError as exc:
+            raise UsageError(str(exc)) from exc
     try:
-        return EngineSupervisor(state_dir=args.state_dir, node=args.node, address=builder.address)
+        return EngineSupervisor(
+            state_dir=args.state_dir, node=args.node, address=builder.address, templates=templates
+        )
     except OSError as exc:
         raise UsageError(
             f"cannot use --state-dir {args.state_dir}: {exc.strerror or exc}; "

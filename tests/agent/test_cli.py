@@ -192,3 +192,22 @@ def test_unwritable_state_dir_is_a_usage_error(
     args = ["--node", "n", "--fake-gpus", "1xL4-24GB", "--state-dir", str(tmp_path / "file" / "s")]
     assert main(args) == 2
     assert "cannot use --state-dir" in capsys.readouterr().err
+
+
+def test_bad_engine_templates_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "engines.toml"
+    bad.write_text("this is = = not toml")
+    args = [
+        "--node",
+        "n",
+        "--fake-gpus",
+        "1xL4-24GB",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--engine-templates",
+        str(bad),
+    ]
+    assert main(args) == 2
+    assert "not valid TOML" in capsys.readouterr().err
