@@ -10,7 +10,8 @@ Layouts found in each directory:
 - plain: `<dir>/<name>/` or `<dir>/<org>/<name>/` holding `config.json` and
   weights (a GGUF-only directory needs no config.json), named by the relative
   path (`name` or `org/name`);
-- Hugging Face cache: `<dir>/models--org--name/`, resolved through `refs/main`
+- Hugging Face cache: `<dir>/models--org--name/` (or `<dir>/hub/models--...`
+  when pointed at the HF home), resolved through `refs/main`
   (else the only ref, else the only snapshot) to `snapshots/<commit>/`, named
   `org/name`. Any `blobs/*.incomplete` means a download is in progress.
 
@@ -186,7 +187,12 @@ class StorageScanner:
                     yield _Candidate(rel, top, Verdict(False, why))
                 for sub in inner:
                     name = f"{rel}/{sub.name}"
-                    if _looks_like_model(sub) or _is_empty(sub):
+                    if sub.name.startswith("models--"):
+                        # <dir>/hub/models--org--name: pointed at the HF home, not hub/
+                        yield self._hf_repo(sub)
+                    elif sub.name.startswith(("datasets--", "spaces--")):
+                        continue
+                    elif _looks_like_model(sub) or _is_empty(sub):
                         yield _Candidate(name, sub, check_model_dir(sub, self.cache))
                     else:
                         yield _Candidate(name, sub, Verdict(False, "no config.json and no weights"))

@@ -125,6 +125,14 @@ def test_hf_cache_resolved_through_refs(tmp_path: Path) -> None:
     assert found(location) == {"Qwen/Qwen2-7B": str(snapshot)}
 
 
+def test_hf_home_with_hub_inside(tmp_path: Path) -> None:
+    snapshot = hf_repo(tmp_path / "huggingface" / "hub", "org/m")
+    (tmp_path / "huggingface" / "hub" / "datasets--org--d").mkdir()
+    location = scan_one(tmp_path / "huggingface")
+    assert found(location) == {"org/m": str(snapshot)}
+    assert location.incomplete == []
+
+
 def test_hf_cache_without_refs_uses_the_only_snapshot(tmp_path: Path) -> None:
     snapshot = hf_repo(tmp_path / "hub", "org/m", ref=False)
     assert found(scan_one(tmp_path / "hub")) == {"org/m": str(snapshot)}
