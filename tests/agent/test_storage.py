@@ -101,7 +101,7 @@ def hf_repo(
 ) -> Path:
     """The Hugging Face hub cache layout: blobs, snapshot symlinks, refs."""
     base = cache / ("models--" + repo.replace("/", "--"))
-    staging = cache.parent / "staging" / repo
+    staging = cache.parent / ".staging" / repo  # hidden: never scanned
     write_model(staging, shards=shards)
     snapshot = base / "snapshots" / commit
     snapshot.mkdir(parents=True)
