@@ -246,6 +246,14 @@ def _check_listed(directory: Path | str, fd: int, cache: FileCache) -> Verdict:
                     size_bytes=size,
                     files=files,
                 )
+            odd = sorted(s for s in named if s not in stats)
+            if odd:  # e.g. an index naming .bin files
+                return Verdict(
+                    False,
+                    f"{index} names {odd[0]}, which is not a .safetensors file",
+                    size_bytes=size,
+                    files=files,
+                )
             wanted |= named
         reasons = []
         for shard in sorted(wanted):

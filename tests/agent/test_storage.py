@@ -286,6 +286,14 @@ def test_index_naming_a_path_outside_is_refused(tmp_path: Path) -> None:
     assert "outside the model directory" in reasons(scan_one(tmp_path))["m"]
 
 
+def test_index_naming_a_non_safetensors_file(tmp_path: Path) -> None:
+    write_model(tmp_path / "m", shards=2)
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"\0")
+    index = {"weight_map": {"a": "pytorch_model.bin"}}
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "not a .safetensors file" in reasons(scan_one(tmp_path))["m"]
+
+
 def test_garbled_index(tmp_path: Path) -> None:
     write_model(tmp_path / "m", shards=2)
     (tmp_path / "m" / "model.safetensors.index.json").write_text('{"weight_map": ')
