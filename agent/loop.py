@@ -143,6 +143,8 @@ class ReportLoop:
     async def cycle(self, session: aiohttp.ClientSession) -> ReportReply:
         report = await self.build()
         reply = await self.post(session, report)
+        if self.last_reply is None or self.last_reply.state != reply.state:
+            log.info("controller says node %s is %s", reply.node, reply.state.value)
         self.last_reply = reply
         self.sent += 1
         if self.engines is not None:
