@@ -439,12 +439,28 @@ class NvmlGpus:
             known = self._known_at(index) or _Known(
                 f"unidentified-gpu-{index}", index, "", UNKNOWN_CLASS, 0
             )
-            return [self._lost(known, _lost_reason(exc))]
+            return [self._unreadable(known, exc)]
         try:
             return self._read_identified(index, handle, uid)
-        except _LOST_ERRORS as exc:
+        except Exception as exc:  # one card's trouble never stops the others
             known = self._known.get(uid) or _Known(uid, index, "", UNKNOWN_CLASS, 0)
-            return [self._lost(known, _lost_reason(exc))]
+            return [self._unreadable(known, exc)]
+
+    def _unreadable(self, known: _Known, exc: Exception) -> GpuReport:
+        """Lost or needing a reset: unhealthy. Any other failed reading: unknown."""
+        if isinstance(exc, _LOST_ERRORS):
+            return self._lost(known, _lost_reason(exc))
+        log.debug("GPU %s unreadable", known.uuid, exc_info=exc)
+        what = str(exc) if isinstance(exc, pynvml.NVMLError) else f"{type(exc).__name__}: {exc}"
+        return GpuReport(
+            uuid=known.uuid,
+            index=known.index,
+            name=known.name,
+            gpu_class=known.gpu_class,
+            memory_total_mib=known.memory_total_mib,
+            health=GpuHealth.UNKNOWN,
+            health_reason=f"NVML cannot read this GPU: {what}"[:4096],
+        )
 
     def _read_identified(self, index: int, handle: Any, uid: str) -> list[GpuReport]:
         name = _text(pynvml.nvmlDeviceGetName(handle))

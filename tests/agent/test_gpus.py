@@ -210,6 +210,23 @@ def test_lost_gpu_does_not_stop_enumeration(nvml: FakeNvml) -> None:
     assert gpus["GPU-3"].health is GpuHealth.HEALTHY
 
 
+def test_other_read_errors_make_one_card_unknown_not_the_scan_fail(nvml: FakeNvml) -> None:
+    source = NvmlGpus(watch_xids=False)
+    scan(source)
+    nvml.cards[0].errors["nvmlDeviceGetMemoryInfo"] = pynvml.NVMLError_Unknown
+    nvml.cards[2].errors["nvmlDeviceGetMaxMigDeviceCount"] = pynvml.NVMLError_NoPermission
+    nvml.cards[2].mig = True
+    nvml.handle_errors[3] = pynvml.NVMLError_InsufficientPower
+    gpus = scan(source)
+    assert len(gpus) == 4
+    assert gpus["GPU-0"].health is GpuHealth.UNKNOWN
+    assert "cannot read" in (gpus["GPU-0"].health_reason or "")
+    assert gpus["GPU-0"].gpu_class == "H100-SXM-80GB"  # remembered
+    assert gpus["GPU-1"].health is GpuHealth.HEALTHY
+    assert gpus["GPU-2"].health is GpuHealth.UNKNOWN
+    assert gpus["GPU-3"].health is GpuHealth.UNKNOWN
+
+
 def test_lost_before_first_scan_is_still_counted(nvml: FakeNvml) -> None:
     nvml.handle_errors[0] = pynvml.NVMLError_GpuIsLost
     result = NvmlGpus(watch_xids=False).scan()
