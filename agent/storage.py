@@ -15,6 +15,9 @@ Layouts found in each directory:
   (else the only ref, else the only snapshot) to `snapshots/<commit>/`, named
   `org/name`. Any `blobs/*.incomplete` means a download is in progress.
 
+A directory given with `--storage` that is itself a model directory is found
+as one model, named by its basename.
+
 Directories that look like a model but are not usable go to `incomplete`,
 with the reason.
 """
@@ -172,6 +175,10 @@ class StorageScanner:
         )
 
     def _candidates(self, root: Path) -> Iterator[_Candidate]:
+        if _looks_like_model(root):
+            # Pointed straight at one model directory: named by its basename.
+            yield _Candidate(root.name, root, check_model_dir(root, self.cache))
+            return
         for top in _subdirs(root):
             rel = top.name
             if rel.startswith("models--"):

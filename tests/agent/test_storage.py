@@ -88,6 +88,12 @@ def test_plain_layouts_named_by_relative_path(tmp_path: Path) -> None:
     assert m.size_bytes == sum(p.stat().st_size for p in Path(m.path).iterdir())
 
 
+def test_storage_pointed_at_one_model_directory(tmp_path: Path) -> None:
+    write_model(tmp_path / "Llama-3-8B", shards=2)
+    location = scan_one(tmp_path / "Llama-3-8B")
+    assert found(location) == {"Llama-3-8B": str(tmp_path / "Llama-3-8B")}
+
+
 def test_hidden_and_lost_found_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "lost+found").mkdir()
     (tmp_path / ".trash").mkdir()
