@@ -91,12 +91,15 @@ def drain_plan(fleet: Fleet, nodes: list[str]) -> DrainPlan:
     now = fleet.clock()
     statuses = fleet.replica_statuses()
     replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+    # A drain in progress: an original and its stand-in are left out (the
+    # stand-in's cards are taken already). A stand-in whose original is gone is
+    # an ordinary replica and must move like one.
     running = [
         RunningReplica(s.record.id, s.record.model, s.record.nodes, s.state is ReplicaState.READY)
         for s in statuses.values()
         if s.state is not ReplicaState.FAILED
         and s.record.id not in replaced
-        and s.record.replaces is None
+        and (s.record.replaces is None or s.record.replaces not in fleet.records)
     ]
     return plan_drain(fleet.models.values(), running, snapshot(fleet, now), set(nodes))
 
@@ -213,6 +216,9 @@ class Reconciler:
                 if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
             ]
             fleet.remove_replicas(done)
+            # Their stand-ins are ordinary replicas from now on.
+            stand_ins = [fleet.records.get(by_replaced[rid].id) for rid in done]
+            fleet.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
             on_node = [r for r in on_node if r.id not in done]
             if not on_node:
                 fleet.mark_drained(node)

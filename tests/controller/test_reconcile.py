@@ -3,6 +3,7 @@ lost nodes, drains that move work, and restarts that lose nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,26 @@ def test_drain_plan_names_models_that_would_fall_short(tmp_path: Path, clock: Fa
     assert plan.replicas_to_move == 1
     [impact] = plan.impacts
     assert impact.model == "llama" and impact.verdict == "below_minimum"
+
+
+def test_moved_replicas_count_in_the_next_drain_plan(tmp_path: Path, clock: FakeClock) -> None:
+    """A finished drain leaves ordinary replicas behind: draining their nodes in
+    turn must move them (the pre-check once ignored former stand-ins)."""
+    sim = sim_with(tmp_path, clock)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    victim = sim.replicas()[0][2][0]
+    sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
+    for _ in range(5):
+        sim.step()
+    assert sim.fleet.row(victim).admin.drained
+    assert all(r.replaces is None for r in sim.fleet.records.values())
+    hosts = sorted({n for _, _, nodes in sim.replicas() for n in nodes})
+    plan = drain_plan(sim.fleet, hosts)
+    assert plan.replicas_to_move == 2
+    # A stand-in recorded before this fix (its original gone) counts too.
+    sim.fleet.put_replicas(
+        dataclasses.replace(r, replaces="gone") for r in list(sim.fleet.records.values())
+    )
+    assert drain_plan(sim.fleet, hosts).replicas_to_move == 2
