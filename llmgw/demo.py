@@ -130,7 +130,7 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
                 name,
                 "ib-a",
                 [spec],
-                [StorageDir(str(filer)), StorageDir(str(filer / "hub"))],
+                [StorageDir(str(filer))],  # plain layout and an HF cache in hub/
                 mounts,
             )
         )

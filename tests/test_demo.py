@@ -43,15 +43,19 @@ def test_simulated_mount_tables_classify_like_a_real_node(tmp_path: Path) -> Non
     fleet = {n.name: n for n in build_fleet(tmp_path, 12)}
     a = fleet["gpu-a01"]
     assert a.mountinfo is not None
-    filer, hub = StorageScanner(a.storage, a.mountinfo).scan()
+    (filer,) = StorageScanner(a.storage, a.mountinfo).scan()
     assert (filer.scope, filer.fs_type, filer.mount_source) == (
         StorageScope.SHARED,
         "nfs4",
         "filer-a:/export/models",
     )
-    assert [m.name for m in filer.models] == ["meta-llama/Llama-3.1-8B-Instruct"]
-    assert [m.name for m in hub.models] == ["Qwen/Qwen2.5-7B-Instruct"]
-    assert "download in progress" in hub.incomplete[0].reason
+    assert sorted(m.name for m in filer.models) == [
+        "Qwen/Qwen2.5-7B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ]
+    (half,) = filer.incomplete
+    assert half.name == "mistralai/Mixtral-8x7B-Instruct-v0.1"
+    assert "download in progress" in half.reason
     b = fleet["gpu-b04"]
     assert b.mountinfo is not None
     (local,) = StorageScanner(b.storage, b.mountinfo).scan()
