@@ -12,6 +12,7 @@ from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agent.storage import StorageScanner
@@ -165,3 +166,32 @@ def test_bad_node_count() -> None:
     from llmgw.demo import main
 
     assert main(["--nodes", "1"]) == 2
+
+
+@pytest.mark.slow
+async def test_demo_engines_serve_and_are_gone_after_stop(tmp_path: Path) -> None:
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=3, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    await until(lambda: asyncio.sleep(0, bool(urls)))
+    ports: list[int] = []
+    async with AdminClient(urls[0]) as client:
+
+        async def an_engine_is_ready() -> bool:
+            for row in await client.nodes():
+                detail = await client.node(row.name)
+                ports[:] = [r.port for r in detail.replicas if r.port and r.state == "ready"]
+                if ports:
+                    return True
+            return False
+
+        await until(an_engine_is_ready, within=60)
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"http://127.0.0.1:{ports[0]}/health")).status_code == 200
+    stop.set()
+    assert await asyncio.wait_for(task, 30) == 0
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{ports[0]}/health", timeout=2)
