@@ -177,6 +177,11 @@ def test_drain_moves_every_replica_without_dropping_below_minimum(cluster: Clust
     assert {r["id"] for r in after} == set(stand_ins) | kept
     views = {m["spec"]["name"]: m for m in c.ctl_json("models")}
     assert views["m"]["ready"] == 2 and views["m"]["satisfied"] is True
+    # The stand-ins are ordinary replicas now: the next drain's pre-check moves them.
+    assert all(r["replaces"] is None for r in after)
+    hosts = sorted({n for r in after for n in nodes_of(r)})
+    plan = c.ctl("drain", *hosts, "--dry-run")
+    assert "moves 2 replica(s)" in plan, plan
 
     # And the engines on the drained node are really gone.
     assert_engines_gone(c, node, moving, set(on_node.values()))
