@@ -163,7 +163,7 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
         storage=StorageWatch(
             dirs,
             args.mountinfo,
-            wait_s=min(5.0, args.interval),
+            wait_s=3600.0 if args.once else min(5.0, args.interval),  # --once: the full answer
             stuck_after_s=max(60.0, 3 * args.interval),
         ),
         interval_s=args.interval,
