@@ -80,15 +80,26 @@ def _looks_like_model(directory: Path) -> bool:
 
 
 def _subdirs(directory: Path) -> list[Path]:
+    """Subdirectories (through symlinks), plus symlinks whose target is missing."""
     try:
         with os.scandir(directory) as it:
             return sorted(
                 Path(e.path)
                 for e in it
-                if e.is_dir() and not e.name.startswith(".") and e.name not in _SKIP
+                if not e.name.startswith(".")
+                and e.name not in _SKIP
+                and (e.is_dir() or (e.is_symlink() and not os.path.exists(e.path)))
             )
     except OSError:
         return []
+
+
+def _dangling(path: Path) -> Verdict | None:
+    if path.is_symlink() and not path.exists():
+        return Verdict(
+            False, f"dangling symlink to {os.readlink(path)}: is its filesystem mounted?"
+        )
+    return None
 
 
 def _is_empty(directory: Path) -> bool:
@@ -181,7 +192,9 @@ class StorageScanner:
             return
         for top in _subdirs(root):
             rel = top.name
-            if rel.startswith("models--"):
+            if (broken := _dangling(top)) is not None:
+                yield _Candidate(rel, top, broken)
+            elif rel.startswith("models--"):
                 yield self._hf_repo(top)
             elif rel.startswith(("datasets--", "spaces--")):
                 continue
@@ -194,7 +207,9 @@ class StorageScanner:
                     yield _Candidate(rel, top, Verdict(False, why))
                 for sub in inner:
                     name = f"{rel}/{sub.name}"
-                    if sub.name.startswith("models--"):
+                    if (broken := _dangling(sub)) is not None:
+                        yield _Candidate(name, sub, broken)
+                    elif sub.name.startswith("models--"):
                         # <dir>/hub/models--org--name: pointed at the HF home, not hub/
                         yield self._hf_repo(sub)
                     elif sub.name.startswith(("datasets--", "spaces--")):

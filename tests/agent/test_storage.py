@@ -285,6 +285,18 @@ def test_dangling_symlink(tmp_path: Path) -> None:
     assert "dangling symlink tokenizer.json" in reasons(scan_one(tmp_path))["m"]
 
 
+def test_dangling_symlinked_model_directory(tmp_path: Path) -> None:
+    write_model(tmp_path / "models" / "here")
+    (tmp_path / "models" / "gone").symlink_to(tmp_path / "unmounted" / "gone")
+    (tmp_path / "models" / "org").mkdir()
+    (tmp_path / "models" / "org" / "gone").symlink_to(tmp_path / "unmounted" / "x")
+    (tmp_path / "models" / "linked").symlink_to(tmp_path / "models" / "here")
+    location = scan_one(tmp_path / "models")
+    assert set(found(location)) == {"here", "linked"}
+    assert "dangling symlink" in reasons(location)["gone"]
+    assert "dangling symlink" in reasons(location)["org/gone"]
+
+
 def test_index_naming_a_path_outside_is_refused(tmp_path: Path) -> None:
     write_model(tmp_path / "m", shards=2)
     index = {"weight_map": {"a": "../../etc/passwd"}}
