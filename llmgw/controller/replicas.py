@@ -28,16 +28,18 @@ def replica_status(
 ) -> ReplicaStatus:
     """`reported` maps (replica id, rank) to what the shard's node says of it.
 
-    Draining and failed are sticky decisions of the controller; otherwise a
-    replica is ready when every shard is, failed when one failed, else starting.
+    Failed is sticky. A replica is failed when one of its shards failed, even
+    while draining: a crashed engine serves nothing and must not count as
+    ready. Otherwise draining is the controller's sticky decision; else a
+    replica is ready when every shard is, else starting.
     """
     shards = tuple(reported.get((record.id, s.rank)) for s in record.shards)
     states = [s.state if s else None for s in shards]
     state: ReplicaState
-    if record.state in (ReplicaState.DRAINING, ReplicaState.FAILED):
-        state = record.state
-    elif ShardState.FAILED in states:
+    if record.state is ReplicaState.FAILED or ShardState.FAILED in states:
         state = ReplicaState.FAILED
+    elif record.state is ReplicaState.DRAINING:
+        state = ReplicaState.DRAINING
     elif states and all(s is ShardState.READY for s in states):
         state = ReplicaState.READY
     else:

@@ -317,3 +317,24 @@ def test_moved_replicas_count_in_the_next_drain_plan(tmp_path: Path, clock: Fake
         dataclasses.replace(r, replaces="gone") for r in list(sim.fleet.records.values())
     )
     assert drain_plan(sim.fleet, hosts).replicas_to_move == 2
+
+
+def test_an_engine_that_crashes_while_draining_is_not_counted_ready(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A drain that waits (nowhere to move) must not hide a crash: the model
+    falls short, the failure is kept, and the empty node ends drained."""
+    sim = sim_with(tmp_path, clock, n=1)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.step()
+    sim.step()
+    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
+    sim.step()
+    assert sim.fleet.row("gpu1").drain_blocked
+    sim.failing.add("gpu1")
+    sim.step()
+    [view] = sim.fleet.model_views()
+    assert view.ready == 0 and not view.satisfied
+    assert view.last_failure == "CUDA out of memory"
+    assert sim.replicas() == []
+    assert sim.fleet.row("gpu1").admin.drained
