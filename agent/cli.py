@@ -234,7 +234,7 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             running.add_signal_handler(sig, stop.set)
-    log.info("agent %s reporting to %s every ~%.0f s", builder.node, args.controller, args.interval)
+    log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
     try:
         await loop.run(stop)
     finally:
