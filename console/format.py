@@ -78,19 +78,24 @@ def humanize(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
-def age_text(seconds: float | None) -> Text:
-    """Report age, quantised so a healthy fleet's rows do not change every second.
+def age_bucket(seconds: float | None) -> tuple[str, str]:
+    """Report age as (label, style), quantised so a healthy fleet's rows do not
+    change every second.
 
-    Agents report every few seconds, so exact ages churn every cell on every
-    refresh; buckets keep the table patch small and still show lateness.
+    Agents report every few seconds, so exact ages would touch every row on
+    every refresh; buckets keep the table patch small and still show lateness.
     """
     if seconds is None:
-        return styled("never", "bold red")
+        return "never", "bold red"
     if seconds < 10:
-        return styled("<10s", "green")
+        return "<10s", "green"
     if seconds < 60:
-        return styled(f"{int(seconds) // 10 * 10}s", "yellow")
-    return styled(humanize(seconds // 60 * 60), "bold red")
+        return f"{int(seconds) // 10 * 10}s", "yellow"
+    return humanize(seconds // 60 * 60), "bold red"
+
+
+def age_text(seconds: float | None) -> Text:
+    return styled(*age_bucket(seconds))
 
 
 def load_style(fraction: float) -> str:

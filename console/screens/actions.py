@@ -37,7 +37,24 @@ def can(action: str, row: NodeRow) -> bool:
     return True
 
 
-class AdminActions(Screen[Any]):
+class FooterAware(Screen[Any]):
+    """Refreshes the footer only when what it would show has changed.
+
+    Footer rebuilds its keys on every refresh_bindings(); doing that on each
+    poll would redraw it every second for nothing.
+    """
+
+    FOOTER_ACTIONS: tuple[str, ...] = ("open_detail", *("cordon", "uncordon", "drain"))
+    _footer_state: tuple[bool | None, ...] | None = None
+
+    def update_footer(self) -> None:
+        state = tuple(self.check_action(a, ()) for a in self.FOOTER_ACTIONS)
+        if state != self._footer_state:
+            self._footer_state = state
+            self.refresh_bindings()
+
+
+class AdminActions(FooterAware):
     """Mixin base: subclasses say which nodes the keys act on."""
 
     def targets(self) -> list[NodeRow]:

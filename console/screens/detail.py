@@ -11,11 +11,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from console.format import humanize, node_state_text, state_text, styled
-from console.screens.actions import ADMIN_BINDINGS, AdminActions
+from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
 from console.state import Connection, NodeView
 from console.widgets.header import ConnectionBanner
 from console.widgets.keyed_table import KeyedTable
@@ -229,7 +228,7 @@ def title_text(
     return text
 
 
-class NodeDetailScreen(Screen[None]):
+class NodeDetailScreen(FooterAware):
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("question_mark", "help", "Help"),
@@ -238,6 +237,7 @@ class NodeDetailScreen(Screen[None]):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.node_name = name
+        self._texts: dict[str, Text] = {}
 
     @property
     def console(self) -> ConsoleApp:
@@ -267,13 +267,13 @@ class NodeDetailScreen(Screen[None]):
             return
         detail = view.detail
         row = detail.row if detail else self.row()
-        self.query_one("#detail-title", Static).update(
-            title_text(self.node_name, row, detail, view.error)
+        self._update_if_changed(
+            "#detail-title", title_text(self.node_name, row, detail, view.error)
         )
         if detail is not None:
             with self.app.batch_update():
                 self.query_one(GpusTable).show(detail.gpus)
-                self.query_one("#detail-storage", Static).update(storage_text(detail))
+                self._update_if_changed("#detail-storage", storage_text(detail))
                 replicas = self.query_one(ReplicasTable)
                 replicas.show(detail.replicas)
                 replicas.border_subtitle = "" if detail.replicas else "none running here"
@@ -285,7 +285,13 @@ class NodeDetailScreen(Screen[None]):
                 gpus.border_subtitle = f"{len(detail.gpus)} cards" + (
                     f", {bad} not healthy" if bad else ""
                 )
-        self.refresh_bindings()
+        self.update_footer()
+
+    def _update_if_changed(self, selector: str, text: Text) -> None:
+        # Statics re-layout the screen on update: skip the ones that did not change.
+        if self._texts.get(selector) != text:
+            self._texts[selector] = text
+            self.query_one(selector, Static).update(text)
 
     def row(self) -> NodeRow | None:
         view = self.console.node_view

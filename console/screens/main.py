@@ -8,10 +8,9 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
 
-from console.screens.actions import ADMIN_BINDINGS, AdminActions
+from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
 from console.state import Connection, Fleet
 from console.widgets.gpus import GpuClassesPane
 from console.widgets.header import ConnectionBanner, FleetHeader
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     from console.app import ConsoleApp
 
 
-class MainScreen(Screen[None]):
+class MainScreen(FooterAware):
     """Read-only by construction; `AdminMainScreen` adds the admin keys."""
 
     BINDINGS = [
@@ -84,7 +83,7 @@ class MainScreen(Screen[None]):
             self.nodes_table.apply(fleet.nodes)
             self._title_nodes()
             self.tick()
-        self.refresh_bindings()
+        self.update_footer()
 
     def show_connection(self, conn: Connection) -> None:
         self.set_class(not conn.healthy and self.console.fleet is not None, "-stale")
@@ -130,7 +129,7 @@ class MainScreen(Screen[None]):
     def _filter_changed(self, event: Input.Changed) -> None:
         self.nodes_table.set_filter(event.value.strip())
         self._title_nodes()
-        self.refresh_bindings()
+        self.update_footer()
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self) -> None:
@@ -150,7 +149,7 @@ class MainScreen(Screen[None]):
         elif self.nodes_table.marks:
             self.nodes_table.clear_marks()
         self._title_nodes()
-        self.refresh_bindings()
+        self.update_footer()
 
     def action_sort(self) -> None:
         sort = self.nodes_table.cycle_sort()
@@ -183,12 +182,12 @@ class MainScreen(Screen[None]):
 
     @on(DataTable.RowHighlighted, "#nodes")
     def _row_highlighted(self) -> None:
-        self.refresh_bindings()
+        self.update_footer()
 
     @on(NodesTable.MarksChanged)
     def _marks_changed(self) -> None:
         self._title_nodes()
-        self.refresh_bindings()
+        self.update_footer()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "open_detail":

@@ -24,8 +24,14 @@ def _part(text: Text, label: str, n: int, style: str) -> None:
 class FleetHeader(Static):
     """Two lines: where we are connected and how fresh; then fleet totals."""
 
+    _last: Text | None = None
+
     def show(self, fleet: Fleet | None, conn: Connection, now: float, url: str, ro: bool) -> None:
-        self.update(self.render_text(fleet, conn, now, url, ro))
+        text = self.render_text(fleet, conn, now, url, ro)
+        if text != self._last:
+            self._last = text
+            # Fixed height: a repaint, never a re-layout of 2,000 rows below.
+            self.update(text, layout=False)
 
     @staticmethod
     def render_text(
@@ -94,4 +100,8 @@ class ConnectionBanner(Static):
         else:
             text.append("Nothing fetched yet. ")
         text.append("Check that `llmgw controller` runs and --controller points at it.")
-        self.update(text)
+        if text != self._last:
+            self._last = text
+            self.update(text, layout=False)  # fixed height in app.tcss
+
+    _last: Text | None = None

@@ -148,6 +148,6 @@ class UnplaceableList(Static):
             text.append("every short model can be placed", style="green")
         if text != self._last:
             self._last = text
-            self.update(text)
+            self.update(text, layout=False)  # sized by the grid, not by its text
 
     _last: Text | None = None

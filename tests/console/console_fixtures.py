@@ -280,6 +280,11 @@ class FakeController:
             self.rows[name] = row.model_copy(update={"gpus_used": used, "replicas": used // 4})
             changed += 1
         self._json_cache.clear()
+        # Encode now, as a real controller would in its own process, so the
+        # bench times the console and not this fake.
+        self.handler_json("/v1/summary")
+        self.handler_json("/v1/nodes")
+        self.requests.clear()
         return changed
 
     # -- HTTP -------------------------------------------------------------------
@@ -313,6 +318,10 @@ class FakeController:
             if m := re.fullmatch(r"/v1/nodes/([^/]+)/(cordon|uncordon|drain)", path):
                 return self._mutate(m[1], m[2], body or {})
         return _error(404, f"no route {request.method} {path}")
+
+    def handler_json(self, path: str) -> bytes:
+        """The body this fake serves for a GET (the bench's baseline input)."""
+        return self.handler(httpx.Request("GET", URL + path)).content
 
     def _cached(self, key: str, build: Any) -> httpx.Response:
         # The bench serves 2,000 rows every cycle; encoding them once per change
