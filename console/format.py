@@ -78,6 +78,20 @@ def humanize(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def size_text(n: int) -> str:
+    """Bytes, binary units, one decimal below 10: 512 B, 1.5 MiB, 140 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if value < 10 and unit != "B" else f"{value:.0f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def age_bucket(seconds: float | None) -> tuple[str, str]:
     """Report age as (label, style), quantised so a healthy fleet's rows do not
     change every second.

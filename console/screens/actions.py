@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
 from console.screens.modals import CordonModal, DrainForm, DrainModal
@@ -18,7 +18,7 @@ from llmgw.wire import AdminFlag, NodeRow
 if TYPE_CHECKING:
     from console.app import ConsoleApp
 
-ADMIN_BINDINGS = [
+ADMIN_BINDINGS: list[BindingType] = [
     Binding("c", "cordon", "Cordon"),
     Binding("u", "uncordon", "Uncordon"),
     Binding("d", "drain", "Drain"),

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from console.format import humanize, node_state_text, state_text, styled
+from console.format import humanize, node_state_text, plural, size_text, state_text, styled
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
 from console.state import Connection, NodeView
 from console.widgets.header import ConnectionBanner
@@ -31,8 +31,6 @@ from llmgw.wire import (
 
 if TYPE_CHECKING:
     from console.app import ConsoleApp
-
-GIB = 2**30
 
 
 def when(at: float | None) -> str:
@@ -186,13 +184,15 @@ def _location(text: Text, loc: StorageLocation) -> None:
         text.append(" (set by operator)", style="dim")
     if loc.mount_source:
         text.append(f"  {loc.mount_source}", style="dim")
-    text.append(f"  {len(loc.models)} models\n")
+    text.append(f"  {plural(len(loc.models), 'model')}\n")
     if loc.error:
         text.append(f"  ✗ {loc.error}\n", style="bold red")
     for m in loc.models:
         text.append("  ✓ ", style="green")
         text.append(m.name, style="bold")
-        text.append(f"  {m.size_bytes / GIB:.0f} GiB, {m.files} files, {m.format}\n", style="dim")
+        text.append(
+            f"  {size_text(m.size_bytes)}, {plural(m.files, 'file')}, {m.format}\n", style="dim"
+        )
     for bad in loc.incomplete:
         text.append("  ✗ ", style="yellow")
         text.append(bad.name)

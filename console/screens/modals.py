@@ -17,7 +17,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
-from console.format import VERDICT_STYLE, styled
+from console.format import VERDICT_STYLE, plural, styled
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.wire import DrainPlan
 
@@ -168,7 +168,9 @@ class DrainModal(ReasonModal):
 
     def show_plan(self, plan: DrainPlan) -> None:
         worst = {i.verdict for i in plan.impacts}
-        summary = Text(f"Pre-check: {plan.replicas_to_move} replicas to move", style="bold")
+        summary = Text(
+            f"Pre-check: {plural(plan.replicas_to_move, 'replica')} to move", style="bold"
+        )
         if "unplaceable" in worst or "below_minimum" in worst:
             summary.append(" · some models drop below their minimum", style="bold yellow")
         elif plan.impacts:

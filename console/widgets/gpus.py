@@ -78,13 +78,13 @@ class GpuClassesPane(VerticalScroll):
         for name, bar in bars.items():
             if name not in wanted:
                 bar.remove()
-        new = []
+        new: list[GpuClassBar] = []
         for name, counts in wanted.items():
-            bar = bars.get(name)
-            if bar is None:
-                bar = GpuClassBar(name=name)
-                new.append(bar)
-            bar.counts = counts  # reactive: repaints only if it changed
+            existing = bars.get(name)
+            if existing is None:
+                existing = GpuClassBar(name=name)
+                new.append(existing)
+            existing.counts = counts  # reactive: repaints only if it changed
         if new:
             self.mount_all(new)
         self.query_one(".empty").display = not wanted

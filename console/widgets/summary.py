@@ -117,7 +117,9 @@ class IdleTable(GlanceTable):
     def show(self, idle: list[IdleReplica]) -> None:
         ordered = sorted(idle, key=lambda r: -r.idle_seconds)  # most idle first
         self.sync({r.id: self._row_cells(r) for r in ordered})
-        self.border_subtitle = f"{sum(r.gpus for r in idle)} GPUs idle" if idle else ""
+        self.border_subtitle = (
+            f"{sum(r.gpus for r in idle)} GPUs idle" if idle else "nothing idle for 10 min"
+        )
 
     @staticmethod
     def _row_cells(r: IdleReplica) -> tuple[Text, ...]:

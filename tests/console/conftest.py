@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import pytest_textual_snapshot
-from console_fixtures import NOW, FakeController
+from console_fixtures import FakeController
+from console_pilot import Clock
 from syrupy.location import PyTestLocation
 
 from console.app import ConsoleApp
@@ -31,19 +32,6 @@ def _snapshots_at_top_level(monkeypatch: pytest.MonkeyPatch) -> None:
     # Autouse fixtures are set up before `snap_compare`, which looks the
     # extension up by this module global when it is created.
     monkeypatch.setattr(pytest_textual_snapshot, "SVGImageExtension", TopLevelSVGExtension)
-
-
-class Clock:
-    """A console clock that moves only when a test says so."""
-
-    def __init__(self, now: float = NOW) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -313,7 +313,7 @@ class FakeController:
                     return _error(404, f"no node named {m[1]!r}")
                 return _json(self.detail(m[1]).model_dump(mode="json"))
         if request.method == "POST":
-            if path == "/v1/drain-plan":
+            if path == "/v1/drain-plan" and body:
                 return _json(self.drain_plan(body["nodes"]).model_dump(mode="json"))
             if m := re.fullmatch(r"/v1/nodes/([^/]+)/(cordon|uncordon|drain)", path):
                 return self._mutate(m[1], m[2], body or {})

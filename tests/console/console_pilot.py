@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from console_fixtures import NOW
 from textual.pilot import Pilot
 
 from console.app import ConsoleApp
+
+SnapCompare = Callable[..., bool]  # pytest-textual-snapshot's snap_compare fixture
+
+
+class Clock:
+    """A console clock that moves only when a test says so."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 async def until(

@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Callable
 
 import httpx
+import pytest
 from console_fixtures import URL, FakeController, Recorded
 from console_fixtures import _row as make_row
-from console_pilot import loaded, repoll, until
+from console_pilot import Clock, loaded, repoll, until
 from textual.widgets import Button, Checkbox, DataTable, Input
 from textual.widgets.data_table import ColumnKey
 
@@ -208,7 +209,7 @@ async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
 
 
 async def test_lost_controller_shows_banner_and_recovery_clears_it(
-    make_app: MakeApp, fake: FakeController, clock
+    make_app: MakeApp, fake: FakeController, clock: Clock
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -299,7 +300,7 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(make_app: MakeApp) -> No
 
 
 async def test_refresh_patches_rows_in_place(
-    make_app: MakeApp, fake: FakeController, monkeypatch
+    make_app: MakeApp, fake: FakeController, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -385,7 +386,7 @@ def test_backoff_doubles_up_to_a_cap() -> None:
     assert backoff(3, 60.0) == 60.0  # never faster than the normal refresh
 
 
-async def test_polls_never_overlap(fake: FakeController, clock) -> None:
+async def test_polls_never_overlap(fake: FakeController, clock: Clock) -> None:
     in_flight = 0
     most = 0
     real = fake.handler

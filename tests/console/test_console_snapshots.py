@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from console_fixtures import FakeController
-from console_pilot import loaded, repoll, until
+from console_pilot import Clock, SnapCompare, loaded, repoll, until
 from textual.pilot import Pilot
 
 from console.app import ConsoleApp
@@ -23,15 +23,15 @@ async def _loaded(pilot: Pilot[None]) -> None:
     await loaded(pilot)
 
 
-def test_main_120x40(snap_compare, make_app: MakeApp) -> None:
+def test_main_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=_loaded)
 
 
-def test_main_200x50(snap_compare, make_app: MakeApp) -> None:
+def test_main_200x50(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(200, 50), run_before=_loaded)
 
 
-def test_main_readonly_marked_and_filtered(snap_compare, make_app: MakeApp) -> None:
+def test_main_readonly_marked_and_filtered(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await loaded(pilot)
         await pilot.press("slash", *"ib-a", "enter", "down", "space", "space")
@@ -39,7 +39,7 @@ def test_main_readonly_marked_and_filtered(snap_compare, make_app: MakeApp) -> N
     assert snap_compare(make_app(readonly=True), terminal_size=(120, 40), run_before=run)
 
 
-def test_node_detail(snap_compare, make_app: MakeApp) -> None:
+def test_node_detail(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         app = await loaded(pilot)
         await pilot.press("down", "down", "down", "down", "down", "enter")  # gpu-a06
@@ -49,7 +49,7 @@ def test_node_detail(snap_compare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
-def test_drain_modal(snap_compare, make_app: MakeApp) -> None:
+def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         app = await loaded(pilot)
         await pilot.press("down", "d")
@@ -60,7 +60,9 @@ def test_drain_modal(snap_compare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
-def test_disconnected_banner(snap_compare, make_app: MakeApp, fake: FakeController, clock) -> None:
+def test_disconnected_banner(
+    snap_compare: SnapCompare, make_app: MakeApp, fake: FakeController, clock: Clock
+) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await loaded(pilot)
         fake.down = True
