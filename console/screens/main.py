@@ -8,6 +8,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input
 
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
@@ -112,7 +113,10 @@ class MainScreen(FooterAware):
 
     def targets(self) -> list[NodeRow]:
         """Marked nodes if any, else the one under the cursor."""
-        table = self.nodes_table
+        try:
+            table = self.nodes_table
+        except NoMatches:  # asked by the footer before compose or after unmount
+            return []
         if table.marks:
             return [table.rows_by_name[n] for n in sorted(table.marks)]
         row = table.selected
@@ -191,7 +195,7 @@ class MainScreen(FooterAware):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "open_detail":
-            return self.nodes_table.selected is not None
+            return bool(self.targets())
         return True
 
 

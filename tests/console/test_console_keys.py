@@ -408,3 +408,18 @@ async def test_polls_never_overlap(fake: FakeController, clock: Clock) -> None:
         await until(pilot, lambda: app.polls >= 4, "several polls")
     # summary and nodes are fetched together: two requests, never more.
     assert most == 2
+
+
+async def test_drain_timeout_forces_what_is_still_draining(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        app.send_admin("drain", ["gpu-a02"], reason="upgrade", timeout_s=3600)
+        await until(pilot, lambda: nodes(app).rows_by_name["gpu-a02"].state == "draining")
+        # The timer fires in an hour; call what it calls.
+        app._drain_deadline(["gpu-a02", "gpu-a01"], "upgrade")
+        await until(pilot, lambda: len(fake.mutations) == 2, "the forced drain")
+        assert fake.mutations[1] == Recorded(
+            "POST", "/v1/nodes/gpu-a02/drain", {"reason": "upgrade", "force": True}
+        )
