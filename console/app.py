@@ -51,6 +51,9 @@ class ConsoleApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
+    # Short terminals give the nodes table the room (see app.tcss).
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (34, "-tall")]
+
     fleet: var[Fleet | None] = var(None)
     connection: var[Connection] = var(Connection())
     node_view: var[NodeView | None] = var(None)

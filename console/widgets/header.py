@@ -54,7 +54,7 @@ class FleetHeader(Static):
             top.append("  READ-ONLY", style="bold blue")
         if fleet is None:
             wait = Text(" waiting for the first answer from the controller…", style="dim")
-            return Text("\n").join([top, wait])
+            return Text("\n", no_wrap=True, overflow="ellipsis").join([top, wait])
         s = fleet.summary
         top.append("  │ models", style="bold")
         top.append(f" {s.models.total}:")
@@ -74,7 +74,8 @@ class FleetHeader(Static):
         _part(line, "starting", r.starting, "cyan")
         _part(line, "draining", r.draining, "magenta")
         _part(line, "failed", r.failed, "bold red")
-        return Text("\n").join([top, line])
+        # Never wrap: a wrapped first line would push the totals out of sight.
+        return Text("\n", no_wrap=True, overflow="ellipsis").join([top, line])
 
 
 class ConnectionBanner(Static):

@@ -423,3 +423,24 @@ async def test_drain_timeout_forces_what_is_still_draining(
         assert fake.mutations[1] == Recorded(
             "POST", "/v1/nodes/gpu-a02/drain", {"reason": "upgrade", "force": True}
         )
+
+
+async def test_filtering_a_big_fleet_keeps_the_cursor_node(clock: Clock) -> None:
+    fake = FakeController.big(600)
+    app = ConsoleApp(fake.client(), refresh=3600.0, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        table = nodes(app)
+        await until(pilot, lambda: table.row_count == 600 and table.complete, "all rows")
+        table.move_cursor(row=table.get_row_index("node-00012"))
+        await pilot.press("slash", *"node-0001", "enter")
+        assert table.row_count == 10  # node-00010 … node-00019
+        assert table.cursor_key == "node-00012"
+        await pilot.press("escape")
+        await until(pilot, lambda: table.row_count == 600 and table.complete, "rows back")
+        assert table.cursor_key == "node-00012"
+        assert [table.get_row_at(i)[1].plain for i in range(3)] == [
+            "node-00000",
+            "node-00001",
+            "node-00002",
+        ]
