@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from pydantic import ValidationError
 from textual.app import App, SystemCommand
@@ -26,6 +26,7 @@ from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import HelpScreen
 from console.state import Connection, Fleet, Link, NodeView, backoff
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
+from llmgw.wire import FleetSummary, NodeRow
 
 BASE_KEYS = [
     ("enter", "node detail (escape goes back)"),
@@ -52,7 +53,7 @@ class ConsoleApp(App[None]):
     ]
 
     # Short terminals give the nodes table the room (see app.tcss).
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (34, "-tall")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
     fleet: var[Fleet | None] = var(None)
     connection: var[Connection] = var(Connection())
@@ -121,7 +122,15 @@ class ConsoleApp(App[None]):
 
     async def _fetch(self) -> float:
         try:
-            summary, nodes = await asyncio.gather(self.client.summary(), self.client.nodes())
+            # Both at once; return_exceptions so a failure of one never leaves
+            # the other's exception unretrieved.
+            results = await asyncio.gather(
+                self.client.summary(), self.client.nodes(), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            summary, nodes = cast(tuple[FleetSummary, list[NodeRow]], results)
         except ControllerUnreachable as exc:
             return self._failed(Link.LOST, describe(exc.cause) + f" ({exc.url})")
         except ControllerError as exc:
