@@ -39,6 +39,18 @@ def natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
+def age_rank(seconds: float | None) -> float:
+    """Report age in the buckets the AGE column shows, so sorting by age does
+    not reshuffle rows on every refresh as ages tick; never reported is oldest."""
+    if seconds is None:
+        return float("inf")
+    if seconds < 10:
+        return 0.0
+    if seconds < 60:
+        return float(int(seconds) // 10 * 10)
+    return float(int(seconds) // 60 * 60)
+
+
 @dataclass(frozen=True)
 class SortSpec:
     label: str  # column key it marks
@@ -162,7 +174,9 @@ class NodesTable(KeyedTable):
         """Show `rows` (filtered and sorted); returns cells touched."""
         old_rows = self.rows_by_name
         self.rows_by_name = dict(rows)
-        self.marks &= set(rows)
+        if self.marks - rows.keys():  # a marked node left the fleet
+            self.marks &= rows.keys()
+            self.post_message(self.MarksChanged(frozenset(self.marks)))
         changed: set[str] = set()
         for name, row in rows.items():
             old = old_rows.get(name)
@@ -180,7 +194,8 @@ class NodesTable(KeyedTable):
             cells = {n: self._cells_for(rows[n]) for n in visible}
             return self.sync(cells, self._ordered(visible))
         sort = SORTS[self.sort_index]
-        resort = sort.label == "age"  # ages move every refresh
+        resort = False
+        by_age = sort.label == "age"
         touched = 0
         cursor = self.cursor_key
         missing = len(visible) - (len(self.shown) - len(gone))
@@ -199,6 +214,9 @@ class NodesTable(KeyedTable):
                         if self._ages.get(name) != age:
                             self._ages[name] = age
                             touched += self.patch_cell(name, AGE_INDEX, styled(*age))
+                            if by_age:
+                                self._sort_keys[name] = sort.key(row)
+                                resort = True
                         continue
                 elif budget <= 0:
                     continue  # added on a later frame, see below

@@ -284,7 +284,9 @@ async def test_filter_like_k9s(make_app: MakeApp) -> None:
         assert table.row_count == 12 and table.filter_text == ""
 
 
-async def test_sort_cycles_and_cursor_stays_on_its_node(make_app: MakeApp) -> None:
+async def test_sort_cycles_and_cursor_stays_on_its_node(
+    make_app: MakeApp, fake: FakeController
+) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         table = nodes(app)
@@ -297,6 +299,13 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(make_app: MakeApp) -> No
         await pilot.press("S")  # reversed
         assert table.get_row_at(0)[5].plain.startswith("0/")
         assert table.cursor_key == "gpu-a04"
+        await pilot.press("s", "s")  # unhealthy, then report age: oldest first
+        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        order = [table.get_row_at(i)[1].plain for i in range(table.row_count)]
+        # Ages inside one bucket (<10s) do not reshuffle rows on refresh.
+        fake.put(fake.rows["gpu-a01"].model_copy(update={"report_age_s": 7.5}))
+        await repoll(pilot)
+        assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
 
 
 async def test_refresh_patches_rows_in_place(
