@@ -10,6 +10,7 @@ import pytest
 from console_fixtures import URL, FakeController, Recorded
 from console_fixtures import _row as make_row
 from console_pilot import Clock, loaded, repoll, until
+from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Checkbox, DataTable, Input
 from textual.widgets.data_table import ColumnKey
 
@@ -46,10 +47,10 @@ async def test_cordon_with_a_reason_reaches_the_controller(
         # Destructive confirmations open with Cancel focused …
         assert app.screen.focused is app.screen.query_one("#cancel", Button)
         # … and typing goes to the reason box.
-        await pilot.press(*"rma fan", "enter")
+        await pilot.press(*"quarantine fan", "enter")  # "q" does not quit here
         await until(pilot, lambda: fake.mutations, "the cordon request")
         assert fake.mutations == [
-            Recorded("POST", "/v1/nodes/gpu-a01/cordon", {"reason": "rma fan"})
+            Recorded("POST", "/v1/nodes/gpu-a01/cordon", {"reason": "quarantine fan"})
         ]
         # The change shows without waiting for the next scheduled refresh.
         await until(pilot, lambda: nodes(app).rows_by_name["gpu-a01"].state == "cordoned")
@@ -200,12 +201,18 @@ async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Cordon gpu-a01" in titles and "Drain gpu-a01" in titles
         assert "Uncordon gpu-a01" not in titles  # not cordoned: does not apply
-        command = next(
-            c for c in app.get_system_commands(app.screen) if c.title.startswith("Cordon")
+        # Through the real palette: ctrl+p, type, enter.
+        await pilot.press("ctrl+p", *"Cordon gpu")
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, CommandPalette)
+                and app.screen.query_one(CommandList).option_count > 0
+            ),
+            "palette hits",
         )
-        command.callback()
-        await pilot.pause()
-        assert isinstance(app.screen, CordonModal)
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: isinstance(app.screen, CordonModal), "cordon from the palette")
 
 
 async def test_lost_controller_shows_banner_and_recovery_clears_it(
