@@ -134,7 +134,7 @@ class ConsoleApp(App[None]):
         except ControllerUnreachable as exc:
             return self._failed(Link.LOST, describe(exc.cause) + f" ({exc.url})")
         except ControllerError as exc:
-            return self._failed(Link.ERROR, f"{exc.status} {exc.message}")
+            return self._failed(Link.ERROR, f"{exc.status} {exc.message}", exc.status)
         except ValidationError as exc:
             return self._failed(Link.ERROR, f"answer not understood: {describe(exc)}")
         now = self.clock()
@@ -164,12 +164,17 @@ class ConsoleApp(App[None]):
         if self.watched_node == view.name:
             self.node_view = view
 
-    def _failed(self, link: Link, message: str) -> float:
+    def _failed(self, link: Link, message: str, status: int | None = None) -> float:
         old = self.connection
         failures = old.failures + 1
         delay = backoff(failures, self.refresh_s)
         self.connection = Connection(
-            link, message, failures, retry_at=self.clock() + delay, last_ok=old.last_ok
+            link,
+            message,
+            failures,
+            retry_at=self.clock() + delay,
+            last_ok=old.last_ok,
+            status=status,
         )
         return delay
 

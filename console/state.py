@@ -32,10 +32,22 @@ class Connection:
     failures: int = 0
     retry_at: float | None = None  # console clock of the next attempt
     last_ok: float | None = None  # console clock of the last good fetch
+    status: int | None = None  # HTTP status when the controller answered with an error
 
     @property
     def healthy(self) -> bool:
         return self.link == Link.LIVE
+
+
+def next_step(conn: Connection) -> str:
+    """What the operator can do about a broken link, in one sentence."""
+    if conn.status in (401, 403):
+        return "Check the admin token (--token or LLMGW_TOKEN)."
+    if conn.link == Link.LOST:
+        return "Check that `llmgw controller` runs and --controller points at it."
+    if conn.status is not None and conn.status >= 500:
+        return "The controller is failing; its log says why."
+    return "This console may not match the controller's version."
 
 
 def backoff(failures: int, base: float, cap: float = 30.0) -> float:

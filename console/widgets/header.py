@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.format import humanize
-from console.state import Connection, Fleet, Link
+from console.state import Connection, Fleet, Link, next_step
 
 LINK_STYLE = {
     Link.CONNECTING: ("◌ connecting", "yellow"),
@@ -100,7 +100,7 @@ class ConnectionBanner(Static):
             )
         else:
             text.append("Nothing fetched yet. ")
-        text.append("Check that `llmgw controller` runs and --controller points at it.")
+        text.append(next_step(conn))
         if text != self._last:
             self._last = text
             self.update(text, layout=False)  # fixed height in app.tcss

@@ -118,6 +118,7 @@ async def test_a_bad_token_is_an_error_banner_not_a_crash(controller: TestServer
         await pilot.pause()
         assert app.connection.link == "error"
         assert "401" in app.connection.message
+        assert "--token" in str(app.screen.query_one("#banner").render())
         assert app.screen.query_one("#banner").has_class("-visible")
 
 
