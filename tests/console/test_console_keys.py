@@ -460,3 +460,18 @@ async def test_filtering_a_big_fleet_keeps_the_cursor_node(clock: Clock) -> None
             "node-00001",
             "node-00002",
         ]
+
+
+async def test_detail_of_a_node_that_leaves_says_so(
+    make_app: MakeApp, fake: FakeController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("enter")  # gpu-a01
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        fake.remove("gpu-a01")
+        await repoll(pilot)
+        assert app.node_view is not None and app.node_view.detail is None
+        title = str(app.screen.query_one("#detail-title").render())
+        assert "no longer known to the controller (404)" in title
+        assert app.is_running
