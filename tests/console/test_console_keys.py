@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import httpx
@@ -475,3 +476,17 @@ async def test_detail_of_a_node_that_leaves_says_so(
         title = str(app.screen.query_one("#detail-title").render())
         assert "no longer known to the controller (404)" in title
         assert app.is_running
+
+
+async def test_controller_changes_show_within_two_seconds(
+    fake: FakeController, clock: Clock
+) -> None:
+    app = ConsoleApp(fake.client(), refresh=1.0, clock=clock)  # the default refresh
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        table = nodes(app)
+        fake.put(fake.rows["gpu-a04"].model_copy(update={"gpus_used": 8}))
+        t0 = time.monotonic()
+        # No poll_now(): the one-shot timer alone must bring it in.
+        await until(pilot, lambda: table.shown["gpu-a04"][5].plain == "8/8", "the change")
+        assert time.monotonic() - t0 < 2.0
