@@ -100,6 +100,9 @@ class ConsoleApp(App[None]):
 
     def _start_poll(self) -> None:
         self._timer = None
+        if self._polling:  # defensive: one fetch at a time, always
+            self._poll_again = True
+            return
         self._polling = True
         self.run_worker(self._poll_cycle(), name="poll", group="poll", exit_on_error=False)
 
@@ -118,7 +121,8 @@ class ConsoleApp(App[None]):
         if self._poll_again:
             self._poll_again, delay = False, 0.0
         if self.is_running:
-            self._timer = self.set_timer(delay, self._start_poll, name="poll")
+            # Never a zero delay: Textual's timer divides by its interval.
+            self._timer = self.set_timer(max(delay, 0.01), self._start_poll, name="poll")
 
     async def _fetch(self) -> float:
         try:
