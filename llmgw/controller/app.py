@@ -163,7 +163,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def agent_report(request: web.Request) -> web.Response:
     report = await parse_body(request, NodeReport)
-    return json_model(request.app[FLEET].ingest(report, await request.read()))
+    body = request.app[FLEET].ingest_json(report, await request.read())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def list_nodes(request: web.Request) -> web.Response:

@@ -70,6 +70,9 @@ class Fleet:
         self.unplaceable_reasons: dict[str, str] = {}
         self.drain_blocked: dict[str, str] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
+        # Bumped whenever any node's assignments may have changed.
+        self._assignments_version = 0
+        self._replies: dict[str, tuple[tuple[object, ...], bytes]] = {}
         self._index_records()
         # Running sums for the summary, and what each node last put into them.
         self.totals = FleetTotals()
@@ -133,6 +136,7 @@ class Fleet:
             for shard in rec.shards:
                 by_node[shard.node].append(rec)
         self._by_node = dict(by_node)
+        self._assignments_version += 1
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
         return frozenset(
@@ -155,20 +159,42 @@ class Fleet:
 
     def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
         """Take a node's report; `raw` is the body as received, kept for the detail view."""
+        return self.reply(report.node, self._take(report, raw))
+
+    def ingest_json(self, report: NodeReport, raw: bytes | None = None) -> bytes:
+        """`ingest`, with the reply serialised. Most replies repeat the node's
+        last one word for word, so each node's is kept until its state or the
+        assignments change."""
+        node = report.node
+        now = self._take(report, raw)
+        key = (self.admin_info(node).flag, self.state_of(node, now), self._assignments_version)
+        cached = self._replies.get(node)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        body = self.reply(node, now).model_dump_json().encode()
+        self._replies[node] = (key, body)
+        return body
+
+    def _take(self, report: NodeReport, raw: bytes | None) -> float:
         now = self.clock()
         entry = self.entries.get(report.node)
         if entry is None:
             entry = self.entries[report.node] = NodeEntry(report.node, self.wall())
             self._unsaved_nodes[report.node] = entry.first_seen
+        if report.address != entry.address:
+            self._assignments_version += 1  # leader addresses in assignments change
         digest = digest_report(report, now, self.assigned_gpus(report.node))
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
         self._watch(report.node, now)
         self._expire(now)
+        return now
+
+    def reply(self, node: str, now: float) -> ReportReply:
         return ReportReply(
-            node=report.node,
-            admin_flag=self.admin_info(report.node).flag,
-            state=self.state_of(report.node, now),
-            assignments=self.assignments_for(report.node),
+            node=node,
+            admin_flag=self.admin_info(node).flag,
+            state=self.state_of(node, now),
+            assignments=self.assignments_for(node),
         )
 
     def refresh_digest(self, node: str) -> None:
@@ -263,12 +289,14 @@ class Fleet:
         self.store.put_models(specs, self.wall())
         for spec in specs:
             self.models[spec.name] = spec
+        self._assignments_version += 1  # source, engine and arguments come from specs
 
     def delete_model(self, name: str) -> None:
         if name not in self.models:
             raise UnknownModel(name)
         self.store.delete_model(name)
         del self.models[name]
+        self._assignments_version += 1
         self.backoffs.pop(name, None)
         self.unplaceable_reasons.pop(name, None)
         # Its replicas go with it: the agents stop engines no longer assigned.

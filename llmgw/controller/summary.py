@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from llmgw.controller.nodes import CardCounts
 from llmgw.controller.replicas import ReplicaStatus
@@ -37,8 +38,7 @@ from llmgw.wire import (
 )
 
 
-@dataclass(frozen=True)
-class NodeFacts:
+class NodeFacts(NamedTuple):
     """What one node contributes to the summary."""
 
     state: NodeState

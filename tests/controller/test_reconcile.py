@@ -4,6 +4,7 @@ lost nodes, drains that move work, and restarts that lose nothing."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,24 @@ def test_an_engine_that_crashes_while_draining_is_not_counted_ready(
     assert view.last_failure == "CUDA out of memory"
     assert sim.replicas() == []
     assert sim.fleet.row("gpu1").admin.drained
+
+
+def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: FakeClock) -> None:
+    sim = sim_with(tmp_path, clock, n=1)
+    first = json.loads(sim.fleet.ingest_json(report("gpu1")))
+    assert (first["state"], first["assignments"]) == ("ready", [])
+    assert sim.fleet.ingest_json(report("gpu1")) == sim.fleet.ingest_json(report("gpu1"))
+    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")
+    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["admin_flag"] == "cordoned"
+    sim.fleet.set_flag("gpu1", AdminFlag.NONE, None, "ops")
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.reconciler.tick()
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    assert assignment["model"] == "llama" and len(assignment["gpus"]) == 4
+    sim.fleet.put_models(
+        [MODEL.model_copy(update={"min_replicas": 1, "source": "elsewhere/llama"})]
+    )
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    assert assignment["source"] == "elsewhere/llama"
+    sim.fleet.delete_model("llama")
+    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
