@@ -115,7 +115,10 @@ def serve_floor(port: int) -> None:
 
 def serve_controller(port: int, state_dir: str) -> None:
     from llmgw.controller.app import create_app
+    from llmgw.controller.main import tune_gc
     from llmgw.controller.settings import ControllerSettings
+
+    tune_gc()  # as `llmgw controller` does
 
     app = create_app(ControllerSettings(state_dir=Path(state_dir), listen=f"127.0.0.1:{port}"))
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
