@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import sys
 import time
@@ -51,8 +52,25 @@ def baseline(fake: FakeController, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
+class FullCollections:
+    """Pauses of CPython's full (generation 2) garbage collections."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._start)
+
+
 async def run(nodes: int, cycles: int, churn: float) -> None:
     fake = FakeController.big(nodes)
+    full_gc = FullCollections()
     base = baseline(fake)
     # Timestamps of each show_fleet: (start = data fetched and validated,
     # end = panes patched, painted = the next screen refresh has been drawn).
@@ -121,6 +139,7 @@ async def run(nodes: int, cycles: int, churn: float) -> None:
         await pilot.press("down", "down", "down", "space")  # a cursor and a mark to keep
         cursor, marked = table.cursor_key, set(table.marks)
         cycle, fetch, patch, paint, changed = [], [], [], [], []
+        gc.callbacks.append(full_gc)
         for step in range(cycles):
             changed.append(fake.churn(churn, step))
             await pilot.pause()
@@ -132,6 +151,7 @@ async def run(nodes: int, cycles: int, churn: float) -> None:
             fetch.append(m["start"] - t0)
             patch.append(m["end"] - m["start"])
             paint.append(m["painted"] - m["end"])
+        gc.callbacks.remove(full_gc)
         assert table.cursor_key == cursor and table.marks == marked, "cursor/marks lost"
 
     med = statistics.median
@@ -158,6 +178,11 @@ async def run(nodes: int, cycles: int, churn: float) -> None:
     print(f"    fetch + validate                      {ms(med(fetch))}")
     print(f"    patch (diff, update_cell)             {ms(med(patch))}")
     print(f"    repaint                               {ms(med(paint))}")
+    if full_gc.pauses:
+        print(
+            f"  full GC pauses during the cycles: {len(full_gc.pauses)},"
+            f" median {ms(med(full_gc.pauses)).strip()} (inside the figures above)"
+        )
     print(f"  baseline: cursor down one row, drawn    {ms(med(moves))}   (pilot.press)")
     print(f"  harness: an idle pilot.pause()          {ms(idle_pause)}")
     print("  cursor and marks survived every refresh: yes")

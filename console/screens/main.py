@@ -188,6 +188,10 @@ class MainScreen(FooterAware):
     def _row_highlighted(self) -> None:
         self.update_footer()
 
+    @on(NodesTable.Filled)
+    def _filled(self) -> None:
+        self.console.settle_heap()
+
     @on(NodesTable.MarksChanged)
     def _marks_changed(self) -> None:
         self._title_nodes()

@@ -143,6 +143,9 @@ def haystack(row: NodeRow) -> str:
 class NodesTable(KeyedTable):
     """All nodes; `apply()` diffs against what is shown and patches only that."""
 
+    class Filled(Message):
+        """Every row of the first load is in the table (posted once)."""
+
     class MarksChanged(Message):
         def __init__(self, marks: frozenset[str]) -> None:
             super().__init__()
@@ -158,6 +161,7 @@ class NodesTable(KeyedTable):
         self._hay: dict[str, str] = {}
         self._sort_keys: dict[str, Any] = {}
         self._filling = False
+        self._filled = False
         self._ages: dict[str, tuple[str, str]] = {}
 
     def on_mount(self) -> None:
@@ -231,6 +235,9 @@ class NodesTable(KeyedTable):
             self._restore_cursor(cursor)
         if len(self.shown) < len(visible):
             self._schedule_fill()
+        elif not self._filled:
+            self._filled = True
+            self.post_message(self.Filled())
         return touched
 
     def _schedule_fill(self) -> None:
