@@ -31,6 +31,11 @@ def test_main_200x50(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(200, 50), run_before=_loaded)
 
 
+def test_main_80x24_short_layout(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    """Under 34 rows the weights and idle panes give way to the nodes table."""
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_loaded)
+
+
 def test_main_readonly_marked_and_filtered(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await loaded(pilot)
