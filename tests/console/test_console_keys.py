@@ -350,7 +350,6 @@ async def test_refresh_patches_rows_in_place(
 async def test_node_detail(make_app: MakeApp, fake: FakeController) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("end")  # l40-02 … go to gpu-a06 instead via filter
         await pilot.press("slash", *"gpu-a06", "enter", "enter")
         await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "detail screen")
         await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
