@@ -106,20 +106,23 @@ class AdminClient:
 
     # -- reads --------------------------------------------------------------
 
+    # Typed reads validate the body straight from bytes: at 2,000 nodes that is
+    # about half the cost of json.loads followed by validation.
+
     async def summary(self) -> FleetSummary:
-        return FleetSummary.model_validate(await self._get("/v1/summary"))
+        return FleetSummary.model_validate_json(await self._get_bytes("/v1/summary"))
 
     async def nodes(self) -> list[NodeRow]:
-        return _rows.validate_python(await self._get("/v1/nodes"))
+        return _rows.validate_json(await self._get_bytes("/v1/nodes"))
 
     async def node(self, name: str) -> NodeDetail:
-        return NodeDetail.model_validate(await self._get(f"/v1/nodes/{name}"))
+        return NodeDetail.model_validate_json(await self._get_bytes(f"/v1/nodes/{name}"))
 
     async def models(self) -> list[ModelView]:
-        return _models.validate_python(await self._get("/v1/models"))
+        return _models.validate_json(await self._get_bytes("/v1/models"))
 
     async def replicas(self) -> list[ReplicaView]:
-        return _replicas.validate_python(await self._get("/v1/replicas"))
+        return _replicas.validate_json(await self._get_bytes("/v1/replicas"))
 
     async def summary_json(self) -> Any:
         """The summary exactly as served (for `ctl status --json`)."""
@@ -158,20 +161,29 @@ class AdminClient:
     async def _get(self, path: str) -> Any:
         return await self._request("GET", path)
 
+    async def _get_bytes(self, path: str) -> bytes:
+        return (await self._send("GET", path)).content
+
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         return await self._request("POST", path, json=body)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        url = f"{self.base_url}{path}"
+        response = await self._send(method, path, **kwargs)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; transport failures and error statuses become our exceptions."""
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ControllerUnreachable(self.base_url, exc) from exc
         if response.status_code >= 400:
-            raise ControllerError(response.status_code, _error_message(response), url)
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
+            raise ControllerError(
+                response.status_code, _error_message(response), f"{self.base_url}{path}"
+            )
+        return response
 
 
 def _error_message(response: httpx.Response) -> str:
