@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,31 +21,9 @@ import httpx
 import pytest
 
 from agent.sample_models import write_model
+from tests.e2e.procs import clean_env, free_port, llmgw
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def llmgw(*args: str) -> list[str]:
-    return [sys.executable, "-m", "llmgw", *args]
-
-
-def clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for key in (
-        "LLMGW_AGENT_TOKEN",
-        "LLMGW_ADMIN_TOKEN",
-        "LLMGW_READ_TOKEN",
-        "LLMGW_TOKEN",
-        "LLMGW_CONTROLLER",
-    ):
-        env.pop(key, None)
-    return env
 
 
 def mountinfo(path: Path, mounts: list[tuple[Path, str, str]]) -> Path:
