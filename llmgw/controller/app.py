@@ -190,7 +190,7 @@ async def list_replicas(request: web.Request) -> web.Response:
 async def cordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     name = request.match_info["name"]
-    fleet._require(name)
+    fleet.require(name)
     body = await parse_body(request, ReasonRequest)
     return json_model(fleet.set_flag(name, AdminFlag.CORDONED, body.reason, who(request)))
 
@@ -198,14 +198,14 @@ async def cordon(request: web.Request) -> web.Response:
 async def uncordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     name = request.match_info["name"]
-    fleet._require(name)
+    fleet.require(name)
     return json_model(fleet.set_flag(name, AdminFlag.NONE, None, who(request)))
 
 
 async def drain(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     name = request.match_info["name"]
-    fleet._require(name)
+    fleet.require(name)
     body = await parse_body(request, DrainRequest)
     row = fleet.set_flag(name, AdminFlag.DRAINING, body.reason, who(request), force=body.force)
     return json_model(row)
@@ -231,7 +231,7 @@ async def drain_plan(request: web.Request) -> web.Response:
     body = await parse_body(request, DrainPlanRequest)
     fleet = request.app[FLEET]
     for name in body.nodes:
-        fleet._require(name)
+        fleet.require(name)
     return json_model(plan_drain(fleet, body.nodes))
 
 

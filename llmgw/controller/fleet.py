@@ -240,7 +240,7 @@ class Fleet:
     def admin_info(self, name: str) -> AdminInfo:
         return self.admin.get(name) or AdminInfo()
 
-    def _require(self, name: str) -> NodeEntry:
+    def require(self, name: str) -> NodeEntry:
         entry = self.entries.get(name)
         if entry is None:
             raise UnknownNode(name)
@@ -249,7 +249,7 @@ class Fleet:
     def set_flag(
         self, name: str, flag: AdminFlag, reason: str | None, by: str, *, force: bool = False
     ) -> NodeRow:
-        self._require(name)
+        self.require(name)
         at = self.wall()
         info = (
             AdminInfo(flag=flag, reason=reason, by=by, at=at)
@@ -356,7 +356,7 @@ class Fleet:
         )
 
     def row(self, name: str, now: float | None = None) -> NodeRow:
-        entry = self._require(name)
+        entry = self.require(name)
         now = self.clock() if now is None else now
         d = entry.digest
         return NodeRow(
@@ -381,7 +381,7 @@ class Fleet:
         return [self.row(name, now) for name in sorted(self.entries)]
 
     def detail(self, name: str) -> NodeDetail:
-        entry = self._require(name)
+        entry = self.require(name)
         report = entry.report
         return NodeDetail(
             row=self.row(name),
