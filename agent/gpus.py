@@ -248,6 +248,18 @@ class _Known:
     gpu_class: str
     memory_total_mib: int
 
+    def report(self, health: GpuHealth, reason: str) -> GpuReport:
+        """A report of the card by what we knew of it, since it cannot be read now."""
+        return GpuReport(
+            uuid=self.uuid,
+            index=self.index,
+            name=self.name,
+            gpu_class=self.gpu_class,
+            memory_total_mib=self.memory_total_mib,
+            health=health,
+            health_reason=reason,
+        )
+
 
 class _Lost(Exception):
     """The card stopped answering mid-read."""
@@ -417,15 +429,7 @@ class NvmlGpus:
 
     def _lost(self, known: _Known, reason: str) -> GpuReport:
         self._needs_reset_seen.add(known.uuid)
-        return GpuReport(
-            uuid=known.uuid,
-            index=known.index,
-            name=known.name,
-            gpu_class=known.gpu_class,
-            memory_total_mib=known.memory_total_mib,
-            health=GpuHealth.UNHEALTHY,
-            health_reason=reason,
-        )
+        return known.report(GpuHealth.UNHEALTHY, reason)
 
     def _known_at(self, index: int) -> _Known | None:
         return next((k for k in self._known.values() if k.index == index), None)
@@ -452,15 +456,7 @@ class NvmlGpus:
             return self._lost(known, _lost_reason(exc))
         log.debug("GPU %s unreadable", known.uuid, exc_info=exc)
         what = str(exc) if isinstance(exc, pynvml.NVMLError) else f"{type(exc).__name__}: {exc}"
-        return GpuReport(
-            uuid=known.uuid,
-            index=known.index,
-            name=known.name,
-            gpu_class=known.gpu_class,
-            memory_total_mib=known.memory_total_mib,
-            health=GpuHealth.UNKNOWN,
-            health_reason=f"NVML cannot read this GPU: {what}"[:4096],
-        )
+        return known.report(GpuHealth.UNKNOWN, f"NVML cannot read this GPU: {what}"[:4096])
 
     def _read_identified(self, index: int, handle: Any, uid: str) -> list[GpuReport]:
         name = _text(pynvml.nvmlDeviceGetName(handle))
