@@ -83,6 +83,15 @@ def sim_with(tmp_path: Path, clock: FakeClock, n: int = 4, **settings: float) ->
     return sim
 
 
+def sim_serving(tmp_path: Path, clock: FakeClock) -> Sim:
+    """Four nodes with MODEL applied and two steps run: its replicas placed and serving."""
+    sim = sim_with(tmp_path, clock)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    return sim
+
+
 def test_places_the_minimum_and_marks_ready(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock)
     sim.fleet.put_models([MODEL])
@@ -169,10 +178,7 @@ def test_unplaceable_model_says_why(tmp_path: Path, clock: FakeClock) -> None:
 def test_drain_moves_every_replica_without_dropping_below_minimum(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
-    sim.step()
-    sim.step()
+    sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
     before = {rid for rid, _, nodes in sim.replicas() if victim in nodes}
     sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS update", "ops")
@@ -227,10 +233,7 @@ def test_uncordon_mid_drain_keeps_the_replicas(tmp_path: Path, clock: FakeClock)
 def test_controller_killed_mid_drain_finishes_after_restart(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
-    sim.step()
-    sim.step()
+    sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
     sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
     sim.step(ready=False)
@@ -245,10 +248,7 @@ def test_controller_killed_mid_drain_finishes_after_restart(
 
 
 def test_restart_neither_duplicates_nor_loses_replicas(tmp_path: Path, clock: FakeClock) -> None:
-    sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
-    sim.step()
-    sim.step()
+    sim = sim_serving(tmp_path, clock)
     before = sim.replicas()
     sim.restart_controller()
     for _ in range(3):
@@ -300,10 +300,7 @@ def test_drain_plan_names_models_that_would_fall_short(tmp_path: Path, clock: Fa
 def test_moved_replicas_count_in_the_next_drain_plan(tmp_path: Path, clock: FakeClock) -> None:
     """A finished drain leaves ordinary replicas behind: draining their nodes in
     turn must move them (the pre-check once ignored former stand-ins)."""
-    sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
-    sim.step()
-    sim.step()
+    sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
     sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
     for _ in range(5):
