@@ -8,9 +8,22 @@ from pathlib import Path
 import pytest
 
 from agent.sample_models import write_model
-from agent.storage import StorageDir
+from agent.storage import StorageDir, StorageScanner
 from agent.storage_watch import StorageWatch
 from llmgw.wire import StorageLocation
+
+
+def hold_scans(monkeypatch: pytest.MonkeyPatch, scanner: StorageScanner) -> threading.Event:
+    """From now on `scanner.scan` blocks (10 s at most) until the returned event is set."""
+    release = threading.Event()
+    real_scan = scanner.scan
+
+    def held() -> list[StorageLocation]:
+        release.wait(10)
+        return real_scan()
+
+    monkeypatch.setattr(scanner, "scan", held)
+    return release
 
 
 def test_scans_every_directory(tmp_path: Path) -> None:
@@ -37,15 +50,8 @@ def test_hung_directory_reports_last_result_then_an_error(
     assert [len(loc.models) for loc in watch.scan()] == [1, 1]
 
     # The filer hangs: its next scan blocks until released.
-    release = threading.Event()
     slot = watch._slots[1]
-    real_scan = slot.scanner.scan
-
-    def hung() -> list[StorageLocation]:
-        release.wait(10)
-        return real_scan()
-
-    monkeypatch.setattr(slot.scanner, "scan", hung)
+    release = hold_scans(monkeypatch, slot.scanner)
     write_model(tmp_path / "fast" / "m2")
     clock[0] = 10
     fast, filer = watch.scan()  # returns after wait_s, not after the hang
@@ -66,15 +72,8 @@ def test_hung_directory_reports_last_result_then_an_error(
 
 def test_first_scan_still_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     watch = StorageWatch([StorageDir(str(tmp_path))], wait_s=0.01)
-    release = threading.Event()
     slot = watch._slots[0]
-    real_scan = slot.scanner.scan
-
-    def slow() -> list[StorageLocation]:
-        release.wait(5)
-        return real_scan()
-
-    monkeypatch.setattr(slot.scanner, "scan", slow)
+    release = hold_scans(monkeypatch, slot.scanner)
     (location,) = watch.scan()
     assert location.error == "first scan still running" and location.models == []
     release.set()
