@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -175,51 +176,40 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
 
 
 def demo_specs() -> list[ModelSpec]:
-    fake = "fake"
+    def fake(repo: str, **fields: Any) -> ModelSpec:
+        """A model served from its hub repo of the same name by the fake engine."""
+        return ModelSpec(name=repo, source=repo, engine="fake", **fields)
+
     return [
-        ModelSpec(
-            name="meta-llama/Llama-3.1-8B-Instruct",
-            source="meta-llama/Llama-3.1-8B-Instruct",
+        fake(
+            "meta-llama/Llama-3.1-8B-Instruct",
             min_replicas=3,
             gpus_per_shard=4,
             gpu_class="H100-SXM-80GB",
-            engine=fake,
             engine_args=["--traffic", "3"],
         ),
-        ModelSpec(
-            name="Qwen/Qwen2.5-7B-Instruct",
-            source="Qwen/Qwen2.5-7B-Instruct",
-            min_replicas=2,
-            gpus_per_shard=2,
-            engine=fake,
-        ),
-        ModelSpec(
-            name="mistralai/Mistral-7B-Instruct-v0.3",
-            source="mistralai/Mistral-7B-Instruct-v0.3",
+        fake("Qwen/Qwen2.5-7B-Instruct", min_replicas=2, gpus_per_shard=2),
+        fake(
+            "mistralai/Mistral-7B-Instruct-v0.3",
             min_replicas=2,
             gpus_per_shard=8,
             gpu_class="A100-SXM-80GB",
-            engine=fake,
             engine_args=["--traffic", "1"],
         ),
-        ModelSpec(
-            name="deepseek-ai/DeepSeek-V3",
-            source="deepseek-ai/DeepSeek-V3",
+        fake(
+            "deepseek-ai/DeepSeek-V3",
             min_replicas=1,
             gpus_per_shard=8,
             shards=2,
             gpu_class="H100-SXM-80GB",
-            engine=fake,
             engine_args=["--traffic", "0.5"],
         ),
-        ModelSpec(
-            name="meta-llama/Llama-3.1-405B-Instruct",
-            source="meta-llama/Llama-3.1-405B-Instruct",
+        fake(
+            "meta-llama/Llama-3.1-405B-Instruct",
             min_replicas=1,
             gpus_per_shard=8,
             shards=4,
             gpu_class="B200-SXM-180GB",
-            engine=fake,
         ),
     ]
 
