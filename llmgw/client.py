@@ -128,9 +128,6 @@ class AdminClient:
         """The summary exactly as served (for `ctl status --json`)."""
         return await self._get("/v1/summary")
 
-    async def raw(self, path: str) -> Any:
-        return await self._get(path)
-
     # -- mutations ------------------------------------------------------------
 
     async def cordon(self, node: str, reason: str) -> NodeRow:

@@ -225,6 +225,7 @@ class AdminInfo(Outbound):
     by: str | None = None
     at: float | None = None  # unix time, controller clock
     drained: bool = False  # a drain finished: cordoned, marked drained
+    force: bool = False  # a drain that stops replicas without waiting for replacements
 
 
 class AdminEvent(Outbound):
@@ -377,11 +378,6 @@ class FleetSummary(Outbound):
     unplaceable_reasons: dict[str, str] = Field(default_factory=dict)
     reasons: list[ReasonGroup] = Field(default_factory=list)
     generated_at: float = 0.0  # controller clock
-
-
-class ErrorBody(Outbound):
-    error: str
-    detail: list[dict[str, object]] | None = None
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes

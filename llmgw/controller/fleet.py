@@ -252,7 +252,7 @@ class Fleet:
         self.require(name)
         at = self.wall()
         info = (
-            AdminInfo(flag=flag, reason=reason, by=by, at=at)
+            AdminInfo(flag=flag, reason=reason, by=by, at=at, force=force)
             if flag is not AdminFlag.NONE
             else AdminInfo()
         )
@@ -261,7 +261,7 @@ class Fleet:
             AdminFlag.CORDONED: "cordon",
             AdminFlag.DRAINING: "drain",
         }[flag]
-        self.store.set_admin(name, info, action=action, by=by, at=at, force=force)
+        self.store.set_admin(name, info, action=action, by=by, at=at)
         if flag is AdminFlag.NONE:
             self.admin.pop(name, None)
         else:

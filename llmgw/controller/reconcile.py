@@ -206,7 +206,7 @@ class Reconciler:
         by_replaced = {r.replaces: r for r in fleet.records.values() if r.replaces}
         for node in draining:
             on_node = [r for r in fleet.records.values() if node in r.nodes]
-            if fleet.store.drain_forced(node):
+            if fleet.admin_info(node).force:
                 fleet.remove_replicas(r.id for r in on_node)
                 on_node = []
             # Replacements that are ready let their originals go.

@@ -147,13 +147,10 @@ class Store:
                 by=r["by"],
                 at=r["at"],
                 drained=bool(r["drained"]),
+                force=bool(r["force"]),
             )
             for r in self._db.execute("SELECT * FROM node_admin")
         }
-
-    def drain_forced(self, name: str) -> bool:
-        row = self._db.execute("SELECT force FROM node_admin WHERE name=?", (name,)).fetchone()
-        return bool(row and row["force"])
 
     def set_admin(
         self,
@@ -163,7 +160,6 @@ class Store:
         action: str,
         by: str,
         at: float,
-        force: bool = False,
     ) -> None:
         """Set (or clear, for flag NONE) a node's admin flag and log the event."""
         with self._tx() as db:
@@ -180,7 +176,7 @@ class Store:
                         info.by,
                         info.at,
                         int(info.drained),
-                        int(force),
+                        int(info.force),
                     ),
                 )
             db.execute(

@@ -357,3 +357,15 @@ def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: Fake
     assert assignment["source"] == "elsewhere/llama"
     sim.fleet.delete_model("llama")
     assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
+
+
+def test_a_forced_drain_survives_a_restart(tmp_path: Path, clock: FakeClock) -> None:
+    sim = sim_with(tmp_path, clock, n=1)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.step()
+    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "fire", "ops", force=True)
+    sim.restart_controller()
+    assert sim.fleet.admin_info("gpu1").force
+    sim.step()
+    assert sim.fleet.assignments_for("gpu1") == []
+    assert sim.fleet.row("gpu1").admin.drained
