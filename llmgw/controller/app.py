@@ -219,7 +219,8 @@ async def put_models(request: web.Request) -> web.Response:
         raise BadRequest(f"model names must be unique; repeated: {', '.join(dupes)}")
     fleet = request.app[FLEET]
     fleet.put_models(body.models)
-    return json_models([v for v in fleet.model_views() if v.spec.name in set(names)])
+    applied = set(names)
+    return json_models([v for v in fleet.model_views() if v.spec.name in applied])
 
 
 async def delete_model(request: web.Request) -> web.Response:

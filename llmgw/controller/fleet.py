@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
@@ -399,18 +399,21 @@ class Fleet:
         return [replica_view(s, now) for s in self.replica_statuses().values()]
 
     def model_views(self) -> list[ModelView]:
-        statuses = self.replica_statuses().values()
+        states: dict[str, Counter[ReplicaState]] = defaultdict(Counter)
+        for status in self.replica_statuses().values():
+            states[status.record.model][status.state] += 1
         views = []
         for name, spec in sorted(self.models.items()):
-            mine = [s for s in statuses if s.record.model == name]
-            ready = sum(s.state in (ReplicaState.READY, ReplicaState.DRAINING) for s in mine)
+            mine = states[name]
+            # A draining replica still answers until its stand-in is ready.
+            ready = mine[ReplicaState.READY] + mine[ReplicaState.DRAINING]
             backoff = self.backoffs.get(name)
             views.append(
                 ModelView(
                     spec=spec,
                     ready=ready,
-                    starting=sum(s.state is ReplicaState.STARTING for s in mine),
-                    failed=sum(s.state is ReplicaState.FAILED for s in mine),
+                    starting=mine[ReplicaState.STARTING],
+                    failed=mine[ReplicaState.FAILED],
                     satisfied=ready >= spec.min_replicas,
                     unplaceable_reason=self.unplaceable_reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
