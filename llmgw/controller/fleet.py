@@ -87,14 +87,15 @@ class Fleet:
 
     # -- running totals -------------------------------------------------------
 
-    def _deadline(self, entry: NodeEntry) -> float:
+    def unreachable_at(self, entry: NodeEntry) -> float:
+        """The moment (monotonic) this node turns unreachable unless it reports."""
         return entry.last_heard(self.started_at) + self.grace_s(entry)
 
     def _watch(self, name: str, now: float | None = None) -> None:
         """Bring a node's contribution to the totals up to date, and note when
         its liveness will next change."""
         entry = self.entries[name]
-        heapq.heappush(self._deadlines, (self._deadline(entry), name))
+        heapq.heappush(self._deadlines, (self.unreachable_at(entry), name))
         self._settle(name, now)
 
     def _settle(self, name: str, now: float | None = None) -> None:
@@ -121,7 +122,7 @@ class Fleet:
         heap = self._deadlines
         while heap and heap[0][0] < now:
             deadline, name = heapq.heappop(heap)
-            if deadline == self._deadline(self.entries[name]):  # else superseded by a report
+            if deadline == self.unreachable_at(self.entries[name]):  # else superseded by a report
                 self._settle(name, now)
 
     def flush(self) -> None:

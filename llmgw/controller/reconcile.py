@@ -167,7 +167,7 @@ class Reconciler:
         lost = {
             name
             for name, entry in fleet.entries.items()
-            if now - entry.last_heard(fleet.started_at) > fleet.grace_s(entry) + limit
+            if now > fleet.unreachable_at(entry) + limit
         }
         doomed = [r.id for r in fleet.records.values() if lost.intersection(r.nodes)]
         if doomed:
