@@ -42,9 +42,6 @@ def when(at: float | None) -> str:
 class GpusTable(KeyedTable):
     BORDER_TITLE = "GPUs"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="uuid", **kwargs)
-
     def on_mount(self) -> None:
         for key, title in (
             ("idx", "#"),
@@ -85,9 +82,6 @@ class GpusTable(KeyedTable):
 class ReplicasTable(KeyedTable):
     BORDER_TITLE = "Replicas on this node"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="id", **kwargs)
-
     def on_mount(self) -> None:
         for key, title in (
             ("id", "REPLICA"),
@@ -120,9 +114,6 @@ class ReplicasTable(KeyedTable):
 
 class HistoryTable(KeyedTable):
     BORDER_TITLE = "Cordon / drain history"
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="n", **kwargs)
 
     def on_mount(self) -> None:
         for key, title in (

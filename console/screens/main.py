@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import Footer, Input
 
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
 from console.state import Connection, Fleet
@@ -180,11 +180,11 @@ class MainScreen(FooterAware):
     def action_help(self) -> None:
         self.console.show_help(self)
 
-    @on(DataTable.RowSelected, "#nodes")
+    @on(NodesTable.RowSelected, "#nodes")
     def _row_selected(self) -> None:
         self.action_open_detail()
 
-    @on(DataTable.RowHighlighted, "#nodes")
+    @on(NodesTable.RowHighlighted, "#nodes")
     def _row_highlighted(self) -> None:
         self.update_footer()
 

@@ -20,7 +20,7 @@ from console.format import (
     node_state_text,
     styled,
 )
-from console.widgets.keyed_table import BULK_REMOVE, KeyedTable
+from console.widgets.keyed_table import KeyedTable
 from llmgw.wire import NodeRow, NodeState
 
 MARK = "●"
@@ -88,7 +88,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 AGE_INDEX = len(COLUMNS) - 1
 # Rows added per frame when many arrive at once (first load of a big fleet).
 FIRST_ROWS = 150
-MORE_ROWS = 500
+MORE_ROWS = 2000
 MARK_INDEX = 0
 
 
@@ -152,7 +152,7 @@ class NodesTable(KeyedTable):
             self.marks = marks
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(key_column="name", zebra_stripes=True, **kwargs)
+        super().__init__(zebra_stripes=True, **kwargs)
         self.rows_by_name: dict[str, NodeRow] = {}
         self.marks: set[str] = set()
         self.filter_text = ""
@@ -194,14 +194,10 @@ class NodesTable(KeyedTable):
         visible = [n for n in rows if self._matches(n)]
         visible_set = set(visible)
         gone = [k for k in self.shown if k not in visible_set]
-        if len(gone) > BULK_REMOVE:
-            cells = {n: self._cells_for(rows[n]) for n in visible}
-            return self.sync(cells, self._ordered(visible))
         sort = SORTS[self.sort_index]
         resort = False
         by_age = sort.label == "age"
         touched = 0
-        cursor = self.cursor_key
         missing = len(visible) - (len(self.shown) - len(gone))
         if missing:
             # New rows go in in display order, so a capped first batch is the top.
@@ -231,8 +227,7 @@ class NodesTable(KeyedTable):
                     resort = True
                 touched += self.patch_row(name, self._cells_for(row))
             if resort:
-                self._apply_order(self._ordered([n for n in visible if n in self.shown]))
-            self._restore_cursor(cursor)
+                self.set_order(self._ordered([n for n in visible if n in self.shown]))
         if len(self.shown) < len(visible):
             self._schedule_fill()
         elif not self._filled:
@@ -304,21 +299,17 @@ class NodesTable(KeyedTable):
             self.sort_index = (self.sort_index + 1) % len(SORTS)
             self.reverse = False
         sort = SORTS[self.sort_index]
-        cursor = self.cursor_key
         self._sort_keys = {n: sort.key(r) for n, r in self.rows_by_name.items()}
         self._label_sort_column()
-        self._apply_order(self._ordered(list(self.shown)))
-        self._restore_cursor(cursor)
+        self.set_order(self._ordered(list(self.shown)))
         return sort
 
     def _label_sort_column(self) -> None:
         sort = SORTS[self.sort_index]
         arrow = "▼" if self.reverse else "▲"
         for key, title, _ in COLUMNS:
-            column = self.columns.get(key)  # type: ignore[call-overload]
-            if column is not None:
-                column.label = Text(title + (arrow if key == sort.label else ""))
-        self.refresh()
+            if key in self.columns:
+                self.set_column_label(key, title + (arrow if key == sort.label else ""))
 
     def toggle_mark(self, name: str) -> None:
         if name in self.marks:

@@ -3,6 +3,8 @@ and the unplaceable list. Each is patched from a new FleetSummary."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -13,9 +15,6 @@ from llmgw.wire import FabricSummary, FleetSummary, IdleReplica
 
 class FabricsTable(GlanceTable):
     BORDER_TITLE = "Fabrics"
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="fabric", **kwargs)
 
     def on_mount(self) -> None:
         self.add_column("FABRIC", key="fabric")
@@ -46,8 +45,8 @@ class WeightsMatrix(GlanceTable):
 
     BORDER_TITLE = "Weights per fabric"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="model", **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.fabrics: list[str] = []
 
     def on_mount(self) -> None:
@@ -80,8 +79,6 @@ class WeightsMatrix(GlanceTable):
     def _set_fabric_columns(self, fabrics: list[str]) -> None:
         # Rare (a fabric appears or goes): rebuild the columns, rows re-added by sync.
         self.clear(columns=True)
-        self._cells.clear()
-        self._order.clear()
         self.add_column("MODEL", key="model")
         self.add_column("SPREAD", key="spread")
         for fab in fabrics:
@@ -103,9 +100,6 @@ class WeightsMatrix(GlanceTable):
 
 class IdleTable(GlanceTable):
     BORDER_TITLE = "Idle replicas"
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(key_column="id", **kwargs)
 
     def on_mount(self) -> None:
         # Most telling first, so a narrow pane cuts the model name, not the time.

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 import pytest
 from console_fixtures import URL, FakeController, Recorded
 from console_fixtures import _row as make_row
 from console_pilot import Clock, loaded, repoll, until
+from rich.style import Style
+from rich.text import Text
 from textual.command import CommandList, CommandPalette
+from textual.strip import Strip
 from textual.widgets import Button, Checkbox, DataTable, Input
-from textual.widgets.data_table import ColumnKey
 
 from console.app import ConsoleApp
 from console.screens.detail import NodeDetailScreen
 from console.screens.modals import REASON_REQUIRED, CordonModal, DrainModal, HelpScreen
 from console.state import backoff
+from console.widgets.keyed_table import KeyedTable
 from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient
 
@@ -328,19 +331,34 @@ async def test_refresh_patches_rows_in_place(
 
         monkeypatch.setattr(table, "clear", no_clear)
         await pilot.press("space", "down")  # mark gpu-a01 (moves on); cursor on gpu-a03
-        updates: list[tuple[str, str]] = []
-        real_update = table.update_cell
+        patched: list[tuple[str, int]] = []
+        real_patch = table.patch_row
 
-        def spy(row: str, column: ColumnKey, value: object, **kw: bool) -> None:
-            updates.append((row, column.value or ""))
-            real_update(row, column, value, **kw)  # type: ignore[arg-type]
+        def spy_patch(key: str, cells: Sequence[Text]) -> int:
+            touched = real_patch(key, cells)
+            if touched:
+                patched.append((key, touched))
+            return touched
 
-        monkeypatch.setattr(table, "update_cell", spy)
+        rendered: list[str] = []  # the NAME cell of each row rendered afresh
+        real_render = table._render_cells
+
+        def spy_render(cells: Iterable[Text], style: Style | None = None) -> Strip:
+            cells = list(cells)
+            rendered.append(cells[1].plain)
+            return real_render(cells, style)
+
+        monkeypatch.setattr(table, "patch_row", spy_patch)
+        monkeypatch.setattr(table, "_render_cells", spy_render)
         fake.put(fake.rows["gpu-a06"].model_copy(update={"gpus_used": 3}))
         fake.remove("l40-02")
         fake.put(make_row("gpu-a00", "H100-SXM-80GB", 8, 0, ["ib-a"], []))
         await repoll(pilot)
-        assert updates == [("gpu-a06", "gpus")]
+        await pilot.pause()
+        # One cell of gpu-a06 changed; gpu-a00 is new. Only those two rows are
+        # rendered again: the others, moved down a line, reuse their cached lines.
+        assert sorted(patched) == [("gpu-a00", 11), ("gpu-a06", 1)]
+        assert set(rendered) == {"gpu-a06", "gpu-a00"}
         assert "l40-02" not in table.shown and "gpu-a00" in table.shown
         assert table.get_row_at(0)[1].plain == "gpu-a00"  # sorted into place
         assert table.cursor_key == "gpu-a03"  # the cursor followed its node
@@ -355,7 +373,7 @@ async def test_node_detail(make_app: MakeApp, fake: FakeController) -> None:
         await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
         await pilot.pause()
         screen = app.screen
-        gpus = screen.query_one("#detail-gpus", DataTable)
+        gpus = screen.query_one("#detail-gpus", KeyedTable)
         assert gpus.row_count == 8
         health = [gpus.get_row_at(i)[6].plain for i in range(8)]
         assert health.count("unhealthy") == 2
@@ -378,7 +396,7 @@ async def test_detail_history_and_cordon_from_detail(
         await pilot.press("down", "down", "enter")  # gpu-a03
         await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
         await pilot.pause()
-        history = app.screen.query_one("#detail-history", DataTable)
+        history = app.screen.query_one("#detail-history", KeyedTable)
         assert [history.get_row_at(i)[2].plain for i in range(3)] == ["cordon", "drained", "drain"]
         assert app.screen.check_action("cordon", ()) is False
         await pilot.press("u")
