@@ -20,6 +20,7 @@ from llmgw.wire import (
     ModelView,
     NodeDetail,
     NodeRow,
+    NodesDelta,
     ReplicaView,
 )
 
@@ -115,6 +116,12 @@ class AdminClient:
     async def nodes(self) -> list[NodeRow]:
         return _rows.validate_json(await self._get_bytes("/v1/nodes"))
 
+    async def nodes_since(self, cursor: str = "") -> NodesDelta:
+        """Rows changed since `cursor` ("" for all); see `NodesDelta`."""
+        return NodesDelta.model_validate_json(
+            await self._get_bytes("/v1/nodes", params={"since": cursor})
+        )
+
     async def node(self, name: str) -> NodeDetail:
         return NodeDetail.model_validate_json(await self._get_bytes(f"/v1/nodes/{name}"))
 
@@ -158,8 +165,8 @@ class AdminClient:
     async def _get(self, path: str) -> Any:
         return await self._request("GET", path)
 
-    async def _get_bytes(self, path: str) -> bytes:
-        return (await self._send("GET", path)).content
+    async def _get_bytes(self, path: str, params: dict[str, str] | None = None) -> bytes:
+        return (await self._send("GET", path, params=params)).content
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         return await self._request("POST", path, json=body)

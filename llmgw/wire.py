@@ -255,6 +255,24 @@ class NodeRow(Outbound):
     drain_blocked: str | None = None  # why a drain is not progressing
 
 
+class NodesDelta(Outbound):
+    """`GET /v1/nodes?since=CURSOR`: the rows that changed since a cursor.
+
+    Like a Kubernetes list-then-watch: pass `since=` (empty) for everything,
+    then each answer's `cursor` to get only what changed after it. A cursor
+    from another controller run (or one not yet issued) gets a full answer.
+    A row counts as changed when anything but its report age changed; every
+    node's current age is in `report_ages`, so rows that did not change are
+    not sent again just because their node reported.
+    """
+
+    cursor: str  # pass back as ?since= next time
+    full: bool  # `nodes` is every node: drop anything not in it
+    nodes: list[NodeRow]  # changed (or, when full, all) rows, by name
+    removed: list[str] = Field(default_factory=list)  # nodes the controller forgot
+    report_ages: dict[str, float | None]  # every node; None: no report this run
+
+
 class NodeDetail(Outbound):
     row: NodeRow
     gpus: list[GpuReport]
