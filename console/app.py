@@ -27,7 +27,7 @@ from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import HelpScreen
 from console.state import Connection, Fleet, Link, NodeView, backoff
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
-from llmgw.wire import FleetSummary, NodeRow
+from llmgw.wire import FleetSummary, NodesDelta
 
 BASE_KEYS = [
     ("enter", "node detail (escape goes back)"),
@@ -80,6 +80,7 @@ class ConsoleApp(App[None]):
         self._timer: Timer | None = None
         self._polling = False
         self._poll_again = False
+        self._nodes_cursor = ""  # "": the next fetch asks for every node
 
     def get_default_screen(self) -> Screen[Any]:
         return MainScreen() if self.readonly else AdminMainScreen()
@@ -132,12 +133,14 @@ class ConsoleApp(App[None]):
             # Both at once; return_exceptions so a failure of one never leaves
             # the other's exception unretrieved.
             results = await asyncio.gather(
-                self.client.summary(), self.client.nodes(), return_exceptions=True
+                self.client.summary(),
+                self.client.nodes_since(self._nodes_cursor),
+                return_exceptions=True,
             )
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            summary, nodes = cast(tuple[FleetSummary, list[NodeRow]], results)
+            summary, delta = cast(tuple[FleetSummary, NodesDelta], results)
         except ControllerUnreachable as exc:
             return self._failed(Link.LOST, describe(exc.cause) + f" ({exc.url})")
         except ControllerError as exc:
@@ -145,7 +148,9 @@ class ConsoleApp(App[None]):
         except ValidationError as exc:
             return self._failed(Link.ERROR, f"answer not understood: {describe(exc)}")
         now = self.clock()
-        self.fleet = Fleet(summary=summary, nodes={r.name: r for r in nodes}, fetched_at=now)
+        self.fleet = Fleet.merge(self.fleet, summary, delta, now)
+        # Only now: a failed fetch leaves the cursor where the data on screen is.
+        self._nodes_cursor = delta.cursor
         self.connection = Connection(Link.LIVE, last_ok=now)
         if self.watched_node is not None:
             await self._fetch_node(self.watched_node)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from llmgw.wire import FleetSummary, NodeDetail, NodeRow
+from llmgw.wire import FleetSummary, NodeDetail, NodeRow, NodesDelta
 
 
 class Link(StrEnum):
@@ -23,6 +24,28 @@ class Fleet:
     summary: FleetSummary
     nodes: dict[str, NodeRow]
     fetched_at: float  # console clock
+    # Every node's report age now. Rows are re-sent only when they change, so a
+    # row's own report_age_s is as old as the row: read ages from here.
+    ages: Mapping[str, float | None] = field(default_factory=dict)
+    # Names whose rows may differ from the previous fetch; None: all of them.
+    changed: frozenset[str] | None = None
+
+    @classmethod
+    def merge(
+        cls, old: Fleet | None, summary: FleetSummary, delta: NodesDelta, fetched_at: float
+    ) -> Fleet:
+        """Apply the controller's answer to `GET /v1/nodes?since=` on top of
+        the previous fetch (a full answer replaces it)."""
+        if delta.full or old is None:
+            nodes = {row.name: row for row in delta.nodes}
+            changed = None
+        else:
+            nodes = dict(old.nodes)
+            for name in delta.removed:
+                nodes.pop(name, None)
+            nodes.update((row.name, row) for row in delta.nodes)
+            changed = frozenset(row.name for row in delta.nodes) | frozenset(delta.removed)
+        return cls(summary, nodes, fetched_at, delta.report_ages, changed)
 
 
 @dataclass(frozen=True)

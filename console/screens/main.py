@@ -81,7 +81,7 @@ class MainScreen(FooterAware):
             self.query_one(IdleTable).show(s.idle_replicas)
             self.query_one(WeightsMatrix).show(s)
             self.query_one(UnplaceableList).show(s)
-            self.nodes_table.apply(fleet.nodes)
+            self.nodes_table.apply(fleet.nodes, fleet.ages, fleet.changed)
             self._title_nodes()
             self.tick()
         self.update_footer()

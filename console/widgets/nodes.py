@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,19 +56,17 @@ def age_rank(seconds: float | None) -> float:
 class SortSpec:
     label: str  # column key it marks
     title: str
-    key: Callable[[NodeRow], Any]
+    key: Callable[[NodeRow, float | None], Any]  # (row, its current report age)
 
 
 SORTS: tuple[SortSpec, ...] = (
-    SortSpec("name", "name", lambda r: natural(r.name)),
-    SortSpec("state", "state", lambda r: (STATE_RANK[r.state], natural(r.name))),
-    SortSpec("gpus", "GPUs used", lambda r: (-r.gpus_used, natural(r.name))),
-    SortSpec("unh", "unhealthy", lambda r: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name))),
+    SortSpec("name", "name", lambda r, _: natural(r.name)),
+    SortSpec("state", "state", lambda r, _: (STATE_RANK[r.state], natural(r.name))),
+    SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name))),
     SortSpec(
-        "age",
-        "report age",
-        lambda r: (-(r.report_age_s if r.report_age_s is not None else 1e12), natural(r.name)),
+        "unh", "unhealthy", lambda r, _: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name))
     ),
+    SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name))),
 )
 
 # (key, title, width); None width: sized to content. Reason and models take
@@ -154,6 +153,7 @@ class NodesTable(KeyedTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(zebra_stripes=True, **kwargs)
         self.rows_by_name: dict[str, NodeRow] = {}
+        self.ages: Mapping[str, float | None] = {}
         self.marks: set[str] = set()
         self.filter_text = ""
         self.sort_index = 0
@@ -174,19 +174,34 @@ class NodesTable(KeyedTable):
 
     # -- data -------------------------------------------------------------------
 
-    def apply(self, rows: Mapping[str, NodeRow]) -> int:
-        """Show `rows` (filtered and sorted); returns cells touched."""
+    def apply(
+        self,
+        rows: Mapping[str, NodeRow],
+        ages: Mapping[str, float | None] | None = None,
+        changed: AbstractSet[str] | None = None,
+    ) -> int:
+        """Show `rows` (filtered and sorted); returns cells touched.
+
+        `ages`: every node's current report age (a row's own `report_age_s` is
+        as old as the row). `changed`: the names whose rows may differ from the
+        last call, as the controller's delta says; None compares every row.
+        """
         old_rows = self.rows_by_name
         self.rows_by_name = dict(rows)
+        self.ages = ages if ages is not None else {}
         if self.marks - rows.keys():  # a marked node left the fleet
             self.marks &= rows.keys()
             self.post_message(self.MarksChanged(frozenset(self.marks)))
-        changed: set[str] = set()
-        for name, row in rows.items():
-            old = old_rows.get(name)
-            if old is None or not _same_but_age(old, row):
-                changed.add(name)
-                self._hay[name] = haystack(row)
+        if changed is None:
+            changed = {
+                name
+                for name, row in rows.items()
+                if (old := old_rows.get(name)) is None or not _same_but_age(old, row)
+            }
+        else:
+            changed = (changed & rows.keys()) | (rows.keys() - old_rows.keys())
+        for name in changed:
+            self._hay[name] = haystack(rows[name])
         for name in set(self._hay) - set(rows):
             del self._hay[name]
             self._sort_keys.pop(name, None)
@@ -210,12 +225,12 @@ class NodesTable(KeyedTable):
                 if name in self.shown:
                     if name not in changed:
                         # The common case: only the (bucketed) age may differ.
-                        age = age_bucket(row.report_age_s)
+                        age = age_bucket(self.age_of(row))
                         if self._ages.get(name) != age:
                             self._ages[name] = age
                             touched += self.patch_cell(name, AGE_INDEX, styled(*age))
                             if by_age:
-                                self._sort_keys[name] = sort.key(row)
+                                self._sort_keys[name] = sort.key(row, self.age_of(row))
                                 resort = True
                         continue
                 elif budget <= 0:
@@ -223,7 +238,7 @@ class NodesTable(KeyedTable):
                 else:
                     budget -= 1
                     resort = True
-                if self._sort_keys.get(name) != sort.key(row):
+                if self._sort_keys.get(name) != sort.key(row, self.age_of(row)):
                     resort = True
                 touched += self.patch_row(name, self._cells_for(row))
             if resort:
@@ -244,16 +259,20 @@ class NodesTable(KeyedTable):
 
     def _fill(self) -> None:
         self._filling = False
-        self.apply(self.rows_by_name)
+        self.apply(self.rows_by_name, self.ages, changed=frozenset())
 
     @property
     def complete(self) -> bool:
         """Every row that matches the filter is in the table (no batch pending)."""
         return not self._filling
 
+    def age_of(self, row: NodeRow) -> float | None:
+        return self.ages.get(row.name, row.report_age_s)
+
     def _cells_for(self, row: NodeRow) -> tuple[Text, ...]:
-        self._sort_keys[row.name] = SORTS[self.sort_index].key(row)
-        self._ages[row.name] = age_bucket(row.report_age_s)
+        age = self.age_of(row)
+        self._sort_keys[row.name] = SORTS[self.sort_index].key(row, age)
+        self._ages[row.name] = age_bucket(age)
         return (
             self._mark_cell(row.name),
             styled(row.name, "bold"),
@@ -265,16 +284,15 @@ class NodesTable(KeyedTable):
             styled(join_short(row.fabrics, 2) or "-", "cyan" if row.fabrics else "dim"),
             models_text(row),
             count_text(row.replicas, "bold"),
-            age_text(row.report_age_s),
+            age_text(age),
         )
 
     def _mark_cell(self, name: str) -> Text:
         return styled(MARK, "bold cyan") if name in self.marks else styled(" ")
 
     def _ordered(self, names: list[str]) -> list[str]:
-        key = SORTS[self.sort_index].key
-        rows = self.rows_by_name
-        return sorted(names, key=lambda n: key(rows[n]), reverse=self.reverse)
+        key, rows, age_of = SORTS[self.sort_index].key, self.rows_by_name, self.age_of
+        return sorted(names, key=lambda n: key(rows[n], age_of(rows[n])), reverse=self.reverse)
 
     def _matches(self, name: str) -> bool:
         if not self.filter_text:
@@ -299,7 +317,7 @@ class NodesTable(KeyedTable):
             self.sort_index = (self.sort_index + 1) % len(SORTS)
             self.reverse = False
         sort = SORTS[self.sort_index]
-        self._sort_keys = {n: sort.key(r) for n, r in self.rows_by_name.items()}
+        self._sort_keys = {n: sort.key(r, self.age_of(r)) for n, r in self.rows_by_name.items()}
         self._label_sort_column()
         self.set_order(self._ordered(list(self.shown)))
         return sort

@@ -36,6 +36,7 @@ from llmgw.wire import (
     NodeCounts,
     NodeDetail,
     NodeRow,
+    NodesDelta,
     NodeState,
     ReasonGroup,
     ReplicaCounts,
@@ -56,6 +57,7 @@ class Recorded:
     method: str
     path: str
     body: Any
+    query: str = ""
 
 
 def _admin(flag: AdminFlag, reason: str, by: str, at: float, drained: bool = False) -> AdminInfo:
@@ -191,6 +193,10 @@ SMALL_COPIES = {
 }
 
 
+def _without_age(row: NodeRow) -> dict[str, Any]:
+    return row.model_dump(exclude={"report_age_s"})
+
+
 @dataclass
 class FakeController:
     """State plus a request handler; `transport` plugs into `AdminClient`."""
@@ -203,6 +209,11 @@ class FakeController:
     crash: bool = False  # the handler raises a non-transport error (a bug)
     history: dict[str, list[AdminEvent]] = field(default_factory=dict)
     _json_cache: dict[str, bytes] = field(default_factory=dict)
+    # GET /v1/nodes?since=: the rows as each issued cursor saw them, so a delta
+    # is a plain diff however a test changed `rows`. `epoch` changes on restart.
+    epoch: str = "run1"
+    _seen: dict[int, dict[str, NodeRow]] = field(default_factory=dict)
+    last_delta_bytes = 0  # size of the delta churn() prepared (for the bench)
 
     @classmethod
     def small(cls) -> FakeController:
@@ -283,7 +294,7 @@ class FakeController:
         # Encode now, as a real controller would in its own process, so the
         # bench times the console and not this fake.
         self.handler_json("/v1/summary")
-        self.handler_json("/v1/nodes")
+        self.last_delta_bytes = len(self.handler_json(f"/v1/nodes?since={self.last_cursor}"))
         self.requests.clear()
         return changed
 
@@ -291,7 +302,8 @@ class FakeController:
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
-        self.requests.append(Recorded(request.method, request.url.path, body))
+        query = request.url.query.decode()
+        self.requests.append(Recorded(request.method, request.url.path, body, query))
         if self.down:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if self.crash:
@@ -303,6 +315,12 @@ class FakeController:
             if path == "/v1/summary":
                 return self._cached(
                     "summary", lambda: self.summary().model_dump(mode="json", by_alias=True)
+                )
+            if path == "/v1/nodes" and "since" in request.url.params:
+                since = request.url.params["since"]
+                return self._cached(
+                    f"nodes?since={since}",
+                    lambda: self.nodes_delta(since).model_dump(mode="json"),
                 )
             if path == "/v1/nodes":
                 return self._cached(
@@ -358,6 +376,39 @@ class FakeController:
         return _json(new.model_dump(mode="json"))
 
     # -- derived views ------------------------------------------------------------
+
+    @property
+    def last_cursor(self) -> str:
+        return f"{self.epoch}.{max(self._seen)}" if self._seen else ""
+
+    def restart(self) -> None:
+        """As a controller restart looks to clients: old cursors mean nothing."""
+        self.epoch += "'"
+        self._seen.clear()
+        self._json_cache.clear()
+
+    def nodes_delta(self, since: str) -> NodesDelta:
+        epoch, _, revision = since.partition(".")
+        base = self._seen.get(int(revision)) if epoch == self.epoch else None
+        issued = max(self._seen, default=0) + 1
+        self._seen[issued] = dict(self.rows)
+        for old in sorted(self._seen)[:-8]:  # a console only ever asks since its last
+            del self._seen[old]
+        ages = {name: row.report_age_s for name, row in self.rows.items()}
+        cursor = f"{self.epoch}.{issued}"
+        if base is None:
+            return NodesDelta(
+                cursor=cursor, full=True, nodes=list(self.rows.values()), report_ages=ages
+            )
+        changed = [
+            row
+            for name, row in self.rows.items()
+            if (old := base.get(name)) is None or _without_age(old) != _without_age(row)
+        ]
+        removed = [name for name in base if name not in self.rows]
+        return NodesDelta(
+            cursor=cursor, full=False, nodes=changed, removed=removed, report_ages=ages
+        )
 
     def summary(self) -> FleetSummary:
         rows = list(self.rows.values())
