@@ -30,6 +30,7 @@ from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, de
 from llmgw.wire import FleetSummary, NodesDelta
 
 BASE_KEYS = [
+    ("↑↓ j k g G", "move (pgup / pgdn: a page)"),
     ("enter", "node detail (escape goes back)"),
     ("/", "filter nodes (escape clears)"),
     ("s / S", "cycle sort column / reverse"),
@@ -217,7 +218,7 @@ class ConsoleApp(App[None]):
         self.node_view = None
 
     def show_help(self, screen: Screen[Any]) -> None:
-        keys = BASE_KEYS if self.readonly else [*BASE_KEYS[:4], *ADMIN_KEYS, *BASE_KEYS[4:]]
+        keys = BASE_KEYS if self.readonly else [*BASE_KEYS[:5], *ADMIN_KEYS, *BASE_KEYS[5:]]
         self.push_screen(HelpScreen(keys, self.readonly))
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
