@@ -153,10 +153,12 @@ class KeyedTable(ScrollView, can_focus=True):
         self._header: Strip | None = None
         self._row_styles: tuple[Style, Style, Style, Style] | None = None
         self._resize_pending = False
-        self._viewport_rows = 0  # rows that fit under the header, kept by on_resize
+        # At least as many rows as can be on screen, kept by on_resize: checking
+        # the exact viewport (scrollbars come and go) per changed row is slow.
+        self._rows_on_screen_max = 0
 
     def on_resize(self) -> None:
-        self._viewport_rows = max(0, self.scrollable_content_region.height - HEADER_HEIGHT)
+        self._rows_on_screen_max = self.region.height
 
     # -- reading ------------------------------------------------------------------
 
@@ -304,7 +306,7 @@ class KeyedTable(ScrollView, can_focus=True):
         self._scroll_into_view(row)
 
     def _scroll_into_view(self, row: int) -> None:
-        visible = self._viewport_rows
+        visible = self._visible_rows()
         if visible <= 0:
             return
         top = self.scroll_offset.y
@@ -314,7 +316,10 @@ class KeyedTable(ScrollView, can_focus=True):
             self.scroll_to(y=row - visible + 1, animate=False, immediate=True)
 
     def _page(self) -> int:
-        return max(1, self._viewport_rows - 1)
+        return max(1, self._visible_rows() - 1)
+
+    def _visible_rows(self) -> int:
+        return max(0, self.scrollable_content_region.height - HEADER_HEIGHT)
 
     def action_cursor_up(self) -> None:
         self._move_to(self.cursor_row - 1)
@@ -413,7 +418,7 @@ class KeyedTable(ScrollView, can_focus=True):
 
     def _refresh_index(self, index: int) -> None:
         top = self.scroll_offset.y
-        if top <= index < top + self._viewport_rows:
+        if top <= index < top + self._rows_on_screen_max:
             self.refresh_line(index + HEADER_HEIGHT)
 
     def notify_style_update(self) -> None:
