@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
 from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
-from llmgw.controller.fleet import Fleet, UnknownModel, UnknownNode
+from llmgw.controller.fleet import BadCursor, Fleet, UnknownModel, UnknownNode
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
@@ -98,6 +98,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except BadRequest as exc:
         return error(400, exc.message, exc.detail)
+    except BadCursor as exc:
+        return error(400, str(exc))
     except (UnknownNode, UnknownModel) as exc:
         return error(404, str(exc))
     except web.HTTPRequestEntityTooLarge:
@@ -168,7 +170,11 @@ async def agent_report(request: web.Request) -> web.Response:
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    return json_models(request.app[FLEET].rows())
+    """Every row; with `?since=CURSOR` (even empty), only what changed after it."""
+    since = request.query.get("since")
+    if since is None:
+        return json_models(request.app[FLEET].rows())
+    return json_model(request.app[FLEET].nodes_since(since))
 
 
 async def get_node(request: web.Request) -> web.Response:

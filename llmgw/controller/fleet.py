@@ -7,6 +7,8 @@ is derived here from one set of facts, so no two answers can disagree.
 from __future__ import annotations
 
 import heapq
+import re
+import secrets
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -25,6 +27,7 @@ from llmgw.wire import (
     NodeDetail,
     NodeReport,
     NodeRow,
+    NodesDelta,
     NodeState,
     ReplicaState,
     ReplicaView,
@@ -43,6 +46,22 @@ class UnknownModel(LookupError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no model named {name!r} is declared")
         self.name = name
+
+
+class BadCursor(ValueError):
+    def __init__(self, cursor: str) -> None:
+        shown = cursor if len(cursor) <= 40 else cursor[:40] + "…"
+        super().__init__(
+            "`since` must be the cursor from an earlier answer (EPOCH.REVISION, e.g."
+            f" 9f2c01ab.42), or empty for every node; got {shown!r}"
+        )
+        self.cursor = cursor
+
+
+_CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
+# Forgotten nodes remembered for `removed`; a cursor older than the last one
+# dropped from this list gets a full answer instead.
+TOMBSTONES_KEPT = 10_000
 
 
 class Fleet:
@@ -84,6 +103,14 @@ class Fleet:
         self._unsaved_nodes: dict[str, float] = {}
         for name in self.entries:
             self._watch(name)
+        # `nodes_since`: cursors are "EPOCH.REVISION". The epoch is new every run,
+        # so a cursor from an earlier controller gets a full answer.
+        self.epoch = secrets.token_hex(4)
+        self.revision = 0
+        # node -> (fingerprint of its row less the report age, revision it last changed at)
+        self._row_marks: dict[str, tuple[tuple[object, ...], int]] = {}
+        self._tombstones: dict[str, int] = {}  # forgotten node -> revision it went at
+        self._tombstones_dropped_at = 0  # cursors older than this get a full answer
 
     # -- running totals -------------------------------------------------------
 
@@ -380,6 +407,87 @@ class Fleet:
     def rows(self) -> list[NodeRow]:
         now = self.clock()
         return [self.row(name, now) for name in sorted(self.entries)]
+
+    def _mark_changes(self, now: float) -> None:
+        """Bring each node's last-changed revision up to date: nodes whose row
+        changed since the last look, and nodes forgotten since, get the next revision.
+
+        A node's fingerprint is everything `row` shows except the report age,
+        taken without building the row: state, admin flag, digest (cards,
+        fabrics, models), replica count, GPU error, why a drain waits. Any new
+        field of `NodeRow` must be added here, or changes to it are never sent.
+        The objects are mostly the very ones of the last look (a digest is kept
+        while it is unchanged), so comparing them is cheap.
+        """
+        marks, entries = self._row_marks, self.entries
+        admin, by_node, blocked = self.admin.get, self._by_node.get, self.drain_blocked.get
+        intervals, extra = self.settings.grace_intervals, self.settings.grace_extra_s
+        started_at = self.started_at
+        rev = self.revision + 1
+        changed = False
+        for name, entry in entries.items():
+            flag = admin(name)
+            fp = (
+                # state_of(name, now), without its two calls per node
+                node_state(entry, flag, now, entry.grace_s(intervals, extra), started_at),
+                flag,
+                entry.digest,
+                len(by_node(name, ())),
+                entry.gpu_error,
+                blocked(name),
+            )
+            old = marks.get(name)
+            if old is None or old[0] != fp:
+                marks[name] = (fp, rev)
+                self._tombstones.pop(name, None)
+                changed = True
+        if len(marks) > len(entries):  # every entry has a mark: the rest are gone
+            for name in [n for n in marks if n not in entries]:
+                del marks[name]
+                self._tombstones[name] = rev
+                changed = True
+            while len(self._tombstones) > TOMBSTONES_KEPT:
+                oldest = next(iter(self._tombstones))
+                self._tombstones_dropped_at = self._tombstones.pop(oldest)
+        if changed:
+            self.revision = rev
+
+    def nodes_since(self, since: str) -> NodesDelta:
+        """The node rows that changed after cursor `since` ("" for all); see `NodesDelta`.
+
+        Raises `BadCursor` when `since` is neither empty nor EPOCH.REVISION.
+        """
+        after: int | None = None  # None: a full answer
+        if since:
+            m = _CURSOR.fullmatch(since)
+            if m is None:
+                raise BadCursor(since)
+            epoch, rev = m.group(1).lower(), int(m.group(2))
+            if epoch == self.epoch:
+                after = rev
+        now = self.clock()
+        self._mark_changes(now)
+        if after is not None and not (self._tombstones_dropped_at <= after <= self.revision):
+            after = None  # not issued by this run, or older than the tombstones kept
+        # By name, like `rows`; the same rounding as `row`.
+        ages = {
+            name: None if (received := entry.received_at) is None else round(now - received, 1)
+            for name, entry in sorted(self.entries.items())
+        }
+        if after is None:
+            rows = [self.row(name, now) for name in ages]
+            removed: list[str] = []
+        else:
+            marks = self._row_marks
+            rows = [self.row(name, now) for name in ages if marks[name][1] > after]
+            removed = sorted(n for n, gone_at in self._tombstones.items() if gone_at > after)
+        return NodesDelta(
+            cursor=f"{self.epoch}.{self.revision}",
+            full=after is None,
+            nodes=rows,
+            removed=removed,
+            report_ages=ages,
+        )
 
     def detail(self, name: str) -> NodeDetail:
         entry = self.require(name)
