@@ -421,16 +421,12 @@ class Fleet:
         """
         marks, entries = self._row_marks, self.entries
         admin, by_node, blocked = self.admin.get, self._by_node.get, self.drain_blocked.get
-        intervals, extra = self.settings.grace_intervals, self.settings.grace_extra_s
-        started_at = self.started_at
         rev = self.revision + 1
         changed = False
         for name, entry in entries.items():
-            flag = admin(name)
             fp = (
-                # state_of(name, now), without its two calls per node
-                node_state(entry, flag, now, entry.grace_s(intervals, extra), started_at),
-                flag,
+                self.state_of(name, now),
+                admin(name),
                 entry.digest,
                 len(by_node(name, ())),
                 entry.gpu_error,
