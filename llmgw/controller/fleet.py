@@ -209,8 +209,11 @@ class Fleet:
         if entry is None:
             entry = self.entries[report.node] = NodeEntry(report.node, self.wall())
             self._unsaved_nodes[report.node] = entry.first_seen
-        if report.address != entry.address:
-            self._assignments_version += 1  # leader addresses in assignments change
+        if report.address != entry.address and self._by_node.get(report.node):
+            # A leader's address is in its followers' assignments. Only a node
+            # holding replicas can lead one: a new node's first report must not
+            # throw away every node's cached reply.
+            self._assignments_version += 1
         digest = digest_report(report, now, self.assigned_gpus(report.node))
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
         self._watch(report.node, now)
@@ -231,8 +234,17 @@ class Fleet:
         report = entry.report if entry else None
         if entry is None or report is None or entry.received_at is None:
             return
-        entry.digest = digest_report(report, entry.received_at, self.assigned_gpus(node))
+        digest = digest_report(report, entry.received_at, self.assigned_gpus(node))
+        if digest != entry.digest:  # keep the old object when equal, as NodeEntry.update does
+            entry.digest = digest
         self._settle(node)
+
+    def set_drain_blocked(self, node: str, why: str | None) -> None:
+        """Why a drain of `node` is not progressing (None: it is, or it is over)."""
+        if why:
+            self.drain_blocked[node] = why
+        else:
+            self.drain_blocked.pop(node, None)
 
     def assignments_for(self, node: str) -> list[ShardAssignment]:
         out = []

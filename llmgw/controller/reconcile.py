@@ -236,11 +236,7 @@ class Reconciler:
                 and r.model in fleet.models
                 and not self._backing_off(r.model, wall)
             ]
-            blocked = self._place_replacements(needing, draining, now, wall)
-            if blocked:
-                fleet.drain_blocked[node] = blocked
-            else:
-                fleet.drain_blocked.pop(node, None)
+            fleet.set_drain_blocked(node, self._place_replacements(needing, draining, now, wall))
 
     def _place_replacements(
         self, originals: list[ReplicaRecord], draining: list[str], now: float, wall: float

@@ -359,6 +359,32 @@ def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: Fake
     assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
 
 
+def test_leader_addresses_reach_followers_and_new_nodes_keep_cached_replies(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.fleet.put_models(
+        [ModelSpec(name="two", source="s", min_replicas=1, gpus_per_shard=8, shards=2)]
+    )
+    sim.step(ready=False)
+    [rec] = sim.fleet.records.values()
+    leader, follower = rec.shards[0].node, rec.shards[1].node
+
+    def ingest(node: str, address: str | None = None) -> bytes:
+        return sim.fleet.ingest_json(report(node).model_copy(update={"address": address}))
+
+    def leader_address() -> str | None:
+        [assignment] = json.loads(ingest(follower))["assignments"]
+        return assignment["leader_address"]
+
+    assert leader_address() is None
+    ingest(leader, "10.0.0.1")
+    assert leader_address() == "10.0.0.1"
+    cached = ingest(follower)
+    ingest("gpu9", "10.0.0.9")  # a new node, with an address, leads nothing
+    assert ingest(follower) is cached
+
+
 def test_a_forced_drain_survives_a_restart(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
     sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
