@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="TOML or YAML file adding or overriding engine command templates",
     )
+    p.add_argument(
+        "--engine-start-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="kill an engine not healthy this long after starting (default %(default)g s)",
+    )
     p.add_argument("--once", action="store_true", help="print one report and exit; send nothing")
     p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -186,7 +193,11 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             raise UsageError(str(exc)) from exc
     try:
         return EngineSupervisor(
-            state_dir=args.state_dir, node=args.node, address=builder.address, templates=templates
+            state_dir=args.state_dir,
+            node=args.node,
+            address=builder.address,
+            templates=templates,
+            start_timeout_s=args.engine_start_timeout,
         )
     except OSError as exc:
         raise UsageError(

@@ -3,14 +3,17 @@
 `apply()` takes the desired set (from the reply to each report) and starts what
 is missing and stops what is no longer assigned; `reports()` says what runs.
 A background task, started by the first `apply()`, notices exits, escalates
-slow stops to SIGKILL, polls `/health` of starting engines and scrapes
-`/metrics` of ready ones for idleness.
+slow stops to SIGKILL, polls `/health` of starting engines, and checks
+`/health` and scrapes `/metrics` of ready ones (for idleness).
 
 Lifecycles, per (replica id, rank):
 
     starting --/health 200--> ready
     starting|ready --process exits--> failed (exit code + log tail); stays
         failed while assigned, so the controller's backoff decides on restarts
+    starting --not healthy within the start timeout--> failed (killed)
+    ready --/health fails `unhealthy_after` checks in a row--> failed (killed):
+        a hung engine holds its GPUs and answers nothing, but has not exited
     any --unassigned--> stopping --exit--> gone   (SIGTERM, grace, SIGKILL)
 
 Engines run in their own session, outside the agent's process group, and are
@@ -79,6 +82,7 @@ class Engine:
     stop_deadline: float | None = None  # monotonic
     killed: bool = False
     reported: bool = False  # a failure is kept until it has been reported once
+    health_failures: int = 0  # failed /health checks in a row while ready
     tracker: IdleTracker = field(default_factory=IdleTracker)
 
     @property
@@ -100,8 +104,12 @@ class EngineSupervisor:
     templates: operator templates (see agent.engine_templates), added to or
     replacing the built-ins by name. address: where other nodes reach this one
     (a rank-0 leader's own rendezvous address). grace_s: SIGTERM to SIGKILL.
-    engine_host: the address engines listen on. The interval and timeout knobs
-    exist for tests; the defaults suit production.
+    engine_host: the address engines listen on. start_timeout_s: how long a
+    starting engine may take to answer /health (loading a large model from a
+    slow filer takes many minutes). unhealthy_after: failed /health checks in a
+    row, one per scrape interval, before a ready engine is declared hung. The
+    other interval and timeout knobs exist for tests; the defaults suit
+    production.
     """
 
     def __init__(
@@ -118,6 +126,8 @@ class EngineSupervisor:
         engine_host: str = "0.0.0.0",
         worker_settle_s: float = 2.0,
         extra_env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 1800.0,
+        unhealthy_after: int = 3,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.log_dir = self.state_dir / "logs"
@@ -129,6 +139,8 @@ class EngineSupervisor:
         self.poll_interval_s = poll_interval_s
         self.scrape_interval_s = scrape_interval_s
         self.health_timeout_s = health_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.unhealthy_after = max(1, unhealthy_after)
         self.engine_host = engine_host
         # A rank that serves no HTTP (a multi-node worker) is ready once it has
         # stayed up this long; the leader's health covers the replica as a whole.
@@ -343,7 +355,11 @@ class EngineSupervisor:
         changed = False
         now = time.monotonic()
         for key, eng in list(self._engines.items()):
-            if eng.ref is None or eng.state is ShardState.FAILED:
+            if eng.ref is None:
+                continue
+            if eng.state is ShardState.FAILED:
+                if eng.popen is not None and eng.popen.poll() is not None:
+                    eng.popen = None  # reaped, after _kill_failed
                 continue
             exited, code = self._exit_code(eng)
             if exited:
@@ -393,6 +409,12 @@ class EngineSupervisor:
             self._session = aiohttp.ClientSession()
         now = time.monotonic()
         starting = [e for e in self._engines.values() if e.state is ShardState.STARTING]
+        for eng in starting:
+            if now - eng.started_mono >= self.start_timeout_s:
+                self._kill_failed(
+                    eng, f"was not healthy {self.start_timeout_s:g}s after starting (start timeout)"
+                )
+        starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
             await asyncio.gather(*(self._probe(e, now) for e in starting))
         if now - self._last_scrape >= self.scrape_interval_s:
@@ -401,7 +423,7 @@ class EngineSupervisor:
                 e for e in self._engines.values() if e.state is ShardState.READY and e.serves_http
             ]
             if ready:
-                await asyncio.gather(*(self._scrape(e) for e in ready))
+                await asyncio.gather(*(self._check_ready(e) for e in ready))
 
     def _url(self, eng: Engine, path: str) -> str:
         host = f"[{self.probe_host}]" if ":" in self.probe_host else self.probe_host
@@ -414,17 +436,52 @@ class EngineSupervisor:
             if now - eng.started_mono >= self.worker_settle_s:
                 self._mark_ready(eng)
             return
-        assert self._session is not None
+        if await self._health(eng) is None and eng.state is ShardState.STARTING:
+            self._mark_ready(eng)
+
+    async def _health(self, eng: Engine) -> str | None:
+        """None when /health answers 200; otherwise what went wrong."""
+        assert self._session is not None and eng.template is not None
         try:
             timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
             async with self._session.get(
                 self._url(eng, eng.template.health_path), timeout=timeout
             ) as resp:
-                healthy = resp.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            healthy = False
-        if healthy and eng.state is ShardState.STARTING:
-            self._mark_ready(eng)
+                return None if resp.status == 200 else f"answered {resp.status}"
+        except TimeoutError:
+            return f"no answer within {self.health_timeout_s:g}s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return str(exc) or type(exc).__name__
+
+    async def _check_ready(self, eng: Engine) -> None:
+        """A ready engine's periodic check: health, then (if healthy) metrics."""
+        why = await self._health(eng)
+        if eng.state is not ShardState.READY:
+            return  # it changed while we waited (exited, or was unassigned)
+        if why is None:
+            eng.health_failures = 0
+            await self._scrape(eng)
+            return
+        eng.health_failures += 1
+        log.warning(
+            "engine %s/%d /health %s (%d of %d)", *eng.key, why, eng.health_failures,
+            self.unhealthy_after,
+        )  # fmt: skip
+        if eng.health_failures >= self.unhealthy_after:
+            self._kill_failed(
+                eng, f"stopped answering /health: {why}, {eng.health_failures} checks in a row"
+            )
+
+    def _kill_failed(self, eng: Engine, why: str) -> None:
+        """Declare a live engine failed and kill it: whatever state it is in, it
+        holds GPUs that a replacement will need."""
+        if eng.ref is not None:
+            eng.ref.signal_group(signal.SIGKILL)
+        eng.state = ShardState.FAILED
+        eng.exit_code = None
+        eng.error = _exit_error(f"{why}; killed", eng.log_path)
+        log.error("engine %s/%d %s; killed", *eng.key, why)
+        self._save()
 
     def _mark_ready(self, eng: Engine) -> None:
         eng.state = ShardState.READY

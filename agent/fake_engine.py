@@ -4,7 +4,8 @@ It behaves, from the outside, like a vLLM OpenAI server: it "loads" for a
 while (`/health` answers 503), then serves `/health`, `/v1/models`,
 `/v1/completions` and vLLM-format `/metrics`. Tests and the demo run it where
 there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
-`--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL.
+`--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL,
+`--hang-after` keeps the process up but `/health` failing (a hung engine).
 `--traffic RATE` makes it serve simulated requests by itself, so that a demo
 fleet has some busy replicas and some idle ones.
 """
@@ -35,6 +36,7 @@ class FakeConfig:
     traffic_rate: float = 0.0  # simulated requests per second, 0 = none
     traffic_duration_s: float | None = None  # stop simulated traffic after this long
     seed: int | None = None
+    hang_after_s: float | None = None  # then /health answers 500, the process stays up
 
 
 class EngineMetrics:
@@ -94,6 +96,11 @@ class EngineState:
     def loaded(self) -> bool:
         return time.monotonic() >= self.ready_at
 
+    @property
+    def hung(self) -> bool:
+        hang = self.config.hang_after_s
+        return hang is not None and time.monotonic() >= self.ready_at + hang
+
 
 STATE = web.AppKey("fake_engine_state", EngineState)
 
@@ -114,6 +121,8 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.loaded:
         return web.Response(status=503, text="loading\n")
+    if state.hung:
+        return web.Response(status=500, text="engine core is not responding\n")
     return web.Response(status=200)
 
 
@@ -230,6 +239,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--fail-after", type=float, default=None, help="crash after this many seconds")
     p.add_argument("--exit-code", type=int, default=1, help="exit status of --fail-after")
     p.add_argument("--ignore-sigterm", action="store_true", help="only SIGKILL stops it")
+    p.add_argument(
+        "--hang-after", type=float, default=None, help="seconds after loading: /health fails"
+    )
     # Real engines take many more options; accept and ignore unknown ones so a
     # model spec's engine_args written for vLLM do not crash the fake.
     args, unknown = p.parse_known_args(argv)
@@ -250,6 +262,7 @@ async def _run(args: argparse.Namespace) -> int:
         traffic_rate=args.traffic,
         traffic_duration_s=args.traffic_duration,
         seed=args.seed,
+        hang_after_s=args.hang_after,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -211,3 +211,26 @@ def test_bad_engine_templates_file_is_a_usage_error(
     ]
     assert main(args) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> None:
+    from agent.cli import build_parser, make_engines
+    from agent.engines import EngineSupervisor
+
+    args = build_parser().parse_args(
+        ["--node", "n", "--state-dir", str(tmp_path / "s"), "--engine-start-timeout", "90"]
+    )
+    builder = ReportBuilder(
+        node="n",
+        gpus=FakeGpus("n", [parse_fake_spec("1xH100-80GB")]),
+        storage=StorageScanner([]),
+        boot_id="b",
+    )
+    engines = make_engines(args, builder)
+    assert isinstance(engines, EngineSupervisor)
+    try:
+        assert engines.start_timeout_s == 90.0
+    finally:
+        await engines.close()
+    default = build_parser().parse_args(["--node", "n"])
+    assert default.engine_start_timeout == 1800.0

@@ -249,3 +249,44 @@ async def test_second_live_supervisor_on_same_state_dir_is_refused(
         make_supervisor()
     await first.close()
     make_supervisor()  # free again once the first let go
+
+
+async def test_engine_not_healthy_within_the_start_timeout_is_killed(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(start_timeout_s=0.5)
+    a = assignment(engine_args=["--load-seconds", "60"])
+    await sup.apply([a], {})
+    pid = pid_of(sup)
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="start timeout")
+    rep = only(sup)
+    assert rep.error is not None and "start timeout" in rep.error and "killed" in rep.error
+    assert "--load-seconds 60" in rep.error  # the log tail: what was launched, how far it got
+    await wait_for(lambda: not pid_alive(pid), what="the engine gone")
+    # Still assigned: stays failed; the controller's backoff decides on a restart.
+    await sup.apply([a], {})
+    assert only(sup).state is ShardState.FAILED
+
+
+async def test_ready_engine_that_stops_answering_health_is_killed(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(unhealthy_after=3)
+    await sup.apply([assignment(engine_args=["--load-seconds", "0", "--hang-after", "0.5"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    pid = pid_of(sup)
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="declared hung")
+    rep = only(sup)
+    assert rep.error is not None
+    assert "stopped answering /health: answered 500, 3 checks in a row" in rep.error
+    await wait_for(lambda: not pid_alive(pid), what="the engine gone")
+
+
+async def test_one_failed_health_check_is_forgiven(make_supervisor: SupervisorFactory) -> None:
+    sup = make_supervisor(unhealthy_after=3)
+    await sup.apply([assignment(engine_args=["--load-seconds", "0"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    (eng,) = sup._engines.values()
+    eng.health_failures = 2  # two misses, e.g. a GC pause in the engine
+    await wait_for(lambda: eng.health_failures == 0, what="a good check resets the count")
+    assert only(sup).state is ShardState.READY
