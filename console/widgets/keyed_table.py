@@ -54,6 +54,19 @@ def _cell_width(cell: Text) -> int:
     return cell.cell_len if "\n" not in cell.plain else Text(cell.plain.split("\n")[0]).cell_len
 
 
+class RowMessage(Message):
+    """Something happened to one row of a table (see KeyedTable's messages)."""
+
+    def __init__(self, table: KeyedTable, key: str) -> None:
+        super().__init__()
+        self.table = table
+        self.key = key
+
+    @property
+    def control(self) -> KeyedTable:
+        return self.table
+
+
 class KeyedTable(ScrollView, can_focus=True):
     """Rows of `Text` cells, each row known by a string key."""
 
@@ -108,29 +121,11 @@ class KeyedTable(ScrollView, can_focus=True):
         Binding("end,G", "cursor_bottom", "Bottom", show=False),
     ]
 
-    class RowHighlighted(Message):
+    class RowHighlighted(RowMessage):
         """The cursor is on a different row."""
 
-        def __init__(self, table: KeyedTable, key: str) -> None:
-            super().__init__()
-            self.table = table
-            self.key = key
-
-        @property
-        def control(self) -> KeyedTable:
-            return self.table
-
-    class RowSelected(Message):
+    class RowSelected(RowMessage):
         """Enter, or a click on the row under the cursor."""
-
-        def __init__(self, table: KeyedTable, key: str) -> None:
-            super().__init__()
-            self.table = table
-            self.key = key
-
-        @property
-        def control(self) -> KeyedTable:
-            return self.table
 
     def __init__(
         self,

@@ -1,13 +1,18 @@
-"""Waiting helpers for Pilot tests: poll a condition, never sleep blindly."""
+"""Helpers for Pilot tests: wait on a condition (never sleep blindly), spy on renders."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import pytest
 from console_fixtures import NOW
+from rich.style import Style
+from rich.text import Text
 from textual.pilot import Pilot
+from textual.strip import Strip
 
 from console.app import ConsoleApp
+from console.widgets.keyed_table import KeyedTable
 
 SnapCompare = Callable[..., bool]  # pytest-textual-snapshot's snap_compare fixture
 
@@ -51,3 +56,18 @@ async def repoll(pilot: Pilot[None]) -> None:
     app.poll_now()
     await until(pilot, lambda: app.polls > before, "a poll")
     await pilot.pause()
+
+
+def spy_renders(table: KeyedTable, monkeypatch: pytest.MonkeyPatch, column: int = 0) -> list[str]:
+    """The `column` cell of every row the table renders afresh (cache misses
+    only: a row drawn from its cached line is not listed)."""
+    rendered: list[str] = []
+    real = table._render_cells
+
+    def spy(cells: Iterable[Text], style: Style | None = None) -> Strip:
+        cells = list(cells)
+        rendered.append(cells[column].plain)
+        return real(cells, style)
+
+    monkeypatch.setattr(table, "_render_cells", spy)
+    return rendered

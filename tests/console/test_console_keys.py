@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 import pytest
 from console_fixtures import URL, FakeController, Recorded
 from console_fixtures import _row as make_row
-from console_pilot import Clock, loaded, repoll, until
-from rich.style import Style
+from console_pilot import Clock, loaded, repoll, spy_renders, until
 from rich.text import Text
 from textual.command import CommandList, CommandPalette
-from textual.strip import Strip
 from textual.widgets import Button, Checkbox, DataTable, Input
 
 from console.app import ConsoleApp
@@ -340,16 +338,8 @@ async def test_refresh_patches_rows_in_place(
                 patched.append((key, touched))
             return touched
 
-        rendered: list[str] = []  # the NAME cell of each row rendered afresh
-        real_render = table._render_cells
-
-        def spy_render(cells: Iterable[Text], style: Style | None = None) -> Strip:
-            cells = list(cells)
-            rendered.append(cells[1].plain)
-            return real_render(cells, style)
-
         monkeypatch.setattr(table, "patch_row", spy_patch)
-        monkeypatch.setattr(table, "_render_cells", spy_render)
+        rendered = spy_renders(table, monkeypatch, column=1)  # NAME
         fake.put(fake.rows["gpu-a06"].model_copy(update={"gpus_used": 3}))
         fake.remove("l40-02")
         fake.put(make_row("gpu-a00", "H100-SXM-80GB", 8, 0, ["ib-a"], []))

@@ -3,13 +3,10 @@ redrawing only the rows that changed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import pytest
-from rich.style import Style
+from console_pilot import spy_renders
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.strip import Strip
 
 from console.widgets.keyed_table import KeyedTable
 
@@ -40,20 +37,6 @@ class TableApp(App[None]):
 
     def on_keyed_table_row_highlighted(self, event: KeyedTable.RowHighlighted) -> None:
         self.highlighted.append(event.key)
-
-
-def spy_renders(table: KeyedTable, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """First cell of every row rendered afresh (cache misses)."""
-    rendered: list[str] = []
-    real = table._render_cells
-
-    def spy(cells: Iterable[Text], style: Style | None = None) -> Strip:
-        cells = list(cells)
-        rendered.append(cells[0].plain)
-        return real(cells, style)
-
-    monkeypatch.setattr(table, "_render_cells", spy)
-    return rendered
 
 
 def screen_text(table: KeyedTable) -> list[str]:
