@@ -157,6 +157,20 @@ async def run(nodes: int, cycles: int, churn: float) -> None:
         gc.callbacks.remove(full_gc)
         assert table.cursor_key == cursor and table.marks == marked, "cursor/marks lost"
 
+        # A `/` filter narrowing 2,000 rows to a few dozen, then cleared: each is
+        # one keystroke's work (the filter box calls set_filter on every change).
+        async def filtered(text: str) -> float:
+            await pilot.pause()
+            t0 = time.perf_counter()
+            table.set_filter(text)
+            new_frame.clear()
+            await new_frame.wait()
+            return frames[-1] - t0
+
+        narrow = await filtered("cordoned")
+        narrowed_rows = table.row_count
+        widen = await filtered("")
+
     med = statistics.median
     print(
         f"console bench: {nodes} nodes, {cycles} refresh cycles, "
@@ -191,6 +205,10 @@ async def run(nodes: int, cycles: int, churn: float) -> None:
             f"  full GC pauses during the cycles: {len(full_gc.pauses)},"
             f" median {ms(med(full_gc.pauses)).strip()} (inside the figures above)"
         )
+    print(
+        f"  filter keystroke: {nodes} -> {narrowed_rows} rows   {ms(narrow)};"
+        f"   cleared, back to {nodes}: {ms(widen).strip()}"
+    )
     print(f"  baseline: cursor down one row, drawn    {ms(med(moves))}   (pilot.press)")
     print(f"  harness: an idle pilot.pause()          {ms(idle_pause)}")
     print("  cursor and marks survived every refresh: yes")

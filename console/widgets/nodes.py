@@ -87,7 +87,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 AGE_INDEX = len(COLUMNS) - 1
 # Rows added per frame when many arrive at once (first load of a big fleet).
 FIRST_ROWS = 150
-MORE_ROWS = 2000
+MORE_ROWS = 500
 MARK_INDEX = 0
 
 
