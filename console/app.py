@@ -29,12 +29,15 @@ from console.state import Connection, Fleet, Link, NodeView, backoff
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
 from llmgw.wire import FleetSummary, NodesDelta
 
-BASE_KEYS = [
+# The help lists view keys, then (unless read-only) admin keys, then app keys.
+VIEW_KEYS = [
     ("↑↓ j k g G", "move (pgup / pgdn: a page)"),
     ("enter", "node detail (escape goes back)"),
     ("/", "filter nodes (escape clears)"),
     ("s / S", "cycle sort column / reverse"),
     ("space", "mark nodes for one action (escape clears marks)"),
+]
+APP_KEYS = [
     ("?", "this help"),
     ("q", "quit"),
 ]
@@ -218,7 +221,8 @@ class ConsoleApp(App[None]):
         self.node_view = None
 
     def show_help(self, screen: Screen[Any]) -> None:
-        keys = BASE_KEYS if self.readonly else [*BASE_KEYS[:5], *ADMIN_KEYS, *BASE_KEYS[5:]]
+        admin = [] if self.readonly else ADMIN_KEYS
+        keys = [*VIEW_KEYS, *admin, *APP_KEYS]
         self.push_screen(HelpScreen(keys, self.readonly))
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:

@@ -50,8 +50,9 @@ class Column:
         return self.text_width + 2 * PAD
 
 
-def _cell_width(cell: Text) -> int:
-    return cell.cell_len if "\n" not in cell.plain else Text(cell.plain.split("\n")[0]).cell_len
+def _one_line(cell: Text) -> Text:
+    """A cell is one line: anything after a newline (say, in a reason) is cut."""
+    return cell.split("\n")[0] if "\n" in cell.plain else cell
 
 
 class RowMessage(Message):
@@ -366,7 +367,7 @@ class KeyedTable(ScrollView, can_focus=True):
         grew = False
         for column, cell in zip(self.columns.values(), cells, strict=False):
             if column.width is None:
-                width = _cell_width(cell)
+                width = _one_line(cell).cell_len
                 if width > column.content_width:
                     column.content_width = width
                     grew = True
@@ -378,7 +379,9 @@ class KeyedTable(ScrollView, can_focus=True):
         changed = False
         for i, column in enumerate(self.columns.values()):
             if column.width is None:
-                widest = max((_cell_width(cells[i]) for cells in self._cells.values()), default=0)
+                widest = max(
+                    (_one_line(cells[i]).cell_len for cells in self._cells.values()), default=0
+                )
                 if widest != column.content_width:
                     column.content_width = widest
                     changed = True
@@ -428,9 +431,7 @@ class KeyedTable(ScrollView, can_focus=True):
         pad = Segment(" " * PAD)
         segments: list[Segment] = []
         for column, cell in zip(self.columns.values(), cells, strict=False):
-            text = cell.copy()
-            if "\n" in text.plain:
-                text = text.split("\n")[0]
+            text = _one_line(cell).copy()
             text.truncate(column.text_width, overflow="ellipsis", pad=True)
             segments.append(pad)
             if text.style:  # Text.render leaves the base style to the Console

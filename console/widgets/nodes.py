@@ -162,7 +162,7 @@ class NodesTable(KeyedTable):
         self._sort_keys: dict[str, Any] = {}
         self._filling = False
         self._filled = False
-        self._ages: dict[str, tuple[str, str]] = {}
+        self._age_buckets: dict[str, tuple[str, str]] = {}  # AGE cell shown, by name
 
     def on_mount(self) -> None:
         spare = max(0, self.app.size.width - 120)
@@ -205,7 +205,7 @@ class NodesTable(KeyedTable):
         for name in set(self._hay) - set(rows):
             del self._hay[name]
             self._sort_keys.pop(name, None)
-            self._ages.pop(name, None)
+            self._age_buckets.pop(name, None)
         visible = [n for n in rows if self._matches(n)]
         visible_set = set(visible)
         gone = [k for k in self.shown if k not in visible_set]
@@ -226,8 +226,8 @@ class NodesTable(KeyedTable):
                     if name not in changed:
                         # The common case: only the (bucketed) age may differ.
                         age = age_bucket(self.age_of(row))
-                        if self._ages.get(name) != age:
-                            self._ages[name] = age
+                        if self._age_buckets.get(name) != age:
+                            self._age_buckets[name] = age
                             touched += self.patch_cell(name, AGE_INDEX, styled(*age))
                             if by_age:
                                 self._sort_keys[name] = sort.key(row, self.age_of(row))
@@ -272,7 +272,7 @@ class NodesTable(KeyedTable):
     def _cells_for(self, row: NodeRow) -> tuple[Text, ...]:
         age = self.age_of(row)
         self._sort_keys[row.name] = SORTS[self.sort_index].key(row, age)
-        self._ages[row.name] = age_bucket(age)
+        self._age_buckets[row.name] = age_bucket(age)
         return (
             self._mark_cell(row.name),
             styled(row.name, "bold"),
