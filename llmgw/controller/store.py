@@ -137,6 +137,18 @@ class Store:
                 "INSERT OR IGNORE INTO nodes(name, first_seen) VALUES (?, ?)", list(nodes)
             )
 
+    def forget_node(self, name: str, replica_ids: Iterable[str], *, by: str, at: float) -> None:
+        """Forget a node in one transaction: its name, admin flag and the given
+        replicas go; the event stays in its history."""
+        with self._tx() as db:
+            db.execute("DELETE FROM nodes WHERE name=?", (name,))
+            db.execute("DELETE FROM node_admin WHERE name=?", (name,))
+            db.executemany("DELETE FROM replicas WHERE id=?", [(i,) for i in replica_ids])
+            db.execute(
+                "INSERT INTO admin_events(node, action, reason, by, at) VALUES (?, ?, ?, ?, ?)",
+                (name, "forget", None, by, at),
+            )
+
     # -- admin flags ------------------------------------------------------------
 
     def admin(self) -> dict[str, AdminInfo]:
