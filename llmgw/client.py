@@ -145,8 +145,14 @@ class AdminClient:
     async def uncordon(self, node: str) -> NodeRow:
         return NodeRow.model_validate(await self._post(f"/v1/nodes/{node}/uncordon", {}))
 
-    async def drain(self, node: str, reason: str, *, force: bool = False) -> NodeRow:
-        body = {"reason": reason, "force": force}
+    async def drain(
+        self, node: str, reason: str, *, force: bool = False, force_after_s: float | None = None
+    ) -> NodeRow:
+        """Drain `node`; with `force_after_s`, the controller forces it after that many
+        seconds unless it is done (the deadline is kept by the controller)."""
+        body: dict[str, Any] = {"reason": reason, "force": force}
+        if force_after_s is not None:
+            body["force_after_s"] = force_after_s
         return NodeRow.model_validate(await self._post(f"/v1/nodes/{node}/drain", body))
 
     async def drain_plan(self, nodes: Iterable[str]) -> Any:

@@ -70,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--force", action="store_true", help="stop replicas without waiting for replacements"
     )
+    s.add_argument(
+        "--force-after",
+        type=float,
+        metavar="SECONDS",
+        help="force the drain if it is not done after SECONDS (kept and enforced by the"
+        " controller, whoever is connected; at most 7 days)",
+    )
     s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
     s.add_argument(
         "--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)"
@@ -168,8 +175,13 @@ class Ctl:
             return EXIT_OK
         if not args.reason or not args.reason.strip():
             raise UsageError("drain needs --reason TEXT (it is recorded with who and when)")
+        after = args.force_after
+        if after is not None and not 0 < after <= 7 * 86_400:
+            raise UsageError("--force-after wants SECONDS between 0 and 604800 (7 days)")
         code = await self._each(
-            args.nodes, lambda n: self.client.drain(n, args.reason, force=args.force), "draining"
+            args.nodes,
+            lambda n: self.client.drain(n, args.reason, force=args.force, force_after_s=after),
+            "draining",
         )
         if code == EXIT_OK and args.wait:
             return await self.wait_drained(args.nodes, limit_s=args.timeout)

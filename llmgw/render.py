@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from llmgw.wire import FleetSummary, ModelView, NodeRow, NodeState, ReplicaView
+from llmgw.wire import AdminFlag, FleetSummary, ModelView, NodeRow, NodeState, ReplicaView
 
 STATE_STYLE = {
     NodeState.READY: "green",
@@ -43,6 +43,13 @@ def timestamp(at: float | None) -> str:
     if at is None:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
+
+
+def deadline(at: float, now: float | None = None) -> str:
+    """A drain's deadline in UTC: `14:05 UTC`, with the date when not within a day."""
+    now = time.time() if now is None else now
+    fmt = "%H:%M UTC" if abs(at - now) < 86_400 else "%Y-%m-%d %H:%M UTC"
+    return time.strftime(fmt, time.gmtime(at))
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
@@ -239,6 +246,9 @@ def nodes_table(rows: list[NodeRow]) -> Table:
         elif row.admin.drained:
             state.append(" (drained)", style="dim")
         reason = row.admin.reason or ""
+        if row.admin.flag is AdminFlag.DRAINING and row.admin.force_at is not None:
+            when = "forced" if row.admin.force else f"force at {deadline(row.admin.force_at)}"
+            reason = f"{reason} ({when})" if reason else when
         if row.drain_blocked:
             reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked
         if row.gpu_error:

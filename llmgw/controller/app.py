@@ -213,7 +213,14 @@ async def drain(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     fleet.require(name)
     body = await parse_body(request, DrainRequest)
-    row = fleet.set_flag(name, AdminFlag.DRAINING, body.reason, who(request), force=body.force)
+    row = fleet.set_flag(
+        name,
+        AdminFlag.DRAINING,
+        body.reason,
+        who(request),
+        force=body.force,
+        force_after_s=body.force_after_s,
+    )
     return json_model(row)
 
 

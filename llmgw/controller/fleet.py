@@ -360,12 +360,26 @@ class FleetState:
         return entry
 
     def set_flag(
-        self, name: str, flag: AdminFlag, reason: str | None, by: str, *, force: bool = False
+        self,
+        name: str,
+        flag: AdminFlag,
+        reason: str | None,
+        by: str,
+        *,
+        force: bool = False,
+        force_after_s: float | None = None,
     ) -> NodeRow:
+        """Cordon, drain or uncordon a node. A drain with `force_after_s` is
+        forced by the reconcile loop that many seconds from now unless done."""
         self.require(name)
         at = self.wall()
+        force_at = (
+            at + force_after_s
+            if flag is AdminFlag.DRAINING and force_after_s is not None and not force
+            else None
+        )
         info = (
-            AdminInfo(flag=flag, reason=reason, by=by, at=at, force=force)
+            AdminInfo(flag=flag, reason=reason, by=by, at=at, force=force, force_at=force_at)
             if flag is not AdminFlag.NONE
             else AdminInfo()
         )
@@ -384,6 +398,25 @@ class FleetState:
             flag=AdminFlag.CORDONED, reason=old.reason, by=old.by, at=old.at, drained=True
         )
         self._set_admin(name, info, action="drained", by="controller", at=self.wall())
+
+    def force_drain(self, name: str, why: str) -> None:
+        """A drain's deadline passed: stop its replicas now (the reconcile loop does)."""
+        old = self.admin_info(name)
+        if old.flag is not AdminFlag.DRAINING or old.force:
+            return
+        info = old.model_copy(update={"force": True})
+        self._set_admin(name, info, action=f"drain forced ({why})", by="controller", at=self.wall())
+
+    def due_drains(self, wall: float) -> list[str]:
+        """Draining nodes whose deadline has passed and that are not forced yet."""
+        return sorted(
+            name
+            for name, info in self._admin.items()
+            if info.flag is AdminFlag.DRAINING
+            and not info.force
+            and info.force_at is not None
+            and wall >= info.force_at
+        )
 
     def _set_admin(self, name: str, info: AdminInfo, *, action: str, by: str, at: float) -> None:
         self._store.set_admin(name, info, action=action, by=by, at=at)

@@ -184,6 +184,9 @@ class Reconciler:
 
     def _drain(self, now: float, wall: float) -> None:
         fleet = self.fleet
+        for node in fleet.due_drains(wall):
+            log.warning("drain of %s not done by its deadline: forcing it", node)
+            fleet.force_drain(node, "deadline")
         draining = sorted(n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING)
         if not draining:
             return
