@@ -52,7 +52,7 @@ from agent.engine_templates import (
     render,
 )
 from agent.metrics import IdleTracker, scrape
-from llmgw.wire import ReplicaReport, ShardAssignment, ShardState
+from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,9 @@ class EngineSupervisor:
                         port=eng.port,
                         idle_seconds=idle,
                         exit_code=eng.exit_code,
-                        error=eng.error[-MAX_ERROR_CHARS:] if eng.error else None,
+                        error=printable(eng.error[-MAX_ERROR_CHARS:], keep_lines=True)
+                        if eng.error
+                        else None,
                     )
                 )
             except ValidationError as exc:  # never let one odd id break the report

@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -142,7 +143,7 @@ class StorageScanner:
     def _scan_dir(self, sdir: StorageDir, mounts: list[Mount]) -> StorageLocation:
         placement = classify(sdir.path, mounts, sdir.scope)
         mount = placement.mount
-        common = {
+        common: dict[str, Any] = {
             "path": sdir.path,
             "fs_type": mount.fs_type[:256] if mount else "",
             "scope": placement.scope,

@@ -15,7 +15,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from llmgw.wire import AdminFlag, FleetSummary, ModelView, NodeRow, NodeState, ReplicaView
+from llmgw.wire import (
+    AdminFlag,
+    FleetSummary,
+    ModelView,
+    NodeRow,
+    NodeState,
+    ReplicaView,
+    printable,
+)
 
 STATE_STYLE = {
     NodeState.READY: "green",
@@ -201,7 +209,7 @@ def status(summary: FleetSummary, controller: str) -> RenderableType:
         table = _table("MODEL", "WHY", title="\nUnplaceable")
         for name in summary.unplaceable:
             reason = summary.unplaceable_reasons.get(name, "short, and no replica is starting")
-            table.add_row(Text(name, style="red"), reason)
+            table.add_row(Text(name, style="red"), printable(reason))
         parts.append(table)
 
     if summary.idle_replicas:
@@ -216,9 +224,9 @@ def status(summary: FleetSummary, controller: str) -> RenderableType:
         table = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST", title="\nReasons")
         for group in summary.reasons:
             table.add_row(
-                group.reason,
+                printable(group.reason),
                 group.flag.value,
-                group.by or "-",
+                printable(group.by or "-"),
                 timestamp(group.at),
                 hostlist(group.nodes),
             )
@@ -263,7 +271,7 @@ def nodes_table(rows: list[NodeRow]) -> Table:
             ",".join(row.fabrics) or "-",
             str(len(row.models)),
             duration(row.report_age_s),
-            reason,
+            printable(reason),
         )
     return table
 
@@ -278,7 +286,7 @@ def models_table(models: list[ModelView]) -> Table:
             status_text = Text("short", style="red")
             why = m.unplaceable_reason or m.last_failure
             if why:
-                status_text.append(f": {why}")
+                status_text.append(f": {printable(why)}")
         table.add_row(
             s.name,
             str(m.ready),
@@ -301,6 +309,6 @@ def replicas_table(replicas: list[ReplicaView]) -> Table:
             hostlist(s.node for s in r.shards),
             str(r.gpus),
             duration(r.idle_seconds),
-            r.error or "",
+            printable(r.error or ""),
         )
     return table

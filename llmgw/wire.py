@@ -10,10 +10,59 @@ controller stamps the time it received a report.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    model_validator,
+)
+
+# -- text rules ------------------------------------------------------------------
+
+# C0 controls, DEL and C1 controls: what moves a terminal's cursor or starts an
+# escape sequence. Names and short fields may hold none of them; agent free
+# text (engine errors, log tails) may hold tab and newline only.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _no_control(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("control characters (newline, escape, ...) are not allowed here")
+    return value
+
+
+def _no_control_but_lines(value: str) -> str:
+    if _CONTROL_BUT_LINES.search(value):
+        raise ValueError("control characters other than tab and newline are not allowed here")
+    return value
+
+
+def printable(text: str, *, keep_lines: bool = False) -> str:
+    """`text` with control characters shown as escapes (`\\x1b`, `\\n`), safe to print.
+
+    Use it for anything a report or a request put there before it reaches a
+    terminal: a forged newline or an escape sequence then shows as text.
+    With `keep_lines`, tab and newline stay (for multi-line error text).
+    """
+    pattern = _CONTROL_BUT_LINES if keep_lines else _CONTROL
+    return pattern.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+NoControl = AfterValidator(_no_control)
+
+E = TypeVar("E", bound=StrEnum)
+# An enum field takes its value's string from Python callers too (YAML, tests);
+# only exact values match, so nothing is coerced.
+ByValue = Annotated[E, Strict(False)]
 
 # -- bounded scalar types -----------------------------------------------------
 
@@ -24,21 +73,37 @@ ModelName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/@:+-]*$"),
 ]
-ShortText = Annotated[str, StringConstraints(max_length=256)]
-Text = Annotated[str, StringConstraints(max_length=4096)]
-PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-Uuid = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-GpuClass = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+ShortText = Annotated[str, StringConstraints(max_length=256), NoControl]
+# Agent free text (errors, log tails): lines allowed, other controls refused.
+Text = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_no_control_but_lines)]
+PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096), NoControl]
+Uuid = Annotated[str, StringConstraints(min_length=1, max_length=128), NoControl]
+GpuClass = Annotated[str, StringConstraints(min_length=1, max_length=64), NoControl]
+EngineName = Annotated[str, StringConstraints(min_length=1, max_length=64), NoControl]
+ReplicaId = Annotated[str, StringConstraints(min_length=1, max_length=64), NoControl]
 FabricName = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]
-Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=1024)]
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=1024), NoControl
+]
+# Bounded to what they mean: a process exit status is a 32-bit signed integer;
+# durations are at most a year, sizes at most an exabyte.
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+MAX_DURATION_S = 366 * 86_400.0
+Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
+Bytes = Annotated[int, Field(ge=0, le=2**60)]
+MiB = Annotated[int, Field(ge=0, le=2**40)]
 
 
 class Inbound(BaseModel):
-    """Base for bodies we receive: unknown fields are an error, not ignored."""
+    """Base for bodies we receive: unknown fields are an error, not ignored.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict: nothing is coerced ("5" is not 5, true is not 1, "true" is not
+    true) and floats must be finite (Infinity, NaN and 1e400 are refused).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Outbound(BaseModel):
@@ -98,11 +163,11 @@ class GpuReport(Inbound):
     index: int = Field(ge=0, le=4096)
     name: ShortText = ""  # raw product name as NVML gives it
     gpu_class: GpuClass  # normalised name + memory in GiB, e.g. H100-SXM-80GB
-    memory_total_mib: int = Field(ge=0)
-    memory_used_mib: int | None = Field(default=None, ge=0)
+    memory_total_mib: MiB
+    memory_used_mib: MiB | None = None
     utilization_pct: int | None = Field(default=None, ge=0, le=100)
     in_use: bool = False  # compute processes present on the card
-    health: GpuHealth = GpuHealth.UNKNOWN
+    health: ByValue[GpuHealth] = GpuHealth.UNKNOWN
     health_reason: Text | None = None
     mig_parent_uuid: Uuid | None = None  # set when this device is a MIG slice
 
@@ -110,9 +175,9 @@ class GpuReport(Inbound):
 class ModelFound(Inbound):
     name: ModelName  # relative path (org/name) or HF cache repo id
     path: PathText
-    format: Annotated[str, StringConstraints(max_length=32)] = "safetensors"
-    size_bytes: int = Field(ge=0)
-    files: int = Field(default=0, ge=0)
+    format: Annotated[str, StringConstraints(max_length=32), NoControl] = "safetensors"
+    size_bytes: Bytes
+    files: int = Field(default=0, ge=0, le=10_000_000)
 
 
 class ModelIncomplete(Inbound):
@@ -126,7 +191,7 @@ class ModelIncomplete(Inbound):
 class StorageLocation(Inbound):
     path: PathText
     fs_type: ShortText = ""
-    scope: StorageScope = StorageScope.LOCAL
+    scope: ByValue[StorageScope] = StorageScope.LOCAL
     scope_overridden: bool = False
     mount_source: Text = ""  # e.g. filer1:/export/models
     mount_point: PathText | None = None
@@ -138,14 +203,14 @@ class StorageLocation(Inbound):
 class ReplicaReport(Inbound):
     """One engine (one shard of a replica) that the agent runs."""
 
-    id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    id: ReplicaId
     model: ModelName
     rank: int = Field(default=0, ge=0, le=1024)
-    state: ShardState
+    state: ByValue[ShardState]
     gpus: list[Uuid] = Field(default_factory=list, max_length=256)
     port: int | None = Field(default=None, ge=1, le=65535)
-    idle_seconds: float | None = Field(default=None, ge=0)  # None: not known yet
-    exit_code: int | None = None
+    idle_seconds: Seconds | None = None  # None: not known yet
+    exit_code: ExitCode | None = None
     error: Text | None = None
 
 
@@ -154,7 +219,7 @@ class NodeReport(Inbound):
     agent_version: ShortText
     boot_id: ShortText
     interval_s: float = Field(gt=0, le=3600)
-    uptime_s: float | None = Field(default=None, ge=0)  # agent uptime, a duration
+    uptime_s: Seconds | None = None  # agent uptime, a duration
     address: ShortText | None = None  # where engines on this node can be reached
     gpus: list[GpuReport] = Field(default_factory=list, max_length=256)
     gpu_error: Text | None = None  # why there are no GPUs (no NVML, driver error)
@@ -162,6 +227,18 @@ class NodeReport(Inbound):
     storage_configured: bool = False
     storage: list[StorageLocation] = Field(default_factory=list, max_length=64)
     replicas: list[ReplicaReport] = Field(default_factory=list, max_length=256)
+
+    @model_validator(mode="after")
+    def _gpus_unique(self) -> NodeReport:
+        """One card, one entry: a repeated UUID or index would let one card be placed twice."""
+        for what, values in (
+            ("uuid", [g.uuid for g in self.gpus]),
+            ("index", [g.index for g in self.gpus]),
+        ):
+            dupes = sorted(str(v) for v, n in Counter(values).items() if n > 1)
+            if dupes:
+                raise ValueError(f"GPU {what} repeated: {', '.join(dupes[:5])}")
+        return self
 
 
 class ShardAssignment(Outbound):
@@ -194,6 +271,10 @@ class ReasonRequest(Inbound):
     reason: Reason
 
 
+class EmptyRequest(Inbound):
+    """A body that carries nothing (uncordon): `{}` or no body at all."""
+
+
 MAX_FORCE_AFTER_S = 7 * 86_400
 
 
@@ -213,8 +294,8 @@ class ModelSpec(Inbound):
     gpus_per_shard: int = Field(default=1, ge=1, le=64)
     shards: int = Field(default=1, ge=1, le=256)  # nodes per replica
     gpu_class: GpuClass | None = None
-    engine: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "vllm"
-    engine_args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
+    engine: EngineName = "vllm"
+    engine_args: list[Annotated[str, StringConstraints(max_length=1024), NoControl]] = Field(
         default_factory=list, max_length=256
     )
 

@@ -27,9 +27,11 @@ from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
     DrainRequest,
+    EmptyRequest,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
+    printable,
 )
 
 log = logging.getLogger("llmgw.controller")
@@ -76,11 +78,17 @@ class BadRequest(Exception):
         self.detail = detail
 
 
-async def parse_body(request: web.Request, model: type[M]) -> M:
-    """Read and validate a JSON body; any failure is a 400 that names the field."""
+async def parse_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
+    """Read and validate a JSON body; any failure is a 400 that names the field.
+
+    With `optional`, an empty body stands for `{}`.
+    """
     raw = await request.read()  # raises 413 past client_max_size
     if not raw:
-        raise BadRequest("the request needs a JSON body")
+        if optional:
+            raw = b"{}"
+        else:
+            raise BadRequest("the request needs a JSON body")
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
@@ -124,7 +132,10 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
         if not tokens.enabled:
             request["identity"] = Identity(_claimed_user(request) or "anonymous", None)
             return await handler(request)
-        presented = bearer(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if header is not None and not _is_text(header):
+            return error(401, "invalid token: the Authorization header is not valid text")
+        presented = bearer(header)
         if presented is None:
             return error(401, "missing bearer token: send `Authorization: Bearer <token>`")
         identity = tokens.identify(presented)
@@ -148,7 +159,22 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
 def _claimed_user(request: web.Request) -> str | None:
     """The operator's login name as the client says it: recorded beside the token's identity."""
     user = request.headers.get("X-LLMGW-User", "").strip()
+    if not _is_text(user) or _has_control(user):
+        raise BadRequest("the X-LLMGW-User header must be printable UTF-8 text")
     return user[:64] or None
+
+
+def _is_text(value: str) -> bool:
+    """aiohttp keeps undecodable header bytes as lone surrogates: those are not text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _has_control(value: str) -> bool:
+    return printable(value) != value
 
 
 def who(request: web.Request) -> str:
@@ -205,6 +231,7 @@ async def uncordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     name = request.match_info["name"]
     fleet.require(name)
+    await parse_body(request, EmptyRequest, optional=True)
     return json_model(fleet.set_flag(name, AdminFlag.NONE, None, who(request)))
 
 

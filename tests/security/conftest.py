@@ -1,0 +1,67 @@
+"""A controller app with tokens and one reporting node, for the hardening tests."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from llmgw.controller.app import create_app
+from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.settings import ControllerSettings
+
+AGENT, ADMIN, READ = "agent-secret", "admin-secret", "read-secret"
+ClientFactory = Callable[..., Awaitable[TestClient]]
+
+
+def gpu(node: str, index: int) -> dict[str, Any]:
+    return {
+        "uuid": f"GPU-{node}-{index}",
+        "index": index,
+        "gpu_class": "H100-SXM-80GB",
+        "memory_total_mib": 81920,
+        "health": "healthy",
+    }
+
+
+def report_body(node: str = "gpu01", n_gpus: int = 2, **extra: Any) -> dict[str, Any]:
+    return {
+        "node": node,
+        "agent_version": "test",
+        "boot_id": "boot-1",
+        "interval_s": 5.0,
+        "gpus": [gpu(node, i) for i in range(n_gpus)],
+        **extra,
+    }
+
+
+def auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@pytest.fixture
+async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
+    tokens = Tokens(
+        ((AGENT, "agent", Role.AGENT), (ADMIN, "alice", Role.ADMIN), (READ, "reader", Role.READ))
+    )
+    app = create_app(ControllerSettings(state_dir=tmp_path, tokens=tokens))
+    c = await aiohttp_client(app)
+    resp = await c.post("/v1/agent/report", json=report_body(), headers=auth(AGENT))
+    assert resp.status == 200
+    return c
+
+
+async def views(client: TestClient) -> Any:
+    """Everything a reader can see, minus what moves with the clock."""
+    out: dict[str, Any] = {}
+    for path in ("/v1/summary", "/v1/nodes", "/v1/models", "/v1/replicas", "/v1/nodes/gpu01"):
+        resp = await client.get(path, headers=auth(ADMIN))
+        out[path] = await resp.json()
+    out["/v1/summary"].pop("generated_at", None)
+    for row in out["/v1/nodes"]:
+        row.pop("report_age_s", None)
+    out["/v1/nodes/gpu01"]["row"].pop("report_age_s", None)
+    return out
