@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Xids that do not make a card unhealthy (default %(default)s; '' for none)",
     )
     p.add_argument("--address", help="where engines on this node are reached (default: hostname)")
+    p.add_argument(
+        "--engine-host",
+        metavar="HOST",
+        help="address engines listen on (default: --address, else the hostname); "
+        "0.0.0.0 listens on every interface, and only when given here",
+    )
     p.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help=argparse.SUPPRESS)
     p.add_argument(
         "--mountinfo", type=Path, default=Path("/proc/self/mountinfo"), help=argparse.SUPPRESS
@@ -196,6 +202,7 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             state_dir=args.state_dir,
             node=args.node,
             address=builder.address,
+            engine_host=args.engine_host or builder.address or socket.gethostname(),
             templates=templates,
             start_timeout_s=args.engine_start_timeout,
         )

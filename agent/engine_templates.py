@@ -5,7 +5,8 @@ shlex *before* substitution, so a value with spaces (a path, a model name)
 stays one argument and can never inject options or shell syntax: there is no
 shell. The model spec's `engine_args` are appended verbatim.
 
-Variables: python, source, model, replica, port, host, gpus (cards on this
+Variables: python, source, model, replica, port, host (the address to listen
+on: the agent's --engine-host, else its --address), gpus (cards on this
 node), gpu_uuids, total_gpus (gpus x nnodes), nnodes, rank, leader_addr,
 rendezvous_port. `{{` and `}}` give literal braces.
 
@@ -18,10 +19,10 @@ Operators add or override templates with a TOML or YAML file
 (`--engine-templates FILE`):
 
     [engines.vllm]
-    command = "/opt/vllm/bin/vllm serve {source} --port {port} -tp {gpus}"
+    command = "/opt/vllm/bin/vllm serve {source} --host {host} --port {port} -tp {gpus}"
 
     [engines]
-    tiny = "my-engine --port {port} {source}"   # a bare string is `command`
+    tiny = "my-engine --host {host} --port {port} {source}"   # a bare string is `command`
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class EngineSupervisor:
     templates: operator templates (see agent.engine_templates), added to or
     replacing the built-ins by name. address: where other nodes reach this one
     (a rank-0 leader's own rendezvous address). grace_s: SIGTERM to SIGKILL.
-    engine_host: the address engines listen on. start_timeout_s: how long a
+    engine_host: the address engines listen on (the agent passes --engine-host,
+    else --address; never every interface unless asked). start_timeout_s: how long a
     starting engine may take to answer /health (loading a large model from a
     slow filer takes many minutes). unhealthy_after: failed /health checks in a
     row, one per scrape interval, before a ready engine is declared hung. The
@@ -123,7 +124,7 @@ class EngineSupervisor:
         poll_interval_s: float = 1.0,
         scrape_interval_s: float = 5.0,
         health_timeout_s: float = 2.0,
-        engine_host: str = "0.0.0.0",
+        engine_host: str = "127.0.0.1",
         worker_settle_s: float = 2.0,
         extra_env: Mapping[str, str] | None = None,
         start_timeout_s: float = 1800.0,
