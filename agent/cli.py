@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from agent.enroll import Enroller, read_credential
 from agent.gpus import DEFAULT_IGNORED_XIDS, FakeGpus, GpuSource, NvmlGpus, parse_fake_spec
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
@@ -46,7 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=float, default=5.0, help="seconds between reports (default 5)"
     )
     p.add_argument(
-        "--token-file", type=Path, help="file holding the agent token (else LLMGW_AGENT_TOKEN)"
+        "--token-file",
+        type=Path,
+        help="file holding a fixed agent credential (else STATE_DIR/credential from "
+        "enrollment, else LLMGW_AGENT_TOKEN)",
+    )
+    p.add_argument(
+        "--enroll-token-file",
+        type=Path,
+        help="enrollment token (else LLMGW_ENROLL_TOKEN): traded on first contact for this "
+        "node's own credential, kept in STATE_DIR/credential",
     )
     p.add_argument(
         "--fabric",
@@ -136,6 +146,34 @@ def read_token(token_file: Path | None) -> str | None:
                 return line.split()[-1]
         raise UsageError(f"--token-file {token_file} holds no token")
     return os.environ.get("LLMGW_AGENT_TOKEN") or None
+
+
+def read_enroll_token(path: Path | None) -> str | None:
+    if path is None:
+        return os.environ.get("LLMGW_ENROLL_TOKEN", "").strip() or None
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read --enroll-token-file {path}: {exc.strerror}") from exc
+    if not text:
+        raise UsageError(f"--enroll-token-file {path} holds no token")
+    return text.split()[-1]
+
+
+def credential_source(args: argparse.Namespace) -> tuple[str | None, Enroller | None]:
+    """A fixed credential (--token-file), else the enrolled one, else enrollment, else env."""
+    if args.token_file is not None:
+        return read_token(args.token_file), None
+    try:
+        stored = read_credential(args.state_dir)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.state_dir}/credential: {exc.strerror}") from exc
+    if stored is not None:
+        return stored, None
+    enroll_token = read_enroll_token(args.enroll_token_file)
+    if enroll_token is not None:
+        return None, Enroller(args.controller, args.node, enroll_token, args.state_dir)
+    return read_token(None), None
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -246,7 +284,8 @@ def describe(report: NodeReport) -> str:
 
 async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
     engines = make_engines(args, builder)
-    loop = ReportLoop(builder, args.controller, token=read_token(args.token_file), engines=engines)
+    token, enrollment = credential_source(args)
+    loop = ReportLoop(builder, args.controller, token=token, engines=engines, enrollment=enrollment)
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -278,7 +317,7 @@ def main(argv: list[str]) -> int:
                 builder.gpus.close()
             print(report.model_dump_json(indent=2) if args.json else describe(report))
             return 0
-        read_token(args.token_file)  # a bad token file is a usage error, up front
+        credential_source(args)  # a bad token file is a usage error, up front
         asyncio.run(run_agent(args, builder))
     except UsageError as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")

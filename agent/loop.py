@@ -41,6 +41,12 @@ class Engines(Protocol):
     async def close(self) -> None: ...
 
 
+class Enrollment(Protocol):
+    """Obtains this node's credential on first contact (agent/enroll.py)."""
+
+    async def credential(self, session: aiohttp.ClientSession) -> str: ...
+
+
 class ReportError(Exception):
     """A report that did not land; `kind` groups tries into one outage."""
 
@@ -70,6 +76,7 @@ class ReportLoop:
         *,
         token: str | None = None,
         engines: Engines | None = None,
+        enrollment: Enrollment | None = None,
         rng: random.Random | None = None,
         backoff_cap_s: float = BACKOFF_CAP_S,
         timeout_s: float = 10.0,
@@ -79,6 +86,7 @@ class ReportLoop:
         self.url = controller.rstrip("/") + REPORT_PATH
         self.token = token
         self.engines = engines
+        self.enrollment = enrollment
         self.rng = rng or random.Random()
         self.backoff_cap_s = backoff_cap_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -142,6 +150,8 @@ class ReportLoop:
 
     async def cycle(self, session: aiohttp.ClientSession) -> ReportReply:
         report = await self.build()
+        if self.token is None and self.enrollment is not None:
+            self.token = await self.enrollment.credential(session)
         reply = await self.post(session, report)
         if self.last_reply is None or self.last_reply.state != reply.state:
             log.info("controller says node %s is %s", reply.node, reply.state.value)

@@ -166,6 +166,15 @@ class AdminClient:
     async def delete_model(self, name: str) -> None:
         await self._request("DELETE", f"/v1/models/{name}")
 
+    async def credentials(self) -> list[dict[str, Any]]:
+        return list(await self._get("/v1/credentials"))
+
+    async def revoke_credential(self, node: str) -> Any:
+        return await self._request("DELETE", f"/v1/credentials/{node}")
+
+    async def forget_node(self, node: str) -> dict[str, Any]:
+        return dict(await self._post(f"/v1/nodes/{node}/forget", {}))
+
     # -- plumbing -------------------------------------------------------------
 
     async def _get(self, path: str) -> Any:

@@ -51,8 +51,16 @@ def parser() -> argparse.ArgumentParser:
         "--state", help="only nodes in this state (ready, cordoned, draining, unreachable)"
     )
 
-    s = sub.add_parser("node", help="one node in detail (JSON)")
-    s.add_argument("name")
+    s = sub.add_parser(
+        "node", help="one node in detail (JSON); `node forget NAME` forgets it for good"
+    )
+    s.add_argument("name", help="the node, or `forget`")
+    s.add_argument("target", nargs="?", help=argparse.SUPPRESS)
+
+    s = sub.add_parser("credentials", help="node credentials: list, revoke NODE")
+    s.add_argument("action", choices=["list", "revoke"])
+    s.add_argument("nodes", nargs="*", metavar="NODE")
+    s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("cordon", help="place no new replicas on these nodes")
     s.add_argument("nodes", nargs="+", metavar="NODE")
@@ -157,7 +165,26 @@ class Ctl:
         return EXIT_OK
 
     async def node(self, args: argparse.Namespace) -> int:
+        if args.name == "forget" and args.target:
+            reply = await self.client.forget_node(args.target)
+            revoked = "; its credential is revoked" if reply.get("credential_revoked") else ""
+            self.out.print(f"node {args.target} forgotten{revoked}")
+            return EXIT_OK
         self.print_json((await self.client.node(args.name)).model_dump(mode="json"))
+        return EXIT_OK
+
+    async def credentials(self, args: argparse.Namespace) -> int:
+        if args.action == "revoke":
+            if not args.nodes:
+                raise UsageError("credentials revoke needs at least one NODE")
+            return await self._each(args.nodes, self.client.revoke_credential, "revoked")
+        creds = await self.client.credentials()
+        if args.json:
+            self.print_json(creds)
+            return EXIT_OK
+        for c in creds:
+            when = render.timestamp(c.get("issued_at"))
+            self.out.print(f"{c['node']:<32} {c['source']:<9} {when:<20} {c.get('by') or '-'}")
         return EXIT_OK
 
     async def cordon(self, args: argparse.Namespace) -> int:

@@ -271,6 +271,24 @@ class ReasonRequest(Inbound):
     reason: Reason
 
 
+class EnrollRequest(Inbound):
+    """`POST /v1/agent/enroll` with the enrollment token: a node asks for its credential."""
+
+    node: NodeName
+
+
+class EnrollReply(Outbound):
+    node: str
+    credential: str  # shown once; the controller keeps only its hash
+
+
+class CredentialView(Outbound):
+    node: str
+    source: str  # "enrolled" (revocable with ctl) | "file" (--agent-token-file)
+    issued_at: float | None = None  # unix time, controller clock
+    by: str | None = None
+
+
 class EmptyRequest(Inbound):
     """A body that carries nothing (uncordon): `{}` or no body at all."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,7 +18,17 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
-from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
+from llmgw.controller.auth import (
+    ADMIN_ROLES,
+    AGENT_ROLES,
+    ENROLL_ROLES,
+    READ_ROLES,
+    Identity,
+    Role,
+    bearer,
+)
+from llmgw.controller.authorize import RefusalLog, report_refusal
+from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
@@ -25,9 +36,12 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
 from llmgw.wire import (
     AdminFlag,
+    CredentialView,
     DrainPlanRequest,
     DrainRequest,
     EmptyRequest,
+    EnrollReply,
+    EnrollRequest,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
@@ -38,6 +52,10 @@ log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", FleetState)
+CREDENTIALS = web.AppKey("credentials", Credentials)
+REFUSALS = web.AppKey("refusals", RefusalLog)
+# What a node credential may do: report as its node (and say who it is).
+NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -126,7 +144,8 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route.resource
         canonical = route.canonical if route is not None else ""
-        allowed = ROUTE_ROLES.get(f"{request.method} {canonical}")
+        key = f"{request.method} {canonical}"
+        allowed = ROUTE_ROLES.get(key)
         if allowed is None:  # public (healthz) or not found
             return await handler(request)
         if not tokens.enabled:
@@ -140,7 +159,14 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             return error(401, "missing bearer token: send `Authorization: Bearer <token>`")
         identity = tokens.identify(presented)
         if identity is None:
+            node = request.app[CREDENTIALS].identify(presented)
+            identity = None if node is None else Identity(node, Role.AGENT, node)
+        if identity is None:
             return error(401, "invalid token")
+        if identity.node is not None and key not in NODE_CREDENTIAL_ROUTES:
+            return error(
+                403, f"a node credential (node {identity.node}) may only report as its node"
+            )
         if identity.role not in allowed:
             need = " or ".join(sorted(r.value for r in allowed))
             return error(403, f"a {identity.role} token cannot do this; it needs a {need} token")
@@ -150,7 +176,7 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             if claimed and claimed != identity.name
             else identity.name
         )
-        request["identity"] = Identity(name, identity.role)
+        request["identity"] = Identity(name, identity.role, identity.node)
         return await handler(request)
 
     return middleware
@@ -191,8 +217,61 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def agent_report(request: web.Request) -> web.Response:
     report = await parse_body(request, NodeReport)
-    body = request.app[FLEET].ingest_json(report, await request.read())
+    fleet = request.app[FLEET]
+    identity: Identity = request["identity"]
+    refusal = report_refusal(identity, report, fleet.records)
+    if refusal is not None:
+        request.app[REFUSALS].note(identity.node or report.node, refusal)
+        return error(403, refusal)
+    body = fleet.ingest_json(report, await request.read())
     return web.Response(body=body, content_type="application/json")
+
+
+async def agent_enroll(request: web.Request) -> web.Response:
+    """Trade the enrollment token for the node's own credential (once per node)."""
+    body = await parse_body(request, EnrollRequest)
+    try:
+        secret = request.app[CREDENTIALS].enroll(body.node, by=who(request), at=time.time())
+    except AlreadyEnrolled as exc:
+        return error(409, str(exc))
+    log.info("node %s enrolled: credential issued", body.node)
+    return json_model(EnrollReply(node=body.node, credential=secret))
+
+
+async def list_credentials(request: web.Request) -> web.Response:
+    return json_models(
+        [
+            CredentialView(node=c.node, source=c.source, issued_at=c.issued_at, by=c.by)
+            for c in request.app[CREDENTIALS].list()
+        ]
+    )
+
+
+async def revoke_credential(request: web.Request) -> web.Response:
+    node = request.match_info["node"]
+    try:
+        revoked = request.app[CREDENTIALS].revoke(node)
+    except NotRevocable as exc:
+        return error(409, str(exc))
+    if not revoked:
+        return error(404, f"node {node!r} holds no issued credential")
+    log.info("credential of node %s revoked by %s", node, who(request))
+    return web.json_response({"node": node, "revoked": True})
+
+
+async def forget_node(request: web.Request) -> web.Response:
+    """Forget a node for good: credential revoked first, then its row and replicas."""
+    fleet = request.app[FLEET]
+    name = request.match_info["name"]
+    fleet.require(name)
+    await parse_body(request, EmptyRequest, optional=True)
+    try:
+        revoked = request.app[CREDENTIALS].revoke(name)
+    except NotRevocable:
+        revoked = False  # a file credential: the operator removes its line
+    fleet.forget_node(name, who(request))
+    log.info("node %s forgotten by %s", name, who(request))
+    return web.json_response({"node": name, "forgotten": True, "credential_revoked": revoked})
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -292,6 +371,10 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/nodes/{name}/drain", drain, ADMIN_ROLES),
     ("POST", "/v1/models", put_models, ADMIN_ROLES),
     ("DELETE", "/v1/models/{name}", delete_model, ADMIN_ROLES),
+    ("POST", "/v1/agent/enroll", agent_enroll, ENROLL_ROLES),
+    ("GET", "/v1/credentials", list_credentials, ADMIN_ROLES),
+    ("DELETE", "/v1/credentials/{node}", revoke_credential, ADMIN_ROLES),
+    ("POST", "/v1/nodes/{name}/forget", forget_node, ADMIN_ROLES),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
@@ -315,6 +398,8 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
     fleet = app[FLEET] = FleetState(store, settings)
+    app[CREDENTIALS] = Credentials(store, settings.tokens)
+    app[REFUSALS] = RefusalLog()
 
     async def flush_every_second() -> None:
         while True:

@@ -14,6 +14,8 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
 
+log = logging.getLogger("llmgw.controller")
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -28,7 +30,21 @@ def parser() -> argparse.ArgumentParser:
         help="directory for the SQLite state (created if missing)",
     )
     p.add_argument(
-        "--agent-token-file", type=Path, help="tokens agents report with (else LLMGW_AGENT_TOKEN)"
+        "--agent-token-file",
+        type=Path,
+        help="node credentials, one `NODE TOKEN` per line; a line with only a token is a "
+        "shared token (needs --allow-shared-agent-token), as is LLMGW_AGENT_TOKEN",
+    )
+    p.add_argument(
+        "--enroll-token-file",
+        type=Path,
+        help="enrollment token: a new agent trades it for its own node credential "
+        "(else LLMGW_ENROLL_TOKEN)",
+    )
+    p.add_argument(
+        "--allow-shared-agent-token",
+        action="store_true",
+        help="accept a shared agent token, which may report as any node (warned about)",
     )
     p.add_argument(
         "--admin-token-file", type=Path, help="tokens for admin changes (else LLMGW_ADMIN_TOKEN)"
@@ -83,16 +99,25 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         Role.AGENT: args.agent_token_file,
         Role.ADMIN: args.admin_token_file,
         Role.READ: args.read_token_file,
+        Role.ENROLL: args.enroll_token_file,
     }
     try:
         tokens = Tokens.load(files=files)
     except OSError as exc:
         raise ValueError(f"cannot read token file: {exc}") from exc
-    if not is_loopback(host) and not (tokens.has(Role.AGENT) and tokens.has(Role.ADMIN)):
+    agents_can_auth = tokens.has(Role.AGENT) or tokens.has(Role.ENROLL)
+    if not is_loopback(host) and not (agents_can_auth and tokens.has(Role.ADMIN)):
         raise ValueError(
             f"refusing to listen on {host} without tokens: anyone on the network could cordon "
-            "nodes or forge reports. Set LLMGW_AGENT_TOKEN and LLMGW_ADMIN_TOKEN (or the "
+            "nodes or forge reports. Set LLMGW_ADMIN_TOKEN and LLMGW_ENROLL_TOKEN (or the "
             "--*-token-file options), or listen on 127.0.0.1."
+        )
+    if tokens.shared_agent and not args.allow_shared_agent_token:
+        raise ValueError(
+            "a shared agent token (LLMGW_AGENT_TOKEN, or a line without a node name in "
+            "--agent-token-file) lets its holder report as any node. Give each node its own "
+            "credential (`NODE TOKEN` lines, or enrollment with --enroll-token-file), or pass "
+            "--allow-shared-agent-token to accept it anyway."
         )
     return ControllerSettings(
         state_dir=args.state_dir,
@@ -128,6 +153,11 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
+    if settings.tokens.shared_agent:
+        log.warning(
+            "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "
+            "it can report as any node; prefer per-node credentials (enrollment)"
+        )
     mode = "token auth" if settings.tokens.enabled else "open (loopback only, no tokens)"
     print(
         f"llmgw controller listening on http://{args.listen} ({mode}); state in {settings.state_dir}",

@@ -309,3 +309,33 @@ class Store:
     def clear_backoff(self, model: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM model_backoff WHERE model=?", (model,))
+
+    # -- node credentials (issued by enrollment; only their SHA-256 is kept) ---------------
+
+    def _credentials_table(self) -> None:
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS agent_credentials ("
+            " node TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE,"
+            " issued_at REAL NOT NULL, by TEXT NOT NULL)"
+        )
+
+    def credentials(self) -> dict[str, tuple[str, float, str]]:
+        """node -> (digest, issued_at, by)."""
+        self._credentials_table()
+        return {
+            r["node"]: (r["digest"], r["issued_at"], r["by"])
+            for r in self._db.execute("SELECT * FROM agent_credentials")
+        }
+
+    def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
+        self._credentials_table()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES (?, ?, ?, ?)",
+                (node, digest, at, by),
+            )
+
+    def delete_credential(self, node: str) -> bool:
+        self._credentials_table()
+        with self._tx() as db:
+            return db.execute("DELETE FROM agent_credentials WHERE node=?", (node,)).rowcount > 0

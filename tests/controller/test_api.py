@@ -289,7 +289,7 @@ def test_listens_publicly_with_tokens(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("LLMGW_AGENT_TOKEN", "a")
     monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "b")
     args: argparse.Namespace = controller_parser().parse_args(
-        ["--listen", "0.0.0.0:7460", "--state-dir", str(tmp_path)]
+        ["--listen", "0.0.0.0:7460", "--state-dir", str(tmp_path), "--allow-shared-agent-token"]
     )
     assert settings_from_args(args).tokens.enabled
 

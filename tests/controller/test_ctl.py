@@ -53,6 +53,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"127.0.0.1:{port}",
             "--state-dir",
             str(state),
+            "--allow-shared-agent-token",
         ],
         env=env,
         stdout=subprocess.PIPE,

@@ -45,6 +45,7 @@ def clean_env() -> dict[str, str]:
     env = dict(os.environ)
     for key in (
         "LLMGW_AGENT_TOKEN",
+        "LLMGW_ENROLL_TOKEN",
         "LLMGW_ADMIN_TOKEN",
         "LLMGW_READ_TOKEN",
         "LLMGW_TOKEN",

@@ -1,0 +1,89 @@
+"""Enrollment: trade the enrollment token for this node's own credential, once.
+
+The credential is kept in STATE_DIR/credential (mode 0600, written atomically)
+and used from then on; the enrollment token is not needed again. The controller
+enrolls a node name only once: an agent that lost its credential file stays
+refused until an operator revokes the old one (`llmgw ctl credentials revoke`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import aiohttp
+
+from agent.loop import ReportError
+
+CREDENTIAL_FILE = "credential"
+ENROLL_PATH = "/v1/agent/enroll"
+
+log = logging.getLogger(__name__)
+
+
+def read_credential(state_dir: Path) -> str | None:
+    try:
+        text = (state_dir / CREDENTIAL_FILE).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return text or None
+
+
+def save_credential(state_dir: Path, secret: str) -> Path:
+    """Write the credential readable by this user only, never half-written."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / CREDENTIAL_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+class Enroller:
+    def __init__(
+        self, controller: str, node: str, enroll_token: str, state_dir: Path, timeout_s: float = 10
+    ) -> None:
+        self.url = controller.rstrip("/") + ENROLL_PATH
+        self.node = node
+        self.enroll_token = enroll_token
+        self.state_dir = state_dir
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def credential(self, session: aiohttp.ClientSession) -> str:
+        """The stored credential, or a new one from the controller (then stored)."""
+        stored = read_credential(self.state_dir)
+        if stored is not None:
+            return stored
+        headers = {"Authorization": f"Bearer {self.enroll_token}"}
+        try:
+            async with session.post(
+                self.url, json={"node": self.node}, headers=headers, timeout=self.timeout
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ReportError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+        if status in (401, 403):
+            raise ReportError(
+                "auth",
+                f"enrollment refused (HTTP {status}): {text[:300]}; "
+                "check --enroll-token-file or LLMGW_ENROLL_TOKEN",
+            )
+        if status == 409:
+            raise ReportError("enroll", f"enrollment refused: {text[:400]}")
+        if status != 200:
+            raise ReportError("http", f"enrollment: HTTP {status}: {text[:300]}")
+        try:
+            secret = str(json.loads(text)["credential"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReportError("reply", f"unreadable enrollment reply: {exc}") from exc
+        path = save_credential(self.state_dir, secret)
+        log.info("enrolled as node %s; credential kept in %s", self.node, path)
+        return secret
