@@ -89,6 +89,10 @@ def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     ][:20]
 
 
+class SlowBody(Exception):
+    """A body dribbled slower than the body timeout allows: 408, and the connection closes."""
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, detail: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
@@ -101,7 +105,11 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
 
     With `optional`, an empty body stands for `{}`.
     """
-    raw = await request.read()  # raises 413 past client_max_size
+    timeout = request.app[SETTINGS].body_timeout_s
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)  # 413 past client_max_size
+    except TimeoutError:
+        raise SlowBody(f"the request body did not arrive within {timeout:g} s") from None
     if not raw:
         if optional:
             raw = b"{}"
@@ -124,6 +132,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except BadRequest as exc:
         return error(400, exc.message, exc.detail)
+    except SlowBody as exc:
+        resp = error(408, str(exc))
+        resp.force_close()
+        return resp
     except BadCursor as exc:
         return error(400, str(exc))
     except (UnknownNode, UnknownModel) as exc:

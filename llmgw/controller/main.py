@@ -8,10 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
 
 log = logging.getLogger("llmgw.controller")
@@ -81,6 +80,29 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between reconcile passes (default %(default)s)",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="close a connection idle this long, or still sending its request headers "
+        "this long after it opened or after its last reply (default %(default)g)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request body must arrive within this long, else 408 (default %(default)g)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="open connections at most (lowered to fit RLIMIT_NOFILE); past it a new "
+        "connection gets 503 (default %(default)s)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -92,9 +114,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--backoff-base", args.backoff_base),
         ("--backoff-cap", args.backoff_cap),
         ("--reconcile-interval", args.reconcile_interval),
+        ("--idle-timeout", args.idle_timeout),
+        ("--body-timeout", args.body_timeout),
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
+    if args.max_connections < 1:
+        raise ValueError(f"--max-connections must be at least 1, got {args.max_connections}")
     files = {
         Role.AGENT: args.agent_token_file,
         Role.ADMIN: args.admin_token_file,
@@ -128,6 +154,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         reconcile_interval_s=args.reconcile_interval,
+        body_timeout_s=args.body_timeout,
     )
 
 
@@ -166,11 +193,6 @@ def main(argv: list[str]) -> int:
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
-    web.run_app(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        access_log=access_log,
-    )
+    limits = ServerLimits(idle_timeout_s=args.idle_timeout, max_connections=args.max_connections)
+    serve(create_app(settings), settings.host, settings.port, limits, access_log=access_log)
     return 0

@@ -28,6 +28,7 @@ class ControllerSettings:
     backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
     max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = 30.0  # to receive a request body; slower is a 408
 
     @property
     def host(self) -> str:
