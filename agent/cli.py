@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
+from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeName, NodeReport
 
 log = logging.getLogger("agent")
@@ -51,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="file holding a fixed agent credential (else STATE_DIR/credential from "
         "enrollment, else LLMGW_AGENT_TOKEN)",
+    )
+    p.add_argument(
+        "--ca-file",
+        type=Path,
+        default=os.environ.get("LLMGW_CA_FILE") or None,
+        help="CA certificate to verify an https controller (env LLMGW_CA_FILE; "
+        "default: the system's CAs)",
     )
     p.add_argument(
         "--enroll-token-file",
@@ -176,6 +185,16 @@ def credential_source(args: argparse.Namespace) -> tuple[str | None, Enroller | 
     return read_token(None), None
 
 
+def controller_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """A verifying context for an https controller; None for http."""
+    if not str(args.controller).startswith("https:"):
+        return None
+    try:
+        return client_context(args.ca_file)
+    except TlsConfigError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def _xids(text: str) -> frozenset[int]:
     try:
         return frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
@@ -285,7 +304,14 @@ def describe(report: NodeReport) -> str:
 async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
     engines = make_engines(args, builder)
     token, enrollment = credential_source(args)
-    loop = ReportLoop(builder, args.controller, token=token, engines=engines, enrollment=enrollment)
+    loop = ReportLoop(
+        builder,
+        args.controller,
+        token=token,
+        engines=engines,
+        enrollment=enrollment,
+        ssl_context=controller_tls(args),
+    )
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -318,6 +344,7 @@ def main(argv: list[str]) -> int:
             print(report.model_dump_json(indent=2) if args.json else describe(report))
             return 0
         credential_source(args)  # a bad token file is a usage error, up front
+        controller_tls(args)
         asyncio.run(run_agent(args, builder))
     except UsageError as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from agent.loop import ReportError
+from agent.loop import ReportError, connection_error
 
 CREDENTIAL_FILE = "credential"
 ENROLL_PATH = "/v1/agent/enroll"
@@ -69,7 +69,7 @@ class Enroller:
                 text = await resp.text()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ReportError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise connection_error(self.url, exc) from exc
         if status in (401, 403):
             raise ReportError(
                 "auth",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -21,6 +22,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from agent.report import ReportBuilder
+from llmgw.tls import is_verify_failure, verify_hint
 from llmgw.wire import NodeReport, ReplicaReport, ReportReply, ShardAssignment
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,13 @@ class ReportError(Exception):
         self.kind = kind
 
 
+def connection_error(controller: str, exc: BaseException) -> ReportError:
+    """A failed connection; a certificate that does not verify says what to do."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError) or is_verify_failure(exc):
+        return ReportError("tls", verify_hint(controller, exc))
+    return ReportError("unreachable", f"{type(exc).__name__}: {exc}")
+
+
 def next_delay(interval_s: float, failures: int, rng: random.Random, cap_s: float) -> float:
     """Seconds until the next try.
 
@@ -81,11 +90,14 @@ class ReportLoop:
         backoff_cap_s: float = BACKOFF_CAP_S,
         timeout_s: float = 10.0,
         build_timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.builder = builder
         self.url = controller.rstrip("/") + REPORT_PATH
         self.token = token
         self.engines = engines
+        self.controller = controller
+        self.ssl_context = ssl_context  # https: verifies the controller's certificate
         self.enrollment = enrollment
         self.rng = rng or random.Random()
         self.backoff_cap_s = backoff_cap_s
@@ -135,7 +147,7 @@ class ReportLoop:
                 text = await resp.text()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ReportError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise connection_error(self.controller, exc) from exc
         if status in (401, 403):
             raise ReportError(
                 "auth",
@@ -168,7 +180,11 @@ class ReportLoop:
 
     async def run(self, stop: asyncio.Event, session: aiohttp.ClientSession | None = None) -> None:
         own = session is None
-        session = session or aiohttp.ClientSession()
+        session = session or aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.ssl_context)
+            if self.ssl_context is not None
+            else None
+        )
         try:
             while not stop.is_set():
                 await self._one(session)

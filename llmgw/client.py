@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from llmgw.tls import TlsConfigError, client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
     FleetSummary,
     ModelSpec,
@@ -79,6 +80,7 @@ class AdminClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         user: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.base_url = controller_url(base_url)
         headers = {"User-Agent": "llmgw-admin"}
@@ -87,8 +89,14 @@ class AdminClient:
             headers["Authorization"] = f"Bearer {tok}"
         if user:  # recorded beside the token's identity on cordons and drains
             headers["X-LLMGW-User"] = user
+        # https: verified against --ca-file / LLMGW_CA_FILE, else the system's CAs.
+        verify = client_context(ca_file) if self.base_url.startswith("https:") else True
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=verify,
         )
 
     async def __aenter__(self) -> AdminClient:
@@ -197,6 +205,10 @@ class AdminClient:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
+            if is_verify_failure(exc):
+                raise ControllerUnreachable(
+                    self.base_url, TlsConfigError(verify_hint(self.base_url, exc))
+                ) from exc
             raise ControllerUnreachable(self.base_url, exc) from exc
         if response.status_code >= 400:
             raise ControllerError(

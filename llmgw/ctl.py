@@ -23,6 +23,7 @@ from rich.console import Console
 
 from llmgw import render
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, controller_url
+from llmgw.tls import TlsConfigError
 from llmgw.wire import DrainPlan, ModelSpec, ModelSpecList
 
 EXIT_OK, EXIT_CONTROLLER, EXIT_USAGE = 0, 1, 2
@@ -40,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
         "--controller", help="controller URL (env LLMGW_CONTROLLER, default http://127.0.0.1:7460)"
     )
     p.add_argument("--token", help="bearer token (env LLMGW_TOKEN)")
+    p.add_argument(
+        "--ca-file", help="CA certificate to verify an https controller (env LLMGW_CA_FILE)"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("status", help="the fleet summary")
@@ -299,7 +303,9 @@ class Ctl:
 async def run(args: argparse.Namespace) -> int:
     # Piped output (grep, less) gets full-width tables rather than 80 columns.
     out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-    async with AdminClient(args.controller, args.token, user=_login()) as client:
+    async with AdminClient(
+        args.controller, args.token, user=_login(), ca_file=args.ca_file
+    ) as client:
         handler: Callable[[argparse.Namespace], Awaitable[int]] = getattr(
             Ctl(client, out), args.command
         )
@@ -317,7 +323,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         return asyncio.run(run(args))
-    except UsageError as exc:
+    except (UsageError, TlsConfigError) as exc:
         print(f"llmgw ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ControllerUnreachable as exc:

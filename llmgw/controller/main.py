@@ -12,6 +12,7 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
+from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
 
@@ -103,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
         help="open connections at most (lowered to fit RLIMIT_NOFILE); past it a new "
         "connection gets 503 (default %(default)s)",
     )
+    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM chain)")
+    p.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -186,13 +189,38 @@ def main(argv: list[str]) -> int:
             "it can report as any node; prefer per-node credentials (enrollment)"
         )
     mode = "token auth" if settings.tokens.enabled else "open (loopback only, no tokens)"
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("llmgw controller: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    ssl_context = None
+    if args.tls_cert is not None:
+        try:
+            ssl_context = server_context(args.tls_cert, args.tls_key)
+        except TlsConfigError as exc:
+            print(f"llmgw controller: {exc}", file=sys.stderr)
+            return 2
+    elif not is_loopback(settings.host):
+        log.warning(
+            "listening on %s without TLS: tokens and reports cross the network in clear; "
+            "pass --tls-cert and --tls-key",
+            settings.host,
+        )
+    scheme = "https" if ssl_context is not None else "http"
     print(
-        f"llmgw controller listening on http://{args.listen} ({mode}); state in {settings.state_dir}",
+        f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
+        f"state in {settings.state_dir}",
         flush=True,
     )
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
     limits = ServerLimits(idle_timeout_s=args.idle_timeout, max_connections=args.max_connections)
-    serve(create_app(settings), settings.host, settings.port, limits, access_log=access_log)
+    serve(
+        create_app(settings),
+        settings.host,
+        settings.port,
+        limits,
+        ssl_context=ssl_context,
+        access_log=access_log,
+    )
     return 0

@@ -1,0 +1,68 @@
+"""TLS for the controller's clients (agents, ctl, the console) and its server.
+
+Clients verify the controller's certificate: against the system's trust store,
+or against the CA in `--ca-file` / LLMGW_CA_FILE for a private CA. A
+certificate that does not verify is refused with a message that says what to
+do, never ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+
+CA_ENV = "LLMGW_CA_FILE"
+
+
+class TlsConfigError(ValueError):
+    pass
+
+
+def ca_file(explicit: Path | str | None = None) -> Path | None:
+    value = explicit or os.environ.get(CA_ENV) or None
+    return Path(value) if value else None
+
+
+def client_context(ca: Path | str | None = None) -> ssl.SSLContext:
+    """A verifying client context: the given CA (or LLMGW_CA_FILE), else the system's."""
+    path = ca_file(ca)
+    try:
+        return ssl.create_default_context(cafile=str(path) if path else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot use CA file {path}: {exc}") from exc
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load --tls-cert {cert} / --tls-key {key}: {exc}") from exc
+    return ctx
+
+
+def is_verify_failure(exc: BaseException | None) -> bool:
+    """Whether a connection error (or one it wraps) is a failed certificate check."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return True
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def verify_hint(url: str, exc: BaseException) -> str:
+    return (
+        f"the TLS certificate of {url} is not trusted ({_first_line(exc)}); pass --ca-file "
+        f"(or set {CA_ENV}) with the CA that signed it, and check the host name matches"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]
