@@ -35,7 +35,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent.mounts import Mount, classify, read_mountinfo
 from agent.weights import FileCache, Verdict, check_model_dir
-from llmgw.wire import ModelFound, ModelIncomplete, ModelName, StorageLocation, StorageScope
+from llmgw.wire import (
+    ModelFound,
+    ModelIncomplete,
+    ModelName,
+    StorageLocation,
+    StorageScope,
+    printable,
+)
 
 MAX_PER_LOCATION = 4096  # the wire bounds each list
 _MODEL_NAME: TypeAdapter[str] = TypeAdapter(ModelName)
@@ -169,7 +176,7 @@ class StorageScanner:
                 found.append(
                     ModelFound(
                         name=cand.name,
-                        path=str(cand.path),
+                        path=printable(str(cand.path)),
                         format=cand.verdict.format,
                         size_bytes=cand.verdict.size_bytes,
                         files=cand.verdict.files,
@@ -178,7 +185,12 @@ class StorageScanner:
             else:
                 reason = cand.verdict.reason or "not usable as a model name"
                 incomplete.append(
-                    ModelIncomplete(name=cand.name[:256], path=str(cand.path), reason=reason[:4096])
+                    # A directory name may hold any byte: shown escaped, never refused.
+                    ModelIncomplete(
+                        name=printable(cand.name)[:256],
+                        path=printable(str(cand.path)),
+                        reason=printable(reason, keep_lines=True)[:4096],
+                    )
                 )
         return StorageLocation(
             **common,

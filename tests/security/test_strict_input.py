@@ -4,6 +4,7 @@ unique GPUs, no control characters; terminal output is escaped."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +200,15 @@ async def test_uncordon_validates_its_body(client: TestClient) -> None:
     resp = await client.post("/v1/nodes/gpu01/uncordon", headers=auth(ADMIN))  # no body: fine
     assert resp.status == 200
     assert (await resp.json())["admin"]["flag"] == "none"
+
+
+def test_a_directory_named_with_control_characters_is_shown_escaped(tmp_path: Path) -> None:
+    """A hostile directory name on a weights disk must not break the node's report."""
+    from agent.storage import StorageDir, StorageScanner
+
+    (tmp_path / "evil\x1b[2Jdir\n").mkdir()
+    scanner = StorageScanner([StorageDir(str(tmp_path))])
+    (loc,) = scanner.scan()
+    assert loc.error is None
+    (bad,) = loc.incomplete
+    assert bad.name == "evil\\x1b[2Jdir\\n"
