@@ -35,6 +35,7 @@ from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
 from llmgw.wire import (
+    PATTERN_MESSAGES,
     AdminFlag,
     CredentialView,
     DrainPlanRequest,
@@ -84,9 +85,19 @@ def error(status: int, message: str, detail: list[dict[str, Any]] | None = None)
 
 def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     return [
-        {"loc": ".".join(str(p) for p in e["loc"]) or "(body)", "msg": e["msg"], "type": e["type"]}
+        {
+            "loc": ".".join(str(p) for p in e["loc"]) or "(body)",
+            "msg": _message(e),
+            "type": e["type"],
+        }
         for e in exc.errors(include_url=False, include_input=False)
     ][:20]
+
+
+def _message(e: Any) -> str:
+    """The error's message; a failed text rule says what it is, not its pattern."""
+    pattern = (e.get("ctx") or {}).get("pattern")
+    return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
 
 
 class SlowBody(Exception):

@@ -118,12 +118,12 @@ def test_control_characters_are_refused_in_names_and_short_fields(bad: str) -> N
     refused(ModelSpec, {"name": "m", "source": "s", "engine": bad})
     refused(ModelSpec, {"name": bad, "source": "s"})
     message = refused(ReasonRequest, {"reason": f"disk{bad}FAKE LINE"})
-    assert "control characters" in message
+    assert "string_pattern_mismatch" in message
 
 
 def test_agent_error_text_keeps_lines_but_not_escapes() -> None:
     NodeReport.model_validate_json(json.dumps(with_replica(error="exit 1\nlast line\tx")))
-    assert "control characters" in refused(NodeReport, with_replica(error="red \x1b[31m"))
+    assert "string_pattern_mismatch" in refused(NodeReport, with_replica(error="red \x1b[31m"))
 
 
 @given(st.text(max_size=50))
@@ -186,6 +186,17 @@ async def test_infinity_in_a_report_is_a_400_and_status_still_renders(client: Te
     raw = base + ', "replicas": [{"id":"r1","model":"m","state":"ready","idle_seconds":1e400}]}'
     resp = await client.post("/v1/agent/report", data=raw, headers=auth(AGENT))
     assert resp.status == 400
+    assert await views(client) == before
+
+
+async def test_a_report_with_an_escape_in_a_field_is_a_400_saying_so(client: TestClient) -> None:
+    before = await views(client)
+    body = with_gpu(gpu_class="H100\x1b[2J")
+    resp = await client.post("/v1/agent/report", json=body, headers=auth(AGENT))
+    assert resp.status == 400
+    detail = (await resp.json())["detail"]
+    assert detail[0]["loc"] == "gpus.0.gpu_class"
+    assert "control characters" in detail[0]["msg"]
     assert await views(client) == before
 
 
