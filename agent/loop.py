@@ -151,7 +151,8 @@ class ReportLoop:
         if status in (401, 403):
             raise ReportError(
                 "auth",
-                f"HTTP {status}: {text[:300]}; check --token-file or LLMGW_AGENT_TOKEN",
+                f"HTTP {status}: {text[:300]}; check --token-file, LLMGW_AGENT_TOKEN or "
+                "STATE_DIR/credential (a revoked credential: delete the file to enroll again)",
             )
         if status >= 400:
             raise ReportError("http", f"HTTP {status}: {text[:500]}")
