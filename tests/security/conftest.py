@@ -13,7 +13,7 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import ControllerSettings
 
-AGENT, ADMIN, READ = "agent-secret", "admin-secret", "read-secret"
+AGENT, ADMIN, READ, ENROLL = "agent-secret", "admin-secret", "read-secret", "enroll-secret"
 ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
@@ -45,9 +45,16 @@ def auth(token: str | None) -> dict[str, str]:
 @pytest.fixture
 async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
     tokens = Tokens(
-        ((AGENT, "agent", Role.AGENT), (ADMIN, "alice", Role.ADMIN), (READ, "reader", Role.READ))
+        (
+            (AGENT, "agent", Role.AGENT),
+            (ADMIN, "alice", Role.ADMIN),
+            (READ, "reader", Role.READ),
+            (ENROLL, "enroll", Role.ENROLL),
+        )
     )
-    app = create_app(ControllerSettings(state_dir=tmp_path, tokens=tokens))
+    # No background reconcile: a placement between two views is not the request's doing.
+    settings = ControllerSettings(state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400)
+    app = create_app(settings)
     c = await aiohttp_client(app)
     resp = await c.post("/v1/agent/report", json=report_body(), headers=auth(AGENT))
     assert resp.status == 200
@@ -57,11 +64,14 @@ async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
 async def views(client: TestClient) -> Any:
     """Everything a reader can see, minus what moves with the clock."""
     out: dict[str, Any] = {}
-    for path in ("/v1/summary", "/v1/nodes", "/v1/models", "/v1/replicas", "/v1/nodes/gpu01"):
+    paths = ("/v1/summary", "/v1/nodes", "/v1/models", "/v1/replicas", "/v1/credentials")
+    for path in paths:
         resp = await client.get(path, headers=auth(ADMIN))
         out[path] = await resp.json()
     out["/v1/summary"].pop("generated_at", None)
     for row in out["/v1/nodes"]:
         row.pop("report_age_s", None)
-    out["/v1/nodes/gpu01"]["row"].pop("report_age_s", None)
+        detail = await (await client.get(f"/v1/nodes/{row['name']}", headers=auth(ADMIN))).json()
+        detail["row"].pop("report_age_s", None)
+        out[f"/v1/nodes/{row['name']}"] = detail
     return out

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.security.conftest import ADMIN, AGENT, auth, report_body, views
+from tests.security.conftest import ADMIN, AGENT, ENROLL, auth, report_body, views
 
 EXAMPLES = int(os.environ.get("LLMGW_FUZZ_EXAMPLES", "60"))
 
@@ -47,6 +47,8 @@ VALID: dict[str, dict[str, Any]] = {
     "uncordon": {},
     "models": {"models": [{"name": "m", "source": "s", "min_replicas": 1, "engine": "fake"}]},
     "drain-plan": {"nodes": ["gpu01"]},
+    "enroll": {"node": "gpu07"},
+    "forget": {},
 }
 NODE_NAMES = st.sampled_from(["gpu01", "nope", "a b", "..", "x" * 300, "\u00e9"]) | st.text(
     max_size=12
@@ -88,7 +90,7 @@ def mutated(draw: st.DrawFn, kind: str) -> bytes:
 
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
-    kind = draw(st.sampled_from([*VALID, "delete-model"]))
+    kind = draw(st.sampled_from([*VALID, "delete-model", "revoke"]))
     node = quote(draw(NODE_NAMES), safe="")
     method, path, token = {
         "report": ("POST", "/v1/agent/report", AGENT),
@@ -98,8 +100,11 @@ def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
         "models": ("POST", "/v1/models", ADMIN),
         "drain-plan": ("POST", "/v1/drain-plan", ADMIN),
         "delete-model": ("DELETE", f"/v1/models/{node}", ADMIN),
+        "enroll": ("POST", "/v1/agent/enroll", ENROLL),
+        "forget": ("POST", f"/v1/nodes/{node}/forget", ADMIN),
+        "revoke": ("DELETE", f"/v1/credentials/{node}", ADMIN),
     }[kind]
-    if kind == "delete-model":
+    if kind in ("delete-model", "revoke"):
         body = b""
     else:
         body = draw(
