@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from llmgw.client import AdminClient, controller_url
+from llmgw.tls import TlsConfigError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -20,6 +22,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--token", metavar="T", default=None, help="admin token (default: $LLMGW_TOKEN)"
+    )
+    parser.add_argument(
+        "--ca-file",
+        metavar="F",
+        default=None,
+        help="CA certificate to verify an https controller (default: $LLMGW_CA_FILE)",
     )
     parser.add_argument(
         "--readonly",
@@ -43,7 +51,11 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from console.app import ConsoleApp  # Textual loads only when we really run
 
-    client = AdminClient(controller_url(args.controller), args.token)
+    try:
+        client = AdminClient(controller_url(args.controller), args.token, ca_file=args.ca_file)
+    except TlsConfigError as exc:
+        print(f"llmgw console: {exc}", file=sys.stderr)
+        return 2
     app = ConsoleApp(client, readonly=args.readonly, refresh=args.refresh)
     app.run()
     return app.return_code or 0
