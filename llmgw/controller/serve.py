@@ -8,6 +8,8 @@ cannot hold the controller:
   for a complete request when it fires. So `idle_timeout_s` bounds both the
   idle time between requests and the time a client may take to send its
   request line and headers (a slowloris trickling one header a second is cut).
+  Older aiohttp started that timer only after a first response
+  (aio-libs/aiohttp#13681), hence the version floor in pyproject.toml.
 - body timeout: a handler reads its body within the settings'
   `body_timeout_s` (see `app.parse_body`), else 408 and the connection is closed.
 - a cap on open connections: past it a new connection gets a JSON 503 and is
