@@ -48,3 +48,18 @@ async def test_a_user_header_that_is_not_text_is_400_and_changes_nothing(
     assert status == 400, reply
     assert b"X-LLMGW-User" in reply
     assert await views(client) == before
+
+
+@pytest.mark.parametrize(
+    "target", [b"/v1/nodes/%ff", b"/v1/nodes/\xff", b"/v1/nodes/%ff/cordon", b"/v1/models/%c3%28"]
+)
+async def test_a_path_that_is_not_text_is_never_a_500(client: TestClient, target: bytes) -> None:
+    before = await views(client)
+    token = auth(ADMIN)["Authorization"].encode()
+    method = b"POST" if target.endswith(b"cordon") else b"GET"
+    head = method + b" " + target + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + token + b"\r\n"
+    status, reply = await raw_request(
+        client, head, b'{"reason": "x"}' if method == b"POST" else b""
+    )
+    assert 400 <= status < 500, reply
+    assert await views(client) == before
