@@ -71,7 +71,7 @@ def open_slow(host: str, port: int, n: int, body: bool) -> list[socket.socket]:
         s = socket.create_connection((host, port), timeout=5)
         if body:  # complete headers declaring 1 MiB, then a dribble
             s.sendall(
-                b"POST /v1/nodes/x/cordon HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST /v1/agent/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 1048576\r\n\r\n{"
             )
         else:  # a request line and the start of a header
@@ -80,12 +80,16 @@ def open_slow(host: str, port: int, n: int, body: bool) -> list[socket.socket]:
     return socks
 
 
+RECEIVED: dict[int, bytes] = {}
+
+
 def closed_by_server(s: socket.socket) -> bool:
     """The server closed it (maybe after a reply): reading reaches EOF."""
     s.settimeout(0.01)
     try:
         while True:
             chunk = s.recv(65536)
+            RECEIVED[s.fileno()] = RECEIVED.get(s.fileno(), b"") + chunk
             if not chunk:
                 return True
     except (TimeoutError, BlockingIOError):
@@ -97,7 +101,9 @@ def closed_by_server(s: socket.socket) -> bool:
 @pytest.mark.slow
 def test_slow_clients_are_cut_and_new_ones_served(controller: tuple[str, int, Path]) -> None:
     host, port, log = controller
-    slow = open_slow(host, port, 150, body=False) + open_slow(host, port, 150, body=True)
+    headers = open_slow(host, port, 150, body=False)
+    bodies = open_slow(host, port, 150, body=True)
+    slow = headers + bodies
     # Trickle one byte a quarter second on every one of them, as slowloris does.
     deadline = time.monotonic() + 4
     while time.monotonic() < deadline:
@@ -108,6 +114,10 @@ def test_slow_clients_are_cut_and_new_ones_served(controller: tuple[str, int, Pa
     wait_until(
         lambda: all(closed_by_server(s) for s in slow), timeout=10, what="slow connections cut"
     )
+    # A dribbled body gets its 408 (unless it arrived past the connection cap: 503).
+    replies = [RECEIVED.get(s.fileno(), b"") for s in bodies]
+    assert all(r.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")) for r in replies), replies[:3]
+    assert any(r.startswith(b"HTTP/1.1 408") for r in replies)
     for s in slow:
         s.close()
     for _ in range(20):  # new connections are served again, one after another
