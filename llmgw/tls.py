@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import ssl
 from pathlib import Path
+from urllib.parse import urlsplit
 
 CA_ENV = "LLMGW_CA_FILE"
 
@@ -43,23 +44,48 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return ctx
 
 
-def is_verify_failure(exc: BaseException | None) -> bool:
-    """Whether a connection error (or one it wraps) is a failed certificate check."""
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH = frozenset({62, 64})
+
+
+def _verify_error(exc: BaseException | None) -> BaseException | None:
+    """The failed certificate check inside a connection error (aiohttp and httpx wrap
+    it): the ssl error itself where the chain holds it, else the first error naming it."""
+    named: BaseException | None = None
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, ssl.SSLCertVerificationError):
-            return True
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-            return True
+            return exc
+        inner = getattr(exc, "certificate_error", None)  # aiohttp's certificate error
+        if isinstance(inner, ssl.SSLCertVerificationError):
+            return inner
+        if named is None and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            named = exc
         exc = exc.__cause__ or exc.__context__
         seen += 1
-    return False
+    return named
+
+
+def is_verify_failure(exc: BaseException | None) -> bool:
+    """Whether a connection error (or one it wraps) is a failed certificate check."""
+    return _verify_error(exc) is not None
 
 
 def verify_hint(url: str, exc: BaseException) -> str:
+    """Why the controller's certificate was refused, and what to do about it."""
+    err = _verify_error(exc) or exc
+    code = getattr(err, "verify_code", None)
+    if code in _NAME_MISMATCH or (code is None and "mismatch" in str(err)):
+        host = urlsplit(url).hostname
+        return (
+            f"the TLS certificate of {url} is not trusted: it does not name host {host!r} "
+            f"({_first_line(err)}); connect by a name the certificate lists, or reissue it "
+            "with that name"
+        )
     return (
-        f"the TLS certificate of {url} is not trusted ({_first_line(exc)}); pass --ca-file "
-        f"(or set {CA_ENV}) with the CA that signed it, and check the host name matches"
+        f"the TLS certificate of {url} is not trusted: it is not signed by a CA this client "
+        f"trusts ({_first_line(err)}); pass --ca-file (or set {CA_ENV}) with the CA that "
+        "signed it"
     )
 
 
