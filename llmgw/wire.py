@@ -38,11 +38,11 @@ Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, m
 class Inbound(BaseModel):
     """Base for bodies we receive: unknown fields are an error, not ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Outbound(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True, defer_build=True)
 
 
 # -- enums ---------------------------------------------------------------------

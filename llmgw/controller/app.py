@@ -126,13 +126,15 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             return await handler(request)
         presented = bearer(request.headers.get("Authorization"))
         if presented is None:
-            return error(401, "missing bearer token: send `Authorization: Bearer <token>`")
+            return error(401, "missing token: this controller needs a bearer token")
         identity = tokens.identify(presented)
         if identity is None:
             return error(401, "invalid token")
         if identity.role not in allowed:
-            need = " or ".join(sorted(r.value for r in allowed))
-            return error(403, f"a {identity.role} token cannot do this; it needs a {need} token")
+            need = " or ".join(_article(v) for v in sorted(r.value for r in allowed))
+            return error(
+                403, f"{_article(str(identity.role))} token cannot do this; it needs {need} token"
+            )
         claimed = _claimed_user(request)
         name = (
             f"{identity.name} ({claimed})"
@@ -143,6 +145,11 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
         return await handler(request)
 
     return middleware
+
+
+def _article(word: str) -> str:
+    """'an admin', 'an agent', 'a read'."""
+    return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
 def _claimed_user(request: web.Request) -> str | None:
