@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -87,15 +86,54 @@ def _none(body: bytes) -> None:
     return None
 
 
-@dataclass(frozen=True)
+class View(dict[str, Any]):
+    """A JSON object read with attribute access, as the wire type of the same name.
+
+    `SyncAdminClient` (ctl) answers typed calls with these instead of pydantic
+    models: importing pydantic and building the models costs a one-shot more
+    than everything else it does. The controller built the JSON from the wire
+    types, so the fields are there; ctl only reads them. Enum fields are their
+    string values (the wire enums are StrEnums: they compare and hash alike).
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            if name in _ALIASES and _ALIASES[name] in self:
+                return self[_ALIASES[name]]
+            raise AttributeError(name) from None
+
+
+_ALIASES = {"gpu_class": "class"}  # GpuClassCounts serializes its field as "class"
+
+
+def view(body: bytes) -> Any:
+    return json.loads(body, object_hook=View)
+
+
 class Call(Generic[T]):
     """One request and how to read its answer."""
 
-    method: str
-    path: str  # already encoded
-    body: dict[str, Any] | None = None
-    params: dict[str, str] = field(default_factory=dict)
-    parse: Callable[[bytes], T] = _parse_json
+    __slots__ = ("body", "method", "params", "parse", "path", "typed")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,  # already encoded
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        parse: Callable[[bytes], T] = _parse_json,
+        typed: bool = False,  # answered by a wire type: SyncAdminClient reads it as a View
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.body = body
+        self.params = params or {}
+        self.parse = parse
+        self.typed = typed
 
     def target(self) -> str:
         if not self.params:
@@ -141,7 +179,7 @@ def _one(name: str) -> Callable[[bytes], Any]:
 
 
 def summary() -> Call[FleetSummary]:
-    return Call("GET", "/v1/summary", parse=_one("FleetSummary"))
+    return Call("GET", "/v1/summary", parse=_one("FleetSummary"), typed=True)
 
 
 def summary_json() -> Call[Any]:
@@ -149,23 +187,23 @@ def summary_json() -> Call[Any]:
 
 
 def nodes() -> Call[list[NodeRow]]:
-    return Call("GET", "/v1/nodes", parse=_list_of("NodeRow"))
+    return Call("GET", "/v1/nodes", parse=_list_of("NodeRow"), typed=True)
 
 
 def nodes_since(cursor: str = "") -> Call[NodesDelta]:
-    return Call("GET", "/v1/nodes", params={"since": cursor}, parse=_one("NodesDelta"))
+    return Call("GET", "/v1/nodes", params={"since": cursor}, parse=_one("NodesDelta"), typed=True)
 
 
 def node(name: str) -> Call[NodeDetail]:
-    return Call("GET", f"/v1/nodes/{seg(name)}", parse=_one("NodeDetail"))
+    return Call("GET", f"/v1/nodes/{seg(name)}", parse=_one("NodeDetail"), typed=True)
 
 
 def models() -> Call[list[ModelView]]:
-    return Call("GET", "/v1/models", parse=_list_of("ModelView"))
+    return Call("GET", "/v1/models", parse=_list_of("ModelView"), typed=True)
 
 
 def replicas() -> Call[list[ReplicaView]]:
-    return Call("GET", "/v1/replicas", parse=_list_of("ReplicaView"))
+    return Call("GET", "/v1/replicas", parse=_list_of("ReplicaView"), typed=True)
 
 
 def whoami() -> Call[Any]:
@@ -177,11 +215,17 @@ def healthz() -> Call[Any]:
 
 
 def cordon(node: str, reason: str) -> Call[NodeRow]:
-    return Call("POST", f"/v1/nodes/{seg(node)}/cordon", {"reason": reason}, parse=_one("NodeRow"))
+    return Call(
+        "POST",
+        f"/v1/nodes/{seg(node)}/cordon",
+        {"reason": reason},
+        parse=_one("NodeRow"),
+        typed=True,
+    )
 
 
 def uncordon(node: str) -> Call[NodeRow]:
-    return Call("POST", f"/v1/nodes/{seg(node)}/uncordon", {}, parse=_one("NodeRow"))
+    return Call("POST", f"/v1/nodes/{seg(node)}/uncordon", {}, parse=_one("NodeRow"), typed=True)
 
 
 def drain(
@@ -190,11 +234,13 @@ def drain(
     body: dict[str, Any] = {"reason": reason, "force": force}
     if force_after_s is not None:  # absent means none: older controllers accept the body
         body["force_after_s"] = force_after_s
-    return Call("POST", f"/v1/nodes/{seg(node)}/drain", body, parse=_one("NodeRow"))
+    return Call("POST", f"/v1/nodes/{seg(node)}/drain", body, parse=_one("NodeRow"), typed=True)
 
 
 def drain_plan(nodes: Iterable[str]) -> Call[DrainPlan]:
-    return Call("POST", "/v1/drain-plan", {"nodes": list(nodes)}, parse=_one("DrainPlan"))
+    return Call(
+        "POST", "/v1/drain-plan", {"nodes": list(nodes)}, parse=_one("DrainPlan"), typed=True
+    )
 
 
 def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
@@ -203,7 +249,7 @@ def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
 
 def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
     body = {"models": [s.model_dump(mode="json") for s in specs]}
-    return Call("POST", "/v1/models", body, parse=_list_of("ModelView"))
+    return Call("POST", "/v1/models", body, parse=_list_of("ModelView"), typed=True)
 
 
 def delete_model(name: str) -> Call[None]:

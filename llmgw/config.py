@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +36,14 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "llmgw" / "config.toml"
 
 
-@dataclass(frozen=True)
 class ConfigFile:
-    path: Path
-    current: str | None
-    contexts: dict[str, dict[str, Any]]
+    # Plain classes here: a dataclass costs a one-shot its code generation.
+    def __init__(
+        self, path: Path, current: str | None, contexts: dict[str, dict[str, Any]]
+    ) -> None:
+        self.path = path
+        self.current = current
+        self.contexts = contexts
 
     @classmethod
     def load(cls, path: Path) -> ConfigFile:
@@ -52,6 +53,8 @@ class ConfigFile:
             return cls(path, None, {})
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+        import tomllib  # only when there is a file: a one-shot without one skips it
+
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -91,21 +94,30 @@ class ConfigFile:
         return f"no context {name!r} in {self.path} (contexts: {known})"
 
 
-@dataclass(frozen=True)
 class Setting:
-    value: Any
-    source: str  # "flag --controller", "env LLMGW_TOKEN", "context prod", "default"
+    __slots__ = ("source", "value")
+
+    def __init__(self, value: Any, source: str) -> None:
+        self.value = value
+        self.source = source  # "flag --controller", "env LLMGW_TOKEN", "context prod", "default"
 
 
-@dataclass(frozen=True)
 class Resolved:
     """Where to connect, and where each part came from."""
 
-    controllers: list[str]
-    token: str | None
-    ca_file: str | None
-    context: str | None
-    sources: dict[str, Setting] = field(default_factory=dict)
+    def __init__(
+        self,
+        controllers: list[str],
+        token: str | None,
+        ca_file: str | None,
+        context: str | None,
+        sources: dict[str, Setting],
+    ) -> None:
+        self.controllers = controllers
+        self.token = token
+        self.ca_file = ca_file
+        self.context = context
+        self.sources = sources
 
     @property
     def controller(self) -> str:

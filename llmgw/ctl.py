@@ -473,7 +473,7 @@ class Ctl:
 
     def _only(self, rows: list[NodeRow]) -> list[NodeRow]:
         if self.args.state:
-            rows = [r for r in rows if r.state.value == self.args.state]
+            rows = [r for r in rows if r.state == self.args.state]
         return rows
 
     def _watch_nodes(self, wide: bool) -> int:
@@ -483,7 +483,7 @@ class Ctl:
         table is printed whole and then each changed row on its own line, as
         `kubectl get -w` does.
         """
-        rows: dict[str, NodeRow] = {}
+        rows: dict[str, Any] = {}  # name -> api.View of a NodeRow
         cursor = ""
         first = True
         try:
@@ -498,7 +498,7 @@ class Ctl:
                     rows.pop(name, None)
                 for name, age in delta.report_ages.items():
                     if name in rows:
-                        rows[name] = rows[name].model_copy(update={"report_age_s": age})
+                        rows[name] = api.View({**rows[name], "report_age_s": age})
                 ordered = [rows[n] for n in sorted(rows)]
                 if self.term.tty:
                     self.term.write(
@@ -554,7 +554,7 @@ class Ctl:
                 code = EXIT_CONTROLLER
                 continue
             old = before.get(node)
-            if old is not None and old.admin.flag.value != "none" and old.admin.reason != reason:
+            if old is not None and old.admin.flag != "none" and old.admin.reason != reason:
                 was = render.clean(old.admin.reason or "")
                 self.term.write(
                     f"{node} cordoned; reason replaced: {was!r} -> {render.clean(reason)!r}\n"

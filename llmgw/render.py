@@ -11,26 +11,28 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmgw.wire import (
-    DrainPlan,
-    FleetSummary,
-    GpuReport,
-    ModelView,
-    NodeDetail,
-    NodeRow,
-    NodeState,
-    ReplicaView,
-)
+if TYPE_CHECKING:
+    from llmgw.wire import (
+        DrainPlan,
+        FleetSummary,
+        GpuReport,
+        ModelView,
+        NodeDetail,
+        NodeRow,
+        ReplicaView,
+    )
 
+# Keyed by the state words (NodeState is a StrEnum, so its members look up
+# alike): rendering must not need the wire module, whose pydantic import costs
+# a one-shot `ctl` more than all its other work.
 STATE_STYLE = {
-    NodeState.READY: "green",
-    NodeState.CORDONED: "yellow",
-    NodeState.DRAINING: "magenta",
-    NodeState.UNREACHABLE: "red",
+    "ready": "green",
+    "cordoned": "yellow",
+    "draining": "magenta",
+    "unreachable": "red",
 }
 
 
@@ -106,15 +108,20 @@ def clean(text: str) -> str:
     return _CONTROL.sub(escape, text)
 
 
-@dataclass(frozen=True)
 class Cell:
-    text: str
-    style: str | None = None
-    key: Any = None  # what --sort-by compares (default: the text)
+    """One table cell. A plain class: ctl builds 20,000 of them for 2,000 nodes,
+    and a dataclass costs a one-shot its code generation at import."""
+
+    __slots__ = ("key", "style", "text")
+
+    def __init__(self, text: str, style: str | None = None, key: Any = None) -> None:
+        self.text = text
+        self.style = style
+        self.key = key  # what --sort-by compares (default: the text)
 
     def sort_key(self) -> tuple[int, Any]:
         k = self.text if self.key is None else self.key
-        # None (unknown) sorts last; numbers before text never compare with each other
+        # None (unknown) sorts last
         return (1, "") if k is None else (0, k)
 
 
@@ -125,12 +132,12 @@ def paint(text: str, style: str | None, color: bool) -> str:
     return f"\x1b[{codes}m{text}\x1b[0m" if codes else text
 
 
-@dataclass
 class Table:
-    columns: list[str]
-    rows: list[list[Cell]] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)  # `-o name` per row ("node/gpu-a01")
-    right: frozenset[str] = frozenset()  # right-aligned (numeric) columns
+    def __init__(self, columns: Sequence[str], right: frozenset[str] = frozenset()) -> None:
+        self.columns = list(columns)
+        self.rows: list[list[Cell]] = []
+        self.names: list[str] = []  # `-o name` per row ("node/gpu-a01")
+        self.right = right  # right-aligned (numeric) columns
 
     def add(self, name: str, *cells: Cell | str) -> None:
         self.rows.append([c if isinstance(c, Cell) else Cell(c) for c in cells])
@@ -303,7 +310,7 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         reasons.add(
             group.reason,
             clean(group.reason),
-            group.flag.value,
+            str(group.flag),
             clean(group.by or "-"),
             timestamp(group.at),
             hostlist(group.nodes),
@@ -316,12 +323,12 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
 
 
 def node_state(row: NodeRow) -> Cell:
-    text = row.state.value
-    if row.admin.flag.value != "none" and row.state is NodeState.UNREACHABLE:
-        text += f" ({row.admin.flag.value})"
+    text = str(row.state)
+    if row.admin.flag != "none" and row.state == "unreachable":
+        text += f" ({row.admin.flag})"
     elif row.admin.drained:
         text += " (drained)"
-    return Cell(text, STATE_STYLE[row.state])
+    return Cell(text, STATE_STYLE[str(row.state)])
 
 
 def node_reason(row: NodeRow) -> str:
@@ -400,7 +407,7 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
         cells = [
             Cell(r.id),
             Cell(r.model),
-            Cell(r.state.value, REPLICA_STYLE.get(r.state.value)),
+            Cell(str(r.state), REPLICA_STYLE.get(str(r.state))),
             Cell(hostlist(s.node for s in r.shards)),
             Cell(str(r.gpus), key=r.gpus),
             _age(r.idle_seconds),
@@ -453,7 +460,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             str(g.index),
             g.uuid,
             g.gpu_class,
-            Cell(g.health.value, {"healthy": "green", "unhealthy": "red"}.get(g.health.value)),
+            Cell(str(g.health), {"healthy": "green", "unhealthy": "red"}.get(str(g.health))),
             "yes" if g.in_use else "no",
             _memory(g),
             clean(g.health_reason or ""),
@@ -464,7 +471,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
         storage.add(
             s.path,
             clean(s.path),
-            s.scope.value,
+            str(s.scope),
             s.fs_type or "?",
             clean(s.mount_source or "-"),
             ",".join(m.name for m in s.models) or "-",
@@ -479,7 +486,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             r.id,
             r.id,
             r.model,
-            r.state.value,
+            str(r.state),
             str(len(r.gpus)),
             duration(r.idle_seconds),
             clean(r.error or ""),

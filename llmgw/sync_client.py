@@ -95,7 +95,7 @@ class SyncAdminClient:
                 self._check_is_controller(url, status)
             raise ControllerError(status, api.error_message(body, str(status)), url + call.path)
         try:
-            return call.parse(body)
+            return api.view(body) if call.typed else call.parse(body)
         except ValueError:  # json and pydantic errors: the answer is not ours
             self._check_is_controller(url, status)
             raise
@@ -163,7 +163,7 @@ class SyncAdminClient:
 
     def json(self, call: Call[Any]) -> Any:
         """The answer exactly as served, as JSON (for `-o json`)."""
-        raw = Call(call.method, call.path, call.body, call.params, parse=_raw)
+        raw: Call[bytes] = Call(call.method, call.path, call.body, call.params, parse=_raw)
         return json.loads(self(raw))
 
 
