@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.gpus import DEFAULT_IGNORED_XIDS, FakeGpus, GpuSource, NvmlGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
+from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg

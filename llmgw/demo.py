@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.sample_models import write_model
@@ -224,16 +224,24 @@ class DemoAgent:
 def make_agent(
     node: DemoNode, url: str, root: Path, *, engines: bool, seed: int, interval_s: float
 ) -> DemoAgent:
+    supervisor: Engines | None = None
+
+    def assigned() -> set[str]:
+        """Cards the node's engines hold: busy, with memory used, as NVML would show."""
+        if supervisor is None:
+            return set()
+        live = ("starting", "ready", "stopping")
+        return {g for r in supervisor.reports() if str(r.state) in live for g in r.gpus}
+
     builder = ReportBuilder(
         node=node.name,
-        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus]),
+        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus], busy=assigned),
         storage=StorageScanner(node.storage, node.mountinfo or Path("/nonexistent")),
         interval_s=interval_s,
         fabrics=[node.fabric],
         address="127.0.0.1",
         boot_id=f"demo-{node.name}",
     )
-    supervisor: Engines | None = None
     if engines:
         from agent.engines import EngineSupervisor
 
@@ -392,7 +400,9 @@ def main(argv: list[str]) -> int:
     async def _main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: the terminal running the demo was closed. Every way out ends in
+        # run_demo's `finally`, which stops the engines the demo started.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         return await run_demo(args, stop)

@@ -195,3 +195,70 @@ async def test_demo_engines_serve_and_are_gone_after_stop(tmp_path: Path) -> Non
     async with httpx.AsyncClient() as http:
         with pytest.raises(httpx.ConnectError):
             await http.get(f"http://127.0.0.1:{ports[0]}/health", timeout=2)
+
+
+DEMO = [sys.executable, "-m", "llmgw", "demo"]
+
+
+def _descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += sorted(kids - out)
+            out |= kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_closing_the_demos_terminal_stops_every_engine(sig: signal.Signals, tmp_path: Path) -> None:
+    """SIGHUP (the terminal closed) and SIGTERM take the demo's engines with it."""
+    proc = subprocess.Popen(
+        [*DEMO, "--headless", "--port", "0", "--nodes", "3", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        url = proc.stdout.readline().split()[-1]
+        deadline = time.monotonic() + 60
+        engines: set[int] = set()
+        ports: list[int] = []
+        while time.monotonic() < deadline and not ports:
+            time.sleep(0.5)
+            engines = _descendants(proc.pid)
+            for row in httpx.get(f"{url}/v1/nodes").json():
+                detail = httpx.get(f"{url}/v1/nodes/{row['name']}").json()
+                ports += [
+                    r["port"] for r in detail["replicas"] if r["port"] and r["state"] == "ready"
+                ]
+        assert ports and engines, "no engine started"
+        engines = _descendants(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in engines if _alive(p)], "engine processes survived the demo"
+    for port in ports:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import UsageError, main, read_token
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.report import ReportBuilder, read_boot_id
 from agent.sample_models import write_model
 from agent.storage import StorageScanner
