@@ -1,6 +1,6 @@
 """Controller cost of a console poll: `GET /v1/nodes` against `?since=CURSOR`.
 
-Builds a real `Fleet` (SQLite store in a temporary directory), lets half the
+Builds a real `FleetState` (SQLite store in a temporary directory), lets half the
 fleet re-report unchanged and 5 % change, then times the full listing (the
 baseline, measured in the same run) and the delta a polling console gets,
 both with JSON encoding as the endpoint does it.

@@ -56,6 +56,13 @@ def timestamp(at: float | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
 
 
+def deadline(at: float, now: float | None = None) -> str:
+    """A drain's deadline in UTC: `14:05 UTC`, with the date when not within a day."""
+    now = time.time() if now is None else now
+    fmt = "%H:%M UTC" if abs(at - now) < 86_400 else "%Y-%m-%d %H:%M UTC"
+    return time.strftime(fmt, time.gmtime(at))
+
+
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
 
@@ -333,6 +340,10 @@ def node_state(row: NodeRow) -> Cell:
 
 def node_reason(row: NodeRow) -> str:
     reason = row.admin.reason or ""
+    force_at = getattr(row.admin, "force_at", None)  # absent from older controllers
+    if row.admin.flag == "draining" and force_at is not None:
+        when = "forced" if row.admin.force else f"force at {deadline(force_at)}"
+        reason = f"{reason} ({when})" if reason else when
     if row.drain_blocked:
         reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked
     if row.gpu_error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
 
 # -- bounded scalar types -----------------------------------------------------
 
@@ -194,9 +194,16 @@ class ReasonRequest(Inbound):
     reason: Reason
 
 
+MAX_FORCE_AFTER_S = 7 * 86_400
+
+
 class DrainRequest(Inbound):
     reason: Reason
     force: bool = False
+    # Force the drain this many seconds from now unless it is done by then.
+    force_after_s: Annotated[float, Strict()] | None = Field(
+        default=None, gt=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
 
 
 class ModelSpec(Inbound):
@@ -226,14 +233,16 @@ class AdminInfo(Outbound):
     at: float | None = None  # unix time, controller clock
     drained: bool = False  # a drain finished: cordoned, marked drained
     force: bool = False  # a drain that stops replicas without waiting for replacements
+    force_at: float | None = None  # unix time, controller clock: the drain is forced then
 
 
 class AdminEvent(Outbound):
     node: str
-    action: str  # cordon | uncordon | drain | drained
+    action: str  # cordon | uncordon | drain | drain forced (deadline) | drained | forget
     reason: str | None
     by: str
     at: float
+    force_at: float | None = None  # a drain's deadline, as it was set
 
 
 class NodeRow(Outbound):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
 from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
-from llmgw.controller.fleet import BadCursor, Fleet, UnknownModel, UnknownNode
+from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
@@ -35,7 +35,7 @@ from llmgw.wire import (
 log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
-FLEET = web.AppKey("fleet", Fleet)
+FLEET = web.AppKey("fleet", FleetState)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -220,7 +220,14 @@ async def drain(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     fleet.require(name)
     body = await parse_body(request, DrainRequest)
-    row = fleet.set_flag(name, AdminFlag.DRAINING, body.reason, who(request), force=body.force)
+    row = fleet.set_flag(
+        name,
+        AdminFlag.DRAINING,
+        body.reason,
+        who(request),
+        force=body.force,
+        force_after_s=body.force_after_s,
+    )
     return json_model(row)
 
 
@@ -287,7 +294,7 @@ def create_app(settings: ControllerSettings) -> web.Application:
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
-    fleet = app[FLEET] = Fleet(store, settings)
+    fleet = app[FLEET] = FleetState(store, settings)
 
     async def flush_every_second() -> None:
         while True:
@@ -299,8 +306,7 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    fleet.flush()
-    store.close()
+    fleet.close()
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:

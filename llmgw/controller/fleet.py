@@ -1,7 +1,16 @@
-"""The controller's state: durable records (via the store) plus soft reports.
+"""`FleetState`: the one owner of the controller's fleet state.
+
+Durable records (through the store) and soft agent reports live here, and only
+here. Every change goes through a method of `FleetState`, which writes what is
+durable and appends what changed to the change log (`changes.ChangeLog`).
+Everything incremental derives from that one place: node-row revisions for
+`?since=`, cached report replies, the summary's running totals, long polls.
+
+Other modules read the state through read-only mappings (`nodes`, `admin`,
+`models`, `records`, `backoffs`, `unplaceable_reasons`, `drain_blocked`).
 
 Every view the API serves (summary, node rows, node detail, replicas, models)
-is derived here from one set of facts, so no two answers can disagree.
+is derived from the same facts, so no two answers can disagree.
 """
 
 from __future__ import annotations
@@ -11,8 +20,11 @@ import re
 import secrets
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
 
+from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
 from llmgw.controller.settings import ControllerSettings
@@ -59,12 +71,13 @@ class BadCursor(ValueError):
 
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
-# Forgotten nodes remembered for `removed`; a cursor older than the last one
-# dropped from this list gets a full answer instead.
-TOMBSTONES_KEPT = 10_000
+
+# A node row's content: every `NodeRow` field except the report age.
+RowContent = dict[str, Any]
+_NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
 
 
-class Fleet:
+class FleetState:
     def __init__(
         self,
         store: Store,
@@ -73,26 +86,31 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self._store = store
         self.settings = settings
         self.clock = clock
         self.wall = wall
         self.started_at = clock()
-        self.entries: dict[str, NodeEntry] = {
+        self._log = ChangeLog()
+        # Cursors are "EPOCH.REVISION". The epoch is new every run, so a cursor
+        # from an earlier controller gets a full answer.
+        self.epoch = secrets.token_hex(4)
+        self._entries: dict[str, NodeEntry] = {
             name: NodeEntry(name, first_seen) for name, first_seen in store.known_nodes().items()
         }
-        self.admin: dict[str, AdminInfo] = store.admin()
-        self.models: dict[str, ModelSpec] = store.models()
-        self.records: dict[str, ReplicaRecord] = store.replicas()
-        self.backoffs: dict[str, Backoff] = store.backoffs()
-        # Written by the reconcile loop: why a model cannot be placed, why a drain waits.
-        self.unplaceable_reasons: dict[str, str] = {}
-        self.drain_blocked: dict[str, str] = {}
+        self._admin: dict[str, AdminInfo] = store.admin()
+        self._models: dict[str, ModelSpec] = store.models()
+        self._records: dict[str, ReplicaRecord] = store.replicas()
+        self._backoffs: dict[str, Backoff] = store.backoffs()
+        # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
+        self._unplaceable: dict[str, str] = {}
+        self._drain_blocked: dict[str, str] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
-        # Bumped whenever any node's assignments may have changed.
-        self._assignments_version = 0
-        self._replies: dict[str, tuple[tuple[object, ...], bytes]] = {}
         self._index_records()
+        # Each node's last row content (the fingerprint the NODE changes come
+        # from) and its last reply, keyed by the revisions it was built at.
+        self._rows: dict[str, RowContent] = {}
+        self._replies: dict[str, tuple[tuple[int, int], bytes]] = {}
         # Running sums for the summary, and what each node last put into them.
         self.totals = FleetTotals()
         self._facts: dict[str, NodeFacts] = {}
@@ -101,35 +119,86 @@ class Fleet:
         # First sightings are written in batches: one fsync per node would stall
         # the loop when a whole fleet registers at once.
         self._unsaved_nodes: dict[str, float] = {}
-        for name in self.entries:
-            self._watch(name)
-        # `nodes_since`: cursors are "EPOCH.REVISION". The epoch is new every run,
-        # so a cursor from an earlier controller gets a full answer.
-        self.epoch = secrets.token_hex(4)
-        self.revision = 0
-        # node -> (fingerprint of its row less the report age, revision it last changed at)
-        self._row_marks: dict[str, tuple[tuple[object, ...], int]] = {}
-        self._tombstones: dict[str, int] = {}  # forgotten node -> revision it went at
-        self._tombstones_dropped_at = 0  # cursors older than this get a full answer
+        now = clock()
+        for name in self._entries:
+            self._watch(name, now)
 
-    # -- running totals -------------------------------------------------------
+    # -- read-only views of the state ------------------------------------------------
+
+    @property
+    def nodes(self) -> Mapping[str, NodeEntry]:
+        return MappingProxyType(self._entries)
+
+    @property
+    def admin(self) -> Mapping[str, AdminInfo]:
+        return MappingProxyType(self._admin)
+
+    @property
+    def models(self) -> Mapping[str, ModelSpec]:
+        return MappingProxyType(self._models)
+
+    @property
+    def records(self) -> Mapping[str, ReplicaRecord]:
+        return MappingProxyType(self._records)
+
+    @property
+    def backoffs(self) -> Mapping[str, Backoff]:
+        return MappingProxyType(self._backoffs)
+
+    @property
+    def unplaceable_reasons(self) -> Mapping[str, str]:
+        return MappingProxyType(self._unplaceable)
+
+    @property
+    def drain_blocked(self) -> Mapping[str, str]:
+        return MappingProxyType(self._drain_blocked)
+
+    # -- the change log ----------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        return self._log.revision
+
+    def changes_since(self, revision: int) -> list[Change]:
+        """Every change after `revision`; `HistoryLost` when it is too old (or not yet
+        issued): the caller then gives a full answer."""
+        return self._log.since(revision)
+
+    async def wait_changed(self, after_revision: int, timeout_s: float) -> int:
+        """For long polls: the revision, once past `after_revision` or after `timeout_s`."""
+        return await self._log.wait_changed(after_revision, timeout_s)
+
+    # -- nodes: rows, totals and liveness ---------------------------------------------
 
     def unreachable_at(self, entry: NodeEntry) -> float:
         """The moment (monotonic) this node turns unreachable unless it reports."""
         return entry.last_heard(self.started_at) + self.grace_s(entry)
 
-    def _watch(self, name: str, now: float | None = None) -> None:
-        """Bring a node's contribution to the totals up to date, and note when
-        its liveness will next change."""
-        entry = self.entries[name]
-        heapq.heappush(self._deadlines, (self.unreachable_at(entry), name))
-        self._settle(name, now)
+    def grace_s(self, entry: NodeEntry) -> float:
+        return entry.grace_s(self.settings.grace_intervals, self.settings.grace_extra_s)
 
-    def _settle(self, name: str, now: float | None = None) -> None:
-        entry = self.entries[name]
-        d = entry.digest
+    def state_of(self, name: str, now: float | None = None) -> NodeState:
+        entry = self._entries[name]
+        now = self.clock() if now is None else now
+        return node_state(entry, self._admin.get(name), now, self.grace_s(entry), self.started_at)
+
+    def _watch(self, name: str, now: float) -> None:
+        """Note when a node's liveness next changes, and bring it up to date."""
+        heapq.heappush(self._deadlines, (self.unreachable_at(self._entries[name]), name))
+        self._refresh(name, now)
+
+    def _refresh(self, name: str, now: float | None = None) -> None:
+        """The one place a node's change is noticed: its row content (built by
+        the code that builds the row) against the last one, appending a NODE
+        change when it differs, and its contribution to the summary's totals."""
+        now = self.clock() if now is None else now
+        content = self._row_content(name, now)
+        if content != self._rows.get(name):
+            self._rows[name] = content
+            self._log.append(ChangeKind.NODE, name)
+        d = self._entries[name].digest
         facts = NodeFacts(
-            state=self.state_of(name, now),
+            state=content["state"],
             fabrics=d.fabrics,
             classes=d.classes,
             entirely_free=d.entirely_free,
@@ -137,34 +206,42 @@ class Fleet:
             copies=d.copies,
         )
         old = self._facts.get(name)
-        if old == facts:
-            return
-        if old is not None:
-            self.totals.remove(old)
-        self.totals.add(facts)
-        self._facts[name] = facts
+        if old != facts:
+            if old is not None:
+                self.totals.remove(old)
+            self.totals.add(facts)
+            self._facts[name] = facts
 
-    def _expire(self, now: float) -> None:
-        """Nodes whose grace ran out since the last look become unreachable."""
+    def advance_time(self, now: float | None = None) -> None:
+        """Nodes whose grace ran out since the last look become unreachable.
+
+        Called by every reader that shows liveness and by the reconcile loop
+        each pass, so time-driven changes reach the log within a pass."""
+        now = self.clock() if now is None else now
         heap = self._deadlines
         while heap and heap[0][0] < now:
             deadline, name = heapq.heappop(heap)
-            if deadline == self.unreachable_at(self.entries[name]):  # else superseded by a report
-                self._settle(name, now)
+            entry = self._entries.get(name)
+            if entry is not None and deadline == self.unreachable_at(entry):  # else superseded
+                self._refresh(name, now)
 
     def flush(self) -> None:
         """Write first sightings of nodes (called every second and at shutdown)."""
         if self._unsaved_nodes:
-            self.store.add_nodes(self._unsaved_nodes.items())
+            self._store.add_nodes(self._unsaved_nodes.items())
             self._unsaved_nodes.clear()
+
+    def close(self) -> None:
+        """The final save, then the store is closed."""
+        self.flush()
+        self._store.close()
 
     def _index_records(self) -> None:
         by_node: dict[str, list[ReplicaRecord]] = defaultdict(list)
-        for rec in self.records.values():
+        for rec in self._records.values():
             for shard in rec.shards:
                 by_node[shard.node].append(rec)
         self._by_node = dict(by_node)
-        self._assignments_version += 1
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
         return frozenset(
@@ -175,15 +252,7 @@ class Fleet:
             for gpu in shard.gpus
         )
 
-    # -- agent reports ----------------------------------------------------------
-
-    def grace_s(self, entry: NodeEntry) -> float:
-        return entry.grace_s(self.settings.grace_intervals, self.settings.grace_extra_s)
-
-    def state_of(self, name: str, now: float | None = None) -> NodeState:
-        entry = self.entries[name]
-        now = self.clock() if now is None else now
-        return node_state(entry, self.admin.get(name), now, self.grace_s(entry), self.started_at)
+    # -- agent reports ----------------------------------------------------------------
 
     def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
         """Take a node's report; `raw` is the body as received, kept for the detail view."""
@@ -191,11 +260,14 @@ class Fleet:
 
     def ingest_json(self, report: NodeReport, raw: bytes | None = None) -> bytes:
         """`ingest`, with the reply serialised. Most replies repeat the node's
-        last one word for word, so each node's is kept until its state or the
-        assignments change."""
+        last one word for word, so each is kept until the node's row (its state
+        and admin flag) or its assignments change."""
         node = report.node
         now = self._take(report, raw)
-        key = (self.admin_info(node).flag, self.state_of(node, now), self._assignments_version)
+        key = (
+            self._log.latest(ChangeKind.NODE, node),
+            self._log.latest(ChangeKind.ASSIGNMENTS, node),
+        )
         cached = self._replies.get(node)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -205,20 +277,27 @@ class Fleet:
 
     def _take(self, report: NodeReport, raw: bytes | None) -> float:
         now = self.clock()
-        entry = self.entries.get(report.node)
+        entry = self._entries.get(report.node)
         if entry is None:
-            entry = self.entries[report.node] = NodeEntry(report.node, self.wall())
+            entry = self._entries[report.node] = NodeEntry(report.node, self.wall())
             self._unsaved_nodes[report.node] = entry.first_seen
-        if report.address != entry.address and self._by_node.get(report.node):
-            # A leader's address is in its followers' assignments. Only a node
-            # holding replicas can lead one: a new node's first report must not
-            # throw away every node's cached reply.
-            self._assignments_version += 1
+        if report.address != entry.address:
+            # A leader's address is in its followers' assignments.
+            self._assignments_changed(
+                n
+                for rec in self._by_node.get(report.node, ())
+                if rec.shards[0].node == report.node
+                for n in rec.nodes
+            )
         digest = digest_report(report, now, self.assigned_gpus(report.node))
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
         self._watch(report.node, now)
-        self._expire(now)
+        self.advance_time(now)
         return now
+
+    def _assignments_changed(self, nodes: Iterable[str]) -> None:
+        for node in sorted(set(nodes)):
+            self._log.append(ChangeKind.ASSIGNMENTS, node)
 
     def reply(self, node: str, now: float) -> ReportReply:
         return ReportReply(
@@ -228,32 +307,26 @@ class Fleet:
             assignments=self.assignments_for(node),
         )
 
-    def refresh_digest(self, node: str) -> None:
+    def _refresh_digest(self, node: str) -> None:
         """Re-derive a node's digest after its replica assignments changed."""
-        entry = self.entries.get(node)
-        report = entry.report if entry else None
-        if entry is None or report is None or entry.received_at is None:
+        entry = self._entries.get(node)
+        if entry is None:
             return
-        digest = digest_report(report, entry.received_at, self.assigned_gpus(node))
-        if digest != entry.digest:  # keep the old object when equal, as NodeEntry.update does
-            entry.digest = digest
-        self._settle(node)
-
-    def set_drain_blocked(self, node: str, why: str | None) -> None:
-        """Why a drain of `node` is not progressing (None: it is, or it is over)."""
-        if why:
-            self.drain_blocked[node] = why
-        else:
-            self.drain_blocked.pop(node, None)
+        report = entry.report
+        if report is not None and entry.received_at is not None:
+            digest = digest_report(report, entry.received_at, self.assigned_gpus(node))
+            if digest != entry.digest:  # keep the old object when equal, as NodeEntry.update does
+                entry.digest = digest
+        self._refresh(node)
 
     def assignments_for(self, node: str) -> list[ShardAssignment]:
         out = []
         for rec in self._by_node.get(node, ()):
-            spec = self.models.get(rec.model)
+            spec = self._models.get(rec.model)
             if spec is None or rec.state is ReplicaState.FAILED:
                 continue
             leader = rec.shards[0].node
-            leader_entry = self.entries.get(leader)
+            leader_entry = self._entries.get(leader)
             leader_address = leader_entry.address if leader_entry else None
             for shard in rec.shards:
                 if shard.node != node:
@@ -275,24 +348,38 @@ class Fleet:
                 )
         return out
 
-    # -- admin flags -------------------------------------------------------------
+    # -- admin flags ----------------------------------------------------------------------
 
     def admin_info(self, name: str) -> AdminInfo:
-        return self.admin.get(name) or AdminInfo()
+        return self._admin.get(name) or _NO_ADMIN
 
     def require(self, name: str) -> NodeEntry:
-        entry = self.entries.get(name)
+        entry = self._entries.get(name)
         if entry is None:
             raise UnknownNode(name)
         return entry
 
     def set_flag(
-        self, name: str, flag: AdminFlag, reason: str | None, by: str, *, force: bool = False
+        self,
+        name: str,
+        flag: AdminFlag,
+        reason: str | None,
+        by: str,
+        *,
+        force: bool = False,
+        force_after_s: float | None = None,
     ) -> NodeRow:
+        """Cordon, drain or uncordon a node. A drain with `force_after_s` is
+        forced by the reconcile loop that many seconds from now unless done."""
         self.require(name)
         at = self.wall()
+        force_at = (
+            at + force_after_s
+            if flag is AdminFlag.DRAINING and force_after_s is not None and not force
+            else None
+        )
         info = (
-            AdminInfo(flag=flag, reason=reason, by=by, at=at, force=force)
+            AdminInfo(flag=flag, reason=reason, by=by, at=at, force=force, force_at=force_at)
             if flag is not AdminFlag.NONE
             else AdminInfo()
         )
@@ -301,164 +388,234 @@ class Fleet:
             AdminFlag.CORDONED: "cordon",
             AdminFlag.DRAINING: "drain",
         }[flag]
-        self.store.set_admin(name, info, action=action, by=by, at=at)
-        if flag is AdminFlag.NONE:
-            self.admin.pop(name, None)
-        else:
-            self.admin[name] = info
-        self.drain_blocked.pop(name, None)
-        self._settle(name)
+        self._set_admin(name, info, action=action, by=by, at=at)
         return self.row(name)
 
     def mark_drained(self, name: str) -> None:
         """A drain finished: the node stays cordoned, marked as drained."""
         old = self.admin_info(name)
-        at = self.wall()
         info = AdminInfo(
             flag=AdminFlag.CORDONED, reason=old.reason, by=old.by, at=old.at, drained=True
         )
-        self.store.set_admin(name, info, action="drained", by="controller", at=at)
-        self.admin[name] = info
-        self.drain_blocked.pop(name, None)
-        self._settle(name)
+        self._set_admin(name, info, action="drained", by="controller", at=self.wall())
 
-    # -- models and replicas ------------------------------------------------------
+    def force_drain(self, name: str, why: str) -> None:
+        """A drain's deadline passed: stop its replicas now (the reconcile loop does)."""
+        old = self.admin_info(name)
+        if old.flag is not AdminFlag.DRAINING or old.force:
+            return
+        info = old.model_copy(update={"force": True})
+        self._set_admin(name, info, action=f"drain forced ({why})", by="controller", at=self.wall())
+
+    def due_drains(self, wall: float) -> list[str]:
+        """Draining nodes whose deadline has passed and that are not forced yet."""
+        return sorted(
+            name
+            for name, info in self._admin.items()
+            if info.flag is AdminFlag.DRAINING
+            and not info.force
+            and info.force_at is not None
+            and wall >= info.force_at
+        )
+
+    def _set_admin(self, name: str, info: AdminInfo, *, action: str, by: str, at: float) -> None:
+        self._store.set_admin(name, info, action=action, by=by, at=at)
+        if info.flag is AdminFlag.NONE:
+            self._admin.pop(name, None)
+        else:
+            self._admin[name] = info
+        self._drain_blocked.pop(name, None)
+        self._log.append(ChangeKind.ADMIN, name)
+        self._refresh(name)
+
+    def set_drain_blocked(self, node: str, why: str | None) -> None:
+        """Why a drain of `node` is not progressing (None: it is, or it is over)."""
+        if self._drain_blocked.get(node) == (why or None) or node not in self._entries:
+            return
+        if why:
+            self._drain_blocked[node] = why
+        else:
+            self._drain_blocked.pop(node, None)
+        self._refresh(node)
+
+    def forget_node(self, name: str, by: str) -> None:
+        """Forget a node for good: its row, admin flag and replicas go, durably.
+
+        Replicas with a shard on it go whole (a replica cannot run without one
+        of its shards); the reconcile loop places them again elsewhere."""
+        self.require(name)
+        doomed = [r.id for r in self._by_node.get(name, ())]
+        self._store.forget_node(name, doomed, by=by, at=self.wall())
+        self._unsaved_nodes.pop(name, None)
+        touched = {n for rid in doomed for n in self._records[rid].nodes} - {name}
+        for rid in doomed:
+            del self._records[rid]
+            self._log.append(ChangeKind.REPLICA, rid)
+        self._index_records()
+        if self._admin.pop(name, None) is not None:
+            self._log.append(ChangeKind.ADMIN, name)
+        self._drain_blocked.pop(name, None)
+        del self._entries[name]
+        self._rows.pop(name, None)
+        self._replies.pop(name, None)
+        old = self._facts.pop(name, None)
+        if old is not None:
+            self.totals.remove(old)
+        self._log.append(ChangeKind.NODE, name)
+        self._log.forget_key(ChangeKind.NODE, name)
+        self._log.forget_key(ChangeKind.ASSIGNMENTS, name)
+        self._assignments_changed(touched)
+        for node in touched:
+            self._refresh_digest(node)
+
+    # -- models, backoffs, unplaceable reasons ---------------------------------------------
 
     def put_models(self, specs: Iterable[ModelSpec]) -> None:
         specs = list(specs)
-        self.store.put_models(specs, self.wall())
+        self._store.put_models(specs, self.wall())
         for spec in specs:
-            self.models[spec.name] = spec
-        self._assignments_version += 1  # source, engine and arguments come from specs
+            self._models[spec.name] = spec
+            self._log.append(ChangeKind.MODEL, spec.name)
+        # Source, engine and arguments in assignments come from the specs.
+        names = {s.name for s in specs}
+        self._assignments_changed(
+            n for rec in self._records.values() if rec.model in names for n in rec.nodes
+        )
 
     def delete_model(self, name: str) -> None:
-        if name not in self.models:
+        if name not in self._models:
             raise UnknownModel(name)
-        self.store.delete_model(name)
-        del self.models[name]
-        self._assignments_version += 1
-        self.backoffs.pop(name, None)
-        self.unplaceable_reasons.pop(name, None)
+        self._store.delete_model(name)  # its backoff goes with it
+        del self._models[name]
+        self._log.append(ChangeKind.MODEL, name)
+        if self._backoffs.pop(name, None) is not None:
+            self._log.append(ChangeKind.BACKOFF, name)
+        self.set_unplaceable(name, None)
         # Its replicas go with it: the agents stop engines no longer assigned.
-        self.remove_replicas([r.id for r in self.records.values() if r.model == name])
+        self.remove_replicas([r.id for r in self._records.values() if r.model == name])
+
+    def backing_off(self, model: str, wall: float) -> bool:
+        backoff = self._backoffs.get(model)
+        return backoff is not None and wall < backoff.retry_at
+
+    def back_off(self, model: str, why: str, wall: float) -> Backoff:
+        """A replica of `model` failed: wait base * 2^(failures-1), up to the cap."""
+        settings = self.settings
+        old = self._backoffs.get(model)
+        failures = (old.failures if old else 0) + 1
+        delay = min(settings.backoff_cap_s, settings.backoff_base_s * 2 ** (failures - 1))
+        backoff = Backoff(model, failures, wall + delay, why)
+        self._store.put_backoff(backoff)
+        self._backoffs[model] = backoff
+        self._log.append(ChangeKind.BACKOFF, model)
+        return backoff
+
+    def clear_backoff(self, model: str) -> None:
+        if model in self._backoffs:
+            self._store.clear_backoff(model)
+            del self._backoffs[model]
+            self._log.append(ChangeKind.BACKOFF, model)
+
+    def set_unplaceable(self, model: str, reason: str | None) -> None:
+        """Why `model` cannot be placed (None: it can, or needs nothing)."""
+        if self._unplaceable.get(model) == reason:
+            return
+        if reason is None:
+            del self._unplaceable[model]
+        else:
+            self._unplaceable[model] = reason
+        self._log.append(ChangeKind.UNPLACEABLE, model)
+
+    # -- replicas -----------------------------------------------------------------------------
 
     def put_replicas(self, records: Iterable[ReplicaRecord]) -> None:
         records = list(records)
         if not records:
             return
-        self.store.put_replicas(records)
+        self._store.put_replicas(records)
         touched: set[str] = set()
         for rec in records:
-            old = self.records.get(rec.id)
+            old = self._records.get(rec.id)
             touched.update(old.nodes if old else ())
             touched.update(rec.nodes)
-            self.records[rec.id] = rec
-        self._index_records()
-        for node in touched:
-            self.refresh_digest(node)
+            self._records[rec.id] = rec
+            self._log.append(ChangeKind.REPLICA, rec.id)
+        self._replicas_moved(touched)
 
     def remove_replicas(self, ids: Iterable[str]) -> None:
-        ids = [i for i in ids if i in self.records]
+        ids = [i for i in ids if i in self._records]
         if not ids:
             return
-        self.store.delete_replicas(ids)
+        self._store.delete_replicas(ids)
         touched: set[str] = set()
         for i in ids:
-            touched.update(self.records.pop(i).nodes)
+            touched.update(self._records.pop(i).nodes)
+            self._log.append(ChangeKind.REPLICA, i)
+        self._replicas_moved(touched)
+
+    def _replicas_moved(self, touched: set[str]) -> None:
         self._index_records()
+        self._assignments_changed(touched)
         for node in touched:
-            self.refresh_digest(node)
+            self._refresh_digest(node)
 
     def replica_statuses(self) -> dict[str, ReplicaStatus]:
         reported: dict[tuple[str, int], ShardDigest] = {}
         for node in self._by_node:
-            entry = self.entries.get(node)
+            entry = self._entries.get(node)
             if entry is None:
                 continue
             for shard in entry.shards:
                 reported[(shard.replica_id, shard.rank)] = shard
-        return {rid: replica_status(rec, reported) for rid, rec in self.records.items()}
+        return {rid: replica_status(rec, reported) for rid, rec in self._records.items()}
 
-    # -- views ----------------------------------------------------------------------
+    # -- views ------------------------------------------------------------------------------------
 
     def summary(self) -> FleetSummary:
         now = self.clock()
-        self._expire(now)
+        self.advance_time(now)
         return build_summary(
             self.totals,
-            self.admin,
-            self.entries,
+            self._admin,
+            self._entries,
             self.replica_statuses(),
-            self.models,
-            self.unplaceable_reasons,
+            self._models,
+            self._unplaceable,
             now,
             self.wall(),
         )
 
+    def _row_content(self, name: str, now: float) -> RowContent:
+        """Everything a node's row shows except the report age. The row is built
+        from this, and its changes are noticed by comparing it: a field added
+        here is sent by `?since=` without anything else to remember."""
+        entry = self._entries[name]
+        d = entry.digest
+        return {
+            "name": name,
+            "state": self.state_of(name, now),
+            "admin": self.admin_info(name),
+            "classes": {cls: c.total for cls, c in d.classes},
+            "gpus_total": d.gpus_total,
+            "gpus_used": sum(c.used for _, c in d.classes),
+            "gpus_unhealthy": sum(c.unhealthy for _, c in d.classes),
+            "gpus_unknown": sum(c.unknown for _, c in d.classes),
+            "fabrics": list(d.fabrics),
+            "models": sorted(d.models),
+            "replicas": len(self._by_node.get(name, ())),
+            "gpu_error": entry.gpu_error,
+            "drain_blocked": self._drain_blocked.get(name),
+        }
+
     def row(self, name: str, now: float | None = None) -> NodeRow:
         entry = self.require(name)
         now = self.clock() if now is None else now
-        d = entry.digest
-        return NodeRow(
-            name=name,
-            state=self.state_of(name, now),
-            admin=self.admin_info(name),
-            report_age_s=None if entry.received_at is None else round(now - entry.received_at, 1),
-            classes={cls: c.total for cls, c in d.classes},
-            gpus_total=d.gpus_total,
-            gpus_used=sum(c.used for _, c in d.classes),
-            gpus_unhealthy=sum(c.unhealthy for _, c in d.classes),
-            gpus_unknown=sum(c.unknown for _, c in d.classes),
-            fabrics=list(d.fabrics),
-            models=sorted(d.models),
-            replicas=len(self._by_node.get(name, ())),
-            gpu_error=entry.gpu_error,
-            drain_blocked=self.drain_blocked.get(name),
-        )
+        age = None if entry.received_at is None else round(now - entry.received_at, 1)
+        return NodeRow.model_validate({**self._row_content(name, now), "report_age_s": age})
 
     def rows(self) -> list[NodeRow]:
         now = self.clock()
-        return [self.row(name, now) for name in sorted(self.entries)]
-
-    def _mark_changes(self, now: float) -> None:
-        """Bring each node's last-changed revision up to date: nodes whose row
-        changed since the last look, and nodes forgotten since, get the next revision.
-
-        A node's fingerprint is everything `row` shows except the report age,
-        taken without building the row: state, admin flag, digest (cards,
-        fabrics, models), replica count, GPU error, why a drain waits. Any new
-        field of `NodeRow` must be added here, or changes to it are never sent.
-        The objects are mostly the very ones of the last look (a digest is kept
-        while it is unchanged), so comparing them is cheap.
-        """
-        marks, entries = self._row_marks, self.entries
-        admin, by_node, blocked = self.admin.get, self._by_node.get, self.drain_blocked.get
-        rev = self.revision + 1
-        changed = False
-        for name, entry in entries.items():
-            fp = (
-                self.state_of(name, now),
-                admin(name),
-                entry.digest,
-                len(by_node(name, ())),
-                entry.gpu_error,
-                blocked(name),
-            )
-            old = marks.get(name)
-            if old is None or old[0] != fp:
-                marks[name] = (fp, rev)
-                self._tombstones.pop(name, None)
-                changed = True
-        if len(marks) > len(entries):  # every entry has a mark: the rest are gone
-            for name in [n for n in marks if n not in entries]:
-                del marks[name]
-                self._tombstones[name] = rev
-                changed = True
-            while len(self._tombstones) > TOMBSTONES_KEPT:
-                oldest = next(iter(self._tombstones))
-                self._tombstones_dropped_at = self._tombstones.pop(oldest)
-        if changed:
-            self.revision = rev
+        return [self.row(name, now) for name in sorted(self._entries)]
 
     def nodes_since(self, since: str) -> NodesDelta:
         """The node rows that changed after cursor `since` ("" for all); see `NodesDelta`.
@@ -474,24 +631,28 @@ class Fleet:
             if epoch == self.epoch:
                 after = rev
         now = self.clock()
-        self._mark_changes(now)
-        if after is not None and not (self._tombstones_dropped_at <= after <= self.revision):
-            after = None  # not issued by this run, or older than the tombstones kept
+        self.advance_time(now)
+        changes: list[Change] | None = None
+        if after is not None:
+            try:
+                changes = self._log.since(after)
+            except HistoryLost:  # not issued by this run, or older than the history kept
+                changes = None
         # By name, like `rows`; the same rounding as `row`.
         ages = {
             name: None if (received := entry.received_at) is None else round(now - received, 1)
-            for name, entry in sorted(self.entries.items())
+            for name, entry in sorted(self._entries.items())
         }
-        if after is None:
+        if changes is None:
             rows = [self.row(name, now) for name in ages]
             removed: list[str] = []
         else:
-            marks = self._row_marks
-            rows = [self.row(name, now) for name in ages if marks[name][1] > after]
-            removed = sorted(n for n, gone_at in self._tombstones.items() if gone_at > after)
+            changed = {c.key for c in changes if c.kind is ChangeKind.NODE}
+            rows = [self.row(name, now) for name in ages if name in changed]
+            removed = sorted(changed.difference(ages))
         return NodesDelta(
-            cursor=f"{self.epoch}.{self.revision}",
-            full=after is None,
+            cursor=f"{self.epoch}.{self._log.revision}",
+            full=changes is None,
             nodes=rows,
             removed=removed,
             report_ages=ages,
@@ -506,7 +667,7 @@ class Fleet:
             storage_configured=report.storage_configured if report else False,
             storage=list(report.storage) if report else [],
             replicas=list(report.replicas) if report else [],
-            history=self.store.history(name),
+            history=self._store.history(name),
             agent_version=report.agent_version if report else None,
             address=report.address if report else None,
         )
@@ -520,11 +681,11 @@ class Fleet:
         for status in self.replica_statuses().values():
             states[status.record.model][status.state] += 1
         views = []
-        for name, spec in sorted(self.models.items()):
+        for name, spec in sorted(self._models.items()):
             mine = states[name]
             # A draining replica still answers until its stand-in is ready.
             ready = mine[ReplicaState.READY] + mine[ReplicaState.DRAINING]
-            backoff = self.backoffs.get(name)
+            backoff = self._backoffs.get(name)
             views.append(
                 ModelView(
                     spec=spec,
@@ -532,7 +693,7 @@ class Fleet:
                     starting=mine[ReplicaState.STARTING],
                     failed=mine[ReplicaState.FAILED],
                     satisfied=ready >= spec.min_replicas,
-                    unplaceable_reason=self.unplaceable_reasons.get(name),
+                    unplaceable_reason=self._unplaceable.get(name),
                     last_failure=backoff.last_failure if backoff else None,
                 )
             )

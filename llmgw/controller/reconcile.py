@@ -30,20 +30,20 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.store import Backoff, ReplicaRecord, ShardRecord
+from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.scheduler import NodeCapacity, Placement, RunningReplica, place_many, plan_drain
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
 
 log = logging.getLogger("llmgw.reconcile")
 
 
-def snapshot(fleet: Fleet, now: float, excluded: Iterable[str] = ()) -> list[NodeCapacity]:
+def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> list[NodeCapacity]:
     """What placement may use: healthy idle cards not held by any replica."""
     excluded = set(excluded)
     out = []
-    for name, entry in fleet.entries.items():
+    for name, entry in fleet.nodes.items():
         assigned = fleet.assigned_gpus(name)
         free: dict[str, list[str]] = defaultdict(list)
         for uuid, cls, usable in entry.cards:
@@ -86,7 +86,7 @@ def record_from(
     )
 
 
-def drain_plan(fleet: Fleet, nodes: list[str]) -> DrainPlan:
+def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
     """The drain pre-check: what draining these nodes would do to each model."""
     now = fleet.clock()
     statuses = fleet.replica_statuses()
@@ -105,7 +105,7 @@ def drain_plan(fleet: Fleet, nodes: list[str]) -> DrainPlan:
 
 
 class Reconciler:
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: FleetState) -> None:
         self.fleet = fleet
 
     async def run(self, interval_s: float) -> None:
@@ -119,6 +119,7 @@ class Reconciler:
     def tick(self) -> None:
         fleet = self.fleet
         now, wall = fleet.clock(), fleet.wall()
+        fleet.advance_time(now)
         statuses = fleet.replica_statuses()
         self._record_transitions(statuses, wall)
         self._replace_lost(now)
@@ -137,27 +138,12 @@ class Reconciler:
         ]
         fleet.put_replicas(became_ready)
         for rec in became_ready:
-            if rec.model in fleet.backoffs:
-                fleet.backoffs.pop(rec.model)
-                fleet.store.clear_backoff(rec.model)
+            fleet.clear_backoff(rec.model)
         failed = [s for s in statuses.values() if s.state is ReplicaState.FAILED]
         for s in failed:
-            self._back_off(s.record.model, s.error or "engine failed", wall)
+            fleet.back_off(s.record.model, s.error or "engine failed", wall)
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
         fleet.remove_replicas(s.record.id for s in failed)
-
-    def _backing_off(self, model: str, wall: float) -> bool:
-        backoff = self.fleet.backoffs.get(model)
-        return backoff is not None and wall < backoff.retry_at
-
-    def _back_off(self, model: str, why: str, wall: float) -> None:
-        settings = self.fleet.settings
-        old = self.fleet.backoffs.get(model)
-        failures = (old.failures if old else 0) + 1
-        delay = min(settings.backoff_cap_s, settings.backoff_base_s * 2 ** (failures - 1))
-        backoff = Backoff(model, failures, wall + delay, why)
-        self.fleet.backoffs[model] = backoff
-        self.fleet.store.put_backoff(backoff)
 
     # -- 2. nodes gone for good ------------------------------------------------------------
 
@@ -165,9 +151,7 @@ class Reconciler:
         fleet = self.fleet
         limit = fleet.settings.replace_after_s
         lost = {
-            name
-            for name, entry in fleet.entries.items()
-            if now > fleet.unreachable_at(entry) + limit
+            name for name, entry in fleet.nodes.items() if now > fleet.unreachable_at(entry) + limit
         }
         doomed = [r.id for r in fleet.records.values() if lost.intersection(r.nodes)]
         if doomed:
@@ -200,6 +184,9 @@ class Reconciler:
 
     def _drain(self, now: float, wall: float) -> None:
         fleet = self.fleet
+        for node in fleet.due_drains(wall):
+            log.warning("drain of %s not done by its deadline: forcing it", node)
+            fleet.force_drain(node, "deadline")
         draining = sorted(n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING)
         if not draining:
             return
@@ -234,7 +221,7 @@ class Reconciler:
                 for r in on_node
                 if r.id not in by_replaced
                 and r.model in fleet.models
-                and not self._backing_off(r.model, wall)
+                and not fleet.backing_off(r.model, wall)
             ]
             fleet.set_drain_blocked(node, self._place_replacements(needing, draining, now, wall))
 
@@ -271,8 +258,8 @@ class Reconciler:
         for name, spec in sorted(fleet.models.items()):
             missing = spec.min_replicas - active[name]
             if missing <= 0:
-                fleet.unplaceable_reasons.pop(name, None)
-            elif not self._backing_off(name, wall):
+                fleet.set_unplaceable(name, None)
+            elif not fleet.backing_off(name, wall):
                 requests.extend([spec] * missing)
         if not requests:
             return
@@ -286,9 +273,6 @@ class Reconciler:
                 unplaced.setdefault(spec.name, result.reason)
         fleet.put_replicas(placed)
         for spec in requests:
-            if spec.name in unplaced:
-                fleet.unplaceable_reasons[spec.name] = unplaced[spec.name]
-            else:
-                fleet.unplaceable_reasons.pop(spec.name, None)
+            fleet.set_unplaceable(spec.name, unplaced.get(spec.name))
         if placed:
             log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))

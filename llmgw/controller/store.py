@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS node_admin (
     by TEXT,
     at REAL,
     drained INTEGER NOT NULL DEFAULT 0,
-    force INTEGER NOT NULL DEFAULT 0
+    force INTEGER NOT NULL DEFAULT 0,
+    force_at REAL
 );
 CREATE TABLE IF NOT EXISTS admin_events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -39,7 +40,8 @@ CREATE TABLE IF NOT EXISTS admin_events (
     action TEXT NOT NULL,
     reason TEXT,
     by TEXT NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    force_at REAL
 );
 CREATE INDEX IF NOT EXISTS admin_events_node ON admin_events(node, id);
 CREATE TABLE IF NOT EXISTS models (
@@ -112,6 +114,14 @@ class Store:
         # FULL: an acknowledged cordon survives power loss, not only a crash.
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """State written before drain deadlines existed gets their columns."""
+        for table in ("node_admin", "admin_events"):
+            columns = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if "force_at" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN force_at REAL")
 
     def close(self) -> None:
         self._db.close()
@@ -137,6 +147,18 @@ class Store:
                 "INSERT OR IGNORE INTO nodes(name, first_seen) VALUES (?, ?)", list(nodes)
             )
 
+    def forget_node(self, name: str, replica_ids: Iterable[str], *, by: str, at: float) -> None:
+        """Forget a node in one transaction: its name, admin flag and the given
+        replicas go; the event stays in its history."""
+        with self._tx() as db:
+            db.execute("DELETE FROM nodes WHERE name=?", (name,))
+            db.execute("DELETE FROM node_admin WHERE name=?", (name,))
+            db.executemany("DELETE FROM replicas WHERE id=?", [(i,) for i in replica_ids])
+            db.execute(
+                "INSERT INTO admin_events(node, action, reason, by, at) VALUES (?, ?, ?, ?, ?)",
+                (name, "forget", None, by, at),
+            )
+
     # -- admin flags ------------------------------------------------------------
 
     def admin(self) -> dict[str, AdminInfo]:
@@ -148,6 +170,7 @@ class Store:
                 at=r["at"],
                 drained=bool(r["drained"]),
                 force=bool(r["force"]),
+                force_at=r["force_at"],
             )
             for r in self._db.execute("SELECT * FROM node_admin")
         }
@@ -167,8 +190,8 @@ class Store:
                 db.execute("DELETE FROM node_admin WHERE name=?", (name,))
             else:
                 db.execute(
-                    "INSERT OR REPLACE INTO node_admin(name, flag, reason, by, at, drained, force)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO node_admin(name, flag, reason, by, at, drained, force,"
+                    " force_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         name,
                         info.flag.value,
@@ -177,11 +200,13 @@ class Store:
                         info.at,
                         int(info.drained),
                         int(info.force),
+                        info.force_at,
                     ),
                 )
             db.execute(
-                "INSERT INTO admin_events(node, action, reason, by, at) VALUES (?, ?, ?, ?, ?)",
-                (name, action, info.reason, by, at),
+                "INSERT INTO admin_events(node, action, reason, by, at, force_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (name, action, info.reason, by, at, info.force_at),
             )
 
     def history(self, name: str, limit: int = 50) -> list[AdminEvent]:
@@ -190,7 +215,12 @@ class Store:
         )
         return [
             AdminEvent(
-                node=r["node"], action=r["action"], reason=r["reason"], by=r["by"], at=r["at"]
+                node=r["node"],
+                action=r["action"],
+                reason=r["reason"],
+                by=r["by"],
+                at=r["at"],
+                force_at=r["force_at"],
             )
             for r in rows
         ]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet import FleetState
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
 from llmgw.wire import NodeReport
@@ -25,8 +25,8 @@ class FakeClock:
         self.t += seconds
 
 
-def make_fleet(state_dir: Path, clock: FakeClock, **settings: Any) -> Fleet:
-    return Fleet(
+def make_fleet(state_dir: Path, clock: FakeClock, **settings: Any) -> FleetState:
+    return FleetState(
         Store(state_dir),
         ControllerSettings(state_dir=state_dir, **settings),
         clock=clock,

@@ -148,6 +148,18 @@ BAD_REQUESTS = [
         400,
         "reason",
     ),
+    *(
+        (
+            f"drain deadline {bad}",
+            "POST",
+            "/v1/nodes/gpu01/drain",
+            f'{{"reason": "x", "force_after_s": {bad}}}',
+            ADMIN,
+            400,
+            "force_after_s",
+        )
+        for bad in ("0", "-5", "604801", "1e400", "NaN", "true", '"60"', "[]")
+    ),
     ("unknown node cordon", "POST", "/v1/nodes/nope/cordon", '{"reason": "x"}', ADMIN, 404, "nope"),
     ("unknown node drain", "POST", "/v1/nodes/nope/drain", '{"reason": "x"}', ADMIN, 404, "nope"),
     ("unknown node read", "GET", "/v1/nodes/nope", None, READ, 404, "nope"),

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from llmgw.client import AdminClient
 from llmgw.controller.app import FLEET, create_app
 from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.fleet import BadCursor, Fleet
+from llmgw.controller.fleet import BadCursor, FleetState
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.wire import AdminFlag, ModelSpec, NodeReport, NodeRow, NodesDelta, ReplicaState
@@ -35,7 +35,7 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, clock: FakeClock) -> Fleet:
+def fleet(tmp_path: Path, clock: FakeClock) -> FleetState:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b", "c"):
         f.ingest(report(name, n_gpus=4))
@@ -46,7 +46,7 @@ def names(delta: NodesDelta) -> list[str]:
     return [r.name for r in delta.nodes]
 
 
-def caught_up(fleet: Fleet) -> str:
+def caught_up(fleet: FleetState) -> str:
     """A cursor that has seen everything so far."""
     return fleet.nodes_since("").cursor
 
@@ -64,7 +64,9 @@ def replica(rid: str, node: str, gpus: list[str]) -> ReplicaRecord:
 # -- the fleet ------------------------------------------------------------------------
 
 
-def test_the_first_answer_is_full_with_every_row_and_age(fleet: Fleet, clock: FakeClock) -> None:
+def test_the_first_answer_is_full_with_every_row_and_age(
+    fleet: FleetState, clock: FakeClock
+) -> None:
     clock.advance(2.25)
     delta = fleet.nodes_since("")
     assert delta.full
@@ -75,7 +77,7 @@ def test_the_first_answer_is_full_with_every_row_and_age(fleet: Fleet, clock: Fa
     assert delta.cursor.startswith(f"{fleet.epoch}.")
 
 
-def test_nothing_changed_sends_no_rows_but_every_age(fleet: Fleet, clock: FakeClock) -> None:
+def test_nothing_changed_sends_no_rows_but_every_age(fleet: FleetState, clock: FakeClock) -> None:
     cursor = caught_up(fleet)
     clock.advance(3)
     delta = fleet.nodes_since(cursor)
@@ -87,7 +89,9 @@ def test_nothing_changed_sends_no_rows_but_every_age(fleet: Fleet, clock: FakeCl
     assert fleet.nodes_since(delta.cursor).report_ages == {"a": 4.5, "b": 4.5, "c": 4.5}
 
 
-def test_a_report_that_changes_only_the_time_sends_no_row(fleet: Fleet, clock: FakeClock) -> None:
+def test_a_report_that_changes_only_the_time_sends_no_row(
+    fleet: FleetState, clock: FakeClock
+) -> None:
     cursor = caught_up(fleet)
     clock.advance(4)
     fleet.ingest(report("b", n_gpus=4))
@@ -116,7 +120,7 @@ REPORT_CHANGES: dict[str, NodeReport] = {
 
 @pytest.mark.parametrize("changed", list(REPORT_CHANGES.values()), ids=list(REPORT_CHANGES))
 def test_a_report_that_changes_the_row_sends_that_row_only(
-    fleet: Fleet, clock: FakeClock, changed: NodeReport
+    fleet: FleetState, clock: FakeClock, changed: NodeReport
 ) -> None:
     cursor = caught_up(fleet)
     before = fleet.row("b")
@@ -134,7 +138,9 @@ def test_a_report_that_changes_the_row_sends_that_row_only(
     ("flag", "state"),
     [(AdminFlag.CORDONED, "cordoned"), (AdminFlag.DRAINING, "draining")],
 )
-def test_cordon_drain_and_uncordon_send_that_row(fleet: Fleet, flag: AdminFlag, state: str) -> None:
+def test_cordon_drain_and_uncordon_send_that_row(
+    fleet: FleetState, flag: AdminFlag, state: str
+) -> None:
     cursor = caught_up(fleet)
     fleet.set_flag("c", flag, "PSU swap", "alice")
     delta = fleet.nodes_since(cursor)
@@ -146,7 +152,7 @@ def test_cordon_drain_and_uncordon_send_that_row(fleet: Fleet, flag: AdminFlag, 
     assert delta.nodes[0].state == "ready"
 
 
-def test_an_admin_change_that_keeps_the_state_is_sent(fleet: Fleet, clock: FakeClock) -> None:
+def test_an_admin_change_that_keeps_the_state_is_sent(fleet: FleetState, clock: FakeClock) -> None:
     fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
     cursor = caught_up(fleet)
     fleet.set_flag("a", AdminFlag.CORDONED, "fan and PSU", "bob")  # still cordoned
@@ -161,7 +167,7 @@ def test_an_admin_change_that_keeps_the_state_is_sent(fleet: Fleet, clock: FakeC
     assert (delta.nodes[0].state, delta.nodes[0].admin.flag) == ("unreachable", "draining")
 
 
-def test_a_finished_drain_sends_the_row(fleet: Fleet) -> None:
+def test_a_finished_drain_sends_the_row(fleet: FleetState) -> None:
     fleet.set_flag("a", AdminFlag.DRAINING, "BIOS", "alice")
     cursor = caught_up(fleet)
     fleet.mark_drained("a")
@@ -191,7 +197,7 @@ def test_a_node_turning_unreachable_with_time_alone_is_sent(
     assert delta.nodes[0].state == "ready"
 
 
-def test_a_replica_assignment_sends_the_rows_it_touches(fleet: Fleet) -> None:
+def test_a_replica_assignment_sends_the_rows_it_touches(fleet: FleetState) -> None:
     fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
     cursor = caught_up(fleet)
     fleet.put_replicas([replica("r1", "a", ["GPU-a-0"])])
@@ -204,7 +210,7 @@ def test_a_replica_assignment_sends_the_rows_it_touches(fleet: Fleet) -> None:
     assert (delta.nodes[0].replicas, delta.nodes[0].gpus_used) == (0, 0)
 
 
-def test_a_replica_count_change_alone_is_sent(fleet: Fleet) -> None:
+def test_a_replica_count_change_alone_is_sent(fleet: FleetState) -> None:
     """A replica holding no card on this node still changes the count."""
     fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
     cursor = caught_up(fleet)
@@ -214,18 +220,18 @@ def test_a_replica_count_change_alone_is_sent(fleet: Fleet) -> None:
     assert (delta.nodes[0].replicas, delta.nodes[0].gpus_used) == (1, 0)
 
 
-def test_why_a_drain_waits_is_sent(fleet: Fleet) -> None:
+def test_why_a_drain_waits_is_sent(fleet: FleetState) -> None:
     fleet.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
     cursor = caught_up(fleet)
-    fleet.drain_blocked["b"] = "waiting for a stand-in for r1"  # as the reconcile loop does
+    fleet.set_drain_blocked("b", "waiting for a stand-in for r1")  # as the reconcile loop does
     delta = fleet.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert delta.nodes[0].drain_blocked == "waiting for a stand-in for r1"
-    del fleet.drain_blocked["b"]
+    fleet.set_drain_blocked("b", None)
     assert names(fleet.nodes_since(delta.cursor)) == ["b"]
 
 
-def test_a_new_node_is_sent_to_every_older_cursor(fleet: Fleet) -> None:
+def test_a_new_node_is_sent_to_every_older_cursor(fleet: FleetState) -> None:
     cursor = caught_up(fleet)
     fleet.ingest(report("d"))
     delta = fleet.nodes_since(cursor)
@@ -234,7 +240,7 @@ def test_a_new_node_is_sent_to_every_older_cursor(fleet: Fleet) -> None:
 
 
 def test_two_consumers_each_get_what_changed_since_their_own_cursor(
-    fleet: Fleet, clock: FakeClock
+    fleet: FleetState, clock: FakeClock
 ) -> None:
     first = caught_up(fleet)
     fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
@@ -248,11 +254,11 @@ def test_two_consumers_each_get_what_changed_since_their_own_cursor(
     assert names(fleet.nodes_since(second)) == ["b", "c"]
 
 
-def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: Fleet) -> None:
+def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: FleetState) -> None:
     older = caught_up(fleet)
     fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
     newer = fleet.nodes_since(older).cursor
-    del fleet.entries["b"]  # nodes are not forgotten today; a delta must still say so
+    fleet.forget_node("b", "ops")
     delta = fleet.nodes_since(older)
     assert (names(delta), delta.removed) == (["a"], ["b"])
     assert set(delta.report_ages) == {"a", "c"}
@@ -263,13 +269,13 @@ def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: Fleet) -> 
 
 
 def test_a_cursor_older_than_the_tombstones_kept_gets_a_full_answer(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    fleet: FleetState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("llmgw.controller.fleet.TOMBSTONES_KEPT", 1)
+    monkeypatch.setattr("llmgw.controller.changes.HISTORY_KEPT", 1)
     older = caught_up(fleet)
-    del fleet.entries["a"]
+    fleet.forget_node("a", "ops")
     middle = fleet.nodes_since(older).cursor
-    del fleet.entries["b"]  # a's tombstone is dropped to keep one
+    fleet.forget_node("b", "ops")  # a's change is dropped to keep one
     newest = fleet.nodes_since(middle)
     assert newest.removed == ["b"]
     delta = fleet.nodes_since(older)
@@ -278,25 +284,34 @@ def test_a_cursor_older_than_the_tombstones_kept_gets_a_full_answer(
     assert fleet.nodes_since(middle).removed == ["b"]
 
 
-def test_every_row_field_is_in_the_fingerprint() -> None:
-    """A tripwire: a field added to NodeRow must be added to the fingerprint in
-    `Fleet._mark_changes` (or changes to it are never sent), then here."""
-    assert set(NodeRow.model_fields) == {
-        "name",
-        "state",
-        "admin",
-        "report_age_s",  # sent for every node in report_ages instead
-        "classes",  # this and the next six come from the digest
-        "gpus_total",
-        "gpus_used",
-        "gpus_unhealthy",
-        "gpus_unknown",
-        "fabrics",
-        "models",
-        "replicas",
-        "gpu_error",
-        "drain_blocked",
-    }
+class RowWithVersion(NodeRow):
+    agent_version: str | None = None
+
+
+def test_a_field_added_to_the_row_is_sent_without_anything_else_to_change(
+    fleet: FleetState, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a row shows, `?since=` carries its change: the fingerprint is the
+    row's own content. Add a field (here the agent's version, which no other
+    part of the row depends on) the way a developer would, and nothing else."""
+    content = FleetState._row_content
+
+    def with_version(self: FleetState, name: str, now: float) -> dict[str, Any]:
+        report = self.nodes[name].report
+        return {**content(self, name, now), "agent_version": report and report.agent_version}
+
+    monkeypatch.setattr(FleetState, "_row_content", with_version)
+    monkeypatch.setattr("llmgw.controller.fleet.NodeRow", RowWithVersion)
+    cursor = caught_up(fleet)
+    clock.advance(1)
+    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    delta = fleet.nodes_since(cursor)
+    assert names(delta) == ["b"]
+    assert isinstance(delta.nodes[0], RowWithVersion)
+    assert delta.nodes[0].agent_version == "2.0"
+    clock.advance(1)
+    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    assert fleet.nodes_since(delta.cursor).nodes == []  # and only once
 
 
 def test_a_cursor_from_another_run_gets_a_full_answer(tmp_path: Path, clock: FakeClock) -> None:
@@ -305,7 +320,7 @@ def test_a_cursor_from_another_run_gets_a_full_answer(tmp_path: Path, clock: Fak
         first.ingest(report(name))
     cursor = caught_up(first)
     first.flush()
-    first.store.close()
+    first.close()
     restarted = make_fleet(tmp_path, clock)  # the same store: a controller restart
     assert restarted.epoch != first.epoch
     delta = restarted.nodes_since(cursor)
@@ -316,7 +331,7 @@ def test_a_cursor_from_another_run_gets_a_full_answer(tmp_path: Path, clock: Fak
     assert restarted.nodes_since(delta.cursor).nodes == []
 
 
-def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: Fleet) -> None:
+def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: FleetState) -> None:
     cursor = caught_up(fleet)
     epoch, rev = cursor.split(".")
     delta = fleet.nodes_since(f"{epoch}.{int(rev) + 5}")
@@ -329,7 +344,7 @@ def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: Fleet) -> None:
     "bad",
     ["abc", "zz.1", "1f.", ".1", "1f.-1", "1f.2.3", "1f.x", " 1f.1", "1f.1 ", "1f." + "9" * 80],
 )
-def test_a_malformed_cursor_is_refused(fleet: Fleet, bad: str) -> None:
+def test_a_malformed_cursor_is_refused(fleet: FleetState, bad: str) -> None:
     cursor = caught_up(fleet)
     with pytest.raises(BadCursor, match="since"):
         fleet.nodes_since(bad)
@@ -468,7 +483,7 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
             for act in actions:
                 kind, *args = act
                 name = args[0] if kind not in ("time", "poll") else ""
-                known = name in fleet.entries
+                known = name in fleet.nodes
                 if kind == "report":
                     last[name] = node_report(name, *args[1:])
                     fleet.ingest(last[name])
@@ -490,8 +505,8 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
                     else:
                         fleet.put_replicas([replica(rid, name, [f"GPU-{name}-3"])])
                 elif kind == "drain blocked" and known:
-                    if fleet.drain_blocked.pop(name, None) is None:
-                        fleet.drain_blocked[name] = "waiting for a stand-in"
+                    blocked = fleet.drain_blocked.get(name)
+                    fleet.set_drain_blocked(name, None if blocked else "waiting for a stand-in")
                 elif kind == "poll":
                     await poll(consumers[args[0]])
             for consumer in consumers:

@@ -217,6 +217,42 @@ def test_force_drain_stops_at_once(tmp_path: Path, clock: FakeClock) -> None:
     assert sim.fleet.row("gpu1").admin.drained
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "after a restart"])
+def test_a_drain_deadline_is_forced_when_due(
+    tmp_path: Path, clock: FakeClock, restart: bool
+) -> None:
+    """A drain that cannot finish waits until its deadline, then is forced by the
+    controller itself; the deadline is durable, so a restart keeps it."""
+    sim = sim_with(tmp_path, clock, n=1)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.step()
+    row = sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=30)
+    assert row.admin.force_at == sim.fleet.wall() + 30 and not row.admin.force
+    for _ in range(5):
+        sim.step(seconds=5)  # 25 s: not due
+    assert sim.fleet.row("gpu1").drain_blocked and len(sim.replicas()) == 1
+    if restart:
+        sim.restart_controller()
+        assert sim.fleet.admin_info("gpu1").force_at == row.admin.force_at
+    sim.step(seconds=6)  # 31 s
+    assert sim.fleet.assignments_for("gpu1") == []
+    assert sim.replicas() == [] or all(n != ("gpu1",) for _, _, n in sim.replicas())
+    assert sim.fleet.row("gpu1").admin.drained
+    actions = [e.action for e in sim.fleet.detail("gpu1").history]
+    assert actions[:3] == ["drained", "drain forced (deadline)", "drain"]
+    assert sim.fleet.detail("gpu1").history[2].force_at == row.admin.force_at
+
+
+def test_a_new_drain_or_uncordon_drops_the_deadline(tmp_path: Path, clock: FakeClock) -> None:
+    sim = sim_with(tmp_path, clock, n=1)
+    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
+    assert sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops").admin.force_at is None
+    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
+    sim.fleet.set_flag("gpu1", AdminFlag.NONE, None, "ops")
+    clock.advance(20)
+    assert sim.fleet.due_drains(sim.fleet.wall()) == []
+
+
 def test_uncordon_mid_drain_keeps_the_replicas(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=2)
     sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])

@@ -10,7 +10,7 @@ from fleet_factories import FakeClock, gpu, location, make_fleet, report
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet import FleetState
 from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.wire import AdminFlag, FleetSummary, ModelSpec, ReplicaState
 
@@ -21,7 +21,7 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, clock: FakeClock) -> Fleet:
+def fleet(tmp_path: Path, clock: FakeClock) -> FleetState:
     return make_fleet(tmp_path, clock)
 
 
@@ -36,7 +36,7 @@ def by_fabric(summary: FleetSummary) -> dict[str, dict[str, object]]:
 # -- nodes --------------------------------------------------------------------------
 
 
-def test_node_counts_by_state_sum_to_total(fleet: Fleet, clock: FakeClock) -> None:
+def test_node_counts_by_state_sum_to_total(fleet: FleetState, clock: FakeClock) -> None:
     for name in ["a", "b", "c", "d", "e"]:
         fleet.ingest(report(name))
     fleet.set_flag("b", AdminFlag.CORDONED, "fan", "ops")
@@ -50,7 +50,7 @@ def test_node_counts_by_state_sum_to_total(fleet: Fleet, clock: FakeClock) -> No
     assert n.total == n.ready + n.cordoned + n.draining + n.unreachable == 5
 
 
-def test_one_missed_report_never_flips_a_node(fleet: Fleet, clock: FakeClock) -> None:
+def test_one_missed_report_never_flips_a_node(fleet: FleetState, clock: FakeClock) -> None:
     fleet.ingest(report("a", interval_s=5))
     clock.advance(11)  # two reports missed
     assert fleet.summary().nodes.ready == 1
@@ -60,13 +60,13 @@ def test_one_missed_report_never_flips_a_node(fleet: Fleet, clock: FakeClock) ->
     assert fleet.summary().nodes.unreachable == 1
 
 
-def test_grace_scales_with_the_node_interval(fleet: Fleet, clock: FakeClock) -> None:
+def test_grace_scales_with_the_node_interval(fleet: FleetState, clock: FakeClock) -> None:
     fleet.ingest(report("slow", interval_s=30))
     clock.advance(60)
     assert fleet.summary().nodes.ready == 1
 
 
-def test_liveness_wins_but_the_admin_flag_is_kept(fleet: Fleet, clock: FakeClock) -> None:
+def test_liveness_wins_but_the_admin_flag_is_kept(fleet: FleetState, clock: FakeClock) -> None:
     fleet.ingest(report("a"))
     fleet.set_flag("a", AdminFlag.CORDONED, "disk", "ops")
     clock.advance(60)
@@ -78,7 +78,7 @@ def test_liveness_wins_but_the_admin_flag_is_kept(fleet: Fleet, clock: FakeClock
     assert fleet.row("a").state == "cordoned"
 
 
-def test_a_node_that_comes_back_is_ready_again(fleet: Fleet, clock: FakeClock) -> None:
+def test_a_node_that_comes_back_is_ready_again(fleet: FleetState, clock: FakeClock) -> None:
     fleet.ingest(report("a"))
     clock.advance(100)
     assert fleet.summary().nodes.unreachable == 1
@@ -89,7 +89,7 @@ def test_a_node_that_comes_back_is_ready_again(fleet: Fleet, clock: FakeClock) -
 # -- GPUs -----------------------------------------------------------------------------
 
 
-def test_gpus_are_counted_per_card_by_class(fleet: Fleet) -> None:
+def test_gpus_are_counted_per_card_by_class(fleet: FleetState) -> None:
     mixed = [
         gpu("m", 0, "H100-SXM-80GB"),
         gpu("m", 1, "H100-SXM-80GB"),
@@ -103,7 +103,7 @@ def test_gpus_are_counted_per_card_by_class(fleet: Fleet) -> None:
     assert [g.gpu_class for g in fleet.summary().gpus] == ["A100-SXM-40GB", "H100-SXM-80GB"]
 
 
-def test_free_is_total_minus_used_minus_unhealthy(fleet: Fleet) -> None:
+def test_free_is_total_minus_used_minus_unhealthy(fleet: FleetState) -> None:
     cards = [
         gpu("a", 0, in_use=True),
         gpu("a", 1, health="unhealthy", reason="Xid 79"),
@@ -117,14 +117,14 @@ def test_free_is_total_minus_used_minus_unhealthy(fleet: Fleet) -> None:
     assert c["free"] == c["total"] - c["used"] - c["unhealthy"]
 
 
-def test_unknown_health_is_never_free(fleet: Fleet) -> None:
+def test_unknown_health_is_never_free(fleet: FleetState) -> None:
     fleet.ingest(report("a", gpus=[gpu("a", 0, health="unknown"), gpu("a", 1)]))
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["unknown"], c["free"]) == (1, 1)
 
 
 def test_cards_on_nodes_that_take_no_work_are_unschedulable_not_free(
-    fleet: Fleet, clock: FakeClock
+    fleet: FleetState, clock: FakeClock
 ) -> None:
     for name in ["ready", "cordoned", "draining", "gone"]:
         fleet.ingest(report(name, n_gpus=2))
@@ -139,7 +139,7 @@ def test_cards_on_nodes_that_take_no_work_are_unschedulable_not_free(
     assert c["total"] == c["used"] + c["unhealthy"] + c["unknown"] + c["unschedulable"] + c["free"]
 
 
-def test_cards_assigned_to_replicas_are_used(fleet: Fleet) -> None:
+def test_cards_assigned_to_replicas_are_used(fleet: FleetState) -> None:
     fleet.ingest(report("a", n_gpus=4))
     fleet.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=2)])
     fleet.put_replicas([replica("r1", "m", [("a", ["GPU-a-0", "GPU-a-1"])])])
@@ -150,7 +150,7 @@ def test_cards_assigned_to_replicas_are_used(fleet: Fleet) -> None:
 # -- fabrics ------------------------------------------------------------------------------
 
 
-def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: Fleet) -> None:
+def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: FleetState) -> None:
     fleet.ingest(report("a", fabrics=["ib-b"]))
     fleet.ingest(report("b", fabrics=["ib-a", "ib-b"]))
     fleet.ingest(report("c", fabrics=[]))
@@ -162,7 +162,7 @@ def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: Fleet) -> 
 
 
 def test_largest_free_block_counts_only_entirely_free_ready_nodes(
-    fleet: Fleet, clock: FakeClock
+    fleet: FleetState, clock: FakeClock
 ) -> None:
     fleet.ingest(report("free1"))
     fleet.ingest(report("free2"))
@@ -185,7 +185,7 @@ def test_largest_free_block_counts_only_entirely_free_ready_nodes(
     assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 1
 
 
-def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: Fleet) -> None:
+def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: FleetState) -> None:
     filer = location(
         "/mnt/models", ["meta/llama-70b"], scope="shared", source="filer1:/export/models"
     )
@@ -203,7 +203,7 @@ def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: Fleet) -> None:
     )
 
 
-def test_nodes_with_weights_and_models_present(fleet: Fleet) -> None:
+def test_nodes_with_weights_and_models_present(fleet: FleetState) -> None:
     fleet.ingest(report("looks-not", storage=None))  # not configured
     fleet.ingest(report("found-nothing", storage=[location("/models", [])]))
     fleet.ingest(report("one", storage=[location("/models", ["a/x"])]))
@@ -217,7 +217,7 @@ def test_nodes_with_weights_and_models_present(fleet: Fleet) -> None:
     assert fabrics["ib-b"]["models_present"] == 1
 
 
-def test_a_node_told_nothing_ranks_like_one_that_found_nothing(fleet: Fleet) -> None:
+def test_a_node_told_nothing_ranks_like_one_that_found_nothing(fleet: FleetState) -> None:
     fleet.ingest(report("a", storage=None))
     first = by_fabric(fleet.summary())["ib-a"]
     fleet.ingest(report("a", storage=[location("/models", [])]))
@@ -252,7 +252,7 @@ def shard(
     }
 
 
-def test_replica_counts_and_model_satisfaction(fleet: Fleet) -> None:
+def test_replica_counts_and_model_satisfaction(fleet: FleetState) -> None:
     fleet.put_models(
         [
             ModelSpec(name="ok", source="s", min_replicas=1),
@@ -288,7 +288,7 @@ def test_replica_counts_and_model_satisfaction(fleet: Fleet) -> None:
 
 
 def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
-    fleet: Fleet, clock: FakeClock
+    fleet: FleetState, clock: FakeClock
 ) -> None:
     fleet.put_models([ModelSpec(name="m", source="s")])
     fleet.put_replicas(
@@ -324,7 +324,7 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
     assert "unknown" not in ids
 
 
-def test_activity_takes_a_replica_off_the_idle_list(fleet: Fleet, clock: FakeClock) -> None:
+def test_activity_takes_a_replica_off_the_idle_list(fleet: FleetState, clock: FakeClock) -> None:
     fleet.put_models([ModelSpec(name="m", source="s")])
     fleet.put_replicas([replica("r", "m", [("a", ["GPU-a-0"])])])
     fleet.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=900)]))
@@ -337,14 +337,14 @@ def test_activity_takes_a_replica_off_the_idle_list(fleet: Fleet, clock: FakeClo
 # -- consistency --------------------------------------------------------------------------------
 
 
-def test_a_cordon_shows_at_once_despite_the_cache(fleet: Fleet) -> None:
+def test_a_cordon_shows_at_once_despite_the_cache(fleet: FleetState) -> None:
     fleet.ingest(report("a"))
     assert fleet.summary().nodes.ready == 1
     fleet.set_flag("a", AdminFlag.CORDONED, "x", "ops")
     assert fleet.summary().nodes.cordoned == 1
 
 
-def test_reason_groups_list_nodes_like_sinfo_r(fleet: Fleet) -> None:
+def test_reason_groups_list_nodes_like_sinfo_r(fleet: FleetState) -> None:
     for name in ["g1", "g2", "g3"]:
         fleet.ingest(report(name))
     fleet.set_flag("g1", AdminFlag.CORDONED, "PSU swap", "alice")

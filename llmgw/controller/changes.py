@@ -1,0 +1,117 @@
+"""The change log of the controller's state: what changed, in order.
+
+`FleetState` appends one `Change` per change it makes (a node's row, an admin
+flag, a model, a replica, a backoff, an unplaceable reason); each gets the next
+revision. Everything incremental reads this log instead of keeping its own
+marks: `?since=` cursors, cached report replies, long polls, later the
+gateway's endpoint feed and replication.
+
+Only the newest `HISTORY_KEPT` changes are kept. A reader whose revision is
+older than that cannot be told what it missed (`HistoryLost`) and must give a
+full answer instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from enum import StrEnum
+from itertools import islice
+from typing import NamedTuple
+
+# About 200 s of history at 10,000 nodes with 5 % of rows changing every second.
+HISTORY_KEPT = 100_000
+
+
+class ChangeKind(StrEnum):
+    NODE = "node"  # a node's row (added, changed or forgotten)
+    ADMIN = "admin"  # a node's admin flag (cordon, drain, deadline)
+    ASSIGNMENTS = "assignments"  # what a node's agent is told to run
+    MODEL = "model"  # a model spec (added, changed or deleted)
+    REPLICA = "replica"  # a replica record (added, changed or removed)
+    BACKOFF = "backoff"  # a model's crash-loop backoff
+    UNPLACEABLE = "unplaceable"  # why a model cannot be placed (or that it now can)
+
+
+class Change(NamedTuple):
+    revision: int
+    kind: ChangeKind
+    key: str  # node name, model name or replica id, by kind
+
+
+class HistoryLost(LookupError):
+    """The changes after this revision are no longer (or not yet) known."""
+
+    def __init__(self, revision: int, oldest: int, newest: int) -> None:
+        super().__init__(
+            f"revision {revision} is outside the change history kept ({oldest}..{newest})"
+        )
+        self.revision = revision
+
+
+class ChangeLog:
+    """Revisions are consecutive, so the log keeps only kinds and keys: two
+    deques of objects the garbage collector need not walk, not 100,000 tuples."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self._kinds: deque[ChangeKind] = deque()
+        self._keys: deque[str] = deque()
+        # The newest revision of each key, by kind: what the derived views compare.
+        # (Dicts of str -> int, which the garbage collector does not track.)
+        self._latest: dict[ChangeKind, dict[str, int]] = {kind: {} for kind in ChangeKind}
+        self._changed: asyncio.Event | None = None  # made by the first waiter
+
+    def append(self, kind: ChangeKind, key: str) -> int:
+        self.revision += 1
+        self._kinds.append(kind)
+        self._keys.append(key)
+        self._latest[kind][key] = self.revision
+        while len(self._kinds) > HISTORY_KEPT:
+            self._kinds.popleft()
+            self._keys.popleft()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        return self.revision
+
+    @property
+    def oldest(self) -> int:
+        """The oldest revision a reader may hold and still be told every change after it."""
+        return self.revision - len(self._kinds)
+
+    def latest(self, kind: ChangeKind, key: str) -> int:
+        """The revision of the last change of this kind to this key (0: none this run)."""
+        return self._latest[kind].get(key, 0)
+
+    def forget_key(self, kind: ChangeKind, key: str) -> None:
+        """Drop the per-key index entry of something gone (its changes stay in the log)."""
+        self._latest[kind].pop(key, None)
+
+    def since(self, revision: int) -> list[Change]:
+        """Every change after `revision`, oldest first; `HistoryLost` when that is unknown."""
+        if not self.oldest <= revision <= self.revision:
+            raise HistoryLost(revision, self.oldest, self.revision)
+        n = self.revision - revision
+        kinds = list(islice(reversed(self._kinds), n))
+        keys = list(islice(reversed(self._keys), n))
+        first = revision + 1
+        return [
+            Change(first + i, kind, key)
+            for i, (kind, key) in enumerate(zip(reversed(kinds), reversed(keys), strict=True))
+        ]
+
+    async def wait_changed(self, after_revision: int, timeout_s: float) -> int:
+        """Return the revision once it is past `after_revision`, or after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.revision <= after_revision:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return self.revision
