@@ -24,11 +24,10 @@ from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
+from llmgw.common import DEFAULT_CONTROLLER, UsageError
 from llmgw.wire import GpuHealth, NodeName, NodeReport
 
 log = logging.getLogger("agent")
-
-DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,10 +111,6 @@ def default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/llmgw/agent")
     return Path.home() / ".local" / "state" / "llmgw" / "agent"
-
-
-class UsageError(Exception):
-    pass
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -250,10 +245,21 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
     try:
         await loop.run(stop)
     finally:
+        still_running = engines.reports() if engines is not None else []
         if engines is not None:
             await engines.close()
         builder.gpus.close()
-        log.info("agent %s stopped", builder.node)
+        if still_running:
+            log.info(
+                "agent %s stopped; its engines keep running (an agent restart finds them again);"
+                " to stop them: llmgw ctl drain %s --reason REASON, or stop the processes"
+                " listed in %s",
+                builder.node,
+                builder.node,
+                args.state_dir,
+            )
+        else:
+            log.info("agent %s stopped", builder.node)
 
 
 def main(argv: list[str]) -> int:
@@ -264,6 +270,8 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
     )
     try:
+        if args.json and not args.once:
+            raise UsageError("--json applies to --once (print one report); add --once")
         builder = make_builder(args)
         if args.once:
             try:

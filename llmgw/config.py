@@ -174,6 +174,7 @@ def resolve(
     from llmgw.api import normalize_url
 
     urls = [normalize_url(u) for u in urls]
+    sources["controller"] = Setting(urls, sources["controller"].source)
 
     resolved_token: str | None
     if token:

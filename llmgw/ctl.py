@@ -254,25 +254,29 @@ def parser() -> argparse.ArgumentParser:
     cs = s.add_subparsers(
         dest="config_command", required=True, metavar="ACTION", parser_class=Parser
     )
-    cs.add_parser(
-        "get-contexts",
-        help="list the contexts; * marks the current one",
-        formatter_class=HelpFormatter,
-        epilog="example:\n  llmgw ctl config get-contexts",
-    )
-    u = cs.add_parser(
-        "use-context",
-        help="make NAME the current context",
-        formatter_class=HelpFormatter,
-        epilog="example:\n  llmgw ctl config use-context prod",
-    )
-    u.add_argument("name", metavar="NAME")
-    cs.add_parser(
-        "view",
-        help="each setting in effect and where it came from",
-        formatter_class=HelpFormatter,
-        epilog="example:\n  LLMGW_CONTEXT=demo llmgw ctl config view",
-    )
+    for action, text, example in (
+        (
+            "get-contexts",
+            "list the contexts; * marks the current one",
+            "llmgw ctl config get-contexts",
+        ),
+        ("use-context", "make NAME the current context", "llmgw ctl config use-context prod"),
+        (
+            "view",
+            "each setting in effect and where it came from",
+            "LLMGW_CONTEXT=demo llmgw ctl config view",
+        ),
+    ):
+        c = cs.add_parser(
+            action,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=f"example:\n  {example}",
+            formatter_class=HelpFormatter,
+        )
+        _common_options(c, top=False)
+        if action == "use-context":
+            c.add_argument("name", metavar="NAME")
     return p
 
 
