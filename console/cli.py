@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from llmgw.client import AdminClient, controller_url
+from llmgw.client import AdminClient
+from llmgw.common import UsageError
+from llmgw.config import resolve
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -21,6 +24,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--token", metavar="T", default=None, help="admin token (default: $LLMGW_TOKEN)"
     )
+    parser.add_argument(
+        "--context", default=None, help="context from the config file (env LLMGW_CONTEXT)"
+    )
+    parser.add_argument("--token-file", metavar="FILE", default=None, help="file holding the token")
     parser.add_argument(
         "--readonly",
         action="store_true",
@@ -43,7 +50,17 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from console.app import ConsoleApp  # Textual loads only when we really run
 
-    client = AdminClient(controller_url(args.controller), args.token)
+    try:  # the same resolution as `llmgw ctl` (flags, environment, config file)
+        where = resolve(
+            controller=args.controller,
+            token=args.token,
+            token_file=args.token_file,
+            context=args.context,
+        )
+    except UsageError as exc:
+        sys.stderr.write(f"llmgw console: {exc}\n")
+        return 2
+    client = AdminClient(where.controller, where.token, ca_file=where.ca_file)
     app = ConsoleApp(client, readonly=args.readonly, refresh=args.refresh)
     app.run()
     return app.return_code or 0
