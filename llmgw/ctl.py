@@ -135,15 +135,23 @@ def _watch_options(s: argparse.ArgumentParser) -> None:
     )
 
 
+DESCRIPTION = "One-shot commands for an llmgw fleet."
+EPILOG = (
+    "exit codes: 0 done; 1 the controller refused or could not be reached, or "
+    "drain --dry-run found a model falling below its minimum; 2 usage error\n\n"
+    "example:\n  llmgw ctl --controller http://ctl-1:7460 status"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="llmgw ctl",
-        description="One-shot commands for an llmgw fleet.",
-        epilog="exit codes: 0 done; 1 the controller refused or could not be reached, or "
-        "drain --dry-run found a model falling below its minimum; 2 usage error\n\n"
-        "example:\n  llmgw ctl --controller http://ctl-1:7460 status",
-        formatter_class=HelpFormatter,
+        prog="llmgw ctl", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter
     )
+    return populate(p)
+
+
+def populate(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """ctl's options and commands on `p` (its own parser, or `llmgw completion`'s)."""
     _common_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
