@@ -50,6 +50,7 @@ log = logging.getLogger("llmgw.demo")
 
 FABRICS = ("ib-a", "ib-b", "ib-c")
 REPORT_INTERVAL_S = 2.0
+SIMULATED_QUIET_S = 15 * 60.0  # engines without traffic: quiet this long before the demo
 
 
 @dataclass
@@ -171,6 +172,10 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
             empty = root / "nodes" / name / "models"
             empty.mkdir(parents=True)
             node.storage = [StorageDir(str(empty))]
+            # on the root disk: a local filesystem the mount table names
+            node.mountinfo = root / "mounts" / name
+            node.mountinfo.parent.mkdir(parents=True, exist_ok=True)
+            node.mountinfo.write_text(_mountinfo("/dev/sda1", []))
         fleet.append(node)
     return fleet
 
@@ -244,6 +249,7 @@ def make_agent(
     )
     if engines:
         from agent.engines import EngineSupervisor
+        from agent.metrics import IdleTracker
 
         supervisor = EngineSupervisor(
             state_dir=root / "agents" / node.name,
@@ -251,6 +257,10 @@ def make_agent(
             address="127.0.0.1",
             engine_host="127.0.0.1",
             grace_s=3.0,
+            # The simulated fleet has been up for a while: an engine without
+            # traffic has been quiet since before the demo started, so the idle
+            # replicas pane fills within the first minute, not after ten.
+            idle_tracker=lambda: IdleTracker(quiet_before_s=SIMULATED_QUIET_S),
         )
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
     return DemoAgent(node, loop, supervisor)

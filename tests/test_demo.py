@@ -262,3 +262,33 @@ def test_closing_the_demos_terminal_stops_every_engine(sig: signal.Signals, tmp_
     for port in ports:
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.slow
+async def test_every_pane_fills_within_the_first_minute(tmp_path: Path) -> None:
+    """Idle replicas show at once (engines quiet since before the demo), cards an
+    engine holds are in use with memory, and every disk names its filesystem."""
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=6, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    try:
+        await until(lambda: asyncio.sleep(0, bool(urls)))
+        async with AdminClient(urls[0]) as client:
+
+            async def idle_shows() -> bool:
+                return bool((await client.summary()).idle_replicas)
+
+            await until(idle_shows, within=60)
+            busy = []
+            for row in await client.nodes():
+                detail = await client.node(row.name)
+                busy += [g for g in detail.gpus if g.in_use]
+                assert all(s.fs_type for s in detail.storage), detail.storage
+            assert busy and all(g.memory_used_mib for g in busy)
+            summary = await client.summary()
+            assert all(i.idle_seconds >= 600 for i in summary.idle_replicas)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
