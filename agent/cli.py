@@ -30,7 +30,7 @@ from llmgw.wire import GpuHealth, NodeName, NodeReport
 log = logging.getLogger("agent")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw agent",
         description="Observe this node (GPUs, fabrics, model weights on disk), run the "
@@ -263,7 +263,7 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
