@@ -9,7 +9,7 @@ each alike:
 
 Prints medians and the ratio to the baseline; never asserts timings.
 
-    .venv/bin/python bench/bench_ctl.py [--nodes 2000] [--runs 21]
+    .venv/bin/python bench/bench_ctl.py [--nodes 2000] [--runs 21] [--before DIR]
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def seed(url: str, nodes: int) -> None:
             ).raise_for_status()
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, capture_output=True, check=True)
+    subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=cwd)
     return time.perf_counter() - start
 
 
@@ -56,22 +56,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2000)
     p.add_argument("--runs", type=int, default=21)
+    p.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also time ctl from another checkout (e.g. `git worktree add /tmp/before main`)",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp, controller_process(Path(tmp)) as c:
         seed(c.url, a.nodes)
         env = {**os.environ, "LLMGW_CONTROLLER": c.url, "LLMGW_TOKEN": ADMIN}
         py = sys.executable
-        cases = {
-            "python -c pass (baseline)": [py, "-c", "pass"],
-            "llmgw ctl status": [py, "-m", "llmgw", "ctl", "status"],
-            "llmgw ctl nodes": [py, "-m", "llmgw", "ctl", "nodes"],
+        here = str(ROOT)
+        cases: dict[str, tuple[list[str], str | None]] = {
+            "python -c pass (baseline)": ([py, "-c", "pass"], None),
+            "llmgw ctl status": ([py, "-m", "llmgw", "ctl", "status"], here),
+            "llmgw ctl nodes": ([py, "-m", "llmgw", "ctl", "nodes"], here),
         }
+        if a.before:  # `python -m` runs the package found in the working directory first
+            cases["before: llmgw ctl status"] = ([py, "-m", "llmgw", "ctl", "status"], a.before)
+            cases["before: llmgw ctl nodes"] = ([py, "-m", "llmgw", "ctl", "nodes"], a.before)
         times: dict[str, list[float]] = {k: [] for k in cases}
-        for cmd in cases.values():  # warm the page cache and the controller's caches
-            timed(cmd, env)
+        for cmd, cwd in cases.values():  # warm the page cache and the controller's caches
+            timed(cmd, env, cwd)
         for _ in range(a.runs):
-            for name, cmd in cases.items():
-                times[name].append(timed(cmd, env))
+            for name, (cmd, cwd) in cases.items():
+                times[name].append(timed(cmd, env, cwd))
     base = statistics.median(times["python -c pass (baseline)"])
     print(f"{a.nodes} nodes, {a.runs} runs each, medians (interleaved):")
     for name, ts in times.items():
