@@ -49,9 +49,7 @@ class DrainProgress:
         return f"{text}; {blocked}" if blocked else text
 
     def summary(self, rows: Mapping[str, NodeRow], elapsed_s: float) -> str:
-        return (
-            f"drained {len(self.nodes)} node(s) in {duration(elapsed_s)}: {hostlist(self.nodes)}\n"
-        )
+        return f"drained: {hostlist(self.nodes)} ({len(self.nodes)} node(s) in {duration(elapsed_s)})\n"
 
     def timed_out(self, rows: Mapping[str, NodeRow], limit_s: float) -> str:
         pending = self._pending(rows)

@@ -71,6 +71,6 @@ def test_wait_ends_with_one_summary(fleet: Controller) -> None:
     fleet.serve_assigned("gpu-a02")
     fleet.report("gpu-a01")  # the old shard gone
     out = ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--wait", "--timeout", "20"))
-    assert out.splitlines()[-1].startswith("drained 1 node(s) in ")
+    assert out.splitlines()[-1].startswith("drained: gpu-a01 (1 node(s) in ")
     line = one_line_error(ctl(fleet.url, "drain", "gpu-a01", "gpu-a01", "--reason", "r"), 2)
     assert "twice" in line
