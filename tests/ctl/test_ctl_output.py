@@ -184,3 +184,31 @@ def test_watch_appends_changes_when_piped_and_ctrl_c_exits_0(
     assert len(lines) >= 6
     assert lines[5].startswith("gpu-a03   cordoned") and lines[5].endswith("watch me")
     assert sum(line.startswith("NODE ") for line in lines) == 1  # appended, not redrawn
+
+
+def test_status_watch_piped_prints_again_only_when_it_changed(
+    fleet: Controller, tmp_path: Path
+) -> None:
+    out = tmp_path / "status.out"
+    with out.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "ctl", "status", "-w", "--interval", "0.2"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "LLMGW_CONTROLLER": fleet.url, "LLMGW_TOKEN": ADMIN},
+        )
+        try:
+            deadline = time.monotonic() + 15
+            while "Fleet at" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # five polls, nothing changed
+            assert out.read_text().count("Fleet at") == 1
+            fleet.admin("POST", "/v1/nodes/gpu-b01/cordon", {"reason": "status watch"})
+            while "status watch" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            fleet.admin("POST", "/v1/nodes/gpu-b01/uncordon", {})
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0
+    text = out.read_text()
+    assert text.count("Fleet at") >= 2 and "2 cordoned" in text
