@@ -20,20 +20,20 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from agent.enroll import Enroller, read_credential
-from agent.gpus import DEFAULT_IGNORED_XIDS, FakeGpus, GpuSource, NvmlGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
+from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
+from llmgw.common import DEFAULT_CONTROLLER, UsageError
 from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeName, NodeReport
 
 log = logging.getLogger("agent")
 
-DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
 
-
-def build_parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw agent",
         description="Observe this node (GPUs, fabrics, model weights on disk), run the "
@@ -136,10 +136,6 @@ def default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/llmgw/agent")
     return Path.home() / ".local" / "state" / "llmgw" / "agent"
-
-
-class UsageError(Exception):
-    pass
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -321,20 +317,33 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
     try:
         await loop.run(stop)
     finally:
+        still_running = engines.reports() if engines is not None else []
         if engines is not None:
             await engines.close()
         builder.gpus.close()
-        log.info("agent %s stopped", builder.node)
+        if still_running:
+            log.info(
+                "agent %s stopped; its engines keep running (an agent restart finds them again);"
+                " to stop them: llmgw ctl drain %s --reason REASON, or stop the processes"
+                " listed in %s",
+                builder.node,
+                builder.node,
+                args.state_dir,
+            )
+        else:
+            log.info("agent %s stopped", builder.node)
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:
+        if args.json and not args.once:
+            raise UsageError("--json applies to --once (print one report); add --once")
         builder = make_builder(args)
         if args.once:
             try:

@@ -36,9 +36,8 @@ import logging
 import re
 import threading
 import time
-import uuid as uuidlib
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pynvml
@@ -133,106 +132,6 @@ def _mig_class(parent_class: str, slice_name: str, memory_total_mib: int) -> str
 
 def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-# -- fake GPUs ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FakeGroup:
-    count: int
-    gpu_class: str
-    memory_mib: int
-    unhealthy: frozenset[int] = frozenset()
-    busy: frozenset[int] = frozenset()
-
-
-def parse_fake_spec(spec: str) -> FakeGroup:
-    """`COUNTxCLASS[,unhealthy=I,J...][,busy=I,J...]`, e.g. `8xH100-80GB,unhealthy=3`.
-
-    Indices are 0-based within the group. The memory comes from a trailing
-    `-NNGB` in the class (80 GiB otherwise).
-    """
-    head, *options = spec.split(",")
-    match = re.fullmatch(r"(\d+)x([A-Za-z0-9][A-Za-z0-9._-]*)", head.strip())
-    if not match:
-        raise ValueError(f"--fake-gpus {spec!r}: expected COUNTxCLASS, e.g. 8xH100-80GB")
-    count, cls = int(match.group(1)), match.group(2)
-    if not 0 < count <= 256:
-        raise ValueError(f"--fake-gpus {spec!r}: COUNT must be 1..256")
-    mem = re.search(r"-(\d+)GB$", cls)
-    memory_mib = int(mem.group(1)) * 1024 if mem else 80 * 1024
-    sets: dict[str, set[int]] = {"unhealthy": set(), "busy": set()}
-    current: str | None = None
-    for option in options:
-        option = option.strip()
-        key, eq, value = option.partition("=")
-        if eq:
-            if key not in sets:
-                raise ValueError(f"--fake-gpus {spec!r}: unknown option {key!r}")
-            current, option = key, value
-        if current is None or not option.isdigit():
-            raise ValueError(f"--fake-gpus {spec!r}: expected unhealthy=I,J or busy=I,J")
-        index = int(option)
-        if index >= count:
-            raise ValueError(f"--fake-gpus {spec!r}: index {index} is not below {count}")
-        sets[current].add(index)
-    return FakeGroup(count, cls, memory_mib, frozenset(sets["unhealthy"]), frozenset(sets["busy"]))
-
-
-@dataclass
-class FakeGpus:
-    """Simulated cards, for machines without GPUs (and `llmgw demo`).
-
-    UUIDs derive from the node name, so a restarted fake node keeps its cards.
-    `unhealthy` and `in_use` can be changed at run time by the demo.
-    """
-
-    node: str
-    groups: Sequence[FakeGroup]
-    unhealthy: set[str] = field(default_factory=set)
-    in_use: set[str] = field(default_factory=set)
-    _cards: list[tuple[str, str, int]] = field(default_factory=list, init=False)
-
-    def __post_init__(self) -> None:
-        index = 0
-        for group in self.groups:
-            for i in range(group.count):
-                uid = "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{self.node}/gpu/{index}"))
-                self._cards.append((uid, group.gpu_class, group.memory_mib))
-                if i in group.unhealthy:
-                    self.unhealthy.add(uid)
-                if i in group.busy:
-                    self.in_use.add(uid)
-                index += 1
-
-    @property
-    def uuids(self) -> list[str]:
-        return [uid for uid, _, _ in self._cards]
-
-    def scan(self) -> GpuScan:
-        gpus = []
-        for index, (uid, cls, mem) in enumerate(self._cards):
-            bad = uid in self.unhealthy
-            busy = uid in self.in_use
-            gpus.append(
-                GpuReport(
-                    uuid=uid,
-                    index=index,
-                    name=f"simulated {cls}",
-                    gpu_class=cls,
-                    memory_total_mib=mem,
-                    memory_used_mib=mem * 9 // 10 if busy else 0,
-                    utilization_pct=80 if busy else 0,
-                    in_use=busy,
-                    health=GpuHealth.UNHEALTHY if bad else GpuHealth.HEALTHY,
-                    health_reason="simulated fault (--fake-gpus unhealthy=...)" if bad else None,
-                )
-            )
-        return GpuScan(gpus)
-
-    def close(self) -> None:
-        return None
 
 
 # -- NVML -----------------------------------------------------------------------

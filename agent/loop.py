@@ -217,7 +217,7 @@ class ReportLoop:
         self._build_error = None
         if self._outage_kind is not None:
             took = time.monotonic() - self._outage_started
-            log.warning(
+            log.info(
                 "controller %s reachable again after %.0f s (%d failed tries)",
                 self.url,
                 took,

@@ -92,8 +92,13 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
 class IdleTracker:
     """Idle time of one engine from successive samples. Pure; the clock is injectable."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, quiet_before_s: float = 0.0
+    ) -> None:
         self._clock = clock
+        # How long the engine had been quiet before the first reading (0: unknown,
+        # so the clock starts then). Only a simulation knows: the demo's engines.
+        self._quiet_before_s = quiet_before_s
         self._baseline: dict[str, float] | None = None
         self._last_activity: float | None = None
         self.restarts = 0  # counter falls seen: how often the engine restarted under us
@@ -106,7 +111,7 @@ class IdleTracker:
         if self._baseline is None:
             # First reading: start the clock now, whatever the counters say.
             self._baseline = counters
-            self._last_activity = now
+            self._last_activity = now if active else now - self._quiet_before_s
             return active
         if any(v < self._baseline.get(k, 0.0) for k, v in counters.items()):
             self.restarts += 1

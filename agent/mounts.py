@@ -138,7 +138,7 @@ def is_shared_type(fs_type: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Placement:
+class MountPlacement:
     """Where a storage directory lives, as the report states it."""
 
     realpath: str
@@ -149,10 +149,10 @@ class Placement:
 
 def classify(
     directory: str, mounts: Iterable[Mount], override: StorageScope | None = None
-) -> Placement:
+) -> MountPlacement:
     real = os.path.realpath(directory)
     mount = find_mount(real, mounts)
     if override is not None:
-        return Placement(real, mount, override, True)
+        return MountPlacement(real, mount, override, True)
     shared = mount is not None and is_shared_type(mount.fs_type)
-    return Placement(real, mount, StorageScope.SHARED if shared else StorageScope.LOCAL, False)
+    return MountPlacement(real, mount, StorageScope.SHARED if shared else StorageScope.LOCAL, False)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.report import ReportBuilder
 from agent.sample_models import write_model
 from agent.storage import StorageDir, StorageScanner

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmgw.client import AdminClient, controller_url
+from llmgw.client import AdminClient
+from llmgw.common import UsageError
+from llmgw.config import resolve
 from llmgw.tls import TlsConfigError
 
 
@@ -30,6 +32,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="CA certificate to verify an https controller (default: $LLMGW_CA_FILE)",
     )
     parser.add_argument(
+        "--context", default=None, help="context from the config file (env LLMGW_CONTEXT)"
+    )
+    parser.add_argument("--token-file", metavar="FILE", default=None, help="file holding the token")
+    parser.add_argument(
         "--readonly",
         action="store_true",
         help="look, don't touch: no cordon, uncordon or drain keys at all",
@@ -51,10 +57,17 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from console.app import ConsoleApp  # Textual loads only when we really run
 
-    try:
-        client = AdminClient(controller_url(args.controller), args.token, ca_file=args.ca_file)
-    except TlsConfigError as exc:
-        print(f"llmgw console: {exc}", file=sys.stderr)
+    try:  # the same resolution as `llmgw ctl` (flags, environment, config file)
+        where = resolve(
+            controller=args.controller,
+            token=args.token,
+            token_file=args.token_file,
+            ca_file=args.ca_file,
+            context=args.context,
+        )
+        client = AdminClient(where.controller, where.token, ca_file=where.ca_file)
+    except (UsageError, TlsConfigError) as exc:
+        sys.stderr.write(f"llmgw console: {exc}\n")
         return 2
     app = ConsoleApp(client, readonly=args.readonly, refresh=args.refresh)
     app.run()

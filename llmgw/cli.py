@@ -8,6 +8,7 @@ keep pointing one way.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,7 @@ PROGRAMS: dict[str, tuple[str, str]] = {
     "console": ("console.cli", "open the live fleet console"),
     "ctl": ("llmgw.ctl", "one-shot commands: status, nodes, cordon, drain, apply, ..."),
     "demo": ("llmgw.demo", "a whole simulated fleet on this machine"),
+    "completion": ("llmgw.completion", "print shell completion: llmgw completion bash|zsh"),
 }
 
 USAGE = "usage: llmgw {" + ",".join(PROGRAMS) + "} [options]\n"
@@ -33,6 +35,10 @@ def _help() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
+        from llmgw.completion import autocomplete
+
+        autocomplete()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_help())

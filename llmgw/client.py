@@ -1,4 +1,6 @@
-"""The typed admin client: the one place `ctl` and the console talk to the network.
+"""The typed async admin client: how the console (and the demo) talk to the
+controller. `ctl` uses the blocking `SyncAdminClient`; both run the same
+`llmgw.api` calls, so paths and bodies are written once.
 
 Tests hand it an `httpx.MockTransport` (``transport=``) or point it at a real
 controller on loopback.
@@ -6,16 +8,26 @@ controller on loopback.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
 
+from llmgw import api
+from llmgw.api import (
+    Call,
+    ControllerError,
+    ControllerUnreachable,
+    NotAController,
+    admin_token,
+    controller_url,
+)
+from llmgw.common import DEFAULT_CONTROLLER, first_line
 from llmgw.tls import TlsConfigError, client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
+    DrainPlan,
     FleetSummary,
     ModelSpec,
     ModelView,
@@ -25,48 +37,23 @@ from llmgw.wire import (
     ReplicaView,
 )
 
-DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
+__all__ = [
+    "DEFAULT_CONTROLLER",
+    "AdminClient",
+    "ControllerError",
+    "ControllerUnreachable",
+    "NotAController",
+    "admin_token",
+    "controller_url",
+    "describe",
+]
+
 # Connect fast, read patiently: a drain --wait or a watch stream outlives pings.
 DEFAULT_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T")
 
-
-class ControllerError(Exception):
-    """The controller answered with an error; `message` is its own words."""
-
-    def __init__(self, status: int, message: str, url: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.url = url
-
-
-class ControllerUnreachable(Exception):
-    """No answer at all: connection refused, DNS, timeout."""
-
-    def __init__(self, url: str, cause: Exception) -> None:
-        super().__init__(f"cannot reach the controller at {url}: {describe(cause)}")
-        self.url = url
-        self.cause = cause
-
-
-def describe(exc: Exception) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0]
-
-
-def controller_url(explicit: str | None = None) -> str:
-    return (explicit or os.environ.get("LLMGW_CONTROLLER") or DEFAULT_CONTROLLER).rstrip("/")
-
-
-def admin_token(explicit: str | None = None) -> str | None:
-    return explicit or os.environ.get("LLMGW_TOKEN") or None
-
-
-_rows = TypeAdapter(list[NodeRow])
-_models = TypeAdapter(list[ModelView])
-_replicas = TypeAdapter(list[ReplicaView])
+describe = first_line  # the console's name for it
 
 
 class AdminClient:
@@ -89,14 +76,18 @@ class AdminClient:
             headers["Authorization"] = f"Bearer {tok}"
         if user:  # recorded beside the token's identity on cordons and drains
             headers["X-LLMGW-User"] = user
-        # https: verified against --ca-file / LLMGW_CA_FILE, else the system's CAs.
-        verify = client_context(ca_file) if self.base_url.startswith("https:") else True
+        if transport is None and urlsplit(self.base_url).scheme == "http":
+            # Plain http needs no TLS context (building httpx's default one costs
+            # tens of milliseconds); an empty one is never used for http.
+            import ssl
+
+            transport = httpx.AsyncHTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
             timeout=timeout,
             transport=transport,
-            verify=verify,
+            verify=_verify(self.base_url, ca_file),
         )
 
     async def __aenter__(self) -> AdminClient:
@@ -115,120 +106,120 @@ class AdminClient:
 
     # -- reads --------------------------------------------------------------
 
-    # Typed reads validate the body straight from bytes: at 2,000 nodes that is
-    # about half the cost of json.loads followed by validation.
-
     async def summary(self) -> FleetSummary:
-        return FleetSummary.model_validate_json(await self._get_bytes("/v1/summary"))
+        return await self.run(api.summary())
 
     async def nodes(self) -> list[NodeRow]:
-        return _rows.validate_json(await self._get_bytes("/v1/nodes"))
+        return await self.run(api.nodes())
 
     async def nodes_since(self, cursor: str = "") -> NodesDelta:
         """Rows changed since `cursor` ("" for all); see `NodesDelta`."""
-        return NodesDelta.model_validate_json(
-            await self._get_bytes("/v1/nodes", params={"since": cursor})
-        )
+        return await self.run(api.nodes_since(cursor))
 
     async def node(self, name: str) -> NodeDetail:
-        return NodeDetail.model_validate_json(await self._get_bytes(f"/v1/nodes/{name}"))
+        return await self.run(api.node(name))
 
     async def models(self) -> list[ModelView]:
-        return _models.validate_json(await self._get_bytes("/v1/models"))
+        return await self.run(api.models())
 
     async def replicas(self) -> list[ReplicaView]:
-        return _replicas.validate_json(await self._get_bytes("/v1/replicas"))
+        return await self.run(api.replicas())
 
     async def summary_json(self) -> Any:
         """The summary exactly as served (for `ctl status --json`)."""
-        return await self._get("/v1/summary")
+        return await self.run(api.summary_json())
+
+    async def whoami(self) -> Any:
+        return await self.run(api.whoami())
 
     # -- mutations ------------------------------------------------------------
 
     async def cordon(self, node: str, reason: str) -> NodeRow:
-        return NodeRow.model_validate(
-            await self._post(f"/v1/nodes/{node}/cordon", {"reason": reason})
-        )
+        return await self.run(api.cordon(node, reason))
 
     async def uncordon(self, node: str) -> NodeRow:
-        return NodeRow.model_validate(await self._post(f"/v1/nodes/{node}/uncordon", {}))
+        return await self.run(api.uncordon(node))
 
     async def drain(
         self, node: str, reason: str, *, force: bool = False, force_after_s: float | None = None
     ) -> NodeRow:
-        """Drain `node`; with `force_after_s`, the controller forces it after that many
-        seconds unless it is done (the deadline is kept by the controller)."""
-        body: dict[str, Any] = {"reason": reason, "force": force}
-        if force_after_s is not None:
-            body["force_after_s"] = force_after_s
-        return NodeRow.model_validate(await self._post(f"/v1/nodes/{node}/drain", body))
+        return await self.run(api.drain(node, reason, force=force, force_after_s=force_after_s))
 
     async def drain_plan(self, nodes: Iterable[str]) -> Any:
-        """What draining these nodes would do to each model (a dry run)."""
-        return await self._post("/v1/drain-plan", {"nodes": list(nodes)})
+        """What draining these nodes would do to each model (a dry run), as JSON."""
+        return await self.run(api.drain_plan_json(nodes))
+
+    async def drain_plan_typed(self, nodes: Iterable[str]) -> DrainPlan:
+        return await self.run(api.drain_plan(nodes))
 
     async def apply_models(self, specs: list[ModelSpec]) -> list[ModelView]:
-        body = {"models": [s.model_dump(mode="json") for s in specs]}
-        return _models.validate_python(await self._post("/v1/models", body))
+        return await self.run(api.apply_models(specs))
 
     async def delete_model(self, name: str) -> None:
-        await self._request("DELETE", f"/v1/models/{name}")
+        await self.run(api.delete_model(name))
 
     async def credentials(self) -> list[dict[str, Any]]:
-        return list(await self._get("/v1/credentials"))
+        return list(await self.run(api.Call("GET", "/v1/credentials")))
 
     async def revoke_credential(self, node: str) -> Any:
-        return await self._request("DELETE", f"/v1/credentials/{node}")
+        return await self.run(api.Call("DELETE", f"/v1/credentials/{api.seg(node)}"))
 
     async def forget_node(self, node: str) -> dict[str, Any]:
-        return dict(await self._post(f"/v1/nodes/{node}/forget", {}))
+        return dict(await self.run(api.Call("POST", f"/v1/nodes/{api.seg(node)}/forget", body={})))
 
     # -- plumbing -------------------------------------------------------------
 
-    async def _get(self, path: str) -> Any:
-        return await self._request("GET", path)
-
-    async def _get_bytes(self, path: str, params: dict[str, str] | None = None) -> bytes:
-        return (await self._send("GET", path, params=params)).content
-
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._request("POST", path, json=body)
-
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = await self._send(method, path, **kwargs)
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
-
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request; transport failures and error statuses become our exceptions."""
+    async def run(self, call: Call[T]) -> T:
+        """One call; transport failures and error statuses become our exceptions."""
+        response = await self._send(call)
+        if response.status_code >= 400:
+            content_type = response.headers.get("content-type", "")
+            if response.status_code in (404, 405) or not api.is_llmgw_error(
+                response.content, content_type
+            ):
+                await self._check_is_controller(response.status_code)
+            raise ControllerError(
+                response.status_code,
+                api.error_message(response.content, response.reason_phrase),
+                f"{self.base_url}{call.path}",
+            )
         try:
-            response = await self._http.request(method, path, **kwargs)
+            return call.parse(response.content)
+        except ValueError:
+            await self._check_is_controller(response.status_code)
+            raise
+
+    async def _check_is_controller(self, status: int) -> None:
+        h_status: int | None
+        try:
+            h = await self._send(api.healthz())
+            h_status, h_type, h_body = h.status_code, h.headers.get("content-type", ""), h.content
+        except ControllerUnreachable:
+            h_status, h_type, h_body = None, "", b""
+        answered = api.describe_healthz(h_status, h_type, h_body)
+        if answered is not None:
+            raise api.not_a_controller(self.base_url, status, answered)
+
+    async def _send(self, call: Call[Any]) -> httpx.Response:
+        headers = {"Content-Type": "application/json"} if call.body is not None else None
+        try:
+            return await self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                content=call.content(),
+                headers=headers,
+            )
         except httpx.TransportError as exc:
             if is_verify_failure(exc):
                 raise ControllerUnreachable(
                     self.base_url, TlsConfigError(verify_hint(self.base_url, exc))
                 ) from exc
             raise ControllerUnreachable(self.base_url, exc) from exc
-        if response.status_code >= 400:
-            raise ControllerError(
-                response.status_code, _error_message(response), f"{self.base_url}{path}"
-            )
-        return response
 
 
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip() or response.reason_phrase
-    if isinstance(body, dict) and "error" in body:
-        message = str(body["error"])
-        detail = body.get("detail")
-        if isinstance(detail, list) and detail:
-            parts = [
-                f"{d.get('loc', '')}: {d.get('msg', '')}" for d in detail if isinstance(d, dict)
-            ]
-            message += " (" + "; ".join(parts) + ")"
-        return message
-    return response.text.strip()
+def _verify(base_url: str, ca_file: str | None) -> Any:
+    """https: verified against --ca-file / LLMGW_CA_FILE, else the system's CAs."""
+    if urlsplit(base_url).scheme != "https":
+        return True
+    return client_context(ca_file)

@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.sample_models import write_model
@@ -50,6 +50,7 @@ log = logging.getLogger("llmgw.demo")
 
 FABRICS = ("ib-a", "ib-b", "ib-c")
 REPORT_INTERVAL_S = 2.0
+SIMULATED_QUIET_S = 15 * 60.0  # engines without traffic: quiet this long before the demo
 
 
 @dataclass
@@ -171,6 +172,10 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
             empty = root / "nodes" / name / "models"
             empty.mkdir(parents=True)
             node.storage = [StorageDir(str(empty))]
+            # on the root disk: a local filesystem the mount table names
+            node.mountinfo = root / "mounts" / name
+            node.mountinfo.parent.mkdir(parents=True, exist_ok=True)
+            node.mountinfo.write_text(_mountinfo("/dev/sda1", []))
         fleet.append(node)
     return fleet
 
@@ -224,18 +229,27 @@ class DemoAgent:
 def make_agent(
     node: DemoNode, url: str, root: Path, *, engines: bool, seed: int, interval_s: float
 ) -> DemoAgent:
+    supervisor: Engines | None = None
+
+    def assigned() -> set[str]:
+        """Cards the node's engines hold: busy, with memory used, as NVML would show."""
+        if supervisor is None:
+            return set()
+        live = ("starting", "ready", "stopping")
+        return {g for r in supervisor.reports() if str(r.state) in live for g in r.gpus}
+
     builder = ReportBuilder(
         node=node.name,
-        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus]),
+        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus], busy=assigned),
         storage=StorageScanner(node.storage, node.mountinfo or Path("/nonexistent")),
         interval_s=interval_s,
         fabrics=[node.fabric],
         address="127.0.0.1",
         boot_id=f"demo-{node.name}",
     )
-    supervisor: Engines | None = None
     if engines:
         from agent.engines import EngineSupervisor
+        from agent.metrics import IdleTracker
 
         supervisor = EngineSupervisor(
             state_dir=root / "agents" / node.name,
@@ -243,6 +257,10 @@ def make_agent(
             address="127.0.0.1",
             engine_host="127.0.0.1",
             grace_s=3.0,
+            # The simulated fleet has been up for a while: an engine without
+            # traffic has been quiet since before the demo started, so the idle
+            # replicas pane fills within the first minute, not after ten.
+            idle_tracker=lambda: IdleTracker(quiet_before_s=SIMULATED_QUIET_S),
         )
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
     return DemoAgent(node, loop, supervisor)
@@ -392,7 +410,9 @@ def main(argv: list[str]) -> int:
     async def _main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: the terminal running the demo was closed. Every way out ends in
+        # run_demo's `finally`, which stops the engines the demo started.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         return await run_demo(args, stop)

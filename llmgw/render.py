@@ -1,35 +1,38 @@
 """Text rendering for `llmgw ctl`: the fleet summary the way `ray status` and
-`sinfo` show it, and the nodes table. Pure functions from wire types to rich
-renderables, so they are easy to test and to reuse.
+`sinfo` show it, and tables the way `kubectl get` prints them. Pure functions
+from wire types to plain strings: columns separated by three spaces, no
+trailing blanks, one line per row; colour (ANSI) only when asked for (a
+terminal), and the last column cut to the terminal width only when one is given.
+Free text (reasons, errors) is escaped so it cannot move the cursor or split a row.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from llmgw.wire import (
+        DrainPlan,
+        FleetSummary,
+        GpuReport,
+        ModelView,
+        NodeDetail,
+        NodeRow,
+        ReplicaView,
+    )
 
-from llmgw.wire import (
-    AdminFlag,
-    FleetSummary,
-    ModelView,
-    NodeRow,
-    NodeState,
-    ReplicaView,
-    printable,
-)
-
+# Keyed by the state words (NodeState is a StrEnum, so its members look up
+# alike): rendering must not need the wire module, whose pydantic import costs
+# a one-shot `ctl` more than all its other work.
 STATE_STYLE = {
-    NodeState.READY: "green",
-    NodeState.CORDONED: "yellow",
-    NodeState.DRAINING: "magenta",
-    NodeState.UNREACHABLE: "red",
+    "ready": "green",
+    "cordoned": "yellow",
+    "draining": "magenta",
+    "unreachable": "red",
 }
 
 
@@ -87,228 +90,448 @@ def hostlist(names: Iterable[str]) -> str:
     return ",".join(sorted(parts))
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        title=title,
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
-    )
-    # Every column keeps its width; only the last (a reason, a status) wraps
-    # when the terminal is narrow, as `sinfo -R` and `ray status` read best.
-    for i, col in enumerate(columns):
-        last = i == len(columns) - 1
-        table.add_column(
-            col,
-            justify="right" if col in NUMERIC_COLUMNS else "left",
-            no_wrap=not last,
-            overflow="fold" if last else "ellipsis",
-            min_width=None if last else len(col),
-        )
-    return table
+# -- cells, tables, formatting ---------------------------------------------------
 
-
-NUMERIC_COLUMNS = {
-    "TOTAL",
-    "USED",
-    "FREE",
-    "UNSCHED",
-    "UNHEALTHY",
-    "UNKNOWN",
-    "NODES",
-    "WITH WEIGHTS",
-    "MODELS",
-    "FREE BLOCK",
-    "GPUS",
-    "IDLE",
-    "READY",
-    "MIN",
-    "AGE",
+_ANSI = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "magenta": "35",
+    "cyan": "36",
 }
 
-
-def _counts(pairs: Iterable[tuple[str, int, str]]) -> Text:
-    text = Text()
-    for i, (label, n, style) in enumerate(pairs):
-        if i:
-            text.append(", ")
-        text.append(f"{n} {label}", style=style if n else "dim")
-    return text
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def status(summary: FleetSummary, controller: str) -> RenderableType:
+def clean(text: str) -> str:
+    """Free text on one line, with control characters shown, never obeyed."""
+
+    def escape(m: re.Match[str]) -> str:
+        ch = m.group()
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}")
+
+    return _CONTROL.sub(escape, text)
+
+
+class Cell:
+    """One table cell. A plain class: ctl builds 20,000 of them for 2,000 nodes,
+    and a dataclass costs a one-shot its code generation at import."""
+
+    __slots__ = ("key", "style", "text")
+
+    def __init__(self, text: str, style: str | None = None, key: Any = None) -> None:
+        self.text = text
+        self.style = style
+        self.key = key  # what --sort-by compares (default: the text)
+
+    def sort_key(self) -> tuple[int, Any]:
+        k = self.text if self.key is None else self.key
+        # None (unknown) sorts last
+        return (1, "") if k is None else (0, k)
+
+
+def paint(text: str, style: str | None, color: bool) -> str:
+    if not color or not style or not text:
+        return text
+    codes = ";".join(_ANSI[s] for s in style.split() if s in _ANSI)
+    return f"\x1b[{codes}m{text}\x1b[0m" if codes else text
+
+
+class Table:
+    def __init__(self, columns: Sequence[str], right: frozenset[str] = frozenset()) -> None:
+        self.columns = list(columns)
+        self.rows: list[list[Cell]] = []
+        self.names: list[str] = []  # `-o name` per row ("node/gpu-a01")
+        self.right = right  # right-aligned (numeric) columns
+
+    def add(self, name: str, *cells: Cell | str) -> None:
+        self.rows.append([c if isinstance(c, Cell) else Cell(c) for c in cells])
+        self.names.append(name)
+
+    def sort_by(self, column: str) -> None:
+        """Stable sort on one column; a bad name is a ValueError naming the valid ones."""
+        wanted = column.strip().upper()
+        if wanted not in self.columns:
+            raise ValueError(
+                f"cannot sort by {column!r}: the columns are {', '.join(self.columns)}"
+            )
+        i = self.columns.index(wanted)
+        order = sorted(range(len(self.rows)), key=lambda r: self.rows[r][i].sort_key())
+        self.rows = [self.rows[r] for r in order]
+        self.names = [self.names[r] for r in order]
+
+    def format(self, *, headers: bool = True, color: bool = False, width: int | None = None) -> str:
+        """Aligned columns; with `width`, the last column is cut (…) to fit it."""
+        lines = [[Cell(c, "bold") for c in self.columns]] if headers else []
+        lines += self.rows
+        if not lines:
+            return ""
+        widths = [max(len(line[i].text) for line in lines) for i in range(len(self.columns))]
+        out = []
+        for line in lines:
+            parts = []
+            used = 0
+            for i, cell in enumerate(line):
+                last = i == len(line) - 1
+                text = cell.text
+                if last and width is not None and used + len(text) > width:
+                    room = max(width - used, 1)
+                    text = text[: room - 1] + "…" if len(text) > room else text
+                pad = "" if last else " " * (widths[i] - len(text))
+                if self.columns[i] in self.right and not last:
+                    parts.append(pad + paint(text, cell.style, color))
+                else:
+                    parts.append(paint(text, cell.style, color) + pad)
+                used += (len(text) if last else widths[i]) + 3
+            out.append("   ".join(parts).rstrip())
+        return "\n".join(out) + "\n"
+
+
+NUMERIC_COLUMNS = frozenset(
+    {
+        "TOTAL",
+        "USED",
+        "FREE",
+        "UNSCHED",
+        "UNHEALTHY",
+        "UNKNOWN",
+        "NODES",
+        "WITH WEIGHTS",
+        "MODELS",
+        "FREE BLOCK",
+        "GPUS",
+        "IDLE",
+        "READY",
+        "MIN",
+        "AGE",
+        "REPLICAS",
+        "STARTING",
+        "FAILED",
+    }
+)
+
+
+def _table(*columns: str) -> Table:
+    return Table(list(columns), right=NUMERIC_COLUMNS)
+
+
+def _n(value: int, style: str | None = None) -> Cell:
+    return Cell(str(value), style if value else "dim", key=value)
+
+
+def _age(seconds: float | None) -> Cell:
+    return Cell(duration(seconds), key=seconds)
+
+
+# -- the fleet summary -------------------------------------------------------------
+
+
+def _counts(pairs: Iterable[tuple[str, int, str]], color: bool) -> str:
+    return ", ".join(
+        paint(f"{n} {label}", style if n else "dim", color) for label, n, style in pairs
+    )
+
+
+def status(summary: FleetSummary, controller: str, *, color: bool = False) -> str:
     """The whole fleet in one screen."""
+    b = lambda text: paint(text, "bold", color)  # noqa: E731
     n = summary.nodes
-    parts: list[RenderableType] = [
-        Text.assemble(("Fleet", "bold"), f" at {controller}"),
-        Text.assemble(
-            ("Nodes     ", "bold"),
-            f"{n.total} total: ",
-            _counts(
-                [
-                    ("ready", n.ready, "green"),
-                    ("cordoned", n.cordoned, "yellow"),
-                    ("draining", n.draining, "magenta"),
-                    ("unreachable", n.unreachable, "red"),
-                ]
-            ),
-        ),
-    ]
     r = summary.replicas
-    parts.append(
-        Text.assemble(
-            ("Replicas  ", "bold"),
-            _counts(
-                [
-                    ("ready", r.ready, "green"),
-                    ("starting", r.starting, "cyan"),
-                    ("draining", r.draining, "magenta"),
-                    ("failed", r.failed, "red"),
-                ]
-            ),
-        )
-    )
     m = summary.models
-    parts.append(
-        Text.assemble(
-            ("Models    ", "bold"),
-            f"{m.total} declared: ",
-            _counts([("satisfied", m.satisfied, "green"), ("short", m.short, "red")]),
+    parts = [
+        f"{b('Fleet')} at {controller}\n",
+        f"{b('Nodes')}     {n.total} total: "
+        + _counts(
+            [
+                ("ready", n.ready, "green"),
+                ("cordoned", n.cordoned, "yellow"),
+                ("draining", n.draining, "magenta"),
+                ("unreachable", n.unreachable, "red"),
+            ],
+            color,
         )
-    )
+        + "\n",
+        f"{b('Replicas')}  "
+        + _counts(
+            [
+                ("ready", r.ready, "green"),
+                ("starting", r.starting, "cyan"),
+                ("draining", r.draining, "magenta"),
+                ("failed", r.failed, "red"),
+            ],
+            color,
+        )
+        + "\n",
+        f"{b('Models')}    {m.total} declared: "
+        + _counts([("satisfied", m.satisfied, "green"), ("short", m.short, "red")], color)
+        + "\n",
+    ]
 
-    gpus = _table(
-        "CLASS", "TOTAL", "USED", "FREE", "UNSCHED", "UNHEALTHY", "UNKNOWN", title="\nGPUs"
-    )
+    def section(title: str, table: Table, empty: str | None = None) -> None:
+        if table.rows:
+            parts.append(f"\n{b(title)}\n" + table.format(color=color))
+        elif empty:
+            parts.append("\n" + paint(f"{title:<10}{empty}", "dim", color) + "\n")
+
+    gpus = _table("CLASS", "TOTAL", "USED", "FREE", "UNSCHED", "UNHEALTHY", "UNKNOWN")
     for g in summary.gpus:
-        gpus.add_row(
+        gpus.add(
+            g.gpu_class,
             g.gpu_class,
             str(g.total),
             str(g.used),
-            Text(str(g.free), style="green" if g.free else "dim"),
-            Text(str(g.unschedulable), style="yellow" if g.unschedulable else "dim"),
-            Text(str(g.unhealthy), style="red" if g.unhealthy else "dim"),
-            Text(str(g.unknown), style="yellow" if g.unknown else "dim"),
+            _n(g.free, "green"),
+            _n(g.unschedulable, "yellow"),
+            _n(g.unhealthy, "red"),
+            _n(g.unknown, "yellow"),
         )
-    parts.append(gpus if summary.gpus else Text("\nGPUs      none reported", style="dim"))
+    section("GPUs", gpus, "none reported")
 
-    fabrics = _table("FABRIC", "NODES", "WITH WEIGHTS", "MODELS", "FREE BLOCK", title="\nFabrics")
+    fabrics = _table("FABRIC", "NODES", "WITH WEIGHTS", "MODELS", "FREE BLOCK")
     for f in summary.fabrics:
-        fabrics.add_row(
+        fabrics.add(
+            f.fabric,
             f.fabric,
             str(f.nodes),
             str(f.nodes_with_weights),
             str(f.models_present),
-            Text(str(f.largest_free_block), style="green" if f.largest_free_block else "red"),
+            Cell(str(f.largest_free_block), "green" if f.largest_free_block else "red"),
         )
-    parts.append(fabrics if summary.fabrics else Text("\nFabrics   none reported", style="dim"))
+    section("Fabrics", fabrics, "none reported")
 
-    if summary.unplaceable:
-        table = _table("MODEL", "WHY", title="\nUnplaceable")
-        for name in summary.unplaceable:
-            reason = summary.unplaceable_reasons.get(name, "short, and no replica is starting")
-            table.add_row(Text(name, style="red"), printable(reason))
-        parts.append(table)
+    unplaceable = _table("MODEL", "WHY")
+    for name in summary.unplaceable:
+        reason = summary.unplaceable_reasons.get(name, "short, and no replica is starting")
+        unplaceable.add(name, Cell(name, "red"), clean(reason))
+    section("Unplaceable", unplaceable)
 
-    if summary.idle_replicas:
-        table = _table(
-            "REPLICA", "MODEL", "GPUS", "IDLE", title="\nIdle replicas (nothing asked for 10m+)"
+    idle = _table("REPLICA", "MODEL", "GPUS", "IDLE")
+    for i in summary.idle_replicas:
+        idle.add(i.id, i.id, i.model, str(i.gpus), duration(i.idle_seconds))
+    section("Idle replicas (nothing asked for 10m+)", idle)
+
+    reasons = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST")
+    for group in summary.reasons:
+        reasons.add(
+            group.reason,
+            clean(group.reason),
+            str(group.flag),
+            clean(group.by or "-"),
+            timestamp(group.at),
+            hostlist(group.nodes),
         )
-        for idle in summary.idle_replicas:
-            table.add_row(idle.id, idle.model, str(idle.gpus), duration(idle.idle_seconds))
-        parts.append(table)
-
-    if summary.reasons:
-        table = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST", title="\nReasons")
-        for group in summary.reasons:
-            table.add_row(
-                printable(group.reason),
-                group.flag.value,
-                printable(group.by or "-"),
-                timestamp(group.at),
-                hostlist(group.nodes),
-            )
-        parts.append(table)
-    return Group(*parts)
+    section("Reasons", reasons)
+    return "".join(parts)
 
 
-def nodes_table(rows: list[NodeRow]) -> Table:
-    table = _table(
-        "NODE",
-        "STATE",
-        "GPUS",
-        "USED",
-        "UNHEALTHY",
-        "CLASSES",
-        "FABRICS",
-        "MODELS",
-        "AGE",
-        "REASON",
-    )
+# -- tables --------------------------------------------------------------------------
+
+
+def node_state(row: NodeRow) -> Cell:
+    text = str(row.state)
+    if row.admin.flag != "none" and row.state == "unreachable":
+        text += f" ({row.admin.flag})"
+    elif row.admin.drained:
+        text += " (drained)"
+    return Cell(text, STATE_STYLE[str(row.state)])
+
+
+def node_reason(row: NodeRow) -> str:
+    reason = row.admin.reason or ""
+    force_at = getattr(row.admin, "force_at", None)  # absent from older controllers
+    if row.admin.flag == "draining" and force_at is not None:
+        when = "forced" if row.admin.force else f"force at {deadline(force_at)}"
+        reason = f"{reason} ({when})" if reason else when
+    if row.drain_blocked:
+        reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked
+    if row.gpu_error:
+        reason = f"{reason}; {row.gpu_error}" if reason else row.gpu_error
+    return clean(reason)
+
+
+NODE_COLUMNS = ["NODE", "STATE", "GPUS", "USED", "UNHEALTHY", "CLASSES", "FABRICS", "MODELS", "AGE"]
+NODE_WIDE = ["UNKNOWN", "REPLICAS", "BY", "SINCE"]
+
+
+def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
+    table = _table(*NODE_COLUMNS, *(NODE_WIDE if wide else []), "REASON")
     for row in rows:
-        state = Text(row.state.value, style=STATE_STYLE[row.state])
-        if row.admin.flag.value != "none" and row.state is NodeState.UNREACHABLE:
-            state.append(f" ({row.admin.flag.value})", style="yellow")
-        elif row.admin.drained:
-            state.append(" (drained)", style="dim")
-        reason = row.admin.reason or ""
-        if row.admin.flag is AdminFlag.DRAINING and row.admin.force_at is not None:
-            when = "forced" if row.admin.force else f"force at {deadline(row.admin.force_at)}"
-            reason = f"{reason} ({when})" if reason else when
-        if row.drain_blocked:
-            reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked
-        if row.gpu_error:
-            reason = f"{reason}; {row.gpu_error}" if reason else row.gpu_error
-        table.add_row(
-            row.name,
-            state,
-            str(row.gpus_total),
-            str(row.gpus_used),
-            Text(str(row.gpus_unhealthy), style="red" if row.gpus_unhealthy else "dim"),
-            ",".join(f"{n}x{c}" for c, n in sorted(row.classes.items())) or "-",
-            ",".join(row.fabrics) or "-",
-            str(len(row.models)),
-            duration(row.report_age_s),
-            printable(reason),
-        )
+        cells = [
+            Cell(row.name),
+            node_state(row),
+            Cell(str(row.gpus_total), key=row.gpus_total),
+            Cell(str(row.gpus_used), key=row.gpus_used),
+            _n(row.gpus_unhealthy, "red"),
+            Cell(",".join(f"{n}x{c}" for c, n in sorted(row.classes.items())) or "-"),
+            Cell(",".join(row.fabrics) or "-"),
+            Cell(str(len(row.models)), key=len(row.models)),
+            _age(row.report_age_s),
+        ]
+        if wide:
+            cells += [
+                _n(row.gpus_unknown, "yellow"),
+                Cell(str(row.replicas), key=row.replicas),
+                Cell(clean(row.admin.by or "-")),
+                Cell(timestamp(row.admin.at), key=row.admin.at),
+            ]
+        table.add(f"node/{row.name}", *cells, node_reason(row))
     return table
 
 
-def models_table(models: list[ModelView]) -> Table:
-    table = _table("MODEL", "READY", "MIN", "SHAPE", "CLASS", "ENGINE", "STATUS")
+def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
+    extra = ["STARTING", "FAILED", "SOURCE"] if wide else []
+    table = _table("MODEL", "READY", "MIN", "SHAPE", "CLASS", "ENGINE", *extra, "STATUS")
     for m in models:
         s = m.spec
         if m.satisfied:
-            status_text = Text("satisfied", style="green")
+            status_cell = Cell("satisfied", "green")
         else:
-            status_text = Text("short", style="red")
             why = m.unplaceable_reason or m.last_failure
-            if why:
-                status_text.append(f": {printable(why)}")
-        table.add_row(
-            s.name,
-            str(m.ready),
-            str(s.min_replicas),
-            f"{s.shards}x{s.gpus_per_shard}",
-            s.gpu_class or "any",
-            s.engine,
-            status_text,
-        )
+            status_cell = Cell("short" + (f": {clean(why)}" if why else ""), "red")
+        cells = [
+            Cell(s.name),
+            Cell(str(m.ready), key=m.ready),
+            Cell(str(s.min_replicas), key=s.min_replicas),
+            Cell(f"{s.shards}x{s.gpus_per_shard}", key=s.shards * s.gpus_per_shard),
+            Cell(s.gpu_class or "any"),
+            Cell(s.engine),
+        ]
+        if wide:
+            cells += [
+                Cell(str(m.starting), key=m.starting),
+                Cell(str(m.failed), key=m.failed),
+                Cell(clean(s.source)),
+            ]
+        table.add(f"model/{s.name}", *cells, status_cell)
     return table
 
 
-def replicas_table(replicas: list[ReplicaView]) -> Table:
-    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "ERROR")
+REPLICA_STYLE = {"ready": "green", "starting": "cyan", "draining": "magenta", "failed": "red"}
+
+
+def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
+    extra = ["CREATED", "REPLACES"] if wide else []
+    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "IDLE", *extra, "ERROR")
     for r in replicas:
-        table.add_row(
+        cells = [
+            Cell(r.id),
+            Cell(r.model),
+            Cell(str(r.state), REPLICA_STYLE.get(str(r.state))),
+            Cell(hostlist(s.node for s in r.shards)),
+            Cell(str(r.gpus), key=r.gpus),
+            _age(r.idle_seconds),
+        ]
+        if wide:
+            cells += [Cell(timestamp(r.created_at), key=r.created_at), Cell(r.replaces or "-")]
+        table.add(f"replica/{r.id}", *cells, clean(r.error or ""))
+    return table
+
+
+def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
+    """`ctl node NAME`: the row, then GPUs, storage, replicas and history."""
+    b = lambda text: paint(text, "bold", color)  # noqa: E731
+    row = detail.row
+    state = node_state(row)
+    lines = [
+        f"{b('Node')}       {row.name}",
+        f"{b('State')}      {paint(state.text, state.style, color)}",
+    ]
+    if row.admin.reason:
+        by = f" by {clean(row.admin.by)}" if row.admin.by else ""
+        lines.append(
+            f"{b('Reason')}     {clean(row.admin.reason)}{by} at {timestamp(row.admin.at)}"
+        )
+    if row.drain_blocked:
+        lines.append(f"{b('Waiting')}    {clean(row.drain_blocked)}")
+    lines += [
+        f"{b('Last report')} {duration(row.report_age_s)} ago"
+        if row.report_age_s is not None
+        else f"{b('Last report')} never (since the controller started)",
+        f"{b('Address')}    {detail.address or '-'}",
+        f"{b('Agent')}      {detail.agent_version or '-'}",
+        f"{b('Fabrics')}    {','.join(row.fabrics) or '-'}",
+        f"{b('GPUs')}       {row.gpus_used}/{row.gpus_total} used, "
+        f"{row.gpus_unhealthy} unhealthy, {row.gpus_unknown} unknown",
+    ]
+    if row.gpu_error:
+        lines.append(f"{b('GPU error')}  {clean(row.gpu_error)}")
+    out = "\n".join(lines) + "\n"
+
+    def section(title: str, table: Table, empty: str) -> str:
+        if not table.rows:
+            return f"\n{b(title)}  {empty}\n"
+        return f"\n{b(title)}\n" + table.format(color=color)
+
+    gpus = _table("INDEX", "UUID", "CLASS", "HEALTH", "IN USE", "MEMORY", "REASON")
+    for g in detail.gpus:
+        gpus.add(
+            g.uuid,
+            str(g.index),
+            g.uuid,
+            g.gpu_class,
+            Cell(str(g.health), {"healthy": "green", "unhealthy": "red"}.get(str(g.health))),
+            "yes" if g.in_use else "no",
+            _memory(g),
+            clean(g.health_reason or ""),
+        )
+    out += section("GPUs", gpus, "none")
+    storage = _table("PATH", "SCOPE", "FILESYSTEM", "SOURCE", "MODELS", "INCOMPLETE")
+    for s in detail.storage:
+        storage.add(
+            s.path,
+            clean(s.path),
+            str(s.scope),
+            s.fs_type or "?",
+            clean(s.mount_source or "-"),
+            ",".join(m.name for m in s.models) or "-",
+            ",".join(i.name for i in s.incomplete) or "-",
+        )
+    out += section(
+        "Storage", storage, "none found" if detail.storage_configured else "not configured"
+    )
+    replicas = _table("REPLICA", "MODEL", "STATE", "GPUS", "IDLE", "ERROR")
+    for r in detail.replicas:
+        replicas.add(
+            r.id,
             r.id,
             r.model,
-            r.state.value,
-            hostlist(s.node for s in r.shards),
-            str(r.gpus),
+            str(r.state),
+            str(len(r.gpus)),
             duration(r.idle_seconds),
-            printable(r.error or ""),
+            clean(r.error or ""),
         )
-    return table
+    out += section("Replicas", replicas, "none")
+    history = _table("TIMESTAMP", "ACTION", "USER", "REASON")
+    for e in detail.history:
+        history.add(e.action, timestamp(e.at), e.action, clean(e.by), clean(e.reason or ""))
+    out += section("History", history, "none")
+    return out
+
+
+def _memory(g: GpuReport) -> str:
+    used = "?" if g.memory_used_mib is None else str(g.memory_used_mib)
+    return f"{used}/{g.memory_total_mib} MiB"
+
+
+def drain_plan(plan: DrainPlan, *, color: bool = False) -> str:
+    lines = [f"Draining {hostlist(plan.nodes)} moves {plan.replicas_to_move} replica(s)."]
+    for impact in plan.impacts:
+        style = {"ok": "green", "below_minimum": "yellow"}.get(impact.verdict, "red")
+        line = (
+            f"  {paint(f'{impact.verdict:<14}', style, color)} {impact.model}: "
+            f"{impact.replicas_on_nodes} to move, {impact.replaceable} can be placed elsewhere, "
+            f"ready {impact.ready_now}/{impact.min_replicas}"
+        )
+        if impact.reason:
+            line += f" ({clean(impact.reason)})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def names(table: Table) -> str:
+    return "".join(f"{n}\n" for n in table.names)
+
+
+Formatter = Callable[[Table], str]

@@ -102,11 +102,13 @@ class Inbound(BaseModel):
     true) and floats must be finite (Infinity, NaN and 1e400 are refused).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, defer_build=True
+    )
 
 
 class Outbound(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True, defer_build=True)
 
 
 # -- enums ---------------------------------------------------------------------

@@ -195,3 +195,100 @@ async def test_demo_engines_serve_and_are_gone_after_stop(tmp_path: Path) -> Non
     async with httpx.AsyncClient() as http:
         with pytest.raises(httpx.ConnectError):
             await http.get(f"http://127.0.0.1:{ports[0]}/health", timeout=2)
+
+
+DEMO = [sys.executable, "-m", "llmgw", "demo"]
+
+
+def _descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += sorted(kids - out)
+            out |= kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_closing_the_demos_terminal_stops_every_engine(sig: signal.Signals, tmp_path: Path) -> None:
+    """SIGHUP (the terminal closed) and SIGTERM take the demo's engines with it."""
+    proc = subprocess.Popen(
+        [*DEMO, "--headless", "--port", "0", "--nodes", "3", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        url = proc.stdout.readline().split()[-1]
+        deadline = time.monotonic() + 60
+        engines: set[int] = set()
+        ports: list[int] = []
+        while time.monotonic() < deadline and not ports:
+            time.sleep(0.5)
+            engines = _descendants(proc.pid)
+            for row in httpx.get(f"{url}/v1/nodes").json():
+                detail = httpx.get(f"{url}/v1/nodes/{row['name']}").json()
+                ports += [
+                    r["port"] for r in detail["replicas"] if r["port"] and r["state"] == "ready"
+                ]
+        assert ports and engines, "no engine started"
+        engines = _descendants(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in engines if _alive(p)], "engine processes survived the demo"
+    for port in ports:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.slow
+async def test_every_pane_fills_within_the_first_minute(tmp_path: Path) -> None:
+    """Idle replicas show at once (engines quiet since before the demo), cards an
+    engine holds are in use with memory, and every disk names its filesystem."""
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=6, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    try:
+        await until(lambda: asyncio.sleep(0, bool(urls)))
+        async with AdminClient(urls[0]) as client:
+
+            async def idle_shows() -> bool:
+                return bool((await client.summary()).idle_replicas)
+
+            await until(idle_shows, within=60)
+            busy = []
+            for row in await client.nodes():
+                detail = await client.node(row.name)
+                busy += [g for g in detail.gpus if g.in_use]
+                assert all(s.fs_type for s in detail.storage), detail.storage
+            assert busy and all(g.memory_used_mib for g in busy)
+            summary = await client.summary()
+            assert all(i.idle_seconds >= 600 for i in summary.idle_replicas)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0

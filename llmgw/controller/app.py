@@ -179,7 +179,7 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             return error(401, "invalid token: the Authorization header is not valid text")
         presented = bearer(header)
         if presented is None:
-            return error(401, "missing bearer token: send `Authorization: Bearer <token>`")
+            return error(401, "missing token: this controller needs a bearer token")
         identity = tokens.identify(presented)
         if identity is None:
             node = request.app[CREDENTIALS].identify(presented)
@@ -191,8 +191,10 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
                 403, f"a node credential (node {identity.node}) may only report as its node"
             )
         if identity.role not in allowed:
-            need = " or ".join(sorted(r.value for r in allowed))
-            return error(403, f"a {identity.role} token cannot do this; it needs a {need} token")
+            need = " or ".join(_article(v) for v in sorted(r.value for r in allowed))
+            return error(
+                403, f"{_article(str(identity.role))} token cannot do this; it needs {need} token"
+            )
         claimed = _claimed_user(request)
         name = (
             f"{identity.name} ({claimed})"
@@ -203,6 +205,11 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
         return await handler(request)
 
     return middleware
+
+
+def _article(word: str) -> str:
+    """'an admin', 'an agent', 'a read'."""
+    return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
 def _claimed_user(request: web.Request) -> str | None:

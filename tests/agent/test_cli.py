@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import UsageError, main, read_token
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.report import ReportBuilder, read_boot_id
 from agent.sample_models import write_model
 from agent.storage import StorageScanner
@@ -214,10 +214,10 @@ def test_bad_engine_templates_file_is_a_usage_error(
 
 
 async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> None:
-    from agent.cli import build_parser, make_engines
+    from agent.cli import make_engines, parser
     from agent.engines import EngineSupervisor
 
-    args = build_parser().parse_args(
+    args = parser().parse_args(
         ["--node", "n", "--state-dir", str(tmp_path / "s"), "--engine-start-timeout", "90"]
     )
     builder = ReportBuilder(
@@ -232,5 +232,5 @@ async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> No
         assert engines.start_timeout_s == 90.0
     finally:
         await engines.close()
-    default = build_parser().parse_args(["--node", "n"])
+    default = parser().parse_args(["--node", "n"])
     assert default.engine_start_timeout == 1800.0

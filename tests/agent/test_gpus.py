@@ -6,12 +6,11 @@ import time
 import pynvml
 import pytest
 
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.gpus import (
     DEFAULT_IGNORED_XIDS,
-    FakeGpus,
     NvmlGpus,
     gpu_class,
-    parse_fake_spec,
 )
 from llmgw.wire import GpuHealth, GpuReport
 
@@ -393,3 +392,31 @@ def test_fake_gpus_have_stable_uuids_per_node() -> None:
     assert len(gpus) == 10 and len(set(a1.uuids)) == 10
     assert [g.index for g in gpus if g.health is GpuHealth.UNHEALTHY] == [3]
     assert gpus[9].gpu_class == "A100-40GB" and gpus[9].memory_total_mib == 40 * 1024
+
+
+def test_only_the_nvml_module_imports_pynvml() -> None:
+    """agent/gpus.py is the one module that touches NVML (simulation lives elsewhere)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"^\s*(import pynvml|from pynvml\b)", re.MULTILINE)
+    importers = sorted(
+        str(p.relative_to(root))
+        for pkg in ("agent", "llmgw", "console")
+        for p in (root / pkg).rglob("*.py")
+        if pattern.search(p.read_text())
+    )
+    assert importers == ["agent/gpus.py"]
+
+
+def test_fake_cards_something_runs_on_show_busy_with_memory_used() -> None:
+    busy: set[str] = set()
+    gpus = FakeGpus("n1", [parse_fake_spec("2xH100-SXM-80GB")], busy=lambda: busy)
+    first = gpus.uuids[0]
+    assert [g.in_use for g in gpus.scan().gpus] == [False, False]
+    busy.add(first)
+    scanned = gpus.scan().gpus
+    assert [g.in_use for g in scanned] == [True, False]
+    assert scanned[0].memory_used_mib and scanned[0].memory_used_mib > 0
+    assert scanned[1].memory_used_mib == 0

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.loop import ReportLoop, next_delay
 from agent.report import ReportBuilder
 from agent.sample_models import write_model

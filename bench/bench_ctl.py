@@ -1,0 +1,92 @@
+"""How fast a one-shot `llmgw ctl` is, as a ratio to a bare interpreter start.
+
+Starts a real controller process, reports 2,000 nodes into it (8 GPUs each,
+4 fabrics, a cordoned few), then times, interleaved so that machine load hits
+each alike:
+
+- the baseline: `python -c pass` with the same interpreter;
+- `llmgw ctl status` and `llmgw ctl nodes`, output piped (as a script reads it).
+
+Prints medians and the ratio to the baseline; never asserts timings.
+
+    .venv/bin/python bench/bench_ctl.py [--nodes 2000] [--runs 21] [--before DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.ctl.ctl_support import ADMIN, AGENT, controller_process, report  # noqa: E402
+
+
+def seed(url: str, nodes: int) -> None:
+    headers = {"Authorization": f"Bearer {AGENT}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        for i in range(nodes):
+            client.post(
+                "/v1/agent/report",
+                json=report(f"gpu{i:05d}", fabrics=[f"ib-{i % 4}"], interval_s=600),
+            ).raise_for_status()
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        for i in range(0, nodes, 97):
+            client.post(
+                f"/v1/nodes/gpu{i:05d}/cordon", json={"reason": "bench"}, headers=admin
+            ).raise_for_status()
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=cwd)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=2000)
+    p.add_argument("--runs", type=int, default=21)
+    p.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also time ctl from another checkout (e.g. `git worktree add /tmp/before main`)",
+    )
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, controller_process(Path(tmp)) as c:
+        seed(c.url, a.nodes)
+        env = {**os.environ, "LLMGW_CONTROLLER": c.url, "LLMGW_TOKEN": ADMIN}
+        py = sys.executable
+        here = str(ROOT)
+        cases: dict[str, tuple[list[str], str | None]] = {
+            "python -c pass (baseline)": ([py, "-c", "pass"], None),
+            "llmgw ctl status": ([py, "-m", "llmgw", "ctl", "status"], here),
+            "llmgw ctl nodes": ([py, "-m", "llmgw", "ctl", "nodes"], here),
+        }
+        if a.before:  # `python -m` runs the package found in the working directory first
+            cases["before: llmgw ctl status"] = ([py, "-m", "llmgw", "ctl", "status"], a.before)
+            cases["before: llmgw ctl nodes"] = ([py, "-m", "llmgw", "ctl", "nodes"], a.before)
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for cmd, cwd in cases.values():  # warm the page cache and the controller's caches
+            timed(cmd, env, cwd)
+        for _ in range(a.runs):
+            for name, (cmd, cwd) in cases.items():
+                times[name].append(timed(cmd, env, cwd))
+    base = statistics.median(times["python -c pass (baseline)"])
+    print(f"{a.nodes} nodes, {a.runs} runs each, medians (interleaved):")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"  {name:<28} {med * 1e3:7.1f} ms   {med / base:5.2f} x baseline")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""The admin API as data: every call the clients make, without any I/O.
+
+`AdminClient` (async, httpx: the console) and `SyncAdminClient` (blocking,
+stdlib: `ctl`, which must start fast) both execute these `Call`s, so a path, a
+body or the way an answer is read is written once. Every path segment taken
+from a user (a node or model name) is percent-encoded here: model names hold
+`/` (`meta-llama/Llama-3.1-8B`).
+
+Importing this module loads neither httpx nor asyncio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from urllib.parse import quote, urlsplit
+
+from llmgw.common import DEFAULT_CONTROLLER, first_line
+
+if TYPE_CHECKING:
+    from llmgw.wire import (
+        DrainPlan,
+        FleetSummary,
+        ModelSpec,
+        ModelView,
+        NodeDetail,
+        NodeRow,
+        NodesDelta,
+        ReplicaView,
+    )
+
+T = TypeVar("T")
+
+
+class ControllerError(Exception):
+    """The controller answered with an error; `message` is its own words."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+class ControllerUnreachable(Exception):
+    """No answer at all: connection refused, DNS, timeout."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"cannot reach the controller at {url}: {first_line(cause)}")
+        self.url = url
+        self.cause = cause
+
+
+class NotAController(ControllerError):
+    """Something answered at the URL, but not an llmgw controller."""
+
+
+def normalize_url(url: str) -> str:
+    """`host:port` means `http://host:port`; no trailing slash."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+def controller_url(explicit: str | None = None) -> str:
+    return normalize_url(explicit or os.environ.get("LLMGW_CONTROLLER") or DEFAULT_CONTROLLER)
+
+
+def admin_token(explicit: str | None = None) -> str | None:
+    return explicit or os.environ.get("LLMGW_TOKEN") or None
+
+
+def seg(name: str) -> str:
+    """One path segment, percent-encoded (`/` included)."""
+    return quote(name, safe="")
+
+
+def _parse_json(body: bytes) -> Any:
+    return json.loads(body) if body else None
+
+
+def _none(body: bytes) -> None:
+    return None
+
+
+class View(dict[str, Any]):
+    """A JSON object read with attribute access, as the wire type of the same name.
+
+    `SyncAdminClient` (ctl) answers typed calls with these instead of pydantic
+    models: importing pydantic and building the models costs a one-shot more
+    than everything else it does. The controller built the JSON from the wire
+    types, so the fields are there; ctl only reads them. Enum fields are their
+    string values (the wire enums are StrEnums: they compare and hash alike).
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            if name in _ALIASES and _ALIASES[name] in self:
+                return self[_ALIASES[name]]
+            raise AttributeError(name) from None
+
+
+_ALIASES = {"gpu_class": "class"}  # GpuClassCounts serializes its field as "class"
+
+
+def view(body: bytes) -> Any:
+    return json.loads(body, object_hook=View)
+
+
+class Call(Generic[T]):
+    """One request and how to read its answer."""
+
+    __slots__ = ("body", "method", "params", "parse", "path", "typed")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,  # already encoded
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        parse: Callable[[bytes], T] = _parse_json,
+        typed: bool = False,  # answered by a wire type: SyncAdminClient reads it as a View
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.body = body
+        self.params = params or {}
+        self.parse = parse
+        self.typed = typed
+
+    def target(self) -> str:
+        if not self.params:
+            return self.path
+        query = "&".join(f"{seg(k)}={seg(v)}" for k, v in self.params.items())
+        return f"{self.path}?{query}"
+
+    def content(self) -> bytes | None:
+        return None if self.body is None else json.dumps(self.body).encode()
+
+
+# Typed answers validate straight from bytes: at 2,000 nodes that is about half
+# the cost of json.loads followed by validation. The wire module (pydantic)
+# loads on the first typed read, not at import.
+
+
+def _wire() -> Any:
+    import llmgw.wire
+
+    return llmgw.wire
+
+
+_adapters: dict[str, Any] = {}
+
+
+def _list_of(name: str) -> Callable[[bytes], Any]:
+    def parse(body: bytes) -> Any:
+        adapter = _adapters.get(name)
+        if adapter is None:
+            from pydantic import TypeAdapter
+
+            adapter = _adapters[name] = TypeAdapter(list[getattr(_wire(), name)])  # type: ignore[misc,arg-type]
+        return adapter.validate_json(body)
+
+    return parse
+
+
+def _one(name: str) -> Callable[[bytes], Any]:
+    def parse(body: bytes) -> Any:
+        return getattr(_wire(), name).model_validate_json(body)
+
+    return parse
+
+
+def summary() -> Call[FleetSummary]:
+    return Call("GET", "/v1/summary", parse=_one("FleetSummary"), typed=True)
+
+
+def summary_json() -> Call[Any]:
+    return Call("GET", "/v1/summary")
+
+
+def nodes() -> Call[list[NodeRow]]:
+    return Call("GET", "/v1/nodes", parse=_list_of("NodeRow"), typed=True)
+
+
+def nodes_since(cursor: str = "") -> Call[NodesDelta]:
+    return Call("GET", "/v1/nodes", params={"since": cursor}, parse=_one("NodesDelta"), typed=True)
+
+
+def node(name: str) -> Call[NodeDetail]:
+    return Call("GET", f"/v1/nodes/{seg(name)}", parse=_one("NodeDetail"), typed=True)
+
+
+def models() -> Call[list[ModelView]]:
+    return Call("GET", "/v1/models", parse=_list_of("ModelView"), typed=True)
+
+
+def replicas() -> Call[list[ReplicaView]]:
+    return Call("GET", "/v1/replicas", parse=_list_of("ReplicaView"), typed=True)
+
+
+def whoami() -> Call[Any]:
+    return Call("GET", "/v1/whoami")
+
+
+def healthz() -> Call[Any]:
+    return Call("GET", "/healthz")
+
+
+def cordon(node: str, reason: str) -> Call[NodeRow]:
+    return Call(
+        "POST",
+        f"/v1/nodes/{seg(node)}/cordon",
+        {"reason": reason},
+        parse=_one("NodeRow"),
+        typed=True,
+    )
+
+
+def uncordon(node: str) -> Call[NodeRow]:
+    return Call("POST", f"/v1/nodes/{seg(node)}/uncordon", {}, parse=_one("NodeRow"), typed=True)
+
+
+def drain(
+    node: str, reason: str, *, force: bool = False, force_after_s: float | None = None
+) -> Call[NodeRow]:
+    body: dict[str, Any] = {"reason": reason, "force": force}
+    if force_after_s is not None:  # absent means none: older controllers accept the body
+        body["force_after_s"] = force_after_s
+    return Call("POST", f"/v1/nodes/{seg(node)}/drain", body, parse=_one("NodeRow"), typed=True)
+
+
+def drain_plan(nodes: Iterable[str]) -> Call[DrainPlan]:
+    return Call(
+        "POST", "/v1/drain-plan", {"nodes": list(nodes)}, parse=_one("DrainPlan"), typed=True
+    )
+
+
+def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
+    return Call("POST", "/v1/drain-plan", {"nodes": list(nodes)})
+
+
+def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
+    body = {"models": [s.model_dump(mode="json") for s in specs]}
+    return Call("POST", "/v1/models", body, parse=_list_of("ModelView"), typed=True)
+
+
+def delete_model(name: str) -> Call[None]:
+    return Call("DELETE", f"/v1/models/{seg(name)}", parse=_none)
+
+
+def error_message(body: bytes, reason: str) -> str:
+    """The controller's own words from an error answer."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        text = body.decode("utf-8", "replace").strip()
+        return first_line(Exception(text)) if text else reason
+    if isinstance(data, dict) and "error" in data:
+        message = str(data["error"])
+        detail = data.get("detail")
+        if isinstance(detail, list) and detail:
+            parts = [
+                f"{d.get('loc', '')}: {d.get('msg', '')}" for d in detail if isinstance(d, dict)
+            ]
+            message += " (" + "; ".join(parts) + ")"
+        return message
+    return body.decode("utf-8", "replace").strip()
+
+
+def is_llmgw_error(body: bytes, content_type: str) -> bool:
+    """Every controller error is a JSON object with an `error` field."""
+    if "json" not in content_type:
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "error" in data
+
+
+def not_a_controller(url: str, status: int, healthz_answer: str) -> NotAController:
+    return NotAController(
+        status,
+        f"{url} is not an llmgw controller (GET /healthz answered {healthz_answer}); "
+        "check --controller (e.g. http://HOST:7460)",
+        url,
+    )
+
+
+def describe_healthz(status: int | None, content_type: str, body: bytes) -> str | None:
+    """None when /healthz is an llmgw controller's; else what it answered, briefly."""
+    if status is None:
+        return "nothing"
+    if status == 200 and "json" in content_type:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.get("ok") is True and "version" in data:
+            return None
+    kind = content_type.split(";")[0].strip() or "no content type"
+    return f"{status} with {kind}"
+
+
+def host_of(url: str) -> str:
+    return urlsplit(url).netloc

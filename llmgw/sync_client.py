@@ -1,0 +1,185 @@
+"""The blocking admin client `ctl` uses: the stdlib's http.client, so a
+one-shot command starts in a few tens of milliseconds (httpx and asyncio cost
+more to import than the whole request). TLS is set up only for https URLs.
+
+It executes the same `llmgw.api` calls as the async `AdminClient`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from llmgw import api
+from llmgw.api import Call, ControllerError, ControllerUnreachable
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+
+
+class SyncAdminClient:
+    """Blocking client for the controller's admin API.
+
+    `base_urls` may name several controllers: they are tried in order until
+    one answers, and the one that answered is kept for the next calls.
+    """
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str] | None = None,
+        token: str | None = None,
+        *,
+        user: str | None = None,
+        ca_file: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        urls = [base_urls] if base_urls is None or isinstance(base_urls, str) else base_urls
+        self.urls = [api.controller_url(u) for u in urls] or [api.controller_url()]
+        self.base_url = self.urls[0]
+        self.ca_file = ca_file
+        self.read_timeout_s = read_timeout_s
+        self.headers = {"User-Agent": "llmgw-ctl", "Accept": "application/json"}
+        tok = api.admin_token(token)
+        if tok:
+            self.headers["Authorization"] = f"Bearer {tok}"
+        if user:  # recorded beside the token's identity on cordons and drains
+            self.headers["X-LLMGW-User"] = user
+        self._conn: http.client.HTTPConnection | None = None
+        self._conn_url = ""
+
+    def __enter__(self) -> SyncAdminClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- executing calls ------------------------------------------------------
+
+    def __call__(self, call: Call[T]) -> T:
+        """Run one call: its typed answer, or ControllerError / ControllerUnreachable."""
+        urls = [self.base_url] + [u for u in self.urls if u != self.base_url]
+        unreachable: ControllerUnreachable | None = None
+        for url in urls:
+            try:
+                status, content_type, body = self._exchange(url, call)
+            except ControllerUnreachable as exc:
+                unreachable = unreachable or exc
+                continue
+            if status == 503 and len(urls) > 1 and url != urls[-1]:
+                continue  # a follower or a controller that cannot store: try the next
+            self.base_url = url
+            return self._answer(url, call, status, content_type, body)
+        assert unreachable is not None
+        raise unreachable
+
+    def _answer(self, url: str, call: Call[T], status: int, content_type: str, body: bytes) -> T:
+        if status >= 400:
+            if status in (404, 405) or not api.is_llmgw_error(body, content_type):
+                self._check_is_controller(url, status)
+            raise ControllerError(status, api.error_message(body, str(status)), url + call.path)
+        try:
+            return api.view(body) if call.typed else call.parse(body)
+        except ValueError:  # json and pydantic errors: the answer is not ours
+            self._check_is_controller(url, status)
+            raise
+
+    def _check_is_controller(self, url: str, status: int) -> None:
+        """Raise NotAController unless GET /healthz says this is an llmgw controller."""
+        h_status: int | None
+        try:
+            h_status, h_type, h_body = self._exchange(url, api.healthz())
+        except ControllerUnreachable:
+            h_status, h_type, h_body = None, "", b""
+        answered = api.describe_healthz(h_status, h_type, h_body)
+        if answered is not None:
+            raise api.not_a_controller(url, status, answered)
+
+    def _exchange(self, url: str, call: Call[Any]) -> tuple[int, str, bytes]:
+        body = call.content()
+        headers = dict(self.headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        prefix = urlsplit(url).path
+        for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
+            conn = self._connection(url)
+            try:
+                conn.request(call.method, prefix + call.target(), body=body, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                fresh = isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError)
+                if attempt == 1 and fresh:
+                    continue
+                raise ControllerUnreachable(url, _plain(exc)) from exc
+            if response.getheader("Connection", "").lower() == "close":
+                self.close()
+            return response.status, response.getheader("Content-Type", ""), data
+        raise AssertionError("unreachable")
+
+    def _connection(self, url: str) -> http.client.HTTPConnection:
+        if self._conn is not None and self._conn_url == url:
+            return self._conn
+        self.close()
+        parts = urlsplit(url)
+        host = parts.hostname or "127.0.0.1"
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.ca_file)
+            conn = http.client.HTTPSConnection(
+                host, parts.port, timeout=CONNECT_TIMEOUT_S, context=context
+            )
+        elif parts.scheme == "http":
+            conn = http.client.HTTPConnection(host, parts.port, timeout=CONNECT_TIMEOUT_S)
+        else:
+            raise ControllerUnreachable(url, ValueError(f"unsupported scheme {parts.scheme!r}"))
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise ControllerUnreachable(url, _plain(exc)) from exc
+        if conn.sock is not None:
+            conn.sock.settimeout(self.read_timeout_s)
+        self._conn, self._conn_url = conn, url
+        return conn
+
+    def json(self, call: Call[Any]) -> Any:
+        """The answer exactly as served, as JSON (for `-o json`)."""
+        raw: Call[bytes] = Call(call.method, call.path, call.body, call.params, parse=_raw)
+        return json.loads(self(raw))
+
+
+def _raw(body: bytes) -> bytes:
+    json.loads(body)  # not JSON: not a controller's answer (ValueError)
+    return body
+
+
+def _plain(exc: BaseException) -> Exception:
+    """Socket errors as people read them ("connection refused", "timed out")."""
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return TimeoutError("timed out")
+    if isinstance(exc, ConnectionRefusedError):
+        return ConnectionRefusedError("connection refused")
+    if isinstance(exc, socket.gaierror):
+        return OSError(f"unknown host ({exc.strerror})")
+    if isinstance(exc, OSError) and exc.strerror:
+        return OSError(exc.strerror.lower())
+    return exc if isinstance(exc, Exception) else Exception(str(exc))
