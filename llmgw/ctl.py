@@ -802,12 +802,12 @@ def main(argv: Sequence[str]) -> int:
     except UsageError as exc:
         print(f"llmgw ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ValueError as exc:  # TlsConfigError: a CA file that cannot be used
+        if type(exc).__name__ != "TlsConfigError":
+            raise
+        print(f"llmgw ctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ControllerUnreachable as exc:
-        from llmgw.tls import is_verify_failure, verify_hint
-
-        if is_verify_failure(exc.cause):
-            print(f"llmgw ctl: {verify_hint(exc.url, exc.cause)}", file=sys.stderr)
-            return EXIT_CONTROLLER
         print(
             f"llmgw ctl: cannot reach the controller at {exc.url}: {first_line(exc.cause)}",
             file=sys.stderr,

@@ -142,9 +142,9 @@ class SyncAdminClient:
         host = parts.hostname or "127.0.0.1"
         conn: http.client.HTTPConnection
         if parts.scheme == "https":
-            import ssl
+            from llmgw.tls import client_context  # ssl only for https
 
-            context = ssl.create_default_context(cafile=self.ca_file)
+            context = client_context(self.ca_file)
             conn = http.client.HTTPSConnection(
                 host, parts.port, timeout=CONNECT_TIMEOUT_S, context=context
             )
@@ -155,6 +155,10 @@ class SyncAdminClient:
         try:
             conn.connect()
         except OSError as exc:
+            from llmgw.tls import TlsConfigError, is_verify_failure, verify_hint
+
+            if is_verify_failure(exc):  # say which check failed and what to do
+                raise ControllerUnreachable(url, TlsConfigError(verify_hint(url, exc))) from exc
             raise ControllerUnreachable(url, _plain(exc)) from exc
         if conn.sock is not None:
             conn.sock.settimeout(self.read_timeout_s)

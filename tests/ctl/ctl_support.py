@@ -119,6 +119,7 @@ def controller_process(state: Path, **env_extra: str) -> Iterator[Controller]:
             f"127.0.0.1:{port}",
             "--state-dir",
             str(state),
+            "--allow-shared-agent-token",  # the bench-style fleet reports with one token
         ],
         env=env,
         stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import build_parser, make_builder, make_engines
+from agent.cli import make_builder, make_engines, parser
 from agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment, ShardState
 
@@ -43,7 +43,7 @@ async def supervisors(tmp_path: Path) -> AsyncIterator[list[EngineSupervisor]]:
 
 
 def agent_supervisor(tmp_path: Path, *flags: str) -> EngineSupervisor:
-    args = build_parser().parse_args(
+    args = parser().parse_args(
         ["--node", "n1", "--fake-gpus", "1xH100-80GB", "--state-dir", str(tmp_path), *flags]
     )
     engines = make_engines(args, make_builder(args))

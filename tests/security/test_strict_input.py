@@ -12,7 +12,6 @@ from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from rich.console import Console
 
 from llmgw import render
 from llmgw.wire import (
@@ -157,9 +156,7 @@ def test_ctl_nodes_table_escapes_report_text() -> None:
             "gpu_error": "nvml\nFAKE LINE: all nodes ready\x1b[2J",
         }
     )
-    console = Console(width=300, record=True, color_system=None)
-    console.print(render.nodes_table([row]))
-    out = console.export_text()
+    out = render.nodes_table([row]).format(color=False)
     assert "\x1b" not in out
     assert "FAKE LINE" in out
     assert not any(line.lstrip().startswith("FAKE LINE") for line in out.splitlines())
