@@ -17,11 +17,20 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
-from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
+from llmgw.controller.auth import (
+    ADMIN_ROLES,
+    AGENT_ROLES,
+    METRICS_ROLES,
+    READ_ROLES,
+    Identity,
+    Role,
+    bearer,
+)
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
+from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Store
 from llmgw.wire import (
     AdminFlag,
@@ -36,6 +45,7 @@ log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", FleetState)
+METRICS = web.AppKey("metrics", ControllerMetrics)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -164,9 +174,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def agent_report(request: web.Request) -> web.Response:
-    report = await parse_body(request, NodeReport)
-    body = request.app[FLEET].ingest_json(report, await request.read())
+    metrics = request.app[METRICS]
+    with metrics.report_seconds.time():
+        try:
+            report = await parse_body(request, NodeReport)
+        except BadRequest:
+            metrics.reports.labels("rejected").inc()
+            raise
+        body = request.app[FLEET].ingest_json(report, await request.read())
+    metrics.reports.labels("ok").inc()
     return web.Response(body=body, content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -265,6 +287,7 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/nodes/{name}/drain", drain, ADMIN_ROLES),
     ("POST", "/v1/models", put_models, ADMIN_ROLES),
     ("DELETE", "/v1/models/{name}", delete_model, ADMIN_ROLES),
+    ("GET", "/metrics", metrics, METRICS_ROLES),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
@@ -276,18 +299,23 @@ def create_app(settings: ControllerSettings) -> web.Application:
         middlewares=[errors_middleware, auth_middleware(settings)],
     )
     app[SETTINGS] = settings
+    app[METRICS] = ControllerMetrics(per_node=settings.metrics_per_node)
     app.router.add_get("/healthz", healthz)
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(_fleet_ctx)
     app.cleanup_ctx.append(_reconcile_ctx)
+    if settings.metrics_listen:
+        app.cleanup_ctx.append(_metrics_site_ctx)
     return app
 
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
+    store.on_write = app[METRICS].observe_store_write
     fleet = app[FLEET] = FleetState(store, settings)
+    app[METRICS].fleet = fleet
 
     async def flush_every_second() -> None:
         while True:
@@ -299,13 +327,27 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    app[METRICS].fleet = None
     fleet.close()
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    reconciler = Reconciler(app[FLEET])
+    reconciler = Reconciler(app[FLEET], on_pass=app[METRICS].observe_reconcile)
     task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
+    """`/metrics` without a token on a separate loopback port (`--metrics-listen`)."""
+    host, port = split_listen(app[SETTINGS].metrics_listen or "")
+    metrics_app = web.Application()
+    metrics_app[METRICS] = app[METRICS]
+    metrics_app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    yield
+    await runner.cleanup()

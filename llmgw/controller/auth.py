@@ -18,6 +18,7 @@ class Role(StrEnum):
     AGENT = "agent"
     ADMIN = "admin"
     READ = "read"
+    METRICS = "metrics"  # may only scrape /metrics
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,4 @@ def bearer(header: str | None) -> str | None:
 AGENT_ROLES = frozenset({Role.AGENT})
 READ_ROLES = frozenset({Role.AGENT, Role.ADMIN, Role.READ})
 ADMIN_ROLES = frozenset({Role.ADMIN})
+METRICS_ROLES = READ_ROLES | {Role.METRICS}

@@ -28,6 +28,9 @@ class ControllerSettings:
     backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
     max_body_bytes: int = MAX_BODY_BYTES
+    # `/metrics`: also served without a token on this loopback HOST:PORT; per-node series opt-in.
+    metrics_listen: str | None = None
+    metrics_per_node: bool = False
 
     @property
     def host(self) -> str:
