@@ -248,3 +248,30 @@ def test_metrics_listen_refuses_a_public_address(tmp_path: Path) -> None:
     )
     s = settings_from_args(ok)
     assert s.metrics_listen == "127.0.0.1:9460" and s.metrics_per_node
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llmgw.json"
+
+
+async def test_dashboard_uses_only_exported_metrics(client: TestClient) -> None:
+    import json
+    import re
+
+    text = await (await client.get("/metrics", headers=auth(READ))).text()
+    exported = {name for name, _ in samples(text)}
+    assert {"llmgw_reports_total", "llmgw_report_seconds_bucket", "llmgw_gpus"} <= exported
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    titles = " ".join(p["title"] for p in panels)
+    for part in ("state", "class", "Fabrics", "Weights matrix", "idle", "Unplaceable"):
+        assert part.lower() in titles.lower(), part
+    exprs = [variables["job"]["definition"]]
+    for p in panels:
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        exprs += [t["expr"] for t in p["targets"]]
+    for expr in exprs:
+        used = set(re.findall(r"\bllmgw_[a-z_]+", expr))
+        assert used, expr
+        assert used <= exported, f"{expr}: {sorted(used - exported)} not exported"
