@@ -35,7 +35,7 @@ def exec_argv(unit: Path) -> list[str]:
     d = directives(unit)
     env = dict(v.split("=", 1) for k, v in d if k == "Environment")
     (cmd,) = [v for k, v in d if k == "ExecStart"]
-    cmd = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], cmd)
+    cmd = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], cmd).replace("%d", "/run/credentials/u")
     return [w for w in shlex.split(cmd) if not re.fullmatch(r"\$\w+", w)]
 
 
