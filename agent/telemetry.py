@@ -8,7 +8,6 @@ the controller was told; scan and send timings come from small hooks.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -27,12 +26,30 @@ from llmgw.controller.settings import split_listen
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+# Incompleteness reasons name files and counts; the label is one of these kinds,
+# the first whose phrase appears in the reason, so its values stay a fixed set.
+REASON_KINDS = (
+    ("download in progress", "download in progress"),
+    ("dangling symlink", "dangling symlink"),
+    ("missing shard", "missing shard"),
+    ("missing gguf part", "missing shard"),
+    ("outside the model directory", "shard outside model"),
+    ("truncated", "truncated"),
+    ("bytes more than", "size mismatch"),
+    ("gguf magic", "bad gguf"),
+    ("header", "bad header"),
+    ("not safetensors", "bad header"),
+    ("cannot list", "unreadable"),
+    ("empty directory", "empty"),
+    ("no config.json", "no weights"),
+    ("model name", "bad name"),
+)
+
+
 def reason_kind(reason: str) -> str:
-    """A bounded label for an incompleteness reason: its words before any count,
-    path or colon ("download in progress: 3 .incomplete blob(s)" -> "download in progress")."""
-    head = reason.split(":", 1)[0].lower()
-    head = re.split(r"[0-9/'\"(]", head, maxsplit=1)[0]
-    return " ".join(head.split()[:6]) or "unknown"
+    """A bounded label for an incompleteness reason."""
+    text = reason.lower()
+    return next((kind for phrase, kind in REASON_KINDS if phrase in text), "other")
 
 
 class _ReportCollector(Collector):

@@ -70,7 +70,7 @@ async def test_agent_metrics(
         incomplete = {
             dict(k)["reason"]: v for (n, k), v in m.items() if n == "llmgw_agent_models_incomplete"
         }
-        assert sum(incomplete.values()) >= 1, incomplete
+        assert incomplete.get("missing shard") == 1, incomplete
         assert m[("llmgw_agent_storage_scan_seconds_count", frozenset())] >= 1
         assert m[("llmgw_agent_storage_files_scanned_sum", frozenset())] >= 4
         assert m[("llmgw_agent_report_send_seconds_count", frozenset())] >= 2
@@ -90,4 +90,9 @@ async def test_agent_metrics(
 
 def test_reason_labels_are_bounded() -> None:
     assert reason_kind("download in progress: 3 .incomplete blob(s)") == "download in progress"
-    assert reason_kind("missing shard model-00002-of-00003.safetensors") == "missing shard model-"
+    assert reason_kind("missing shard m-2.safetensors: index names 3 shard(s), 1 absent") == (
+        "missing shard"
+    )
+    assert reason_kind("m-1.safetensors: truncated (10 of 99 bytes)") == "truncated"
+    assert reason_kind("x.safetensors: header is not valid JSON") == "bad header"
+    assert reason_kind("something new") == "other"
