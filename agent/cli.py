@@ -124,6 +124,11 @@ def parser() -> argparse.ArgumentParser:
         metavar="S",
         help="kill an engine not healthy this long after starting (default %(default)g s)",
     )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the agent's own /metrics here (off by default; e.g. 127.0.0.1:9461)",
+    )
     p.add_argument("--once", action="store_true", help="print one report and exit; send nothing")
     p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -314,10 +319,17 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             running.add_signal_handler(sig, stop.set)
     log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
+    metrics = None
+    if args.metrics_listen:
+        from agent.telemetry import AgentTelemetry
+
+        metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
     try:
         await loop.run(stop)
     finally:
         still_running = engines.reports() if engines is not None else []
+        if metrics is not None:
+            await metrics.cleanup()
         if engines is not None:
             await engines.close()
         builder.gpus.close()

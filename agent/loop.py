@@ -10,12 +10,13 @@ engines running and reports again when it can.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import aiohttp
@@ -104,6 +105,11 @@ class ReportLoop:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.failures = 0  # consecutive
         self.sent = 0  # reports the controller accepted
+        # What agent metrics read: the last report built, the last send, failures by kind.
+        self.last_report: NodeReport | None = None
+        self.on_sent: Callable[[float], None] | None = None  # told each accepted send's latency
+        self.last_success: float | None = None  # monotonic
+        self.failed: collections.Counter[str] = collections.Counter()
         self.last_reply: ReportReply | None = None
         self._outage_kind: str | None = None
         self._outage_started = 0.0
@@ -165,7 +171,12 @@ class ReportLoop:
         report = await self.build()
         if self.token is None and self.enrollment is not None:
             self.token = await self.enrollment.credential(session)
+        self.last_report = report
+        t0 = time.perf_counter()
         reply = await self.post(session, report)
+        if self.on_sent is not None:
+            self.on_sent(time.perf_counter() - t0)
+        self.last_success = time.monotonic()
         if self.last_reply is None or self.last_reply.state != reply.state:
             log.info("controller says node %s is %s", reply.node, reply.state.value)
         self.last_reply = reply
@@ -202,6 +213,7 @@ class ReportLoop:
         try:
             await self.cycle(session)
         except ReportError as exc:
+            self.failed[exc.kind] += 1
             self._failed(exc)
             return
         except Exception as exc:
@@ -209,6 +221,7 @@ class ReportLoop:
             # once, with the traceback, and keep going. A daemon that exits
             # here would take the node's liveness with it.
             message = f"{type(exc).__name__}: {exc}"
+            self.failed["build"] += 1
             if message != self._build_error:
                 log.exception("could not build the report: %s", message)
                 self._build_error = message

@@ -83,6 +83,11 @@ class StorageWatch:
     def configured(self) -> bool:
         return bool(self._slots)
 
+    def observe_scans(self, callback: Callable[[float, int], None]) -> None:
+        """Tell `callback` each directory scan's duration and files looked at."""
+        for slot in self._slots:
+            slot.scanner.on_scan = callback
+
     def scan(self) -> list[StorageLocation]:
         for slot in self._slots:
             slot.kick(self.clock())

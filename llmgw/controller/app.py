@@ -22,6 +22,7 @@ from llmgw.controller.auth import (
     ADMIN_ROLES,
     AGENT_ROLES,
     ENROLL_ROLES,
+    METRICS_ROLES,
     READ_ROLES,
     Identity,
     Role,
@@ -30,9 +31,10 @@ from llmgw.controller.auth import (
 from llmgw.controller.authorize import RefusalLog, report_refusal
 from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
+from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Store
 from llmgw.wire import (
     PATTERN_MESSAGES,
@@ -57,6 +59,7 @@ CREDENTIALS = web.AppKey("credentials", Credentials)
 REFUSALS = web.AppKey("refusals", RefusalLog)
 # What a node credential may do: report as its node (and say who it is).
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
+METRICS = web.AppKey("metrics", ControllerMetrics)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -246,15 +249,28 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def agent_report(request: web.Request) -> web.Response:
-    report = await parse_body(request, NodeReport)
-    fleet = request.app[FLEET]
-    identity: Identity = request["identity"]
-    refusal = report_refusal(identity, report, fleet.records)
-    if refusal is not None:
-        request.app[REFUSALS].note(identity.node or report.node, refusal)
-        return error(403, refusal)
-    body = fleet.ingest_json(report, await request.read())
+    metrics = request.app[METRICS]
+    with metrics.report_seconds.time():
+        try:
+            report = await parse_body(request, NodeReport)
+        except BadRequest:
+            metrics.reports.labels("rejected").inc()
+            raise
+        fleet = request.app[FLEET]
+        identity: Identity = request["identity"]
+        refusal = report_refusal(identity, report, fleet.records)
+        if refusal is not None:
+            metrics.reports.labels("refused").inc()
+            request.app[REFUSALS].note(identity.node or report.node, refusal)
+            return error(403, refusal)
+        body = fleet.ingest_json(report, await request.read())
+    metrics.reports.labels("ok").inc()
     return web.Response(body=body, content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def agent_enroll(request: web.Request) -> web.Response:
@@ -405,6 +421,7 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("GET", "/v1/credentials", list_credentials, ADMIN_ROLES),
     ("DELETE", "/v1/credentials/{node}", revoke_credential, ADMIN_ROLES),
     ("POST", "/v1/nodes/{name}/forget", forget_node, ADMIN_ROLES),
+    ("GET", "/metrics", metrics, METRICS_ROLES),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
@@ -416,20 +433,25 @@ def create_app(settings: ControllerSettings) -> web.Application:
         middlewares=[errors_middleware, auth_middleware(settings)],
     )
     app[SETTINGS] = settings
+    app[METRICS] = ControllerMetrics(per_node=settings.metrics_per_node)
     app.router.add_get("/healthz", healthz)
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(_fleet_ctx)
     app.cleanup_ctx.append(_reconcile_ctx)
+    if settings.metrics_listen:
+        app.cleanup_ctx.append(_metrics_site_ctx)
     return app
 
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
+    store.on_write = app[METRICS].observe_store_write
     fleet = app[FLEET] = FleetState(store, settings)
     app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
+    app[METRICS].fleet = fleet
 
     async def flush_every_second() -> None:
         while True:
@@ -441,13 +463,27 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    app[METRICS].fleet = None
     fleet.close()
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    reconciler = Reconciler(app[FLEET])
+    reconciler = Reconciler(app[FLEET], on_pass=app[METRICS].observe_reconcile)
     task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
+    """`/metrics` without a token on a separate loopback port (`--metrics-listen`)."""
+    host, port = split_listen(app[SETTINGS].metrics_listen or "")
+    metrics_app = web.Application()
+    metrics_app[METRICS] = app[METRICS]
+    metrics_app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    yield
+    await runner.cleanup()

@@ -23,6 +23,7 @@ class Role(StrEnum):
     ADMIN = "admin"
     READ = "read"
     ENROLL = "enroll"
+    METRICS = "metrics"  # may only scrape /metrics
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,4 @@ AGENT_ROLES = frozenset({Role.AGENT})
 ENROLL_ROLES = frozenset({Role.ENROLL})
 READ_ROLES = frozenset({Role.AGENT, Role.ADMIN, Role.READ})
 ADMIN_ROLES = frozenset({Role.ADMIN})
+METRICS_ROLES = READ_ROLES | {Role.METRICS}

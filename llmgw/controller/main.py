@@ -51,6 +51,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-token-file", type=Path, help="read-only tokens (else LLMGW_READ_TOKEN)")
     p.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        help="tokens that may only scrape /metrics (else LLMGW_METRICS_TOKEN)",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve /metrics without a token on this loopback address (off by default)",
+    )
+    p.add_argument(
+        "--metrics-per-node",
+        action="store_true",
+        help="export per-node series too (one series set per node: mind the cardinality)",
+    )
+    p.add_argument(
         "--grace-intervals",
         type=float,
         default=3.0,
@@ -129,6 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         Role.ADMIN: args.admin_token_file,
         Role.READ: args.read_token_file,
         Role.ENROLL: args.enroll_token_file,
+        Role.METRICS: args.metrics_token_file,
     }
     try:
         tokens = Tokens.load(files=files)
@@ -148,8 +164,17 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             "credential (`NODE TOKEN` lines, or enrollment with --enroll-token-file), or pass "
             "--allow-shared-agent-token to accept it anyway."
         )
+    if args.metrics_listen is not None:
+        metrics_host, _ = split_listen(args.metrics_listen)
+        if not is_loopback(metrics_host):
+            raise ValueError(
+                f"--metrics-listen serves /metrics without a token, so it binds only loopback; "
+                f"got {metrics_host}. Scrape the main port with a read or metrics token instead."
+            )
     return ControllerSettings(
         state_dir=args.state_dir,
+        metrics_listen=args.metrics_listen,
+        metrics_per_node=args.metrics_per_node,
         listen=args.listen,
         tokens=tokens,
         grace_intervals=args.grace_intervals,

@@ -26,8 +26,9 @@ import asyncio
 import logging
 import re
 import secrets
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from llmgw.controller.fleet import FleetState
@@ -105,15 +106,22 @@ def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
 
 
 class Reconciler:
-    def __init__(self, fleet: FleetState) -> None:
+    def __init__(
+        self, fleet: FleetState, on_pass: Callable[[float, bool], None] | None = None
+    ) -> None:
         self.fleet = fleet
+        self.on_pass = on_pass  # told each pass's duration and whether it failed (metrics)
 
     async def run(self, interval_s: float) -> None:
         while True:
+            t0, failed = time.perf_counter(), False
             try:
                 self.tick()
             except Exception:  # one bad tick must not stop reconciling
+                failed = True
                 log.exception("reconcile tick failed")
+            if self.on_pass is not None:
+                self.on_pass(time.perf_counter() - t0, failed)
             await asyncio.sleep(interval_s)
 
     def tick(self) -> None:

@@ -29,6 +29,9 @@ class ControllerSettings:
     reconcile_interval_s: float = 1.0
     max_body_bytes: int = MAX_BODY_BYTES
     body_timeout_s: float = 30.0  # to receive a request body; slower is a 408
+    # `/metrics`: also served without a token on this loopback HOST:PORT; per-node series opt-in.
+    metrics_listen: str | None = None
+    metrics_per_node: bool = False
 
     @property
     def host(self) -> str:

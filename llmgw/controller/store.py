@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -115,6 +116,8 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+        # Told how long each write transaction took and whether it failed (metrics).
+        self.on_write: Callable[[float, bool], None] | None = None
 
     def _add_missing_columns(self) -> None:
         """State written before drain deadlines existed gets their columns."""
@@ -128,13 +131,19 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        t0 = time.perf_counter()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if self.on_write is not None:
+                self.on_write(time.perf_counter() - t0, True)
             raise
-        self._db.execute("COMMIT")
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - t0, False)
 
     # -- nodes ----------------------------------------------------------------
 

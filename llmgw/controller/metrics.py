@@ -1,0 +1,264 @@
+"""The controller's `/metrics`: the fleet summary and the controller's own health.
+
+Fleet facts are read at scrape time from the state owner (`FleetState.summary()`
+and its public views) by a custom collector, so they can never disagree with
+`/v1/summary`: there is no second bookkeeping. The controller's own health
+(report handling, reconcile passes, store writes) is kept by ordinary
+prometheus_client instruments, updated by small hooks at the call sites.
+
+Label cardinality is bounded by what operators declare: GPU classes, fabrics,
+models, gateways. Per-node series are opt-in (`--metrics-per-node`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from llmgw.controller.fleet import FleetState
+from llmgw.wire import NodeState, ReplicaState
+
+GPU_BUCKETS = ("used", "free", "unschedulable", "unhealthy", "unknown")
+# Report handling is a few ms; a store write can take a full fsync.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+__all__ = ["CONTENT_TYPE_LATEST", "ControllerMetrics", "FleetCollector", "gateway_ages"]
+
+
+def gateway_ages(fleet: FleetState, now: float) -> Mapping[str, float]:
+    """Seconds since each gateway's last status post.
+
+    Gateways are tracked by the state owner once the gateway lands
+    (`fleet.gateways`: name -> an object with `seen_at` on the controller clock).
+    Until then this is empty, and so is the metric family.
+    """
+    gateways: Mapping[str, Any] = getattr(fleet, "gateways", None) or {}
+    out = {}
+    for name, gw in gateways.items():
+        seen = getattr(gw, "seen_at", None)
+        if isinstance(seen, int | float):
+            out[name] = max(0.0, now - seen)
+    return out
+
+
+class FleetCollector(Collector):
+    """Every fleet fact of the summary, computed from the state owner per scrape."""
+
+    def __init__(self, fleet: Callable[[], FleetState | None], per_node: bool = False) -> None:
+        self._fleet = fleet
+        self._per_node = per_node
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on nothing at registration time; skip the probe collect
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._fleet()
+        if fleet is None:  # before startup or after shutdown
+            return
+        s = fleet.summary()
+
+        nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=["state"])
+        for state in NodeState:
+            nodes.add_metric([state.value], getattr(s.nodes, state.value))
+        yield nodes
+        yield GaugeMetricFamily("llmgw_nodes_total", "Nodes known.", value=s.nodes.total)
+
+        gpus = GaugeMetricFamily(
+            "llmgw_gpus",
+            "GPUs by class and bucket; every card is in exactly one bucket.",
+            labels=["class", "bucket"],
+        )
+        gpus_total = GaugeMetricFamily("llmgw_gpus_total", "GPUs by class.", labels=["class"])
+        for g in s.gpus:
+            gpus_total.add_metric([g.gpu_class], g.total)
+            for bucket in GPU_BUCKETS:
+                gpus.add_metric([g.gpu_class, bucket], getattr(g, bucket))
+        yield gpus
+        yield gpus_total
+
+        f_nodes = GaugeMetricFamily("llmgw_fabric_nodes", "Nodes in a fabric.", labels=["fabric"])
+        f_weights = GaugeMetricFamily(
+            "llmgw_fabric_nodes_with_weights",
+            "Reachable nodes in a fabric holding any complete weights.",
+            labels=["fabric"],
+        )
+        f_models = GaugeMetricFamily(
+            "llmgw_fabric_models_present",
+            "Distinct models readable in a fabric.",
+            labels=["fabric"],
+        )
+        f_block = GaugeMetricFamily(
+            "llmgw_fabric_largest_free_block",
+            "Ready nodes in a fabric with every card free and healthy.",
+            labels=["fabric"],
+        )
+        copies = GaugeMetricFamily(
+            "llmgw_model_copies",
+            "Copies of a model's weights in a fabric: local (nodes) or shared (filers).",
+            labels=["model", "fabric", "scope"],
+        )
+        readers = GaugeMetricFamily(
+            "llmgw_model_fabric_nodes",
+            "Nodes in a fabric that can read a model.",
+            labels=["model", "fabric"],
+        )
+        for f in s.fabrics:
+            f_nodes.add_metric([f.fabric], f.nodes)
+            f_weights.add_metric([f.fabric], f.nodes_with_weights)
+            f_models.add_metric([f.fabric], f.models_present)
+            f_block.add_metric([f.fabric], f.largest_free_block)
+            for c in f.copies:
+                copies.add_metric([c.model, f.fabric, "local"], c.local_copies)
+                copies.add_metric([c.model, f.fabric, "shared"], c.shared_copies)
+                readers.add_metric([c.model, f.fabric], c.nodes)
+        yield from (f_nodes, f_weights, f_models, f_block, copies, readers)
+
+        replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by state.", labels=["state"])
+        for r_state in ReplicaState:
+            replicas.add_metric([r_state.value], getattr(s.replicas, r_state.value))
+        yield replicas
+
+        yield from self._models(fleet, set(s.unplaceable))
+
+        idle = GaugeMetricFamily(
+            "llmgw_idle_replicas", "Ready replicas idle for 10 minutes or more.", labels=["model"]
+        )
+        idle_gpus = GaugeMetricFamily(
+            "llmgw_idle_gpus", "GPUs held by idle replicas.", labels=["model"]
+        )
+        by_model: dict[str, list[int]] = {}
+        for r in s.idle_replicas:
+            acc = by_model.setdefault(r.model, [0, 0])
+            acc[0] += 1
+            acc[1] += r.gpus
+        for model, (n, held) in sorted(by_model.items()):
+            idle.add_metric([model], n)
+            idle_gpus.add_metric([model], held)
+        yield idle
+        yield idle_gpus
+
+        yield GaugeMetricFamily(
+            "llmgw_drains_in_progress", "Nodes being drained.", value=s.nodes.draining
+        )
+        yield GaugeMetricFamily(
+            "llmgw_drains_blocked",
+            "Drains not progressing (`llmgw ctl nodes` says why).",
+            value=len(fleet.drain_blocked),
+        )
+
+        ages = gateway_ages(fleet, fleet.clock())
+        yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(ages))
+        gw_age = GaugeMetricFamily(
+            "llmgw_gateway_report_age_seconds",
+            "Seconds since a gateway last posted its status.",
+            labels=["gateway"],
+        )
+        for name, age in sorted(ages.items()):
+            gw_age.add_metric([name], age)
+        yield gw_age
+
+        if self._per_node:
+            yield from self._nodes(fleet)
+
+    def _models(self, fleet: FleetState, unplaceable: set[str]) -> Iterator[Metric]:
+        ready = GaugeMetricFamily("llmgw_model_ready_replicas", "Ready replicas.", labels=["model"])
+        minimum = GaugeMetricFamily(
+            "llmgw_model_min_replicas", "Declared minimum.", labels=["model"]
+        )
+        satisfied = GaugeMetricFamily(
+            "llmgw_model_satisfied", "1 when serving replicas >= minimum.", labels=["model"]
+        )
+        unplace = GaugeMetricFamily(
+            "llmgw_model_unplaceable",
+            "1 when short and the scheduler cannot place more replicas.",
+            labels=["model"],
+        )
+        for v in fleet.model_views():
+            name = v.spec.name
+            ready.add_metric([name], v.ready)
+            minimum.add_metric([name], v.spec.min_replicas)
+            satisfied.add_metric([name], int(v.satisfied))
+            unplace.add_metric([name], int(name in unplaceable))
+        yield from (ready, minimum, satisfied, unplace)
+
+    def _nodes(self, fleet: FleetState) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "llmgw_node_state", "1 for a node's current state.", labels=["node", "state"]
+        )
+        age = GaugeMetricFamily(
+            "llmgw_node_report_age_seconds", "Seconds since a node's last report.", labels=["node"]
+        )
+        node_gpus = GaugeMetricFamily(
+            "llmgw_node_gpus", "A node's GPUs by bucket.", labels=["node", "bucket"]
+        )
+        for row in fleet.rows():
+            state.add_metric([row.name, row.state.value], 1)
+            if row.report_age_s is not None:
+                age.add_metric([row.name], row.report_age_s)
+            node_gpus.add_metric([row.name, "used"], row.gpus_used)
+            node_gpus.add_metric([row.name, "unhealthy"], row.gpus_unhealthy)
+            node_gpus.add_metric([row.name, "unknown"], row.gpus_unknown)
+            node_gpus.add_metric([row.name, "total"], row.gpus_total)
+        yield from (state, age, node_gpus)
+
+
+class ControllerMetrics:
+    """One registry per controller app (tests run several in one process)."""
+
+    def __init__(self, per_node: bool = False) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.fleet: FleetState | None = None
+        self.registry.register(FleetCollector(lambda: self.fleet, per_node))
+        r = self.registry
+        self.reports = Counter("llmgw_reports", "Agent reports handled.", ["outcome"], registry=r)
+        self.report_seconds = Histogram(
+            "llmgw_report_seconds",
+            "Time to handle one agent report.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            "llmgw_reconcile_seconds",
+            "Duration of one reconcile pass.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "llmgw_reconcile_errors", "Reconcile passes that raised.", registry=r
+        )
+        self.store_write_seconds = Histogram(
+            "llmgw_store_write_seconds",
+            "Duration of one durable store transaction.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_write_errors = Counter(
+            "llmgw_store_write_errors", "Store transactions that failed.", registry=r
+        )
+        self.leader = Gauge(
+            "llmgw_leader", "1 when this controller leads (takes reports and writes).", registry=r
+        )
+        self.epoch = Gauge(
+            "llmgw_leader_epoch", "The leadership epoch (0 with SQLite).", registry=r
+        )
+        # SQLite: one controller, always the leader, no epochs.
+        self.leader.set(1)
+        self.epoch.set(0)
+
+    def observe_reconcile(self, seconds: float, failed: bool) -> None:
+        self.reconcile_seconds.observe(seconds)
+        if failed:
+            self.reconcile_errors.inc()
+
+    def observe_store_write(self, seconds: float, failed: bool) -> None:
+        self.store_write_seconds.observe(seconds)
+        if failed:
+            self.store_write_errors.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
