@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.cli import build_parser, make_builder, run_agent
+from agent.cli import parser, make_builder, run_agent
 from agent.sample_models import write_model
 from agent.telemetry import reason_kind
 from llmgw.controller.app import create_app
@@ -44,7 +44,7 @@ async def test_agent_metrics(
     (models / "big" / "model-00002-of-00003.safetensors").unlink()  # a half-finished copy
     (models / "empty").mkdir()
     (models / "empty" / "config.json").write_text("{}")
-    args = build_parser().parse_args(
+    args = parser().parse_args(
         [
             "--controller", str(server.make_url("")),
             "--node", "n1",

@@ -41,7 +41,7 @@ def exec_argv(unit: Path) -> list[str]:
 
 def cli_parser(program: str) -> argparse.ArgumentParser:
     module = importlib.import_module(PROGRAMS[program][0])
-    build = getattr(module, "parser", None) or module.build_parser
+    build = getattr(module, "parser", None) or module.parser
     parser: argparse.ArgumentParser = build()
     return parser
 
