@@ -17,7 +17,24 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
-from llmgw.controller.auth import ADMIN_ROLES, AGENT_ROLES, READ_ROLES, Identity, Role, bearer
+from llmgw.controller.auth import (
+    ADMIN_ROLES,
+    AGENT_ROLES,
+    ENDPOINT_READERS,
+    GATEWAY_ROLES,
+    READ_ROLES,
+    Identity,
+    Role,
+    bearer,
+)
+from llmgw.controller.endpoints import (
+    MAX_WAIT_S,
+    Gateways,
+    GatewayStatus,
+    StopGate,
+    endpoints_since,
+    parse_cursor,
+)
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
@@ -36,6 +53,7 @@ log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", FleetState)
+GATEWAYS = web.AppKey("gateways", Gateways)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -249,6 +267,32 @@ async def drain_plan(request: web.Request) -> web.Response:
     return json_model(plan_drain(fleet, body.nodes))
 
 
+async def list_endpoints(request: web.Request) -> web.Response:
+    """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
+    fleet = request.app[FLEET]
+    since = request.query.get("since", "")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    after = parse_cursor(fleet, since)
+    if wait and after is not None and after >= fleet.revision:
+        await fleet.wait_changed(after, wait)
+    return json_model(endpoints_since(fleet, since))
+
+
+async def gateway_status(request: web.Request) -> web.Response:
+    body = await parse_body(request, GatewayStatus)
+    request.app[GATEWAYS].report(body)
+    return web.Response(status=204)
+
+
+async def list_gateways(request: web.Request) -> web.Response:
+    return json_models(request.app[GATEWAYS].views())
+
+
 # -- the factory ------------------------------------------------------------------------
 
 
@@ -265,6 +309,9 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/nodes/{name}/drain", drain, ADMIN_ROLES),
     ("POST", "/v1/models", put_models, ADMIN_ROLES),
     ("DELETE", "/v1/models/{name}", delete_model, ADMIN_ROLES),
+    ("GET", "/v1/endpoints", list_endpoints, ENDPOINT_READERS),
+    ("POST", "/v1/gateways/status", gateway_status, GATEWAY_ROLES),
+    ("GET", "/v1/gateways", list_gateways, READ_ROLES),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
@@ -288,6 +335,7 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = Store(settings.state_dir)
     fleet = app[FLEET] = FleetState(store, settings)
+    app[GATEWAYS] = Gateways(fleet)
 
     async def flush_every_second() -> None:
         while True:
@@ -303,7 +351,7 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    reconciler = Reconciler(app[FLEET])
+    reconciler = Reconciler(app[FLEET], StopGate(app[FLEET], app[GATEWAYS]))
     task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
     yield
     task.cancel()

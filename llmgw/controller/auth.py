@@ -1,7 +1,7 @@
 """Bearer-token auth: who may report, who may read, who may change things.
 
-Three kinds of token: agent (for /v1/agent/*), admin (mutations and reads),
-read (reads only). With no token configured at all the controller is open, which
+Four kinds of token: agent (for /v1/agent/*), admin (mutations and reads),
+read (reads only), gateway (the endpoint feed and gateway status only). With no token configured at all the controller is open, which
 it allows only on a loopback address. Tokens are compared in constant time.
 """
 
@@ -18,6 +18,7 @@ class Role(StrEnum):
     AGENT = "agent"
     ADMIN = "admin"
     READ = "read"
+    GATEWAY = "gateway"  # reads endpoints and posts gateway status, nothing else
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Tokens:
         env: dict[str, str] | None = None,
         files: dict[Role, Path | None] | None = None,
     ) -> Tokens:
-        """Tokens from LLMGW_{AGENT,ADMIN,READ}_TOKEN and/or token files.
+        """Tokens from LLMGW_{AGENT,ADMIN,READ,GATEWAY}_TOKEN and/or token files.
 
         A token file holds one token per line, optionally `NAME TOKEN` so that
         several operators' actions are told apart; `#` starts a comment.
@@ -97,3 +98,5 @@ def bearer(header: str | None) -> str | None:
 AGENT_ROLES = frozenset({Role.AGENT})
 READ_ROLES = frozenset({Role.AGENT, Role.ADMIN, Role.READ})
 ADMIN_ROLES = frozenset({Role.ADMIN})
+GATEWAY_ROLES = frozenset({Role.GATEWAY})
+ENDPOINT_READERS = READ_ROLES | GATEWAY_ROLES

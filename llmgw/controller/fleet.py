@@ -105,6 +105,9 @@ class FleetState:
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
+        # Replicas out of routing before their stop: id -> (revision, monotonic time)
+        # of the change that marked them (the gateway handshake, endpoints.py).
+        self._stopping: dict[str, tuple[int, float]] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
         self._index_records()
         # Each node's last row content (the fingerprint the NODE changes come
@@ -152,6 +155,21 @@ class FleetState:
     @property
     def drain_blocked(self) -> Mapping[str, str]:
         return MappingProxyType(self._drain_blocked)
+
+    @property
+    def stopping(self) -> Mapping[str, tuple[int, float]]:
+        return MappingProxyType(self._stopping)
+
+    def replicas_on(self, node: str) -> list[ReplicaRecord]:
+        return list(self._by_node.get(node, ()))
+
+    def mark_stopping(self, replica_id: str) -> tuple[int, float]:
+        """Take a replica out of routing before it is stopped; returns (revision, when)."""
+        mark = self._stopping.get(replica_id)
+        if mark is None and replica_id in self._records:
+            revision = self._log.append(ChangeKind.REPLICA, replica_id)
+            mark = self._stopping[replica_id] = (revision, self.clock())
+        return mark or (self._log.revision, self.clock())
 
     # -- the change log ----------------------------------------------------------------
 
@@ -450,6 +468,7 @@ class FleetState:
         touched = {n for rid in doomed for n in self._records[rid].nodes} - {name}
         for rid in doomed:
             del self._records[rid]
+            self._stopping.pop(rid, None)
             self._log.append(ChangeKind.REPLICA, rid)
         self._index_records()
         if self._admin.pop(name, None) is not None:
@@ -539,6 +558,8 @@ class FleetState:
             touched.update(old.nodes if old else ())
             touched.update(rec.nodes)
             self._records[rec.id] = rec
+            if rec.state is ReplicaState.READY:
+                self._stopping.pop(rec.id, None)  # a cancelled drain: back in routing
             self._log.append(ChangeKind.REPLICA, rec.id)
         self._replicas_moved(touched)
 
@@ -550,6 +571,7 @@ class FleetState:
         touched: set[str] = set()
         for i in ids:
             touched.update(self._records.pop(i).nodes)
+            self._stopping.pop(i, None)
             self._log.append(ChangeKind.REPLICA, i)
         self._replicas_moved(touched)
 

@@ -35,6 +35,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-token-file", type=Path, help="read-only tokens (else LLMGW_READ_TOKEN)")
     p.add_argument(
+        "--gateway-token-file",
+        type=Path,
+        help="tokens gateways read endpoints with (else LLMGW_GATEWAY_TOKEN)",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=60.0,
+        help="seconds a stopping replica waits for gateways to let go of it (default %(default)s)",
+    )
+    p.add_argument(
         "--grace-intervals",
         type=float,
         default=3.0,
@@ -76,6 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--backoff-base", args.backoff_base),
         ("--backoff-cap", args.backoff_cap),
         ("--reconcile-interval", args.reconcile_interval),
+        ("--stop-grace", args.stop_grace),
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
@@ -83,6 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         Role.AGENT: args.agent_token_file,
         Role.ADMIN: args.admin_token_file,
         Role.READ: args.read_token_file,
+        Role.GATEWAY: args.gateway_token_file,
     }
     try:
         tokens = Tokens.load(files=files)
@@ -103,6 +116,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         reconcile_interval_s=args.reconcile_interval,
+        stop_grace_s=args.stop_grace,
     )
 
 
