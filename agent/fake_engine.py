@@ -147,6 +147,7 @@ class EngineState:
     requests: int = 0
     ids: count[int] = field(default_factory=count)
     cache: PrefixCache = field(default_factory=lambda: PrefixCache(0))
+    active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
 
     @property
     def loaded(self) -> bool:
@@ -265,6 +266,9 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     gen = _Generation(state, chat, len(tokens), max_tokens, body.get("stream") is True)
     first = _first_token_delay(state, tokens)
     state.metrics.running.inc()
+    task = asyncio.current_task()
+    if task is not None:
+        state.active.add(task)
     try:
         if gen.stream:
             return await gen.stream_to(request, first)
@@ -272,6 +276,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return web.json_response(gen.whole())
     finally:
         state.metrics.running.dec()
+        state.active.discard(task)
 
 
 class _Generation:
@@ -420,6 +425,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--traffic", type=float, default=0.0, help="simulated requests per second")
     p.add_argument("--traffic-duration", type=float, default=None, help="then go quiet")
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=0.0,
+        help="seconds requests in flight may finish after a stop signal (default: none)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--fail-after", type=float, default=None, help="crash after this many seconds")
     p.add_argument("--exit-code", type=int, default=1, help="exit status of --fail-after")
@@ -460,7 +471,8 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
+    app = make_app(config)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -479,8 +491,22 @@ async def _run(args: argparse.Namespace) -> int:
                 print(f"fatal: simulated failure, exit code {args.exit_code}", file=sys.stderr)
                 code = args.exit_code
     finally:
+        await _abort_in_flight(app[STATE], args.stop_timeout)
         await runner.cleanup()
     return code
+
+
+async def _abort_in_flight(state: EngineState, timeout_s: float) -> None:
+    """As a real engine does, a stop cuts the requests still running (after
+    `timeout_s`): routing must have moved them away before it."""
+    deadline = time.monotonic() + timeout_s
+    while state.active and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.active:
+        _say(f"stopping: cutting {len(state.active)} request(s) in flight")
+    for task in list(state.active):
+        task.cancel()
+    await asyncio.sleep(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

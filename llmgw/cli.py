@@ -20,6 +20,7 @@ PROGRAMS: dict[str, tuple[str, str]] = {
     "console": ("console.cli", "open the live fleet console"),
     "ctl": ("llmgw.ctl", "one-shot commands: status, nodes, cordon, drain, apply, ..."),
     "demo": ("llmgw.demo", "a whole simulated fleet on this machine"),
+    "gateway": ("llmgw.gateway.main", "the OpenAI-compatible endpoint (SMG) following placement"),
 }
 
 USAGE = "usage: llmgw {" + ",".join(PROGRAMS) + "} [options]\n"

@@ -1,0 +1,98 @@
+"""`llmgw gateway` end to end: a real controller, agents, fake engines, and the
+gateway with its SMG child, with a client sending requests all along.
+
+- A drain under load moves the traffic with the work and fails no request
+  (streamed or whole): the old replica leaves routing before it is stopped.
+- The gateway follows placement: a replica enters routing when ready and
+  leaves it when its node turns unreachable; it posts status the controller shows.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.procs import Cluster, wait_until
+from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def replicas_of(c: Cluster, name: str) -> list[dict[str, object]]:
+    return [r for r in c.get("/v1/replicas") if r["model"] == name]
+
+
+def test_drain_under_load_fails_no_request(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat")])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    (old,) = replicas_of(c, "chat")
+    node = old["shards"][0]["node"]  # type: ignore[index]
+
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing", diagnose=gw.logs)
+    c.ctl("drain", node, "--reason", "maintenance")
+
+    def drained() -> bool:
+        row = next(r for r in c.get("/v1/nodes") if r["name"] == node)
+        return bool(row["admin"]["drained"])
+
+    wait_until(drained, timeout=40, what=f"{node} drained", diagnose=gw.logs)
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 4, timeout=20, what="requests after the drain")
+    load.stop()
+    (new,) = replicas_of(c, "chat")
+    assert new["id"] != old["id"]
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    assert load.ok > 8
+    gateways = c.get("/v1/gateways")
+    assert [g["name"] for g in gateways] == ["gw-test"] and gateways[0]["age_s"] < 3
+    gw.stop()
+
+
+def test_unreachable_node_leaves_routing_at_once(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS, "--grace-intervals", "2")
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat", min_replicas=2)])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    wait_until(
+        lambda: len([e for e in c.get("/v1/endpoints")["endpoints"]]) == 2,
+        timeout=30,
+        what="two endpoints",
+    )
+    # SIGKILL an agent and the engine it runs: the node goes silent.
+    victim = "gpu1"
+    c.stop_agent(victim, signal.SIGKILL)
+
+    def gone() -> bool:
+        return all(e["node"] != victim for e in c.get("/v1/endpoints")["endpoints"])
+
+    wait_until(gone, timeout=20, what=f"{victim}'s replica out of routing", diagnose=gw.logs)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 6, timeout=20, what="requests after the loss")
+    load.stop()
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    gw.stop()
