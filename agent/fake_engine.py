@@ -499,9 +499,8 @@ async def _run(args: argparse.Namespace) -> int:
 async def _abort_in_flight(state: EngineState, timeout_s: float) -> None:
     """As a real engine does, a stop cuts the requests still running (after
     `timeout_s`): routing must have moved them away before it."""
-    deadline = time.monotonic() + timeout_s
-    while state.active and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    if state.active and timeout_s > 0:
+        await asyncio.wait(set(state.active), timeout=timeout_s)
     if state.active:
         _say(f"stopping: cutting {len(state.active)} request(s) in flight")
     for task in list(state.active):
