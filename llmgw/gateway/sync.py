@@ -20,6 +20,7 @@ from collections.abc import Callable
 import aiohttp
 
 from llmgw.controller.endpoints import Endpoint, EndpointsDelta
+from llmgw.gateway.explain import Explainer
 from llmgw.gateway.smg import Smg
 
 log = logging.getLogger("llmgw.gateway")
@@ -53,6 +54,7 @@ class Follower:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.name = name
         self.smg = smg
+        self.explainer = Explainer()
         self.endpoints: dict[str, Endpoint] = {}
         self.unserved: dict[str, str] = {}
         self.cursor = ""  # the latest answer's
@@ -61,8 +63,12 @@ class Follower:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
-            await asyncio.gather(self._poll(http), self._apply_loop(), self._status(http))
+        await self.explainer.start()
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
+                await asyncio.gather(self._poll(http), self._apply_loop(), self._status(http))
+        finally:
+            await self.explainer.stop()
 
     # -- following the controller ----------------------------------------------------
 
@@ -91,7 +97,9 @@ class Follower:
             self.endpoints.pop(rid, None)
         for ep in delta.endpoints:
             self.endpoints[ep.replica_id] = ep
-        self.unserved = dict(delta.unserved)
+        if delta.unserved != self.unserved:
+            self.unserved = dict(delta.unserved)
+            self.changed.set()
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor
             self.changed.set()
@@ -99,7 +107,9 @@ class Follower:
     # -- applying to SMG -----------------------------------------------------------------
 
     def serving_urls(self) -> set[str]:
-        return {e.url for e in self.endpoints.values() if e.state == "serving"}
+        """SMG's workers: the serving engines, and an explainer per unserved model."""
+        urls = {e.url for e in self.endpoints.values() if e.state == "serving"}
+        return urls | self.explainer.set_unserved(self.unserved)
 
     async def _apply_loop(self) -> None:
         outage = Outage("SMG worker sync")

@@ -13,6 +13,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.procs import Cluster, wait_until
@@ -96,3 +97,34 @@ def test_unreachable_node_leaves_routing_at_once(cluster: Cluster) -> None:
     load.stop()
     assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
     gw.stop()
+
+
+def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    too_big = {**model("huge"), "gpus_per_shard": 8}
+    c.apply([model("chat"), too_big])
+    keys = c.root / "keys"
+    keys.write_text("acme sk-acme-00000001\n")
+    gw = Gateway(c, "--api-key-file", str(keys))
+    gw.start()
+    key = {"Authorization": "Bearer sk-acme-00000001"}
+    gw.wait_serving("chat", headers=key)
+
+    def ask(name: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        body = {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+        return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=10)
+
+    assert ask("chat").status_code == 401
+    assert ask("chat", {"Authorization": "Bearer wrong-key-123"}).status_code == 401
+    assert ask("chat", key).status_code == 200
+    unknown = ask("nope", key)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    for _ in range(3):  # the same answer every time, not a circuit breaker's
+        unserved = ask("huge", key)
+        assert unserved.status_code == 503, unserved.text
+        assert unserved.headers["Retry-After"] == "5"
+        assert "no replica serves it yet: needs" in unserved.json()["error"]["message"]
