@@ -16,6 +16,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from llmgw.wire import (
     FleetSummary,
+    GatewayView,
     ModelSpec,
     ModelView,
     NodeDetail,
@@ -66,6 +67,7 @@ def admin_token(explicit: str | None = None) -> str | None:
 _rows = TypeAdapter(list[NodeRow])
 _models = TypeAdapter(list[ModelView])
 _replicas = TypeAdapter(list[ReplicaView])
+_gateways = TypeAdapter(list[GatewayView])
 
 
 class AdminClient:
@@ -130,6 +132,10 @@ class AdminClient:
 
     async def replicas(self) -> list[ReplicaView]:
         return _replicas.validate_json(await self._get_bytes("/v1/replicas"))
+
+    async def gateways(self) -> list[GatewayView]:
+        """The gateways that have posted status, with their last report age."""
+        return _gateways.validate_json(await self._get_bytes("/v1/gateways"))
 
     async def summary_json(self) -> Any:
         """The summary exactly as served (for `ctl status --json`)."""

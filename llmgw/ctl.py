@@ -144,6 +144,9 @@ class Ctl:
             return EXIT_OK
         summary = await self.client.summary()
         self.out.print(render.status(summary, self.client.base_url))
+        gateways = await self.client.gateways()
+        if gateways:
+            self.out.print(render.gateways_table(gateways))
         return EXIT_OK
 
     async def nodes(self, args: argparse.Namespace) -> int:

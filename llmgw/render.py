@@ -15,7 +15,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from llmgw.wire import AdminFlag, FleetSummary, ModelView, NodeRow, NodeState, ReplicaView
+from llmgw.wire import (
+    AdminFlag,
+    FleetSummary,
+    GatewayView,
+    ModelView,
+    NodeRow,
+    NodeState,
+    ReplicaView,
+)
 
 STATE_STYLE = {
     NodeState.READY: "green",
@@ -291,8 +299,15 @@ def models_table(models: list[ModelView]) -> Table:
     return table
 
 
+def gateways_table(gateways: list[GatewayView]) -> Table:
+    table = _table("GATEWAY", "LAST REPORT", "IN FLIGHT", "REQUESTS")
+    for g in gateways:
+        table.add_row(g.name, f"{g.age_s:.1f}s ago", str(g.in_flight), str(g.requests))
+    return table
+
+
 def replicas_table(replicas: list[ReplicaView]) -> Table:
-    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "ERROR")
+    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE", "ERROR")
     for r in replicas:
         table.add_row(
             r.id,
@@ -300,6 +315,7 @@ def replicas_table(replicas: list[ReplicaView]) -> Table:
             r.state.value,
             hostlist(s.node for s in r.shards),
             str(r.gpus),
+            r.url or "-",
             duration(r.idle_seconds),
             r.error or "",
         )

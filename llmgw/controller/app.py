@@ -30,8 +30,8 @@ from llmgw.controller.auth import (
 from llmgw.controller.endpoints import (
     MAX_WAIT_S,
     Gateways,
-    GatewayStatus,
     StopGate,
+    endpoint_of,
     endpoints_since,
     parse_cursor,
 )
@@ -44,6 +44,7 @@ from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
     DrainRequest,
+    GatewayStatus,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
@@ -208,7 +209,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def list_replicas(request: web.Request) -> web.Response:
-    return json_models(request.app[FLEET].replica_views())
+    fleet = request.app[FLEET]
+    now = fleet.clock()
+    urls = {
+        rid: ep.url
+        for rid, rec in fleet.records.items()
+        if (ep := endpoint_of(fleet, rec, now)) is not None
+    }
+    return json_models(
+        [v.model_copy(update={"url": urls.get(v.id)}) for v in fleet.replica_views()]
+    )
 
 
 async def cordon(request: web.Request) -> web.Response:

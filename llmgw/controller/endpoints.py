@@ -17,65 +17,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
-
-from pydantic import Field, StringConstraints
 
 from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.fleet import BadCursor, FleetState
 from llmgw.controller.store import ReplicaRecord
-from llmgw.wire import Inbound, NodeState, Outbound, ReplicaState, ShardState
+from llmgw.wire import (
+    Endpoint,
+    EndpointsDelta,
+    GatewayStatus,
+    GatewayView,
+    NodeState,
+    ReplicaState,
+    ShardState,
+)
 
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
 MAX_WAIT_S = 30.0  # the longest long poll
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 _SERVING_STATES = (ReplicaState.READY, ReplicaState.DRAINING)
-
-ReplicaId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-
-
-class Endpoint(Outbound):
-    replica_id: str
-    model: str
-    url: str  # the rank-0 engine: http://NODE-ADDRESS:PORT
-    node: str
-    fabric: str | None
-    state: Literal["serving", "stopping"]
-
-
-class EndpointsDelta(Outbound):
-    """Endpoints that changed after `since` (every one when `full`), and ids gone.
-
-    `unserved` names each declared model with no serving endpoint and says why,
-    so that a gateway can answer its clients in words."""
-
-    cursor: str
-    full: bool
-    endpoints: list[Endpoint]
-    removed: list[str]
-    unserved: dict[str, str] = Field(default_factory=dict)
-
-
-class GatewayStatus(Inbound):
-    name: Annotated[
-        str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
-    ]
-    cursor: Annotated[str, StringConstraints(max_length=80)] = ""
-    in_flight: dict[ReplicaId, Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
-        default_factory=dict, max_length=100_000
-    )
-    requests: dict[ReplicaId, Annotated[int, Field(ge=0, le=2**62)]] = Field(
-        default_factory=dict, max_length=100_000
-    )
-
-
-class GatewayView(Outbound):
-    name: str
-    cursor: str
-    age_s: float
-    in_flight: int
-    requests: int
 
 
 def parse_cursor(fleet: FleetState, since: str) -> int | None:

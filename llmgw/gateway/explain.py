@@ -37,8 +37,16 @@ class Explainer:
 
     def set_unserved(self, unserved: Mapping[str, str]) -> set[str]:
         """Take the controller's word on unserved models; the worker URLs to register."""
-        self.reasons = {slug(m): (m, why) for m, why in unserved.items()}
+        # A model served again keeps its entry: SMG may route to it until it
+        # has taken the new worker list, and then the answer is "retry".
+        for s, (m, _) in self.reasons.items():
+            if m not in unserved:
+                self.reasons[s] = (m, "")
+        self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
         return {self.url_for(m) for m in unserved}
+
+    def owns(self, url: str) -> bool:
+        return url.startswith(f"http://127.0.0.1:{self.port}/u/")
 
     async def start(self) -> None:
         app = web.Application()
@@ -71,6 +79,11 @@ class Explainer:
 
     async def _unavailable(self, request: web.Request) -> web.Response:
         model, why = self._known(request)
-        message = f"model {model!r} is declared but no replica serves it yet: {why}"
+        if why:
+            message = f"model {model!r} is declared but no replica serves it yet: {why}"
+            retry = RETRY_AFTER_S
+        else:
+            message = f"model {model!r} is being put in routing; retry"
+            retry = 1
         body = {"error": {"message": message, "type": "service_unavailable", "code": 503}}
-        return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        return web.json_response(body, status=503, headers={"Retry-After": str(retry)})

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from llmgw.controller.endpoints import Endpoint, EndpointsDelta
 from llmgw.gateway.explain import Explainer
 from llmgw.gateway.smg import Smg
+from llmgw.wire import Endpoint, EndpointsDelta
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -132,8 +132,10 @@ class Follower:
         current = await self.smg.workers()
         adding = serving - set(current)
         if adding and set(current) - serving:
-            # Add first: the old workers leave only once the new ones take requests.
-            self.smg.write_workers(serving | set(current))
+            # Add first: the old workers leave only once the new ones take requests
+            # (an explainer leaves at once: it never served).
+            keep = {u for u in current if not self.explainer.owns(u)}
+            self.smg.write_workers(serving | keep)
             await self._until(lambda w: all(w.get(u) for u in adding), required=False)
         self.smg.write_workers(serving)
         await self._until(lambda w: not set(w) - serving, required=True)

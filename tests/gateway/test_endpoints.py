@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw.controller.endpoints import Gateways, GatewayStatus, StopGate, endpoints_since
+from llmgw.controller.endpoints import Gateways, StopGate, endpoints_since
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.reconcile import Reconciler
-from llmgw.wire import AdminFlag, ModelSpec
+from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
 MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_shard=8)
