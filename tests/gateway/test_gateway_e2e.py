@@ -5,10 +5,15 @@ gateway with its SMG child, with a client sending requests all along.
   (streamed or whole): the old replica leaves routing before it is stopped.
 - The gateway follows placement: a replica enters routing when ready and
   leaves it when its node turns unreachable; it posts status the controller shows.
+- A forced drain and an engine killed mid-stream fail at most the requests in
+  flight on that replica, with a clear error; a controller restart fails none.
+- Client keys; an unknown model's 404 and an unserved model's 503 in words.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,3 +136,86 @@ def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
         assert unserved.status_code == 503, unserved.text
         assert unserved.headers["Retry-After"] == "5"
         assert "no replica serves it yet: needs" in unserved.json()["error"]["message"]
+
+
+def clear_error(failure: str) -> bool:
+    """An engine lost mid-request: SMG's stream_error event, or a 5xx that says so."""
+    return "stream error" in failure or " 50" in failure
+
+
+def two_replicas(c: Cluster, *controller_args: str) -> Gateway:
+    c.start_controller(*CONTROLLER_ARGS, *controller_args)
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat", min_replicas=2)])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    wait_until(
+        lambda: len(c.get("/v1/endpoints")["endpoints"]) == 2 and len(gw_workers(gw)) == 2,
+        timeout=30,
+        what="two replicas in routing",
+        diagnose=gw.logs,
+    )
+    return gw
+
+
+def gw_workers(gw: Gateway) -> list[str]:
+    manifest = gw.work / "workers.json"
+    if not manifest.exists():
+        return []
+    return [w["url"] for w in json.loads(manifest.read_text())["workers"]]
+
+
+def test_forced_drain_fails_only_requests_on_the_forced_replica(cluster: Cluster) -> None:
+    c = cluster
+    gw = two_replicas(c)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing")
+    c.ctl("drain", "gpu1", "--reason", "dead fan", "--force-after", "1")
+
+    def forced_off() -> bool:
+        return all(e["node"] != "gpu1" for e in c.get("/v1/endpoints")["endpoints"])
+
+    wait_until(forced_off, timeout=20, what="gpu1 out of routing", diagnose=gw.logs)
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests after the force")
+    load.stop()
+    # At most the two requests in flight on gpu1 (one per client thread) fail, clearly.
+    assert len(load.failures) <= 2, "\n".join(load.failures)
+    assert all(clear_error(f) for f in load.failures), load.failures
+
+
+def test_engine_killed_mid_stream_and_controller_restart(cluster: Cluster) -> None:
+    c = cluster
+    gw = two_replicas(c)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing")
+    victim_rid, pids = sorted(c.engine_pids().items())[0]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(
+        lambda: all(e["replica_id"] != victim_rid for e in c.get("/v1/endpoints")["endpoints"]),
+        timeout=20,
+        what="the dead engine out of routing",
+        diagnose=gw.logs,
+    )
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests after the kill")
+    lost = list(load.failures)
+    assert len(lost) <= 2 and all(clear_error(f) for f in lost), lost
+
+    # The controller goes away and comes back: the gateway keeps serving throughout.
+    c.kill_controller()
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests without a controller")
+    c.start_controller()
+    wait_until(
+        lambda: any(g["age_s"] < 2 for g in c.get("/v1/gateways")),
+        timeout=20,
+        what="the gateway reporting to the new controller",
+        diagnose=gw.logs,
+    )
+    load.stop()
+    assert load.failures == lost, load.failures[len(lost) :]
