@@ -351,6 +351,13 @@ class _Generation:
         return resp
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """As vLLM's: empty the prefix cache (benchmarks start each run cold)."""
+    state = request.app[STATE]
+    state.cache = PrefixCache(state.config.cache_blocks)
+    return web.Response(status=200)
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE].metrics.registry)
     resp = web.Response(body=body)
@@ -397,6 +404,7 @@ def make_app(config: FakeConfig) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.cleanup_ctx.append(_traffic_ctx)
     return app
 
