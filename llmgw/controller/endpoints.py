@@ -150,8 +150,6 @@ class Gateways:
 
     fleet: FleetState
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
-    # replica id -> when a gateway last saw a request for it (monotonic)
-    last_request: dict[str, float] = field(default_factory=dict)
 
     def report(self, status: GatewayStatus) -> None:
         now = self.fleet.clock()
@@ -161,9 +159,11 @@ class Gateways:
             revision = None
         old = self.seen.get(status.name)
         before = old.requests if old else {}
-        for rid, total in status.requests.items():
-            if total > before.get(rid, 0 if old else total):
-                self.last_request[rid] = now
+        # New requests since its last status; a gateway's first status only sets the base.
+        self.fleet.note_requests(
+            (rid for rid, n in status.requests.items() if n > before.get(rid, 0 if old else n)),
+            now,
+        )
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,

@@ -15,6 +15,7 @@ is derived from the same facts, so no two answers can disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import re
 import secrets
@@ -108,6 +109,9 @@ class FleetState:
         # Replicas out of routing before their stop: id -> (revision, monotonic time)
         # of the change that marked them (the gateway handshake, endpoints.py).
         self._stopping: dict[str, tuple[int, float]] = {}
+        # Replica id -> when a gateway last saw a request for it (monotonic): idleness
+        # counts these as well as the engines' own counters, whichever is later.
+        self._gateway_activity: dict[str, float] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
         self._index_records()
         # Each node's last row content (the fingerprint the NODE changes come
@@ -170,6 +174,12 @@ class FleetState:
             revision = self._log.append(ChangeKind.REPLICA, replica_id)
             mark = self._stopping[replica_id] = (revision, self.clock())
         return mark or (self._log.revision, self.clock())
+
+    def note_requests(self, replica_ids: Iterable[str], now: float) -> None:
+        """A gateway saw new requests for these replicas (soft state, like reports)."""
+        for rid in replica_ids:
+            if rid in self._records:
+                self._gateway_activity[rid] = now
 
     # -- the change log ----------------------------------------------------------------
 
@@ -572,6 +582,7 @@ class FleetState:
         for i in ids:
             touched.update(self._records.pop(i).nodes)
             self._stopping.pop(i, None)
+            self._gateway_activity.pop(i, None)
             self._log.append(ChangeKind.REPLICA, i)
         self._replicas_moved(touched)
 
@@ -589,7 +600,12 @@ class FleetState:
                 continue
             for shard in entry.shards:
                 reported[(shard.replica_id, shard.rank)] = shard
-        return {rid: replica_status(rec, reported) for rid, rec in self._records.items()}
+        out = {rid: replica_status(rec, reported) for rid, rec in self._records.items()}
+        for rid, seen in self._gateway_activity.items():
+            status = out.get(rid)
+            if status is not None and (status.idle_since is None or seen > status.idle_since):
+                out[rid] = dataclasses.replace(status, idle_since=seen)
+        return out
 
     # -- views ------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ class Sim:
         self.reconciler = Reconciler(self.fleet, StopGate(self.fleet, self.gateways))
         self.nodes = ["gpu1", "gpu2"]
         self.down: set[str] = set()
+        self.idle_s = 0.0  # what every engine says of its idleness
 
     def step(self) -> None:
         self.clock.advance(1.0)
@@ -35,7 +36,7 @@ class Sim:
                     "state": "ready",
                     "gpus": a.gpus,
                     "port": 8000 + i,
-                    "idle_seconds": 0.0,
+                    "idle_seconds": self.idle_s,
                 }
                 for a in self.fleet.assignments_for(node)
             ]
@@ -119,3 +120,21 @@ def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path)
     sim2.fleet.set_flag(ep.node, AdminFlag.DRAINING, "bios", "ops", force=True)
     sim2.step()
     assert ep.replica_id not in sim2.fleet.records  # as before gateways existed
+
+
+def test_requests_seen_by_a_gateway_count_for_idleness(tmp_path: Path) -> None:
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.idle_s = 900.0  # the engine's counters say: nothing for 15 minutes
+    sim.step()
+    (view,) = sim.fleet.replica_views()
+    assert view.idle_seconds == 900.0
+    rid = view.id
+    sim.gateways.report(GatewayStatus(name="gw", requests={rid: 5}))  # a first status: a base
+    assert sim.fleet.replica_views()[0].idle_seconds == 900.0
+    sim.clock.advance(2.0)
+    sim.gateways.report(GatewayStatus(name="gw", requests={rid: 6}))
+    sim.clock.advance(3.0)
+    assert sim.fleet.replica_views()[0].idle_seconds == 3.0
+    assert sim.fleet.summary().idle_replicas == []
