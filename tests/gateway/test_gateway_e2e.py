@@ -219,3 +219,21 @@ def test_engine_killed_mid_stream_and_controller_restart(cluster: Cluster) -> No
     )
     load.stop()
     assert load.failures == lost, load.failures[len(lost) :]
+
+
+def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([model("chat")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("chat")
+    assert gw.proc is not None
+    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+    (smg_pid,) = [int(p) for p in children]
+    os.kill(smg_pid, signal.SIGKILL)
+    gw.wait_serving("chat")  # a new SMG, with the same workers
+    log = gw.log.read_text()
+    assert log.count("SMG exited") == 1 and "SMG is back" in log, log
