@@ -2,7 +2,15 @@
 
 It behaves, from the outside, like a vLLM OpenAI server: it "loads" for a
 while (`/health` answers 503), then serves `/health`, `/v1/models`,
-`/v1/completions` and vLLM-format `/metrics`. Tests and the demo run it where
+`/v1/completions` and `/v1/chat/completions` (both with `stream: true`: SSE
+chunks ending in `data: [DONE]`) and vLLM-format `/metrics`.
+
+A simulated prefix cache makes routing quality measurable: the prompt's
+tokens (whitespace-split) are cut into 16-token blocks, each block hashed with
+the ones before it, and the hashes kept in an LRU. The first token comes after
+`--latency` seconds when nothing is cached, `--cached-latency` when all of it
+is, in proportion between; vLLM's counters `vllm:prefix_cache_queries_total`
+and `vllm:prefix_cache_hits_total` count prompt tokens looked up and found. Tests and the demo run it where
 there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
 `--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL,
 `--hang-after` keeps the process up but `/health` failing (a hung engine).
@@ -15,10 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import json
 import random
 import signal
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
@@ -32,7 +43,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 class FakeConfig:
     model: str = "fake-model"
     load_seconds: float = 2.0
-    latency_s: float = 0.05  # how long one request "runs"
+    latency_s: float = 0.05  # how long one request "runs": its first token, nothing cached
+    cached_latency_s: float | None = None  # first token with the whole prompt cached (latency/10)
+    token_interval_s: float = 0.0  # between streamed tokens after the first
+    cache_blocks: int = 4096  # prefix-cache capacity in blocks (0: no cache)
     traffic_rate: float = 0.0  # simulated requests per second, 0 = none
     traffic_duration_s: float | None = None  # stop simulated traffic after this long
     seed: int | None = None
@@ -75,12 +89,53 @@ class EngineMetrics:
             labels,
             registry=self.registry,
         ).labels(model)
+        self.cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.cache_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
         self.model = model
 
     def finished(self, prompt_tokens: int, generation_tokens: int, reason: str) -> None:
         self.success.labels(self.model, reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
+
+
+BLOCK_TOKENS = 16
+
+
+class PrefixCache:
+    """An LRU of prompt-block hashes; each hash covers its block and every one before."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity = capacity_blocks
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    def lookup(self, tokens: list[str]) -> int:
+        """How many leading tokens were cached; the prompt's blocks are cached after."""
+        h = hashlib.blake2b(digest_size=16)
+        hit, matching = 0, True
+        for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+            h.update("\x00".join(tokens[start : start + BLOCK_TOKENS]).encode())
+            key = h.copy().digest()
+            if matching and key in self._blocks:
+                hit += BLOCK_TOKENS
+                self._blocks.move_to_end(key)
+                continue
+            matching = False
+            if self.capacity > 0:
+                self._blocks[key] = None
+                if len(self._blocks) > self.capacity:
+                    self._blocks.popitem(last=False)
+        return hit
 
 
 @dataclass
@@ -91,6 +146,8 @@ class EngineState:
     created: int = field(default_factory=lambda: int(time.time()))
     requests: int = 0
     ids: count[int] = field(default_factory=count)
+    cache: PrefixCache = field(default_factory=lambda: PrefixCache(0))
+    active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
 
     @property
     def loaded(self) -> bool:
@@ -115,6 +172,17 @@ async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) ->
     state.requests += 1
     state.metrics.finished(prompt_tokens, max_tokens, "length")
     return " lorem" * max_tokens
+
+
+def _first_token_delay(state: EngineState, tokens: list[str]) -> float:
+    """Look the prompt up in the prefix cache and count it; the delay follows what was cached."""
+    cfg = state.config
+    hit = state.cache.lookup(tokens)
+    state.metrics.cache_queries.inc(len(tokens))
+    state.metrics.cache_hits.inc(hit)
+    cached = cfg.latency_s / 10 if cfg.cached_latency_s is None else cfg.cached_latency_s
+    fraction = hit / len(tokens) if tokens else 0.0
+    return cfg.latency_s + (cached - cfg.latency_s) * fraction
 
 
 async def health(request: web.Request) -> web.Response:
@@ -142,7 +210,37 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
-async def completions(request: web.Request) -> web.Response:
+class BadBody(ValueError):
+    pass
+
+
+def _prompt_of(body: dict[str, object], chat: bool) -> str:
+    if not chat:
+        prompt = body.get("prompt", "")
+        return " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadBody("messages must be a non-empty list")
+    parts = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadBody("each message needs a role and content")
+        content = m.get("content", "")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"{m['role']}: {content}")
+    return "\n".join(parts)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     if not state.loaded:
         return _error(503, "the model is still loading; retry shortly", "ServiceUnavailable")
@@ -155,27 +253,109 @@ async def completions(request: web.Request) -> web.Response:
     model = body.get("model", state.config.model)
     if model != state.config.model:
         return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
-    prompt = body.get("prompt", "")
-    text_in = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
-    max_tokens = body.get("max_tokens", 16)
+    try:
+        text_in = _prompt_of(body, chat)
+    except BadBody as exc:
+        return _error(400, str(exc), "BadRequestError")
+    max_tokens = body.get(
+        "max_completion_tokens" if chat else "max_tokens", body.get("max_tokens", 16)
+    )
     if not isinstance(max_tokens, int) or not 0 < max_tokens <= 4096:
         return _error(400, "max_tokens must be an integer in 1..4096", "BadRequestError")
-    prompt_tokens = len(text_in.split())
-    text = await _serve_one(state, prompt_tokens, max_tokens)
-    return web.json_response(
-        {
-            "id": f"cmpl-fake-{next(state.ids)}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.config.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": max_tokens,
-                "total_tokens": prompt_tokens + max_tokens,
-            },
+    tokens = text_in.split()
+    gen = _Generation(state, chat, len(tokens), max_tokens, body.get("stream") is True)
+    first = _first_token_delay(state, tokens)
+    state.metrics.running.inc()
+    task = asyncio.current_task()
+    if task is not None:
+        state.active.add(task)
+    try:
+        if gen.stream:
+            return await gen.stream_to(request, first)
+        await asyncio.sleep(first + state.config.token_interval_s * (max_tokens - 1))
+        return web.json_response(gen.whole())
+    finally:
+        state.metrics.running.dec()
+        state.active.discard(task)
+
+
+class _Generation:
+    """One request's answer, in OpenAI's shapes (whole, or as SSE chunks)."""
+
+    def __init__(
+        self, state: EngineState, chat: bool, prompt_tokens: int, max_tokens: int, stream: bool
+    ) -> None:
+        self.state, self.chat, self.stream = state, chat, stream
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        prefix = "chatcmpl" if chat else "cmpl"
+        self.id = f"{prefix}-fake-{next(state.ids)}"
+        self.created = int(time.time())
+
+    def _done(self) -> None:
+        self.state.requests += 1
+        self.state.metrics.finished(self.prompt_tokens, self.max_tokens, "length")
+
+    def _usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.max_tokens,
+            "total_tokens": self.prompt_tokens + self.max_tokens,
         }
-    )
+
+    def whole(self) -> dict[str, object]:
+        self._done()
+        text = " lorem" * self.max_tokens
+        choice: dict[str, object] = {"index": 0, "finish_reason": "length", "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.state.config.model,
+            "choices": [choice],
+            "usage": self._usage(),
+        }
+
+    def _chunk(self, piece: str | None, finish: str | None) -> bytes:
+        choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["delta"] = {} if piece is None else {"content": piece}
+        else:
+            choice["text"] = piece or ""
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.state.config.model,
+            "choices": [choice],
+        }
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    async def stream_to(self, request: web.Request, first_delay: float) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        await asyncio.sleep(first_delay)
+        interval = self.state.config.token_interval_s
+        for i in range(self.max_tokens):
+            if i:
+                await asyncio.sleep(interval)
+            await resp.write(self._chunk(" lorem", None))
+        await resp.write(self._chunk(None, "length"))
+        self._done()
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """As vLLM's: empty the prefix cache (benchmarks start each run cold)."""
+    state = request.app[STATE]
+    state.cache = PrefixCache(state.config.cache_blocks)
+    return web.Response(status=200)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -217,11 +397,14 @@ def make_app(config: FakeConfig) -> web.Application:
         config=config,
         metrics=EngineMetrics(config.model),
         ready_at=time.monotonic() + config.load_seconds,
+        cache=PrefixCache(config.cache_blocks),
     )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.cleanup_ctx.append(_traffic_ctx)
     return app
 
@@ -232,9 +415,30 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fake-model")
     p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
-    p.add_argument("--latency", type=float, default=0.05, help="seconds one request runs")
+    p.add_argument(
+        "--latency", type=float, default=0.05, help="seconds to the first token, nothing cached"
+    )
+    p.add_argument(
+        "--cached-latency",
+        type=float,
+        default=None,
+        help="seconds to the first token with the whole prompt cached (default: latency/10)",
+    )
+    p.add_argument("--token-interval", type=float, default=0.0, help="seconds between later tokens")
+    p.add_argument(
+        "--cache-blocks",
+        type=int,
+        default=4096,
+        help=f"prefix-cache capacity in {BLOCK_TOKENS}-token blocks (0: none)",
+    )
     p.add_argument("--traffic", type=float, default=0.0, help="simulated requests per second")
     p.add_argument("--traffic-duration", type=float, default=None, help="then go quiet")
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=0.0,
+        help="seconds requests in flight may finish after a stop signal (default: none)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--fail-after", type=float, default=None, help="crash after this many seconds")
     p.add_argument("--exit-code", type=int, default=1, help="exit status of --fail-after")
@@ -259,6 +463,9 @@ async def _run(args: argparse.Namespace) -> int:
         model=args.model,
         load_seconds=args.load_seconds,
         latency_s=args.latency,
+        cached_latency_s=args.cached_latency,
+        token_interval_s=args.token_interval,
+        cache_blocks=args.cache_blocks,
         traffic_rate=args.traffic,
         traffic_duration_s=args.traffic_duration,
         seed=args.seed,
@@ -272,7 +479,8 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
+    app = make_app(config)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -291,8 +499,21 @@ async def _run(args: argparse.Namespace) -> int:
                 print(f"fatal: simulated failure, exit code {args.exit_code}", file=sys.stderr)
                 code = args.exit_code
     finally:
+        await _abort_in_flight(app[STATE], args.stop_timeout)
         await runner.cleanup()
     return code
+
+
+async def _abort_in_flight(state: EngineState, timeout_s: float) -> None:
+    """As a real engine does, a stop cuts the requests still running (after
+    `timeout_s`): routing must have moved them away before it."""
+    if state.active and timeout_s > 0:
+        await asyncio.wait(set(state.active), timeout=timeout_s)
+    if state.active:
+        _say(f"stopping: cutting {len(state.active)} request(s) in flight")
+    for task in list(state.active):
+        task.cancel()
+    await asyncio.sleep(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ PROGRAMS: dict[str, tuple[str, str]] = {
     "ctl": ("llmgw.ctl", "one-shot commands: status, nodes, cordon, drain, apply, ..."),
     "demo": ("llmgw.demo", "a whole simulated fleet on this machine"),
     "completion": ("llmgw.completion", "print shell completion: llmgw completion bash|zsh"),
+    "gateway": ("llmgw.gateway.main", "the OpenAI-compatible endpoint (SMG) following placement"),
 }
 
 USAGE = "usage: llmgw {" + ",".join(PROGRAMS) + "} [options]\n"

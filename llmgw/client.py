@@ -29,6 +29,7 @@ from llmgw.tls import TlsConfigError, client_context, is_verify_failure, verify_
 from llmgw.wire import (
     DrainPlan,
     FleetSummary,
+    GatewayView,
     ModelSpec,
     ModelView,
     NodeDetail,
@@ -124,6 +125,13 @@ class AdminClient:
 
     async def replicas(self) -> list[ReplicaView]:
         return await self.run(api.replicas())
+
+    async def gateways(self) -> list[GatewayView]:
+        from pydantic import TypeAdapter
+
+        return await self.run(
+            api.Call("GET", "/v1/gateways", parse=TypeAdapter(list[GatewayView]).validate_json)
+        )
 
     async def summary_json(self) -> Any:
         """The summary exactly as served (for `ctl status --json`)."""

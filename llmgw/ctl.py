@@ -478,9 +478,10 @@ class Ctl:
             raise UsageError("status prints a summary: -o json or -o yaml, or no -o")
 
         def draw() -> str:
-            return render.status(
+            text = render.status(
                 self.client(api.summary()), self.client.base_url, color=self.term.color
             )
+            return text + render.gateways(self.client(api.Call("GET", "/v1/gateways", typed=True)))
 
         if self.args.watch:
             return self._watch(draw)

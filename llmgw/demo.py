@@ -301,6 +301,36 @@ def banner(url: str, fleet: Sequence[DemoNode], root: Path, *, headless: bool = 
     )
 
 
+def _start_gateway(controller: str, root: Path) -> tuple[str, list[asyncio.Task[None]]]:
+    """One `llmgw gateway` in process: SMG on a free loopback port, following the demo."""
+    from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
+    from llmgw.gateway.sync import Follower
+
+    options = SmgOptions(
+        host="127.0.0.1",
+        port=free_loopback_port(),
+        policy="cache_aware",
+        keys=[],
+        workdir=root / "gateway",
+    )
+    smg = Smg(options)
+    follower = Follower(controller, None, "demo-gateway", smg)
+    return smg.base, [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
+
+
+def gateway_banner(url: str) -> str:
+    body = (
+        '{"model": "Qwen/Qwen2.5-7B-Instruct", "messages": [{"role": "user", "content": "hello"}]}'
+    )
+    return "\n".join(
+        [
+            f"  gateway (OpenAI API, SMG): {url}",
+            f"    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+            f"      -d '{body}'",
+        ]
+    )
+
+
 async def run_demo(
     args: argparse.Namespace,
     stop: asyncio.Event,
@@ -333,10 +363,15 @@ async def run_demo(
             for i, n in enumerate(fleet)
         ]
         tasks = [asyncio.create_task(a.loop.run(stop)) for a in agents]
+        gateway_url = None
         if not args.no_engines:
             async with AdminClient(url) as client:
                 await client.apply_models(demo_specs())
+            gateway_url, gateway_tasks = _start_gateway(url, root)
+            tasks += gateway_tasks
         print(banner(url, fleet, root, headless=args.headless), flush=True)
+        if gateway_url is not None:
+            print(gateway_banner(gateway_url), flush=True)
         if on_ready is not None:
             on_ready(url)
         if args.headless:
@@ -346,6 +381,8 @@ async def run_demo(
         return 0
     finally:
         stop.set()
+        for t in tasks[len(agents) :]:  # the gateway's: they run until cancelled
+            t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await _stop_engines(agents)
         if runner is not None:

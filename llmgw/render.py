@@ -413,7 +413,7 @@ REPLICA_STYLE = {"ready": "green", "starting": "cyan", "draining": "magenta", "f
 
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
     extra = ["CREATED", "REPLACES"] if wide else []
-    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "IDLE", *extra, "ERROR")
+    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE", *extra, "ERROR")
     for r in replicas:
         cells = [
             Cell(r.id),
@@ -421,12 +421,29 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
             Cell(str(r.state), REPLICA_STYLE.get(str(r.state))),
             Cell(hostlist(s.node for s in r.shards)),
             Cell(str(r.gpus), key=r.gpus),
+            Cell(getattr(r, "url", None) or "-"),
             _age(r.idle_seconds),
         ]
         if wide:
             cells += [Cell(timestamp(r.created_at), key=r.created_at), Cell(r.replaces or "-")]
         table.add(f"replica/{r.id}", *cells, clean(r.error or ""))
     return table
+
+
+def gateways(views: Sequence[Any]) -> str:
+    """`ctl status`: the gateways that post status, with their last report's age."""
+    if not views:
+        return ""
+    table = _table("GATEWAY", "LAST REPORT", "IN FLIGHT", "REQUESTS")
+    for g in views:
+        table.add(
+            f"gateway/{g.name}",
+            Cell(clean(g.name)),
+            Cell(f"{g.age_s:.1f}s ago", key=g.age_s),
+            Cell(str(g.in_flight), key=g.in_flight),
+            Cell(str(g.requests), key=g.requests),
+        )
+    return "\nGateways\n" + table.format().rstrip("\n") + "\n"
 
 
 def node_detail(detail: NodeDetail, *, color: bool = False) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -412,6 +412,7 @@ class ReplicaView(Outbound):
     created_at: float
     error: str | None = None
     replaces: str | None = None  # the replica this one stands in for (drain)
+    url: str | None = None  # its rank-0 engine, while in routing (the gateway's endpoint)
 
 
 class ModelView(Outbound):
@@ -533,3 +534,51 @@ class DrainPlan(Outbound):
     nodes: list[str]
     replicas_to_move: int
     impacts: list[DrainImpact]  # only models with replicas on the nodes, worst first
+
+
+# -- the gateway (endpoint feed and gateway status) ----------------------------------
+
+GatewayReplicaId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class Endpoint(Outbound):
+    replica_id: str
+    model: str
+    url: str  # the rank-0 engine: http://NODE-ADDRESS:PORT
+    node: str
+    fabric: str | None
+    state: Literal["serving", "stopping"]
+
+
+class EndpointsDelta(Outbound):
+    """Endpoints that changed after `since` (every one when `full`), and ids gone.
+
+    `unserved` names each declared model with no serving endpoint and says why,
+    so that a gateway can answer its clients in words."""
+
+    cursor: str
+    full: bool
+    endpoints: list[Endpoint]
+    removed: list[str]
+    unserved: dict[str, str] = Field(default_factory=dict)
+
+
+class GatewayStatus(Inbound):
+    name: Annotated[
+        str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
+    ]
+    cursor: Annotated[str, StringConstraints(max_length=80)] = ""
+    in_flight: dict[GatewayReplicaId, Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
+        default_factory=dict, max_length=100_000
+    )
+    requests: dict[GatewayReplicaId, Annotated[int, Field(ge=0, le=2**62)]] = Field(
+        default_factory=dict, max_length=100_000
+    )
+
+
+class GatewayView(Outbound):
+    name: str
+    cursor: str
+    age_s: float
+    in_flight: int
+    requests: int

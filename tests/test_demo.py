@@ -292,3 +292,33 @@ async def test_every_pane_fills_within_the_first_minute(tmp_path: Path) -> None:
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_demo_gateway_routes_to_the_demo_engines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=3, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    await until(lambda: asyncio.sleep(0, bool(urls)))
+    out = capsys.readouterr().out
+    gateway = out.split("gateway (OpenAI API, SMG): ", 1)[1].split()[0]
+    assert f"curl -s {gateway}/v1/chat/completions" in out
+    async with httpx.AsyncClient(timeout=10) as http:
+
+        async def routed() -> bool:
+            endpoints = (await http.get(f"{urls[0]}/v1/endpoints")).json()["endpoints"]
+            if not endpoints:
+                return False
+            body = {"model": endpoints[0]["model"], "messages": [{"role": "user", "content": "hi"}]}
+            try:
+                resp = await http.post(f"{gateway}/v1/chat/completions", json=body)
+            except httpx.HTTPError:
+                return False
+            return resp.status_code == 200
+
+        await until(routed, within=60)
+    stop.set()
+    assert await asyncio.wait_for(task, 30) == 0

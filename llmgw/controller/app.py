@@ -21,7 +21,9 @@ from llmgw import __version__
 from llmgw.controller.auth import (
     ADMIN_ROLES,
     AGENT_ROLES,
+    ENDPOINT_READERS,
     ENROLL_ROLES,
+    GATEWAY_ROLES,
     METRICS_ROLES,
     READ_ROLES,
     Identity,
@@ -30,6 +32,14 @@ from llmgw.controller.auth import (
 )
 from llmgw.controller.authorize import RefusalLog, report_refusal
 from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
+from llmgw.controller.endpoints import (
+    MAX_WAIT_S,
+    Gateways,
+    StopGate,
+    endpoint_of,
+    endpoints_since,
+    parse_cursor,
+)
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
@@ -45,6 +55,7 @@ from llmgw.wire import (
     EmptyRequest,
     EnrollReply,
     EnrollRequest,
+    GatewayStatus,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
@@ -60,6 +71,7 @@ REFUSALS = web.AppKey("refusals", RefusalLog)
 # What a node credential may do: report as its node (and say who it is).
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
+GATEWAYS = web.AppKey("gateways", Gateways)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -341,7 +353,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def list_replicas(request: web.Request) -> web.Response:
-    return json_models(request.app[FLEET].replica_views())
+    fleet = request.app[FLEET]
+    now = fleet.clock()
+    urls = {
+        rid: ep.url
+        for rid, rec in fleet.records.items()
+        if (ep := endpoint_of(fleet, rec, now)) is not None
+    }
+    return json_models(
+        [v.model_copy(update={"url": urls.get(v.id)}) for v in fleet.replica_views()]
+    )
 
 
 async def cordon(request: web.Request) -> web.Response:
@@ -401,6 +422,32 @@ async def drain_plan(request: web.Request) -> web.Response:
     return json_model(plan_drain(fleet, body.nodes))
 
 
+async def list_endpoints(request: web.Request) -> web.Response:
+    """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
+    fleet = request.app[FLEET]
+    since = request.query.get("since", "")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    after = parse_cursor(fleet, since)
+    if wait and after is not None and after >= fleet.revision:
+        await fleet.wait_changed(after, wait)
+    return json_model(endpoints_since(fleet, since))
+
+
+async def gateway_status(request: web.Request) -> web.Response:
+    body = await parse_body(request, GatewayStatus)
+    request.app[GATEWAYS].report(body)
+    return web.Response(status=204)
+
+
+async def list_gateways(request: web.Request) -> web.Response:
+    return json_models(request.app[GATEWAYS].views())
+
+
 # -- the factory ------------------------------------------------------------------------
 
 
@@ -422,6 +469,9 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("DELETE", "/v1/credentials/{node}", revoke_credential, ADMIN_ROLES),
     ("POST", "/v1/nodes/{name}/forget", forget_node, ADMIN_ROLES),
     ("GET", "/metrics", metrics, METRICS_ROLES),
+    ("GET", "/v1/endpoints", list_endpoints, ENDPOINT_READERS),
+    ("POST", "/v1/gateways/status", gateway_status, GATEWAY_ROLES),
+    ("GET", "/v1/gateways", list_gateways, READ_ROLES),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
@@ -452,6 +502,7 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
     app[METRICS].fleet = fleet
+    app[GATEWAYS] = Gateways(fleet)
 
     async def flush_every_second() -> None:
         while True:
@@ -468,7 +519,11 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    reconciler = Reconciler(app[FLEET], on_pass=app[METRICS].observe_reconcile)
+    reconciler = Reconciler(
+        app[FLEET],
+        StopGate(app[FLEET], app[GATEWAYS]),
+        on_pass=app[METRICS].observe_reconcile,
+    )
     task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
     yield
     task.cancel()

@@ -1,7 +1,8 @@
 """Bearer-token auth: who may report, who may read, who may change things.
 
 Kinds of token: agent (for /v1/agent/*), admin (mutations and reads), read
-(reads only), enroll (may only trade itself for a node's own credential). An
+(reads only), enroll (may only trade itself for a node's own credential),
+gateway (the endpoint feed and gateway status only), metrics (/metrics only). An
 agent token is either a node credential, which speaks for one node only (as
 Kubernetes' node authorizer has it), or a shared token, which may report as any
 node and is accepted only when the operator says so. With no token configured
@@ -24,6 +25,7 @@ class Role(StrEnum):
     READ = "read"
     ENROLL = "enroll"
     METRICS = "metrics"  # may only scrape /metrics
+    GATEWAY = "gateway"  # reads endpoints and posts gateway status, nothing else
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Tokens:
         env: dict[str, str] | None = None,
         files: dict[Role, Path | None] | None = None,
     ) -> Tokens:
-        """Tokens from LLMGW_{AGENT,ADMIN,READ,ENROLL}_TOKEN and/or token files.
+        """Tokens from LLMGW_{AGENT,ADMIN,READ,ENROLL,GATEWAY,METRICS}_TOKEN and/or token files.
 
         A token file holds one token per line, optionally `NAME TOKEN` so that
         several operators' actions are told apart; `#` starts a comment. In the
@@ -130,3 +132,5 @@ ENROLL_ROLES = frozenset({Role.ENROLL})
 READ_ROLES = frozenset({Role.AGENT, Role.ADMIN, Role.READ})
 ADMIN_ROLES = frozenset({Role.ADMIN})
 METRICS_ROLES = READ_ROLES | {Role.METRICS}
+GATEWAY_ROLES = frozenset({Role.GATEWAY})
+ENDPOINT_READERS = READ_ROLES | GATEWAY_ROLES

@@ -15,6 +15,7 @@ is derived from the same facts, so no two answers can disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import re
 import secrets
@@ -105,6 +106,12 @@ class FleetState:
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
+        # Replicas out of routing before their stop: id -> (revision, monotonic time)
+        # of the change that marked them (the gateway handshake, endpoints.py).
+        self._stopping: dict[str, tuple[int, float]] = {}
+        # Replica id -> when a gateway last saw a request for it (monotonic): idleness
+        # counts these as well as the engines' own counters, whichever is later.
+        self._gateway_activity: dict[str, float] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
         self._index_records()
         # Each node's last row content (the fingerprint the NODE changes come
@@ -152,6 +159,27 @@ class FleetState:
     @property
     def drain_blocked(self) -> Mapping[str, str]:
         return MappingProxyType(self._drain_blocked)
+
+    @property
+    def stopping(self) -> Mapping[str, tuple[int, float]]:
+        return MappingProxyType(self._stopping)
+
+    def replicas_on(self, node: str) -> list[ReplicaRecord]:
+        return list(self._by_node.get(node, ()))
+
+    def mark_stopping(self, replica_id: str) -> tuple[int, float]:
+        """Take a replica out of routing before it is stopped; returns (revision, when)."""
+        mark = self._stopping.get(replica_id)
+        if mark is None and replica_id in self._records:
+            revision = self._log.append(ChangeKind.REPLICA, replica_id)
+            mark = self._stopping[replica_id] = (revision, self.clock())
+        return mark or (self._log.revision, self.clock())
+
+    def note_requests(self, replica_ids: Iterable[str], now: float) -> None:
+        """A gateway saw new requests for these replicas (soft state, like reports)."""
+        for rid in replica_ids:
+            if rid in self._records:
+                self._gateway_activity[rid] = now
 
     # -- the change log ----------------------------------------------------------------
 
@@ -450,6 +478,7 @@ class FleetState:
         touched = {n for rid in doomed for n in self._records[rid].nodes} - {name}
         for rid in doomed:
             del self._records[rid]
+            self._stopping.pop(rid, None)
             self._log.append(ChangeKind.REPLICA, rid)
         self._index_records()
         if self._admin.pop(name, None) is not None:
@@ -539,6 +568,8 @@ class FleetState:
             touched.update(old.nodes if old else ())
             touched.update(rec.nodes)
             self._records[rec.id] = rec
+            if rec.state is ReplicaState.READY:
+                self._stopping.pop(rec.id, None)  # a cancelled drain: back in routing
             self._log.append(ChangeKind.REPLICA, rec.id)
         self._replicas_moved(touched)
 
@@ -550,6 +581,8 @@ class FleetState:
         touched: set[str] = set()
         for i in ids:
             touched.update(self._records.pop(i).nodes)
+            self._stopping.pop(i, None)
+            self._gateway_activity.pop(i, None)
             self._log.append(ChangeKind.REPLICA, i)
         self._replicas_moved(touched)
 
@@ -567,7 +600,12 @@ class FleetState:
                 continue
             for shard in entry.shards:
                 reported[(shard.replica_id, shard.rank)] = shard
-        return {rid: replica_status(rec, reported) for rid, rec in self._records.items()}
+        out = {rid: replica_status(rec, reported) for rid, rec in self._records.items()}
+        for rid, seen in self._gateway_activity.items():
+            status = out.get(rid)
+            if status is not None and (status.idle_since is None or seen > status.idle_since):
+                out[rid] = dataclasses.replace(status, idle_since=seen)
+        return out
 
     # -- views ------------------------------------------------------------------------------------
 

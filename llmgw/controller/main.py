@@ -66,6 +66,17 @@ def parser() -> argparse.ArgumentParser:
         help="export per-node series too (one series set per node: mind the cardinality)",
     )
     p.add_argument(
+        "--gateway-token-file",
+        type=Path,
+        help="tokens gateways read endpoints with (else LLMGW_GATEWAY_TOKEN)",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=60.0,
+        help="seconds a stopping replica waits for gateways to let go of it (default %(default)s)",
+    )
+    p.add_argument(
         "--grace-intervals",
         type=float,
         default=3.0,
@@ -134,6 +145,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--reconcile-interval", args.reconcile_interval),
         ("--idle-timeout", args.idle_timeout),
         ("--body-timeout", args.body_timeout),
+        ("--stop-grace", args.stop_grace),
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
@@ -145,6 +157,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         Role.READ: args.read_token_file,
         Role.ENROLL: args.enroll_token_file,
         Role.METRICS: args.metrics_token_file,
+        Role.GATEWAY: args.gateway_token_file,
     }
     try:
         tokens = Tokens.load(files=files)
@@ -183,6 +196,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         backoff_cap_s=args.backoff_cap,
         reconcile_interval_s=args.reconcile_interval,
         body_timeout_s=args.body_timeout,
+        stop_grace_s=args.stop_grace,
     )
 
 

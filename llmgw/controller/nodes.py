@@ -42,6 +42,7 @@ class ShardDigest(NamedTuple):
     state: ShardState
     idle_since: float | None  # controller monotonic time of last activity; None unknown
     error: str | None
+    port: int | None = None  # where the engine listens on the node's address
 
 
 class NodeDigest(NamedTuple):
@@ -119,6 +120,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             r.state,
             None if r.idle_seconds is None else received_at - r.idle_seconds,
             r.error,
+            r.port,
         )
         for r in report.replicas
     )

@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from llmgw.controller.endpoints import StopGate
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.store import ReplicaRecord, ShardRecord
@@ -107,10 +108,18 @@ def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
 
 class Reconciler:
     def __init__(
-        self, fleet: FleetState, on_pass: Callable[[float, bool], None] | None = None
+        self,
+        fleet: FleetState,
+        gate: StopGate | None = None,
+        on_pass: Callable[[float, bool], None] | None = None,
     ) -> None:
         self.fleet = fleet
+        self.gate = gate
         self.on_pass = on_pass  # told each pass's duration and whether it failed (metrics)
+
+    def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
+        """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
+        return ids if self.gate is None else self.gate.ready_to_stop(ids, force=force)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -202,14 +211,20 @@ class Reconciler:
         for node in draining:
             on_node = [r for r in fleet.records.values() if node in r.nodes]
             if fleet.admin_info(node).force:
-                fleet.remove_replicas(r.id for r in on_node)
+                forced = [r.id for r in on_node]
+                fleet.remove_replicas(self._stoppable(forced, force=True))
+                if any(rid in fleet.records for rid in forced):
+                    continue  # gateways are still letting go of them
                 on_node = []
-            # Replacements that are ready let their originals go.
-            done = [
-                r.id
-                for r in on_node
-                if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
-            ]
+            # Replacements that are ready let their originals go, once the
+            # gateways route to the stand-ins and have let go of the originals.
+            done = self._stoppable(
+                [
+                    r.id
+                    for r in on_node
+                    if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
+                ]
+            )
             fleet.remove_replicas(done)
             # Their stand-ins are ordinary replicas from now on.
             stand_ins = [fleet.records.get(by_replaced[rid].id) for rid in done]

@@ -27,6 +27,9 @@ class ControllerSettings:
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
+    # A replica marked stopping is stopped once every live gateway has let go of
+    # it, or after this long, whichever is first (endpoints.py).
+    stop_grace_s: float = 60.0
     max_body_bytes: int = MAX_BODY_BYTES
     body_timeout_s: float = 30.0  # to receive a request body; slower is a 408
     # `/metrics`: also served without a token on this loopback HOST:PORT; per-node series opt-in.

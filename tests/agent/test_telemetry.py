@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.cli import parser, make_builder, run_agent
+from agent.cli import make_builder, parser, run_agent
 from agent.sample_models import write_model
 from agent.telemetry import reason_kind
 from llmgw.controller.app import create_app

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
+import time
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from pytest_aiohttp import AiohttpClient
 
 from agent.fake_engine import FakeConfig, make_app
@@ -141,3 +144,59 @@ async def test_process_fail_after_exits_with_code() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 10)
     assert proc.returncode == 7
     assert b"simulated failure" in err
+
+
+async def test_chat_completions_whole_and_streamed(aiohttp_client: AiohttpClient) -> None:
+    client = await aiohttp_client(make_app(FakeConfig(model="m", load_seconds=0, latency_s=0)))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+    for path, payload in (
+        ("/v1/chat/completions", {"messages": messages}),
+        ("/v1/completions", {"prompt": "a b"}),
+    ):
+        resp = await client.post(path, json={**payload, "stream": True, "max_tokens": 3})
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [
+            line.removeprefix("data: ")
+            for line in (await resp.text()).splitlines()
+            if line.startswith("data: ")
+        ]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert len(chunks) == 4  # three tokens, then the finish reason
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+    assert (await client.post("/v1/chat/completions", json={"messages": []})).status == 400
+
+
+async def test_prefix_cache_counts_hits_and_answers_faster(aiohttp_client: AiohttpClient) -> None:
+    cfg = FakeConfig(load_seconds=0, latency_s=0.3, cached_latency_s=0.0)
+    client = await aiohttp_client(make_app(cfg))
+    words = [f"t{i}" for i in range(64)]  # four 16-token blocks
+    prompt = " ".join(words)
+
+    async def timed(text: str) -> float:
+        t0 = time.monotonic()
+        resp = await client.post("/v1/completions", json={"prompt": text, "max_tokens": 1})
+        assert resp.status == 200
+        return time.monotonic() - t0
+
+    cold = await timed(prompt)
+    warm = await timed(prompt)
+    other = await timed(" ".join(words[:32] + ["different"] * 40))
+    assert warm < cold / 2  # cached: much less than the uncached first-token delay
+    assert other > warm
+    text = await (await client.get("/metrics")).text()
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("vllm:prefix_cache")
+    }
+    assert samples["vllm:prefix_cache_queries_total"] == 64 + 64 + 72
+    assert samples["vllm:prefix_cache_hits_total"] == 64 + 32  # all, then the shared half

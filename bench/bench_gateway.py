@@ -1,0 +1,365 @@
+"""The gateway's data plane and control plane, measured in one run.
+
+Data plane, on the same fake engines (`python -m agent.fake_engine`, with a
+simulated prefix cache each):
+
+* direct to the engines (client-side round robin): the floor;
+* through SMG as `llmgw gateway` runs it (same options), `round_robin`;
+* the same, `cache_aware`.
+
+Workload: 32 system prompts of ~2,000 tokens, each behind many short user
+turns, streamed; at a fixed arrival rate and at saturation (closed loop).
+Each engine's cache holds about a quarter of all prefixes, so routing decides
+the hit rate. Figures: throughput, p50/p99 latency and time to first token, the
+latency the gateway adds over direct, the prefix-cache hit rate from the
+engines' own counters, and imbalance (max/mean requests per engine).
+
+Control plane: the time from a replica turning ready, or being marked
+stopping, to a long-polling gateway receiving the change, at 2,000 replicas
+(an in-process controller app over real HTTP).
+
+    python bench/bench_gateway.py [--engines 4] [--seconds 4] [--rate 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
+
+PROMPTS = 32
+PROMPT_TOKENS = 2000
+WORDS = [f"w{i}" for i in range(5000)]
+
+
+def system_prompts(seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=PROMPT_TOKENS)) for _ in range(PROMPTS)]
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name in (
+                "vllm:prefix_cache_queries_total",
+                "vllm:prefix_cache_hits_total",
+                "vllm:request_success_total",
+            ):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+async def one(
+    http: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    turn: str,
+    lat: list[float],
+    ttft: list[float],
+) -> bool:
+    body = {
+        "model": "bench",
+        "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": turn}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    t0 = time.perf_counter()
+    first = None
+    async with http.post(f"{url}/v1/chat/completions", json=body) as r:
+        if r.status != 200:
+            return False
+        async for line in r.content:
+            if first is None and line.startswith(b"data: "):
+                first = time.perf_counter() - t0
+    lat.append(time.perf_counter() - t0)
+    ttft.append(first or 0.0)
+    return True
+
+
+async def run_load(
+    targets: list[str], prompts: list[str], seconds: float, rate: float | None, seed: int
+) -> dict[str, float]:
+    """rate: Poisson arrivals per second; None: saturation with 32 clients."""
+    rng = random.Random(seed)
+    lat: list[float] = []
+    ttft: list[float] = []
+    failed = 0
+    counter = iter(range(10**9))
+    conn = aiohttp.TCPConnector(limit=256)
+    async with aiohttp.ClientSession(connector=conn) as http:
+
+        async def fire() -> None:
+            nonlocal failed
+            n = next(counter)
+            url = targets[n % len(targets)]
+            prompt = prompts[rng.randrange(PROMPTS)]
+            try:
+                ok = await one(http, url, prompt, f"user turn {n} {rng.random()}", lat, ttft)
+            except aiohttp.ClientError:
+                ok = False
+            failed += not ok
+
+        t0 = time.perf_counter()
+        if rate is None:
+
+            async def client() -> None:
+                while time.perf_counter() - t0 < seconds:
+                    await fire()
+
+            await asyncio.gather(*(client() for _ in range(32)))
+        else:
+            tasks = []
+            while time.perf_counter() - t0 < seconds:
+                tasks.append(asyncio.create_task(fire()))
+                await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return {
+        "rps": len(lat) / wall,
+        "p50": pct(lat, 50) * 1e3,
+        "p99": pct(lat, 99) * 1e3,
+        "ttft50": pct(ttft, 50) * 1e3,
+        "ttft99": pct(ttft, 99) * 1e3,
+        "failed": failed,
+    }
+
+
+def start_engines(n: int, cache_blocks: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    procs, urls = [], []
+    for _ in range(n):
+        port = free_loopback_port()
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent.fake_engine",
+                    "--port",
+                    str(port),
+                    "--model",
+                    "bench",
+                    "--load-seconds",
+                    "0",
+                    "--latency",
+                    "0.030",
+                    "--cached-latency",
+                    "0.003",
+                    "--cache-blocks",
+                    str(cache_blocks),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+async def reset_caches(urls: list[str]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for u in urls:
+            async with http.post(f"{u}/reset_prefix_cache") as r:
+                r.raise_for_status()
+
+
+async def engine_totals(urls: list[str]) -> list[dict[str, float]]:
+    async with aiohttp.ClientSession() as http:
+        return [await scrape(http, u) for u in urls]
+
+
+def routing_figures(before: list[dict[str, float]], after: list[dict[str, float]]) -> str:
+    def delta(name: str) -> list[float]:
+        return [a.get(name, 0) - b.get(name, 0) for a, b in zip(after, before, strict=True)]
+
+    q, h = sum(delta("vllm:prefix_cache_queries_total")), sum(delta("vllm:prefix_cache_hits_total"))
+    per = delta("vllm:request_success_total")
+    mean = statistics.mean(per) or 1
+    return f"hit {h / q if q else 0:5.1%}  imbalance {max(per) / mean:4.2f}"
+
+
+async def data_plane(args: argparse.Namespace) -> None:
+    prompts = system_prompts()
+    # Each engine holds about a quarter of the 32 prefixes (125 blocks each).
+    cache_blocks = PROMPTS * (PROMPT_TOKENS // 16) // args.engines
+    procs, urls = start_engines(args.engines, cache_blocks)
+    gateways: dict[str, tuple[Smg, asyncio.Task[None]]] = {}
+    try:
+        await asyncio.sleep(1.5)
+        for policy in ("round_robin", "cache_aware"):
+            work = Path(tempfile.mkdtemp(prefix=f"bench-gw-{policy}-"))
+            smg = Smg(
+                SmgOptions(
+                    host="127.0.0.1",
+                    port=free_loopback_port(),
+                    policy=policy,
+                    keys=[],
+                    workdir=work,
+                )
+            )
+            smg.write_workers(urls)
+            task = asyncio.create_task(smg.run())
+            await smg.started.wait()
+            while sum((await smg.workers()).values()) < len(urls):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            gateways[policy] = (smg, task)
+        modes = [("direct", urls)] + [(p, [g[0].base]) for p, g in gateways.items()]
+        print(
+            f"{args.engines} fake engines, {PROMPTS} system prompts x {PROMPT_TOKENS} tokens,"
+            f" cache {cache_blocks} blocks/engine; {args.seconds:g}s per run\n"
+        )
+        for label, rate in ((f"fixed {args.rate:g} req/s", args.rate), ("saturation", None)):
+            print(f"## {label}")
+            base = None
+            for seed, (mode, targets) in enumerate(modes):
+                await reset_caches(urls)  # every mode starts cold
+                before = await engine_totals(urls)
+                r = await run_load(targets, prompts, args.seconds, rate, seed)
+                after = await engine_totals(urls)
+                # Added latency: round_robin routes as the direct client does, so
+                # the difference is the gateway's own cost.
+                added = (
+                    f"  +p50 {r['p50'] - base:5.2f} ms" if mode == "round_robin" and base else ""
+                )
+                base = r["p50"] if base is None else base
+                print(
+                    f"{mode:12} {r['rps']:7.1f} req/s  p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms"
+                    f"  ttft p50 {r['ttft50']:5.1f} p99 {r['ttft99']:5.1f} ms"
+                    f"  {routing_figures(before, after)}  failed {r['failed']}{added}"
+                )
+            print()
+    finally:
+        for _, task in gateways.values():
+            task.cancel()
+        for _, task in gateways.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+
+async def control_plane(replicas: int) -> None:
+    from aiohttp.test_utils import TestServer
+
+    from llmgw.controller.app import FLEET, create_app
+    from llmgw.controller.reconcile import Reconciler
+    from llmgw.controller.settings import ControllerSettings
+    from llmgw.wire import ModelSpec, NodeReport
+
+    state = Path(tempfile.mkdtemp(prefix="bench-gw-cp-"))
+    app = create_app(ControllerSettings(state_dir=state, reconcile_interval_s=3600))
+    server = TestServer(app)
+    await server.start_server()
+    fleet = app[FLEET]
+    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=replicas, gpus_per_shard=1)])
+
+    def report(i: int, ready: bool) -> NodeReport:
+        node = f"n{i:05d}"
+        gpu = {
+            "uuid": f"GPU-{i}",
+            "index": 0,
+            "gpu_class": "H100-SXM-80GB",
+            "memory_total_mib": 81920,
+            "health": "healthy",
+        }
+        shards = [
+            {"id": a.replica_id, "model": "m", "state": "ready", "gpus": a.gpus, "port": 8000}
+            for a in fleet.assignments_for(node)
+        ]
+        return NodeReport.model_validate(
+            {
+                "node": node,
+                "agent_version": "bench",
+                "boot_id": "b",
+                "interval_s": 3600,
+                "address": f"10.{i // 250}.{i % 250}.1",
+                "gpus": [gpu],
+                "replicas": shards if ready else [],
+            }
+        )
+
+    reconciler = Reconciler(fleet)
+    for i in range(replicas):
+        fleet.ingest(report(i, False))
+    reconciler.tick()
+    for i in range(replicas - 1):  # all but one ready
+        fleet.ingest(report(i, True))
+    reconciler.tick()
+    base = str(server.make_url(""))
+    async with aiohttp.ClientSession() as http:
+        t0 = time.perf_counter()
+        async with http.get(f"{base}/v1/endpoints") as r:
+            full = await r.json()
+        full_ms = (time.perf_counter() - t0) * 1e3
+
+        async def until(cursor: str, want: object) -> tuple[float, str]:
+            t = time.perf_counter()
+            while True:
+                url = f"{base}/v1/endpoints?since={cursor}&wait=10"
+                async with http.get(url) as r:
+                    delta = await r.json()
+                cursor = delta["cursor"]
+                if want in {(e["replica_id"], e["state"]) for e in delta["endpoints"]}:
+                    return (time.perf_counter() - t) * 1e3, cursor
+
+        results = []
+        cursor = full["cursor"]
+        for what in ("ready", "stopping"):
+            last = f"n{replicas - 1:05d}"
+            rid = fleet.replicas_on(last)[0].id if what == "ready" else sorted(fleet.records)[0]
+            want = (rid, "serving" if what == "ready" else "stopping")
+            poll = asyncio.create_task(until(cursor, want))
+            await asyncio.sleep(0.2)  # the poll is waiting
+            t_change = time.perf_counter()
+            if what == "ready":
+                fleet.ingest(report(replicas - 1, True))
+                reconciler.tick()
+            else:
+                fleet.mark_stopping(rid)
+            ms, cursor = await poll
+            results.append((what, (time.perf_counter() - t_change) * 1e3))
+    await server.close()
+    print(f"## control plane at {replicas} replicas")
+    print(f"full endpoint answer: {len(full['endpoints'])} endpoints in {full_ms:.1f} ms")
+    for what, ms in results:
+        print(f"replica {what:9} -> gateway has the change: {ms:6.1f} ms (target < 1000)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--rate", type=float, default=40.0)
+    p.add_argument("--replicas", type=int, default=2000)
+    args = p.parse_args()
+    asyncio.run(data_plane(args))
+    asyncio.run(control_plane(args.replicas))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The gateway's side of the controller: the endpoint feed, gateway status, the stop gate.
+
+* The endpoint feed (`GET /v1/endpoints?since=CURSOR[&wait=S]`) derives from the
+  fleet's change log: which replicas serve, where their rank-0 engine listens,
+  and which are `stopping` (out of routing, finishing requests).
+* Gateways post their status every second (`POST /v1/gateways/status`): the
+  cursor they have applied and their requests in flight per replica.
+* The stop gate lets the reconcile loop stop a replica only once every gateway
+  heard from in the last `LIVE_S` seconds has applied the change that marked it
+  stopping and has nothing in flight to it, or after the stop grace. So no
+  gateway can send a request to an engine that is already stopping (the race
+  Kubernetes answers with `preStop: sleep`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from llmgw.controller.changes import ChangeKind, HistoryLost
+from llmgw.controller.fleet import BadCursor, FleetState
+from llmgw.controller.store import ReplicaRecord
+from llmgw.wire import (
+    Endpoint,
+    EndpointsDelta,
+    GatewayStatus,
+    GatewayView,
+    NodeState,
+    ReplicaState,
+    ShardState,
+)
+
+LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
+MAX_WAIT_S = 30.0  # the longest long poll
+
+_CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
+_SERVING_STATES = (ReplicaState.READY, ReplicaState.DRAINING)
+
+
+def parse_cursor(fleet: FleetState, since: str) -> int | None:
+    """The revision a cursor stands for; None when it is empty or from another run."""
+    if not since:
+        return None
+    m = _CURSOR.fullmatch(since)
+    if m is None:
+        raise BadCursor(since)
+    return int(m.group(2)) if m.group(1).lower() == fleet.epoch else None
+
+
+def endpoint_of(fleet: FleetState, rec: ReplicaRecord, now: float) -> Endpoint | None:
+    """Where a replica is served, or None while it is not in routing."""
+    if rec.state not in _SERVING_STATES:
+        return None
+    leader = rec.shards[0].node
+    entry = fleet.nodes.get(leader)
+    if entry is None or not entry.address:
+        return None
+    if fleet.state_of(leader, now) is NodeState.UNREACHABLE:
+        return None  # at once: not after the replacement delay
+    shard = next((s for s in entry.shards if s.replica_id == rec.id and s.rank == 0), None)
+    if shard is None or shard.port is None or shard.state is ShardState.FAILED:
+        return None
+    host = f"[{entry.address}]" if ":" in entry.address else entry.address
+    fabrics = entry.digest.fabrics
+    return Endpoint(
+        replica_id=rec.id,
+        model=rec.model,
+        url=f"http://{host}:{shard.port}",
+        node=leader,
+        fabric=fabrics[0] if fabrics else None,
+        state="stopping" if rec.id in fleet.stopping else "serving",
+    )
+
+
+def endpoints_since(fleet: FleetState, since: str) -> EndpointsDelta:
+    after = parse_cursor(fleet, since)
+    now = fleet.clock()
+    fleet.advance_time(now)
+    records = fleet.records
+    changed: set[str] | None = None
+    if after is not None:
+        try:
+            changes = fleet.changes_since(after)
+        except HistoryLost:
+            changes = None
+        if changes is not None:
+            changed = set()
+            for c in changes:
+                if c.kind is ChangeKind.REPLICA:
+                    changed.add(c.key)
+                elif c.kind in (ChangeKind.NODE, ChangeKind.ASSIGNMENTS):
+                    changed.update(r.id for r in fleet.replicas_on(c.key))
+    endpoints: list[Endpoint] = []
+    removed: list[str] = []
+    ids = sorted(records) if changed is None else sorted(changed)
+    for rid in ids:
+        rec = records.get(rid)
+        ep = None if rec is None else endpoint_of(fleet, rec, now)
+        if ep is not None:
+            endpoints.append(ep)
+        elif changed is not None:
+            removed.append(rid)
+    return EndpointsDelta(
+        cursor=f"{fleet.epoch}.{fleet.revision}",
+        full=changed is None,
+        endpoints=endpoints,
+        removed=removed,
+        unserved=unserved_reasons(fleet, now),
+    )
+
+
+def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
+    """Each declared model with no serving endpoint, and why, in words."""
+    serving: set[str] = set()
+    starting: dict[str, int] = {}
+    for rec in fleet.records.values():
+        if rec.model in serving:
+            continue
+        ep = endpoint_of(fleet, rec, now)
+        if ep is not None and ep.state == "serving":
+            serving.add(rec.model)
+        elif rec.state is ReplicaState.STARTING:
+            starting[rec.model] = starting.get(rec.model, 0) + 1
+    out = {}
+    for name in fleet.models:
+        if name in serving:
+            continue
+        reason = fleet.unplaceable_reasons.get(name)
+        n = starting.get(name, 0)
+        if reason is None and n:
+            reason = f"{n} replica{'s' if n > 1 else ''} starting"
+        out[name] = reason or "no replica is serving yet"
+    return out
+
+
+@dataclass
+class GatewaySeen:
+    name: str
+    cursor: str
+    revision: int | None  # what it has applied, in this controller run's revisions
+    in_flight: dict[str, int]
+    requests: dict[str, int]
+    at: float  # monotonic
+
+
+@dataclass
+class Gateways:
+    """The gateways that report, as last heard (soft state: rebuilt within a second)."""
+
+    fleet: FleetState
+    seen: dict[str, GatewaySeen] = field(default_factory=dict)
+
+    def report(self, status: GatewayStatus) -> None:
+        now = self.fleet.clock()
+        try:
+            revision = parse_cursor(self.fleet, status.cursor)
+        except BadCursor:
+            revision = None
+        old = self.seen.get(status.name)
+        before = old.requests if old else {}
+        # New requests since its last status; a gateway's first status only sets the base.
+        self.fleet.note_requests(
+            (rid for rid, n in status.requests.items() if n > before.get(rid, 0 if old else n)),
+            now,
+        )
+        self.seen[status.name] = GatewaySeen(
+            status.name,
+            status.cursor,
+            revision,
+            dict(status.in_flight),
+            dict(status.requests),
+            now,
+        )
+
+    def live(self, now: float) -> list[GatewaySeen]:
+        return [g for g in self.seen.values() if now - g.at <= LIVE_S]
+
+    def views(self) -> list[GatewayView]:
+        now = self.fleet.clock()
+        return [
+            GatewayView(
+                name=g.name,
+                cursor=g.cursor,
+                age_s=round(now - g.at, 1),
+                in_flight=sum(g.in_flight.values()),
+                requests=sum(g.requests.values()),
+            )
+            for g in sorted(self.seen.values(), key=lambda g: g.name)
+        ]
+
+
+class StopGate:
+    """Decides when a replica that must stop may be stopped (see the module docstring)."""
+
+    def __init__(self, fleet: FleetState, gateways: Gateways) -> None:
+        self.fleet = fleet
+        self.gateways = gateways
+
+    def ready_to_stop(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
+        """Mark each replica stopping (once); return those every live gateway let go of.
+
+        `force`: a forced drain waits for the gateways to stop routing to the
+        replica, not for its requests in flight to finish."""
+        fleet = self.fleet
+        now = fleet.clock()
+        live = self.gateways.live(now)
+        grace = fleet.settings.stop_grace_s
+        out = []
+        for rid in ids:
+            revision, marked_at = fleet.mark_stopping(rid)
+            if not live or now - marked_at >= grace:
+                out.append(rid)
+                continue
+            if all(
+                g.revision is not None
+                and g.revision >= revision
+                and (force or g.in_flight.get(rid, 0) == 0)
+                for g in live
+            ):
+                out.append(rid)
+        return out

@@ -1,0 +1,111 @@
+"""`llmgw gateway`: parse options, check they are safe, run SMG and the follower."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from llmgw.controller.settings import is_loopback, split_listen
+from llmgw.gateway.keys import ENV_KEY, load_keys
+from llmgw.gateway.smg import Smg, SmgOptions
+from llmgw.gateway.sync import Follower
+
+POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
+TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw gateway",
+        description="The OpenAI-compatible endpoint for every model: SMG, its workers kept "
+        "equal to the controller's serving endpoints.",
+    )
+    p.add_argument("--controller", required=True, help="the controller's URL")
+    p.add_argument(
+        "--token-file", type=Path, help=f"the controller's gateway token (else {TOKEN_ENV})"
+    )
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        help=f"client keys, `KEY` or `TENANT KEY` per line (else {ENV_KEY})",
+    )
+    p.add_argument("--policy", choices=POLICIES, default="cache_aware")
+    p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
+    p.add_argument(
+        "--work-dir", type=Path, help="SMG's worker manifest and log (default: a temp dir)"
+    )
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def _token(path: Path | None) -> str | None:
+    if path is not None:
+        try:
+            lines = [x.split("#", 1)[0].strip() for x in path.read_text().splitlines()]
+        except OSError as exc:
+            raise ValueError(f"cannot read --token-file: {exc}") from exc
+        tokens = [x.rpartition(" ")[2] for x in lines if x]
+        if not tokens:
+            raise ValueError(f"--token-file {path} holds no token")
+        return tokens[0]
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+async def _serve(follower: Follower, smg: Smg) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    for t in [*tasks, waiter]:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    for t in done:
+        if t is not waiter and not t.cancelled() and t.exception():
+            raise t.exception()  # type: ignore[misc]
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        host, port = split_listen(args.listen)
+        keys = load_keys(args.api_key_file)
+        token = _token(args.token_file)
+    except ValueError as exc:
+        print(f"llmgw gateway: {exc}", file=sys.stderr)
+        return 2
+    if not keys and not is_loopback(host):
+        print(
+            f"llmgw gateway: refusing to listen on {host} without client keys: anyone on the "
+            f"network could use every model. Give --api-key-file (or {ENV_KEY}), or listen "
+            "on 127.0.0.1.",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = args.work_dir or Path(tempfile.mkdtemp(prefix="llmgw-gateway-"))
+    smg = Smg(SmgOptions(host=host, port=port, policy=args.policy, keys=keys, workdir=workdir))
+    follower = Follower(args.controller, token, args.name, smg)
+    auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
+    print(
+        f"llmgw gateway {args.name} listening on http://{args.listen} (policy {args.policy}, "
+        f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log",
+        flush=True,
+    )
+    asyncio.run(_serve(follower, smg))
+    return 0

@@ -1,0 +1,228 @@
+"""SMG as a child process: start it, watch it, restart it with backoff, read it.
+
+Facts this relies on (smg 1.13):
+
+* `smg launch --discovery-provider file --discovery-file F` rereads the JSON
+  manifest `{"version": 1, "workers": [{"url": ...}]}` as soon as it changes,
+  and registers or removes workers to match; each worker's model comes from its
+  `/v1/models`. So the gateway owns the worker set through one file.
+* `GET /workers` lists what SMG has registered; with any client key set it
+  needs a control-plane key, which only this process knows (a fresh random
+  one per start). Client keys are SMG tenant keys (`--tenant-api-key T:K`).
+* Prometheus metrics are served on `--prometheus-host/--prometheus-port`,
+  here a loopback port only this process knows: `smg_worker_requests_active
+  {worker=URL}` (in flight) and `smg_worker_requests_total{worker=URL,model}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmgw.gateway.keys import ApiKey
+
+log = logging.getLogger("llmgw.gateway.smg")
+
+BACKOFF_START_S = 0.5
+BACKOFF_CAP_S = 10.0
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SmgOptions:
+    host: str
+    port: int
+    policy: str
+    keys: list[ApiKey]
+    workdir: Path
+    log_level: str = "warn"
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    in_flight: dict[str, int]  # worker URL -> requests running
+    requests: dict[str, int]  # worker URL -> requests sent, ever (this SMG run)
+
+
+class Smg:
+    """One SMG child at a time; `run()` keeps one up until cancelled."""
+
+    def __init__(self, options: SmgOptions) -> None:
+        self.options = options
+        self.manifest = options.workdir / "workers.json"
+        self.admin_key = secrets.token_urlsafe(24)
+        self.metrics_port = free_loopback_port()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started = asyncio.Event()  # set while a child answers
+        self.runs = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: list[str] = []
+
+    @property
+    def base(self) -> str:
+        host = self.options.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.options.port}"
+
+    def argv(self) -> list[str]:
+        o = self.options
+        argv = [
+            sys.executable,
+            "-m",
+            "smg",
+            "launch",
+            "--host",
+            o.host,
+            "--port",
+            str(o.port),
+            "--policy",
+            o.policy,
+            "--discovery-provider",
+            "file",
+            "--discovery-file",
+            str(self.manifest),
+            "--discovery-check-interval-secs",
+            "1",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--control-plane-api-keys",
+            f"llmgw:llmgw-gateway:admin:{self.admin_key}",
+            "--health-check-interval-secs",
+            "2",
+            "--log-level",
+            o.log_level,
+        ]
+        for k in o.keys:
+            argv += ["--tenant-api-key", f"{k.tenant}:{k.key}"]
+        return argv + o.extra
+
+    def write_workers(self, urls: Iterable[str]) -> None:
+        """Replace the manifest atomically: SMG never reads half a file."""
+        self._urls = sorted(set(urls))
+        body = {"version": 1, "workers": [{"url": u} for u in self._urls]}
+        tmp = self.manifest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body, indent=1))
+        os.replace(tmp, self.manifest)
+
+    async def run(self) -> None:
+        """Keep SMG running: restart with backoff, one log line per outage."""
+        self.options.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.manifest.exists():
+            self.write_workers([])
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
+        backoff = BACKOFF_START_S
+        try:
+            while True:
+                log_path = self.options.workdir / "smg.log"
+                # In our process group, so that whoever kills the gateway's group
+                # kills SMG with it.
+                with log_path.open("ab") as out:
+                    self.proc = await asyncio.create_subprocess_exec(
+                        *self.argv(), stdout=out, stderr=asyncio.subprocess.STDOUT
+                    )
+                self.runs += 1
+                t0 = time.monotonic()
+                code = await self._watch(self.proc)
+                self.started.clear()
+                if time.monotonic() - t0 > 30:
+                    backoff = BACKOFF_START_S  # it ran well: a new outage
+                log.warning(
+                    "SMG exited with code %s (log: %s); restarting in %.1fs",
+                    code,
+                    log_path,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_CAP_S, backoff * 2)
+        finally:
+            await self.stop()
+            await self._session.close()
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> int:
+        exited = asyncio.create_task(proc.wait())
+        while not self.started.is_set() and not exited.done():
+            if await self._answers():
+                self.started.set()
+                if self.runs > 1:
+                    log.warning("SMG is back (start %d)", self.runs)
+                break
+            await asyncio.sleep(0.1)
+        return await exited
+
+    async def _answers(self) -> bool:
+        try:
+            await self.workers()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        return True
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    # -- reading SMG ------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("SMG is not running")
+        return self._session
+
+    async def workers(self) -> dict[str, bool]:
+        """Registered worker URL -> whether SMG routes to it (healthy and ready)."""
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        async with self._http().get(f"{self.base}/workers", headers=headers) as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+        return {
+            w["url"]: bool(w.get("is_healthy")) and w.get("status", "ready") == "ready"
+            for w in body.get("workers", [])
+        }
+
+    async def load(self) -> WorkerLoad:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        async with self._http().get(url) as resp:
+            resp.raise_for_status()
+            text = await resp.text()
+        in_flight: dict[str, int] = {}
+        requests: dict[str, int] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                worker = s.labels.get("worker")
+                if worker is None:
+                    continue
+                if s.name == "smg_worker_requests_active":
+                    in_flight[worker] = in_flight.get(worker, 0) + int(s.value)
+                elif s.name == "smg_worker_requests_total":
+                    requests[worker] = requests.get(worker, 0) + int(s.value)
+        return WorkerLoad(in_flight, requests)

@@ -1,0 +1,182 @@
+"""Keep SMG's workers equal to the controller's serving endpoints; report status.
+
+The follower long-polls `GET /v1/endpoints?since=CURSOR&wait=S`, so it learns
+a change as soon as the controller makes it. Applying a change to SMG is two
+steps when workers both come and go (a drain): first the new workers are
+added beside the old ones, and only once SMG routes to them are the old ones
+removed, so a model never has zero workers in between. A cursor counts as
+applied only once SMG's own worker list shows it; that applied cursor, and
+the requests in flight per replica read after it, are what the status posts
+every second tell the controller, whose stop gate waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from llmgw.gateway.explain import Explainer
+from llmgw.gateway.smg import Smg
+from llmgw.wire import Endpoint, EndpointsDelta
+
+log = logging.getLogger("llmgw.gateway")
+
+POLL_WAIT_S = 10.0
+STATUS_EVERY_S = 1.0
+APPLY_TIMEOUT_S = 5.0
+
+
+class Outage:
+    """Log a failure once when it starts and once when it ends, not every retry."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("%s failing: %s (retrying quietly)", self.what, exc or type(exc).__name__)
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.warning("%s back after %.1fs", self.what, time.monotonic() - self.since)
+            self.since = None
+
+
+class Follower:
+    def __init__(self, controller: str, token: str | None, name: str, smg: Smg) -> None:
+        self.controller = controller.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.name = name
+        self.smg = smg
+        self.explainer = Explainer()
+        self.endpoints: dict[str, Endpoint] = {}
+        self.unserved: dict[str, str] = {}
+        self.cursor = ""  # the latest answer's
+        self.applied = ""  # the latest SMG has been seen to follow
+        self.changed = asyncio.Event()
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
+        await self.explainer.start()
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
+                await asyncio.gather(self._poll(http), self._apply_loop(), self._status(http))
+        finally:
+            await self.explainer.stop()
+
+    # -- following the controller ----------------------------------------------------
+
+    async def _poll(self, http: aiohttp.ClientSession) -> None:
+        outage = Outage(f"controller {self.controller}")
+        while True:
+            wait = POLL_WAIT_S if self.cursor else 0
+            url = f"{self.controller}/v1/endpoints"
+            try:
+                async with http.get(url, params={"since": self.cursor, "wait": str(wait)}) as r:
+                    if r.status in (401, 403):
+                        raise RuntimeError(f"{r.status}: {(await r.json()).get('error')}")
+                    r.raise_for_status()
+                    delta = EndpointsDelta.model_validate_json(await r.read())
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
+                outage.failed(exc)
+                await asyncio.sleep(1.0)
+                continue
+            outage.ok()
+            self._take(delta)
+
+    def _take(self, delta: EndpointsDelta) -> None:
+        if delta.full:
+            self.endpoints = {}
+        for rid in delta.removed:
+            self.endpoints.pop(rid, None)
+        for ep in delta.endpoints:
+            self.endpoints[ep.replica_id] = ep
+        if delta.unserved != self.unserved:
+            self.unserved = dict(delta.unserved)
+            self.changed.set()
+        if delta.cursor != self.cursor:
+            self.cursor = delta.cursor
+            self.changed.set()
+
+    # -- applying to SMG -----------------------------------------------------------------
+
+    def serving_urls(self) -> set[str]:
+        """SMG's workers: the serving engines, and an explainer per unserved model."""
+        urls = {e.url for e in self.endpoints.values() if e.state == "serving"}
+        return urls | self.explainer.set_unserved(self.unserved)
+
+    async def _apply_loop(self) -> None:
+        outage = Outage("SMG worker sync")
+        while True:
+            await self.changed.wait()
+            self.changed.clear()
+            cursor = self.cursor
+            try:
+                await self.smg.started.wait()
+                await self._apply(self.serving_urls())
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                outage.failed(exc)
+                self.changed.set()  # try again shortly
+                await asyncio.sleep(0.5)
+                continue
+            outage.ok()
+            self.applied = cursor
+
+    async def _apply(self, serving: set[str]) -> None:
+        current = await self.smg.workers()
+        adding = serving - set(current)
+        if adding and set(current) - serving:
+            # Add first: the old workers leave only once the new ones take requests
+            # (an explainer leaves at once: it never served).
+            keep = {u for u in current if not self.explainer.owns(u)}
+            self.smg.write_workers(serving | keep)
+            await self._until(lambda w: all(w.get(u) for u in adding), required=False)
+        self.smg.write_workers(serving)
+        await self._until(lambda w: not set(w) - serving, required=True)
+
+    async def _until(self, done: Callable[[dict[str, bool]], bool], *, required: bool) -> None:
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while not done(await self.smg.workers()):
+            if time.monotonic() > deadline:
+                if required:
+                    raise TimeoutError("SMG did not take the new worker list")
+                return  # a new worker SMG cannot reach must not hold up the rest
+            await asyncio.sleep(0.02)
+
+    # -- status ---------------------------------------------------------------------------------
+
+    async def _status(self, http: aiohttp.ClientSession) -> None:
+        outage = Outage("gateway status to the controller")
+        while True:
+            await asyncio.sleep(STATUS_EVERY_S)
+            cursor = self.applied  # in flight is read after it was applied
+            by_url = {e.url: rid for rid, e in self.endpoints.items()}
+            in_flight: dict[str, int] = {}
+            requests: dict[str, int] = {}
+            try:
+                load = await self.smg.load()
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+                load = None  # SMG is down: nothing is in flight through it
+            if load is not None:
+                for url, rid in by_url.items():
+                    in_flight[rid] = load.in_flight.get(url, 0)
+                    requests[rid] = load.requests.get(url, 0)
+            body = {
+                "name": self.name,
+                "cursor": cursor,
+                "in_flight": in_flight,
+                "requests": requests,
+            }
+            try:
+                async with http.post(f"{self.controller}/v1/gateways/status", json=body) as r:
+                    r.raise_for_status()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                outage.failed(exc)
+                continue
+            outage.ok()

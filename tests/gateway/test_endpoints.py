@@ -1,0 +1,140 @@
+"""The endpoint feed and the stop gate, against a simulated fleet (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmgw.controller.endpoints import Gateways, StopGate, endpoints_since
+from llmgw.controller.fleet import FleetState
+from llmgw.controller.reconcile import Reconciler
+from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec
+from tests.controller.fleet_factories import FakeClock, make_fleet, report
+
+MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_shard=8)
+
+
+class Sim:
+    def __init__(self, tmp_path: Path, **settings: float) -> None:
+        self.clock = FakeClock()
+        self.fleet: FleetState = make_fleet(tmp_path, self.clock, **settings)
+        self.gateways = Gateways(self.fleet)
+        self.reconciler = Reconciler(self.fleet, StopGate(self.fleet, self.gateways))
+        self.nodes = ["gpu1", "gpu2"]
+        self.down: set[str] = set()
+        self.idle_s = 0.0  # what every engine says of its idleness
+
+    def step(self) -> None:
+        self.clock.advance(1.0)
+        for i, node in enumerate(self.nodes):
+            if node in self.down:
+                continue
+            shards = [
+                {
+                    "id": a.replica_id,
+                    "model": a.model,
+                    "rank": a.rank,
+                    "state": "ready",
+                    "gpus": a.gpus,
+                    "port": 8000 + i,
+                    "idle_seconds": self.idle_s,
+                }
+                for a in self.fleet.assignments_for(node)
+            ]
+            rep = report(node, replicas=shards).model_copy(update={"address": f"10.0.0.{i + 1}"})
+            self.fleet.ingest(rep)
+        self.reconciler.tick()
+
+    def gateway(self, name: str, cursor: str, in_flight: dict[str, int] | None = None) -> None:
+        self.gateways.report(GatewayStatus(name=name, cursor=cursor, in_flight=in_flight or {}))
+
+
+def test_feed_gives_urls_then_only_changes(tmp_path: Path) -> None:
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    assert endpoints_since(sim.fleet, "").endpoints == []  # starting: not in routing
+    assert endpoints_since(sim.fleet, "").unserved == {"llama": "1 replica starting"}
+    sim.step()
+    full = endpoints_since(sim.fleet, "")
+    assert full.full and full.unserved == {}
+    (ep,) = full.endpoints
+    assert ep.state == "serving" and ep.url.startswith("http://10.0.0.") and ep.fabric == "ib-a"
+    quiet = endpoints_since(sim.fleet, full.cursor)
+    assert not quiet.full and quiet.endpoints == [] and quiet.removed == []
+    # A node turning unreachable leaves routing at once (not after replace_after_s).
+    sim.down.add(ep.node)
+    for _ in range(30):
+        sim.step()
+    gone = endpoints_since(sim.fleet, quiet.cursor)
+    assert ep.replica_id in gone.removed
+
+
+def test_a_drain_waits_for_every_live_gateway(tmp_path: Path) -> None:
+    sim = Sim(tmp_path, stop_grace_s=30.0)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (old,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
+    sim.fleet.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    for _ in range(4):
+        sim.step()
+    view = {e.replica_id: e.state for e in endpoints_since(sim.fleet, "").endpoints}
+    assert view[old.replica_id] == "stopping" and list(view.values()).count("serving") == 1
+    # The gateway has not applied the change yet: the old replica keeps running.
+    sim.step()
+    assert old.replica_id in sim.fleet.records
+    # Applied, but a request is still in flight to it: still running.
+    cursor = endpoints_since(sim.fleet, "").cursor
+    sim.gateway("gw-a", cursor, {old.replica_id: 1})
+    sim.step()
+    assert old.replica_id in sim.fleet.records
+    sim.gateway("gw-a", cursor, {old.replica_id: 0})
+    sim.step()
+    assert old.replica_id not in sim.fleet.records
+    assert sim.fleet.row(old.node).admin.drained
+
+
+def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
+    sim = Sim(tmp_path, stop_grace_s=5.0)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (old,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateway("stuck", "")  # reports, never applies anything
+    sim.fleet.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    for _ in range(4):
+        sim.step()
+        sim.gateway("stuck", "")
+    assert old.replica_id in sim.fleet.records
+    for _ in range(5):
+        sim.step()
+        sim.gateway("stuck", "")
+    assert old.replica_id not in sim.fleet.records
+
+    sim2 = Sim(tmp_path / "b")
+    sim2.fleet.put_models([MODEL])
+    sim2.step()
+    sim2.step()
+    (ep,) = endpoints_since(sim2.fleet, "").endpoints
+    sim2.fleet.set_flag(ep.node, AdminFlag.DRAINING, "bios", "ops", force=True)
+    sim2.step()
+    assert ep.replica_id not in sim2.fleet.records  # as before gateways existed
+
+
+def test_requests_seen_by_a_gateway_count_for_idleness(tmp_path: Path) -> None:
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.idle_s = 900.0  # the engine's counters say: nothing for 15 minutes
+    sim.step()
+    (view,) = sim.fleet.replica_views()
+    assert view.idle_seconds == 900.0
+    rid = view.id
+    sim.gateways.report(GatewayStatus(name="gw", requests={rid: 5}))  # a first status: a base
+    assert sim.fleet.replica_views()[0].idle_seconds == 900.0
+    sim.clock.advance(2.0)
+    sim.gateways.report(GatewayStatus(name="gw", requests={rid: 6}))
+    sim.clock.advance(3.0)
+    assert sim.fleet.replica_views()[0].idle_seconds == 3.0
+    assert sim.fleet.summary().idle_replicas == []

@@ -1,0 +1,239 @@
+"""`llmgw gateway` end to end: a real controller, agents, fake engines, and the
+gateway with its SMG child, with a client sending requests all along.
+
+- A drain under load moves the traffic with the work and fails no request
+  (streamed or whole): the old replica leaves routing before it is stopped.
+- The gateway follows placement: a replica enters routing when ready and
+  leaves it when its node turns unreachable; it posts status the controller shows.
+- A forced drain and an engine killed mid-stream fail at most the requests in
+  flight on that replica, with a clear error; a controller restart fails none.
+- Client keys; an unknown model's 404 and an unserved model's 503 in words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.procs import Cluster, wait_until
+from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def replicas_of(c: Cluster, name: str) -> list[dict[str, object]]:
+    return [r for r in c.get("/v1/replicas") if r["model"] == name]
+
+
+def test_drain_under_load_fails_no_request(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat")])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    (old,) = replicas_of(c, "chat")
+    node = old["shards"][0]["node"]  # type: ignore[index]
+
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing", diagnose=gw.logs)
+    c.ctl("drain", node, "--reason", "maintenance")
+
+    def drained() -> bool:
+        row = next(r for r in c.get("/v1/nodes") if r["name"] == node)
+        return bool(row["admin"]["drained"])
+
+    wait_until(drained, timeout=40, what=f"{node} drained", diagnose=gw.logs)
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 4, timeout=20, what="requests after the drain")
+    load.stop()
+    (new,) = replicas_of(c, "chat")
+    assert new["id"] != old["id"]
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    assert load.ok > 8
+    gateways = c.get("/v1/gateways")
+    assert [g["name"] for g in gateways] == ["gw-test"] and gateways[0]["age_s"] < 3
+    assert "gw-test" in c.ctl("status")
+    (shown,) = [r for r in c.ctl_json("replicas") if r["model"] == "chat"]
+    assert shown["url"] and shown["url"].startswith("http://127.0.0.1:")
+    gw.stop()
+
+
+def test_unreachable_node_leaves_routing_at_once(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS, "--grace-intervals", "2")
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat", min_replicas=2)])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    wait_until(
+        lambda: len([e for e in c.get("/v1/endpoints")["endpoints"]]) == 2,
+        timeout=30,
+        what="two endpoints",
+    )
+    # SIGKILL an agent and the engine it runs: the node goes silent.
+    victim = "gpu1"
+    c.stop_agent(victim, signal.SIGKILL)
+
+    def gone() -> bool:
+        return all(e["node"] != victim for e in c.get("/v1/endpoints")["endpoints"])
+
+    wait_until(gone, timeout=20, what=f"{victim}'s replica out of routing", diagnose=gw.logs)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 6, timeout=20, what="requests after the loss")
+    load.stop()
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    gw.stop()
+
+
+def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    too_big = {**model("huge"), "gpus_per_shard": 8}
+    c.apply([model("chat"), too_big])
+    keys = c.root / "keys"
+    keys.write_text("acme sk-acme-00000001\n")
+    gw = Gateway(c, "--api-key-file", str(keys))
+    gw.start()
+    key = {"Authorization": "Bearer sk-acme-00000001"}
+    gw.wait_serving("chat", headers=key)
+
+    def ask(name: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        body = {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+        return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=10)
+
+    assert ask("chat").status_code == 401
+    assert ask("chat", {"Authorization": "Bearer wrong-key-123"}).status_code == 401
+    assert ask("chat", key).status_code == 200
+    unknown = ask("nope", key)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    for _ in range(3):  # the same answer every time, not a circuit breaker's
+        unserved = ask("huge", key)
+        assert unserved.status_code == 503, unserved.text
+        assert unserved.headers["Retry-After"] == "5"
+        assert "no replica serves it yet: needs" in unserved.json()["error"]["message"]
+
+
+def clear_error(failure: str) -> bool:
+    """An engine lost mid-request: SMG's stream_error event, or a 5xx that says so."""
+    return "stream error" in failure or " 50" in failure
+
+
+def two_replicas(c: Cluster, *controller_args: str) -> Gateway:
+    c.start_controller(*CONTROLLER_ARGS, *controller_args)
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("chat", min_replicas=2)])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    wait_until(
+        lambda: len(c.get("/v1/endpoints")["endpoints"]) == 2 and len(gw_workers(gw)) == 2,
+        timeout=30,
+        what="two replicas in routing",
+        diagnose=gw.logs,
+    )
+    return gw
+
+
+def gw_workers(gw: Gateway) -> list[str]:
+    manifest = gw.work / "workers.json"
+    if not manifest.exists():
+        return []
+    return [w["url"] for w in json.loads(manifest.read_text())["workers"]]
+
+
+def test_forced_drain_fails_only_requests_on_the_forced_replica(cluster: Cluster) -> None:
+    c = cluster
+    gw = two_replicas(c)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing")
+    c.ctl("drain", "gpu1", "--reason", "dead fan", "--force-after", "1")
+
+    def forced_off() -> bool:
+        return all(e["node"] != "gpu1" for e in c.get("/v1/endpoints")["endpoints"])
+
+    wait_until(forced_off, timeout=20, what="gpu1 out of routing", diagnose=gw.logs)
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests after the force")
+    load.stop()
+    # At most the two requests in flight on gpu1 (one per client thread) fail, clearly.
+    assert len(load.failures) <= 2, "\n".join(load.failures)
+    assert all(clear_error(f) for f in load.failures), load.failures
+
+
+def test_engine_killed_mid_stream_and_controller_restart(cluster: Cluster) -> None:
+    c = cluster
+    gw = two_replicas(c)
+    load = Load(gw.url, "chat").start()
+    wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing")
+    victim_rid, pids = sorted(c.engine_pids().items())[0]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(
+        lambda: all(e["replica_id"] != victim_rid for e in c.get("/v1/endpoints")["endpoints"]),
+        timeout=20,
+        what="the dead engine out of routing",
+        diagnose=gw.logs,
+    )
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests after the kill")
+    lost = list(load.failures)
+    assert len(lost) <= 2 and all(clear_error(f) for f in lost), lost
+
+    # The controller goes away and comes back: the gateway keeps serving throughout.
+    c.kill_controller()
+    before = load.ok
+    wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests without a controller")
+    c.start_controller()
+    wait_until(
+        lambda: any(g["age_s"] < 2 for g in c.get("/v1/gateways")),
+        timeout=20,
+        what="the gateway reporting to the new controller",
+        diagnose=gw.logs,
+    )
+    load.stop()
+    assert load.failures == lost, load.failures[len(lost) :]
+
+
+def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([model("chat")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("chat")
+    assert gw.proc is not None
+    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+    (smg_pid,) = [int(p) for p in children]
+    os.kill(smg_pid, signal.SIGKILL)
+    gw.wait_serving("chat")  # a new SMG, with the same workers
+    log = gw.log.read_text()
+    assert log.count("SMG exited") == 1 and "SMG is back" in log, log
