@@ -22,7 +22,7 @@ from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownN
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import Store
+from llmgw.controller.store import Store, StoreUnavailable
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -102,6 +102,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error(400, str(exc))
     except (UnknownNode, UnknownModel) as exc:
         return error(404, str(exc))
+    except StoreUnavailable as exc:  # nothing was stored, nothing changed
+        return error(503, str(exc))
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].max_body_bytes
         return error(413, f"request body too large: the limit is {limit} bytes")
@@ -290,16 +292,34 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     fleet = app[FLEET] = FleetState(store, settings)
 
     async def flush_every_second() -> None:
+        # Unsaved sightings stay queued until a save works; the store logs an
+        # outage once, so this loop neither dies nor floods the log.
         while True:
             await asyncio.sleep(1.0)
-            fleet.flush()
+            with contextlib.suppress(StoreUnavailable):
+                fleet.flush()
 
     task = asyncio.create_task(flush_every_second())
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    fleet.close()
+    await _final_save(fleet)
+    store.close()
+
+
+async def _final_save(fleet: FleetState, tries: int = 5) -> None:
+    """At shutdown: save what is queued, retrying briefly; a failure is logged, never
+    a crash (the nodes concerned are known again at their next report)."""
+    for attempt in range(tries):
+        try:
+            fleet.flush()
+            return
+        except StoreUnavailable as exc:
+            if attempt == tries - 1:
+                log.error("final save failed, first sightings of some nodes not stored: %s", exc)
+                return
+            await asyncio.sleep(0.2)
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:

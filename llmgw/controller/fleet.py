@@ -419,7 +419,11 @@ class FleetState:
         )
 
     def _set_admin(self, name: str, info: AdminInfo, *, action: str, by: str, at: float) -> None:
-        self._store.set_admin(name, info, action=action, by=by, at=at)
+        # A node seen but not yet saved is saved with its flag: a cordon
+        # acknowledged is never a cordon of a node unknown after a crash.
+        first_seen = self._unsaved_nodes.get(name)
+        self._store.set_admin(name, info, action=action, by=by, at=at, first_seen=first_seen)
+        self._unsaved_nodes.pop(name, None)
         if info.flag is AdminFlag.NONE:
             self._admin.pop(name, None)
         else:

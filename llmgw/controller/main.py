@@ -13,6 +13,7 @@ from aiohttp import web
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
+from llmgw.controller.store import StateError, Store
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,6 +27,12 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         help="directory for the SQLite state (created if missing)",
+    )
+    p.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="start with empty state on purpose: the state file is moved aside (kept, renamed), "
+        "for when it is damaged and there is no backup",
     )
     p.add_argument(
         "--agent-token-file", type=Path, help="tokens agents report with (else LLMGW_AGENT_TOKEN)"
@@ -128,6 +135,22 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
+    if args.reset_state:
+        try:
+            aside = Store.reset(settings.state_dir)
+        except OSError as exc:
+            print(
+                f"llmgw controller: --reset-state: cannot move the state aside: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        if aside is not None:
+            print(f"llmgw controller: --reset-state: old state moved to {aside}", file=sys.stderr)
+    try:  # check the state before saying we listen: a damaged file stops here
+        Store(settings.state_dir).close()
+    except StateError as exc:
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     mode = "token auth" if settings.tokens.enabled else "open (loopback only, no tokens)"
     print(
         f"llmgw controller listening on http://{args.listen} ({mode}); state in {settings.state_dir}",
@@ -136,11 +159,15 @@ def main(argv: list[str]) -> int:
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
-    web.run_app(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        access_log=access_log,
-    )
+    try:
+        web.run_app(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            access_log=access_log,
+        )
+    except StateError as exc:  # found while opening the state: one message, no traceback
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
 from llmgw.scheduler import NodeCapacity, Placement, RunningReplica, place_many, plan_drain
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
 
@@ -112,6 +112,8 @@ class Reconciler:
         while True:
             try:
                 self.tick()
+            except StoreUnavailable:
+                pass  # the store logs once per outage; the next tick tries again
             except Exception:  # one bad tick must not stop reconciling
                 log.exception("reconcile tick failed")
             await asyncio.sleep(interval_s)

@@ -6,18 +6,48 @@ Agent reports are soft state and never written here.
 
 Writes are rare (operator actions, replica transitions), so the store is plain
 synchronous sqlite3 used from the event loop; every mutation is one transaction.
+
+State you can trust: a file that cannot be opened as this controller's state
+(empty, damaged, unreadable, in a directory it cannot write) raises
+`StateError` at start, with a message saying what to do. While running, a write
+that could not be stored raises `StoreUnavailable` (the API answers 503), so
+nothing is acknowledged that a restart would lose. SQLite keeps writing to a
+file that was deleted or replaced under it, so every write first checks that
+the path still names the file that is open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec, ReplicaState
+
+log = logging.getLogger("llmgw.controller.store")
+
+STATE_FILE = "controller.sqlite3"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+RESTORE_HINT = (
+    "restore it from a backup, or start with --reset-state to move it aside and start "
+    "with empty state on purpose"
+)
+
+
+class StateError(Exception):
+    """The state cannot be opened: the controller must not start (message for a person)."""
+
+
+class StoreUnavailable(Exception):
+    """A write was not stored (message names the cause); nothing in memory changed."""
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -106,15 +136,50 @@ class Backoff:
 
 class Store:
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state_dir / "controller.sqlite3"
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: an acknowledged cordon survives power loss, not only a crash.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._add_missing_columns()
+        self.path = state_dir / STATE_FILE
+        _check_state_file(state_dir, self.path)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open the state file {self.path}: {exc}") from exc
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: an acknowledged cordon survives power loss, not only a crash.
+            self._db.execute("PRAGMA synchronous=FULL")
+            damage = [r[0] for r in self._db.execute("PRAGMA quick_check(5)")]
+            if damage != ["ok"]:
+                raise StateError(
+                    f"state file {self.path} is damaged ({'; '.join(damage)}): {RESTORE_HINT}"
+                )
+            self._db.executescript(SCHEMA)
+            self._add_missing_columns()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StateError(_open_failure(self.path, exc)) from exc
+        except StateError:
+            self._db.close()
+            raise
+        st = os.stat(self.path)
+        # What the path must still name at every write (see `_check_file`).
+        self._identity = (st.st_dev, st.st_ino)
+        self._size = st.st_size
+        self._lost: str | None = None  # set once the file is gone: writes stay refused
+        self._failing_since: float | None = None  # start of the current write outage
+
+    @classmethod
+    def reset(cls, state_dir: Path) -> Path | None:
+        """`--reset-state`: move the state file (and its WAL) aside, never delete it.
+        Returns where it went, or None when there was nothing to move."""
+        path = state_dir / STATE_FILE
+        if not path.exists():
+            return None
+        aside = path.with_name(f"{STATE_FILE}.reset-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{path}{suffix}")
+            if part.exists():
+                part.rename(f"{aside}{suffix}")
+        return aside
 
     def _add_missing_columns(self) -> None:
         """State written before drain deadlines existed gets their columns."""
@@ -128,13 +193,60 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One write transaction; any failure to store it is `StoreUnavailable`."""
+        self._check_file()
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    # The failure that brought us here is the one to report.
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            self._failed(f"state not stored: cannot write {self.path}: {exc}")
+        self._check_file()  # replaced during the write: it was not stored where it counts
+        if self._failing_since is not None:
+            log.warning(
+                "state writes to %s work again (failed for %.0f s)",
+                self.path,
+                time.monotonic() - self._failing_since,
+            )
+            self._failing_since = None
+
+    def _failed(self, why: str) -> None:
+        """Log once per outage, then refuse the write."""
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.error("%s; writes are refused (503) until it works again", why)
+        raise StoreUnavailable(why)
+
+    def _check_file(self) -> None:
+        """The path must still name the open file, and it must not have shrunk
+        (SQLite never shrinks it here): otherwise a write would 'succeed' into a
+        file that a restart never sees. A lost file stays lost until a restart."""
+        if self._lost is None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._lost = "was deleted"
+            except OSError as exc:
+                self._lost = f"cannot be checked ({exc.strerror})"
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    self._lost = "was replaced by another file"
+                elif st.st_size < self._size:
+                    self._lost = f"was truncated ({self._size} -> {st.st_size} bytes)"
+                else:
+                    self._size = st.st_size
+        if self._lost is not None:
+            self._failed(
+                f"state not stored: the state file {self.path} {self._lost} while the "
+                "controller was running; restore it from a backup and restart the controller"
+            )
 
     # -- nodes ----------------------------------------------------------------
 
@@ -183,9 +295,18 @@ class Store:
         action: str,
         by: str,
         at: float,
+        first_seen: float | None = None,
     ) -> None:
-        """Set (or clear, for flag NONE) a node's admin flag and log the event."""
+        """Set (or clear, for flag NONE) a node's admin flag and log the event.
+
+        `first_seen`: the node is not saved yet; it is saved in the same
+        transaction, so a cordoned node is known after any crash."""
         with self._tx() as db:
+            if first_seen is not None:
+                db.execute(
+                    "INSERT OR IGNORE INTO nodes(name, first_seen) VALUES (?, ?)",
+                    (name, first_seen),
+                )
             if info.flag is AdminFlag.NONE:
                 db.execute("DELETE FROM node_admin WHERE name=?", (name,))
             else:
@@ -309,3 +430,47 @@ class Store:
     def clear_backoff(self, model: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM model_backoff WHERE model=?", (model,))
+
+
+def _check_state_file(state_dir: Path, path: Path) -> None:
+    """What sqlite3 would not say: an empty file is not 'no state', and a file
+    that is not SQLite is not ours to overwrite."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create the state directory {state_dir}: {exc.strerror}; "
+            "choose a writable --state-dir"
+        ) from exc
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise StateError(
+            f"the state directory {state_dir} is not writable: the controller could not save "
+            "anything; make it writable or choose another --state-dir"
+        )
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except FileNotFoundError:
+        log.info("no state file at %s: starting with empty state (first start)", path)
+        return
+    except OSError as exc:
+        raise StateError(
+            f"cannot read the state file {path}: {exc.strerror}; fix its permissions, "
+            f"or {RESTORE_HINT}"
+        ) from exc
+    if not head:
+        raise StateError(
+            f"state file {path} is empty (0 bytes), so the fleet's cordons, models and "
+            f"replicas are gone: {RESTORE_HINT}"
+        )
+    if head != SQLITE_MAGIC:
+        raise StateError(f"state file {path} is not a SQLite database: {RESTORE_HINT}")
+
+
+def _open_failure(path: Path, exc: sqlite3.DatabaseError) -> str:
+    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
+        return (
+            f"cannot open the state file {path} ({exc}): check that it and its directory "
+            "are writable"
+        )
+    return f"state file {path} is damaged ({exc}): {RESTORE_HINT}"
