@@ -22,7 +22,8 @@ from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownN
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import Store, StoreUnavailable
+from llmgw.controller.store import StoreUnavailable
+from llmgw.controller.stores import open_store, store_spec
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -288,7 +289,7 @@ def create_app(settings: ControllerSettings) -> web.Application:
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = Store(settings.state_dir)
+    store = open_store(store_spec(settings))
     fleet = app[FLEET] = FleetState(store, settings)
 
     async def flush_every_second() -> None:

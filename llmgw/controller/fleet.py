@@ -28,7 +28,8 @@ from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import Backoff, ReplicaRecord, Store
+from llmgw.controller.store import Backoff, ReplicaRecord
+from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
 from llmgw.wire import (
     AdminFlag,
@@ -80,7 +81,7 @@ _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per repor
 class FleetState:
     def __init__(
         self,
-        store: Store,
+        store: StateStore,
         settings: ControllerSettings,
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -13,7 +13,8 @@ from aiohttp import web
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
-from llmgw.controller.store import StateError, Store
+from llmgw.controller.store import STATE_FILE, StateError, Store, StoreUnavailable
+from llmgw.controller.stores import describe, open_store, parse_store, store_spec
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,8 +26,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir",
         type=Path,
-        required=True,
-        help="directory for the SQLite state (created if missing)",
+        help="directory for the SQLite state (created if missing); same as --store sqlite:DIR",
+    )
+    p.add_argument(
+        "--store",
+        help="where durable state lives: sqlite:DIR (the default, one controller) or "
+        "postgresql://USER@HOST/DB (several controllers may share it)",
     )
     p.add_argument(
         "--reset-state",
@@ -79,6 +84,16 @@ def parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     """Build settings, or raise ValueError with a message a person can act on."""
     host, _ = split_listen(args.listen)
+    if args.store is not None:
+        kind, where = parse_store(args.store)
+        if args.state_dir is not None and not (kind == "sqlite" and Path(where) == args.state_dir):
+            raise ValueError("give --store or --state-dir, not both")
+        if kind == "sqlite":
+            args.state_dir = Path(where)
+    elif args.state_dir is None:
+        raise ValueError(
+            "say where state lives: --store sqlite:DIR, --store postgresql://..., or --state-dir DIR"
+        )
     for option, value in (
         ("--backoff-base", args.backoff_base),
         ("--backoff-cap", args.backoff_cap),
@@ -102,7 +117,8 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             "--*-token-file options), or listen on 127.0.0.1."
         )
     return ControllerSettings(
-        state_dir=args.state_dir,
+        state_dir=args.state_dir if args.state_dir is not None else Path("."),
+        store=args.store,
         listen=args.listen,
         tokens=tokens,
         grace_intervals=args.grace_intervals,
@@ -125,7 +141,49 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
+def migrate(argv: list[str]) -> int:
+    """`llmgw controller migrate --from STORE --to STORE`: copy a fleet's durable state
+    into an empty store (stop the controller first)."""
+    p = argparse.ArgumentParser(
+        prog="llmgw controller migrate",
+        description="Copy durable state (cordons, history, models, replicas, backoffs) "
+        "from one store to another, empty one. Stop the controller first.",
+    )
+    p.add_argument("--from", dest="source", required=True, help="sqlite:DIR or postgresql://...")
+    p.add_argument("--to", dest="target", required=True, help="sqlite:DIR or postgresql://...")
+    args = p.parse_args(argv)
+    try:
+        source_spec, target_spec = parse_store(args.source), parse_store(args.target)
+        if source_spec[0] == "sqlite" and not (Path(source_spec[1]) / STATE_FILE).exists():
+            raise StateError(
+                f"no state to copy: {Path(source_spec[1]) / STATE_FILE} does not exist"
+            )
+        source = open_store(source_spec)
+        state = source.dump()
+        source.close()
+        target = open_store(target_spec)
+        if not target.dump().empty():
+            target.close()
+            raise StateError(
+                f"{describe(target_spec)} already holds state: migrate copies only into an empty store"
+            )
+        target.load(state)
+        target.close()
+    except (ValueError, StateError, StoreUnavailable) as exc:
+        print(f"llmgw controller migrate: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"copied {len(state.nodes)} nodes, {len(state.admin)} admin flags, "
+        f"{len(state.events)} history events, {len(state.models)} models, "
+        f"{len(state.replicas)} replicas and {len(state.backoffs)} backoffs "
+        f"from {describe(source_spec)} to {describe(target_spec)}"
+    )
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["migrate"]:
+        return migrate(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -135,7 +193,11 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
+    spec = store_spec(settings)
     if args.reset_state:
+        if spec[0] != "sqlite":
+            print("llmgw controller: --reset-state is for a SQLite store", file=sys.stderr)
+            return 2
         try:
             aside = Store.reset(settings.state_dir)
         except OSError as exc:
@@ -147,13 +209,13 @@ def main(argv: list[str]) -> int:
         if aside is not None:
             print(f"llmgw controller: --reset-state: old state moved to {aside}", file=sys.stderr)
     try:  # check the state before saying we listen: a damaged file stops here
-        Store(settings.state_dir).close()
+        open_store(spec).close()
     except StateError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
     mode = "token auth" if settings.tokens.enabled else "open (loopback only, no tokens)"
     print(
-        f"llmgw controller listening on http://{args.listen} ({mode}); state in {settings.state_dir}",
+        f"llmgw controller listening on http://{args.listen} ({mode}); state in {describe(spec)}",
         flush=True,
     )
     tune_gc()

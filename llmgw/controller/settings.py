@@ -28,6 +28,8 @@ class ControllerSettings:
     backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
     max_body_bytes: int = MAX_BODY_BYTES
+    # `--store`: None is SQLite in state_dir; else "sqlite:DIR" or "postgresql://...".
+    store: str | None = None
 
     @property
     def host(self) -> str:

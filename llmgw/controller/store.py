@@ -24,14 +24,22 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec, ReplicaState
 
+if TYPE_CHECKING:
+    from llmgw.controller.stores.base import StateDump
+
 log = logging.getLogger("llmgw.controller.store")
+
+# The schema this code knows (both backends). Version 1: the tables below with
+# drain deadlines (force_at). A store whose schema is newer is refused at start.
+SCHEMA_VERSION = 1
 
 STATE_FILE = "controller.sqlite3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -94,6 +102,7 @@ CREATE TABLE IF NOT EXISTS model_backoff (
     retry_at REAL NOT NULL,
     last_failure TEXT
 );
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 """
 
 
@@ -152,8 +161,7 @@ class Store:
                 raise StateError(
                     f"state file {self.path} is damaged ({'; '.join(damage)}): {RESTORE_HINT}"
                 )
-            self._db.executescript(SCHEMA)
-            self._add_missing_columns()
+            self._migrate()
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise StateError(_open_failure(self.path, exc)) from exc
@@ -181,12 +189,40 @@ class Store:
                 part.rename(f"{aside}{suffix}")
         return aside
 
-    def _add_missing_columns(self) -> None:
-        """State written before drain deadlines existed gets their columns."""
-        for table in ("node_admin", "admin_events"):
-            columns = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            if "force_at" not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN force_at REAL")
+    def _migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION in one transaction; refuse a newer one."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            has_version = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+            ).fetchone()
+            row = (
+                db.execute("SELECT version FROM schema_version").fetchone() if has_version else None
+            )
+            version = row[0] if row else 0
+            if version > SCHEMA_VERSION:
+                raise StateError(
+                    f"state file {self.path} has schema version {version}, newer than this "
+                    f"controller knows ({SCHEMA_VERSION}): it was written by a newer llmgw; "
+                    "run that version (or newer) instead"
+                )
+            if version < SCHEMA_VERSION:
+                # Version 0 (state from before versions existed) and new files alike:
+                # every table, then the columns added since the first release.
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                for table in ("node_admin", "admin_events"):
+                    columns = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
+                    if "force_at" not in columns:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN force_at REAL")
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version(version) VALUES (?)", (SCHEMA_VERSION,))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()
@@ -248,6 +284,51 @@ class Store:
                 "controller was running; restore it from a backup and restart the controller"
             )
 
+    # -- everything, for `migrate` -------------------------------------------------
+
+    def dump(self) -> StateDump:
+        from llmgw.controller.stores.base import StateDump
+
+        events = [_event(r) for r in self._db.execute("SELECT * FROM admin_events ORDER BY id")]
+        models = {
+            r["name"]: (ModelSpec.model_validate_json(r["spec"]), r["updated_at"])
+            for r in self._db.execute("SELECT * FROM models")
+        }
+        return StateDump(
+            nodes=self.known_nodes(),
+            admin=self.admin(),
+            events=events,
+            models=models,
+            replicas=self.replicas(),
+            backoffs=self.backoffs(),
+        )
+
+    def load(self, state: StateDump) -> None:
+        """Write a dump into this (empty) store in one transaction."""
+        with self._tx() as db:
+            db.executemany("INSERT INTO nodes(name, first_seen) VALUES (?, ?)", state.nodes.items())
+            for name, info in state.admin.items():
+                db.execute(_ADMIN_UPSERT, _admin_row(name, info))
+            db.executemany(
+                "INSERT INTO admin_events(node, action, reason, by, at, force_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.node, e.action, e.reason, e.by, e.at, e.force_at) for e in state.events],
+            )
+            for spec, at in state.models.values():
+                db.execute(
+                    "INSERT INTO models(name, spec, updated_at) VALUES (?, ?, ?)",
+                    (spec.name, spec.model_dump_json(), at),
+                )
+            db.executemany(_REPLICA_UPSERT, [replica_row(r) for r in state.replicas.values()])
+            db.executemany(
+                "INSERT INTO model_backoff(model, failures, retry_at, last_failure)"
+                " VALUES (?, ?, ?, ?)",
+                [
+                    (b.model, b.failures, b.retry_at, b.last_failure)
+                    for b in state.backoffs.values()
+                ],
+            )
+
     # -- nodes ----------------------------------------------------------------
 
     def known_nodes(self) -> dict[str, float]:
@@ -274,18 +355,7 @@ class Store:
     # -- admin flags ------------------------------------------------------------
 
     def admin(self) -> dict[str, AdminInfo]:
-        return {
-            r["name"]: AdminInfo(
-                flag=AdminFlag(r["flag"]),
-                reason=r["reason"],
-                by=r["by"],
-                at=r["at"],
-                drained=bool(r["drained"]),
-                force=bool(r["force"]),
-                force_at=r["force_at"],
-            )
-            for r in self._db.execute("SELECT * FROM node_admin")
-        }
+        return {r["name"]: admin_from_row(r) for r in self._db.execute("SELECT * FROM node_admin")}
 
     def set_admin(
         self,
@@ -310,20 +380,7 @@ class Store:
             if info.flag is AdminFlag.NONE:
                 db.execute("DELETE FROM node_admin WHERE name=?", (name,))
             else:
-                db.execute(
-                    "INSERT OR REPLACE INTO node_admin(name, flag, reason, by, at, drained, force,"
-                    " force_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        name,
-                        info.flag.value,
-                        info.reason,
-                        info.by,
-                        info.at,
-                        int(info.drained),
-                        int(info.force),
-                        info.force_at,
-                    ),
-                )
+                db.execute(_ADMIN_UPSERT, _admin_row(name, info))
             db.execute(
                 "INSERT INTO admin_events(node, action, reason, by, at, force_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -334,17 +391,7 @@ class Store:
         rows = self._db.execute(
             "SELECT * FROM admin_events WHERE node=? ORDER BY id DESC LIMIT ?", (name, limit)
         )
-        return [
-            AdminEvent(
-                node=r["node"],
-                action=r["action"],
-                reason=r["reason"],
-                by=r["by"],
-                at=r["at"],
-                force_at=r["force_at"],
-            )
-            for r in rows
-        ]
+        return [_event(r) for r in rows]
 
     # -- models -------------------------------------------------------------------
 
@@ -372,40 +419,13 @@ class Store:
 
     def replicas(self) -> dict[str, ReplicaRecord]:
         return {
-            r["id"]: ReplicaRecord(
-                id=r["id"],
-                model=r["model"],
-                state=ReplicaState(r["state"]),
-                shards=tuple(
-                    ShardRecord(node=s["node"], rank=s["rank"], gpus=tuple(s["gpus"]))
-                    for s in json.loads(r["shards"])
-                ),
-                created_at=r["created_at"],
-                error=r["error"],
-                replaces=r["replaces"],
-            )
+            r["id"]: replica_from_row(r)
             for r in self._db.execute("SELECT * FROM replicas ORDER BY id")
         }
 
     def put_replicas(self, records: Iterable[ReplicaRecord]) -> None:
         with self._tx() as db:
-            for rec in records:
-                shards = json.dumps(
-                    [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
-                )
-                db.execute(
-                    "INSERT OR REPLACE INTO replicas(id, model, state, shards, created_at, error,"
-                    " replaces) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        rec.id,
-                        rec.model,
-                        rec.state.value,
-                        shards,
-                        rec.created_at,
-                        rec.error,
-                        rec.replaces,
-                    ),
-                )
+            db.executemany(_REPLICA_UPSERT, [replica_row(r) for r in records])
 
     def delete_replicas(self, ids: Iterable[str]) -> None:
         with self._tx() as db:
@@ -474,3 +494,72 @@ def _open_failure(path: Path, exc: sqlite3.DatabaseError) -> str:
             "are writable"
         )
     return f"state file {path} is damaged ({exc}): {RESTORE_HINT}"
+
+
+_ADMIN_UPSERT = (
+    "INSERT OR REPLACE INTO node_admin(name, flag, reason, by, at, drained, force, force_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_REPLICA_UPSERT = (
+    "INSERT OR REPLACE INTO replicas(id, model, state, shards, created_at, error, replaces)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
+    return (
+        name,
+        info.flag.value,
+        info.reason,
+        info.by,
+        info.at,
+        int(info.drained),
+        int(info.force),
+        info.force_at,
+    )
+
+
+def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
+    """A replica as the columns of its row (both backends)."""
+    shards = json.dumps(
+        [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
+    )
+    return (rec.id, rec.model, rec.state.value, shards, rec.created_at, rec.error, rec.replaces)
+
+
+def replica_from_row(r: Mapping[str, Any]) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=r["id"],
+        model=r["model"],
+        state=ReplicaState(r["state"]),
+        shards=tuple(
+            ShardRecord(node=s["node"], rank=s["rank"], gpus=tuple(s["gpus"]))
+            for s in json.loads(r["shards"])
+        ),
+        created_at=r["created_at"],
+        error=r["error"],
+        replaces=r["replaces"],
+    )
+
+
+def _event(r: Mapping[str, Any]) -> AdminEvent:
+    return AdminEvent(
+        node=r["node"],
+        action=r["action"],
+        reason=r["reason"],
+        by=r["by"],
+        at=r["at"],
+        force_at=r["force_at"],
+    )
+
+
+def admin_from_row(r: Mapping[str, Any]) -> AdminInfo:
+    return AdminInfo(
+        flag=AdminFlag(r["flag"]),
+        reason=r["reason"],
+        by=r["by"],
+        at=r["at"],
+        drained=bool(r["drained"]),
+        force=bool(r["force"]),
+        force_at=r["force_at"],
+    )
