@@ -23,7 +23,7 @@ from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import StoreUnavailable
-from llmgw.controller.stores import open_store, store_spec
+from llmgw.controller.stores import StateStore, open_store, store_spec
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -37,6 +37,7 @@ log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", FleetState)
+STORE = web.AppKey("store", StateStore)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -163,7 +164,18 @@ def who(request: web.Request) -> str:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "version": __version__})
+    """Alive, and this controller's role: it writes the store, so it leads."""
+    settings = request.app[SETTINGS]
+    store = request.app.get(STORE)
+    return web.json_response(
+        {
+            "ok": True,
+            "version": __version__,
+            "role": "leader",
+            "epoch": store.epoch if store is not None else 0,
+            "leader": settings.url,
+        }
+    )
 
 
 async def agent_report(request: web.Request) -> web.Response:
@@ -289,7 +301,7 @@ def create_app(settings: ControllerSettings) -> web.Application:
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = open_store(store_spec(settings))
+    store = app[STORE] = open_store(store_spec(settings), settings.url)
     fleet = app[FLEET] = FleetState(store, settings)
 
     async def flush_every_second() -> None:

@@ -34,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
         "postgresql://USER@HOST/DB (several controllers may share it)",
     )
     p.add_argument(
+        "--advertise-url",
+        help="the URL others should use for this controller (default: http://LISTEN)",
+    )
+    p.add_argument(
         "--reset-state",
         action="store_true",
         help="start with empty state on purpose: the state file is moved aside (kept, renamed), "
@@ -119,6 +123,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     return ControllerSettings(
         state_dir=args.state_dir if args.state_dir is not None else Path("."),
         store=args.store,
+        advertise_url=args.advertise_url,
         listen=args.listen,
         tokens=tokens,
         grace_intervals=args.grace_intervals,
@@ -209,7 +214,7 @@ def main(argv: list[str]) -> int:
         if aside is not None:
             print(f"llmgw controller: --reset-state: old state moved to {aside}", file=sys.stderr)
     try:  # check the state before saying we listen: a damaged file stops here
-        open_store(spec).close()
+        open_store(spec, settings.url).close()
     except StateError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2

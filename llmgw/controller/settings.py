@@ -30,6 +30,15 @@ class ControllerSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     # `--store`: None is SQLite in state_dir; else "sqlite:DIR" or "postgresql://...".
     store: str | None = None
+    # The URL others should use for this controller (`--advertise-url`; else from listen).
+    advertise_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
 
     @property
     def host(self) -> str:

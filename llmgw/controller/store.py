@@ -144,6 +144,8 @@ class Backoff:
 
 
 class Store:
+    epoch = 1  # one controller per file: it is always the writer
+
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
         _check_state_file(state_dir, self.path)

@@ -153,3 +153,15 @@ def test_a_lost_postgresql_connection_refuses_one_write_then_heals(pg_url: str) 
 def test_an_unreachable_postgresql_is_a_clear_start_error(tmp_path: object) -> None:
     with pytest.raises(StateError, match="cannot use the PostgreSQL store"):
         PostgresStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+
+def test_one_writer_per_postgresql_store(pg_url: str) -> None:
+    first = PostgresStore(pg_url, advertise_url="http://ctl-a:7460")
+    with pytest.raises(StateError, match=r"another controller writes .* at http://ctl-a:7460"):
+        PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
+    epoch = first.epoch
+    first.close()  # its session, and so its lock, ends
+    second = PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
+    assert second.epoch == epoch + 1
+    second.add_nodes([("n1", 1.0)])
+    second.close()

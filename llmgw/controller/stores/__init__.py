@@ -34,14 +34,15 @@ def store_spec(settings: ControllerSettings) -> StoreSpec:
     return parse_store(settings.store) if settings.store else ("sqlite", str(settings.state_dir))
 
 
-def open_store(spec: StoreSpec) -> StateStore:
-    """Open (and migrate) the store; `StateError` says why it cannot be used."""
+def open_store(spec: StoreSpec, advertise_url: str | None = None) -> StateStore:
+    """Open (and migrate) the store; `StateError` says why it cannot be used.
+    `advertise_url`: this controller's URL, recorded as the store's writer."""
     kind, where = spec
     if kind == "sqlite":
         return Store(Path(where))
     from llmgw.controller.stores.postgres import PostgresStore  # psycopg only when used
 
-    return PostgresStore(where)
+    return PostgresStore(where, advertise_url=advertise_url)
 
 
 def describe(spec: StoreSpec) -> str:

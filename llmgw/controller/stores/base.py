@@ -31,7 +31,10 @@ class StateDump:
 
 class StateStore(Protocol):
     """Every method is one transaction; a write that could not be stored raises
-    `StoreUnavailable` and changes nothing."""
+    `StoreUnavailable` and changes nothing. `epoch`: how many times the store's
+    writer changed (SQLite: always 1, one controller)."""
+
+    epoch: int
 
     def close(self) -> None: ...
     def known_nodes(self) -> dict[str, float]: ...

@@ -35,6 +35,11 @@ from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec
 
 log = logging.getLogger("llmgw.controller.store")
 
+# One writer at a time: a session advisory lock, held by the connection every write
+# goes through. It goes with the session, so a controller whose connection was
+# lost cannot write again before it holds the lock again.
+WRITER_LOCK = 7460002
+MIGRATE_LOCK = 7460001
 CONNECT_TIMEOUT_S = 3
 STATEMENT_TIMEOUT_MS = 5000
 
@@ -59,6 +64,10 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE model_backoff (
             model TEXT PRIMARY KEY, failures INTEGER NOT NULL,
             retry_at DOUBLE PRECISION NOT NULL, last_failure TEXT)""",
+        # Who writes: the controller holding WRITER_LOCK, and how often it changed hands.
+        """CREATE TABLE writer (
+            id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL, url TEXT)""",
+        "INSERT INTO writer(id, epoch, url) VALUES (1, 0, NULL)",
     ],
 }
 
@@ -95,33 +104,55 @@ def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
 
 
 class PostgresStore:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, advertise_url: str | None = None) -> None:
         self.url = url
+        self.advertise_url = advertise_url
+        self.epoch = 0  # the writer epoch this store holds (see WRITER_LOCK)
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._failing_since: float | None = None
         try:
-            self._connect()
             self._migrate()
+            self._connect()
         except psycopg.Error as exc:
             raise StateError(f"cannot use the PostgreSQL store: {_cause(exc)}") from exc
+        except StoreUnavailable as exc:
+            raise StateError(str(exc)) from exc
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        """The connection, opened again after a loss, holding the writer lock."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
-            )
+            conn = self._open()
+            row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (WRITER_LOCK,)).fetchone()
+            if not (row and row["ok"]):
+                holder = conn.execute("SELECT epoch, url FROM writer WHERE id = 1").fetchone() or {}
+                conn.close()
+                raise StoreUnavailable(
+                    f"another controller writes to this PostgreSQL store (epoch "
+                    f"{holder.get('epoch')}, at {holder.get('url') or 'an unknown URL'}); "
+                    "one controller per store: stop the other one first"
+                )
+            bumped = conn.execute(
+                "UPDATE writer SET epoch = epoch + 1, url = %s WHERE id = 1 RETURNING epoch",
+                (self.advertise_url,),
+            ).fetchone()
+            self.epoch = int(bumped["epoch"]) if bumped else 0
+            self._conn = conn
         return self._conn
+
+    def _open(self) -> psycopg.Connection[dict[str, Any]]:
+        return psycopg.connect(
+            self.url,
+            autocommit=True,
+            row_factory=dict_row,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+        )
 
     def _migrate(self) -> None:
         """Apply what is missing in one transaction, under a lock so that
         controllers starting together do not race."""
-        conn = self._connect()
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(7460001)")
+        with self._open() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
             version = (row or {}).get("v") or 0
@@ -149,7 +180,7 @@ class PostgresStore:
             conn = self._connect()
             with conn.transaction():
                 yield conn
-        except psycopg.Error as exc:
+        except (psycopg.Error, StoreUnavailable) as exc:
             why = f"state not stored: PostgreSQL: {_cause(exc)}"
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
@@ -165,7 +196,7 @@ class PostgresStore:
     def _read(self, query: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         try:
             return self._connect().execute(query, params).fetchall()
-        except psycopg.Error as exc:
+        except (psycopg.Error, StoreUnavailable) as exc:
             raise StoreUnavailable(f"cannot read state: PostgreSQL: {_cause(exc)}") from exc
 
     # -- everything, for `migrate` ------------------------------------------------------
@@ -311,7 +342,7 @@ class PostgresStore:
             db.execute("DELETE FROM model_backoff WHERE model=%s", (model,))
 
 
-def _cause(exc: psycopg.Error) -> str:
+def _cause(exc: Exception) -> str:
     """The server's (or libpq's) own words, on one line."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
