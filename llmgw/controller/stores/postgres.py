@@ -146,6 +146,13 @@ class PostgresStore:
             row_factory=dict_row,
             connect_timeout=CONNECT_TIMEOUT_S,
             options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+            # statement_timeout is the server's: these bound a server that vanished
+            # from the network (TCP only; a Unix socket fails at once).
+            tcp_user_timeout=STATEMENT_TIMEOUT_MS,
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=2,
         )
 
     def _migrate(self) -> None:
