@@ -45,7 +45,8 @@ from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings, split_listen
-from llmgw.controller.store import Store
+from llmgw.controller.store import Store, StoreUnavailable
+from llmgw.controller.stores import StateStore, open_store, store_spec
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -72,6 +73,7 @@ REFUSALS = web.AppKey("refusals", RefusalLog)
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
 GATEWAYS = web.AppKey("gateways", Gateways)
+STORE = web.AppKey("store", StateStore)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -166,6 +168,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error(400, str(exc))
     except (UnknownNode, UnknownModel) as exc:
         return error(404, str(exc))
+    except StoreUnavailable as exc:  # nothing was stored, nothing changed
+        return error(503, str(exc))
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].max_body_bytes
         return error(413, f"request body too large: the limit is {limit} bytes")
@@ -257,7 +261,18 @@ def who(request: web.Request) -> str:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "version": __version__})
+    """Alive, and this controller's role: it writes the store, so it leads."""
+    settings = request.app[SETTINGS]
+    store = request.app.get(STORE)
+    return web.json_response(
+        {
+            "ok": True,
+            "version": __version__,
+            "role": "leader",
+            "epoch": store.epoch if store is not None else 0,
+            "leader": settings.url,
+        }
+    )
 
 
 async def agent_report(request: web.Request) -> web.Response:
@@ -496,8 +511,9 @@ def create_app(settings: ControllerSettings) -> web.Application:
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = Store(settings.state_dir)
-    store.on_write = app[METRICS].observe_store_write
+    store = app[STORE] = open_store(store_spec(settings), settings.url)
+    if isinstance(store, Store):  # SQLite times its own transactions for /metrics
+        store.on_write = app[METRICS].observe_store_write
     fleet = app[FLEET] = FleetState(store, settings)
     app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
@@ -505,9 +521,12 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     app[GATEWAYS] = Gateways(fleet)
 
     async def flush_every_second() -> None:
+        # Unsaved sightings stay queued until a save works; the store logs an
+        # outage once, so this loop neither dies nor floods the log.
         while True:
             await asyncio.sleep(1.0)
-            fleet.flush()
+            with contextlib.suppress(StoreUnavailable):
+                fleet.flush()
 
     task = asyncio.create_task(flush_every_second())
     yield
@@ -515,7 +534,22 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     app[METRICS].fleet = None
-    fleet.close()
+    await _final_save(fleet)
+    store.close()
+
+
+async def _final_save(fleet: FleetState, tries: int = 5) -> None:
+    """At shutdown: save what is queued, retrying briefly; a failure is logged, never
+    a crash (the nodes concerned are known again at their next report)."""
+    for attempt in range(tries):
+        try:
+            fleet.flush()
+            return
+        except StoreUnavailable as exc:
+            if attempt == tries - 1:
+                log.error("final save failed, first sightings of some nodes not stored: %s", exc)
+                return
+            await asyncio.sleep(0.2)
 
 
 async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:

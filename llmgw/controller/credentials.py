@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 
 from llmgw.controller.auth import Tokens
-from llmgw.controller.store import Store
+from llmgw.controller.stores.base import StateStore
 
 
 class AlreadyEnrolled(Exception):
@@ -48,7 +48,7 @@ def digest(secret: str) -> str:
 
 
 class Credentials:
-    def __init__(self, store: Store, tokens: Tokens) -> None:
+    def __init__(self, store: StateStore, tokens: Tokens) -> None:
         self._store = store
         self._file_nodes = tokens.node_names()
         self._issued: dict[str, tuple[str, float, str]] = store.credentials()

@@ -29,7 +29,8 @@ from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import Backoff, ReplicaRecord, Store
+from llmgw.controller.store import Backoff, ReplicaRecord
+from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
 from llmgw.wire import (
     AdminFlag,
@@ -81,7 +82,7 @@ _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per repor
 class FleetState:
     def __init__(
         self,
-        store: Store,
+        store: StateStore,
         settings: ControllerSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -447,7 +448,11 @@ class FleetState:
         )
 
     def _set_admin(self, name: str, info: AdminInfo, *, action: str, by: str, at: float) -> None:
-        self._store.set_admin(name, info, action=action, by=by, at=at)
+        # A node seen but not yet saved is saved with its flag: a cordon
+        # acknowledged is never a cordon of a node unknown after a crash.
+        first_seen = self._unsaved_nodes.get(name)
+        self._store.set_admin(name, info, action=action, by=by, at=at, first_seen=first_seen)
+        self._unsaved_nodes.pop(name, None)
         if info.flag is AdminFlag.NONE:
             self._admin.pop(name, None)
         else:

@@ -12,6 +12,8 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
+from llmgw.controller.store import STATE_FILE, StateError, Store, StoreUnavailable
+from llmgw.controller.stores import describe, open_store, parse_store, store_spec
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -26,8 +28,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir",
         type=Path,
-        required=True,
-        help="directory for the SQLite state (created if missing)",
+        help="directory for the SQLite state (created if missing); same as --store sqlite:DIR",
+    )
+    p.add_argument(
+        "--store",
+        help="where durable state lives: sqlite:DIR (the default, one controller) or "
+        "postgresql://USER@HOST/DB (several controllers may share it)",
+    )
+    p.add_argument(
+        "--advertise-url",
+        help="the URL others should use for this controller (default: http://LISTEN)",
+    )
+    p.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="start with empty state on purpose: the state file is moved aside (kept, renamed), "
+        "for when it is damaged and there is no backup",
     )
     p.add_argument(
         "--agent-token-file",
@@ -139,6 +155,16 @@ def parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     """Build settings, or raise ValueError with a message a person can act on."""
     host, _ = split_listen(args.listen)
+    if args.store is not None:
+        kind, where = parse_store(args.store)
+        if args.state_dir is not None and not (kind == "sqlite" and Path(where) == args.state_dir):
+            raise ValueError("give --store or --state-dir, not both")
+        if kind == "sqlite":
+            args.state_dir = Path(where)
+    elif args.state_dir is None:
+        raise ValueError(
+            "say where state lives: --store sqlite:DIR, --store postgresql://..., or --state-dir DIR"
+        )
     for option, value in (
         ("--backoff-base", args.backoff_base),
         ("--backoff-cap", args.backoff_cap),
@@ -185,7 +211,9 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
                 f"got {metrics_host}. Scrape the main port with a read or metrics token instead."
             )
     return ControllerSettings(
-        state_dir=args.state_dir,
+        state_dir=args.state_dir if args.state_dir is not None else Path("."),
+        store=args.store,
+        advertise_url=args.advertise_url,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
         listen=args.listen,
@@ -212,7 +240,49 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
+def migrate(argv: list[str]) -> int:
+    """`llmgw controller migrate --from STORE --to STORE`: copy a fleet's durable state
+    into an empty store (stop the controller first)."""
+    p = argparse.ArgumentParser(
+        prog="llmgw controller migrate",
+        description="Copy durable state (cordons, history, models, replicas, backoffs) "
+        "from one store to another, empty one. Stop the controller first.",
+    )
+    p.add_argument("--from", dest="source", required=True, help="sqlite:DIR or postgresql://...")
+    p.add_argument("--to", dest="target", required=True, help="sqlite:DIR or postgresql://...")
+    args = p.parse_args(argv)
+    try:
+        source_spec, target_spec = parse_store(args.source), parse_store(args.target)
+        if source_spec[0] == "sqlite" and not (Path(source_spec[1]) / STATE_FILE).exists():
+            raise StateError(
+                f"no state to copy: {Path(source_spec[1]) / STATE_FILE} does not exist"
+            )
+        source = open_store(source_spec)
+        state = source.dump()
+        source.close()
+        target = open_store(target_spec)
+        if not target.dump().empty():
+            target.close()
+            raise StateError(
+                f"{describe(target_spec)} already holds state: migrate copies only into an empty store"
+            )
+        target.load(state)
+        target.close()
+    except (ValueError, StateError, StoreUnavailable) as exc:
+        print(f"llmgw controller migrate: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"copied {len(state.nodes)} nodes, {len(state.admin)} admin flags, "
+        f"{len(state.events)} history events, {len(state.models)} models, "
+        f"{len(state.replicas)} replicas and {len(state.backoffs)} backoffs "
+        f"from {describe(source_spec)} to {describe(target_spec)}"
+    )
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["migrate"]:
+        return migrate(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -227,6 +297,26 @@ def main(argv: list[str]) -> int:
             "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "
             "it can report as any node; prefer per-node credentials (enrollment)"
         )
+    spec = store_spec(settings)
+    if args.reset_state:
+        if spec[0] != "sqlite":
+            print("llmgw controller: --reset-state is for a SQLite store", file=sys.stderr)
+            return 2
+        try:
+            aside = Store.reset(settings.state_dir)
+        except OSError as exc:
+            print(
+                f"llmgw controller: --reset-state: cannot move the state aside: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        if aside is not None:
+            print(f"llmgw controller: --reset-state: old state moved to {aside}", file=sys.stderr)
+    try:  # check the state before saying we listen: a damaged file stops here
+        open_store(spec, settings.url).close()
+    except StateError as exc:
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     mode = "token auth" if settings.tokens.enabled else "open (loopback only, no tokens)"
     if (args.tls_cert is None) != (args.tls_key is None):
         print("llmgw controller: --tls-cert and --tls-key go together", file=sys.stderr)
@@ -247,19 +337,23 @@ def main(argv: list[str]) -> int:
     scheme = "https" if ssl_context is not None else "http"
     print(
         f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
-        f"state in {settings.state_dir}",
+        f"state in {describe(spec)}",
         flush=True,
     )
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
     limits = ServerLimits(idle_timeout_s=args.idle_timeout, max_connections=args.max_connections)
-    serve(
-        create_app(settings),
-        settings.host,
-        settings.port,
-        limits,
-        ssl_context=ssl_context,
-        access_log=access_log,
-    )
+    try:
+        serve(
+            create_app(settings),
+            settings.host,
+            settings.port,
+            limits,
+            ssl_context=ssl_context,
+            access_log=access_log,
+        )
+    except StateError as exc:  # found while opening the state: one message, no traceback
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -34,7 +34,7 @@ from dataclasses import replace
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
 from llmgw.scheduler import NodeCapacity, Placement, RunningReplica, place_many, plan_drain
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
 
@@ -126,6 +126,8 @@ class Reconciler:
             t0, failed = time.perf_counter(), False
             try:
                 self.tick()
+            except StoreUnavailable:
+                pass  # the store logs once per outage; the next tick tries again
             except Exception:  # one bad tick must not stop reconciling
                 failed = True
                 log.exception("reconcile tick failed")

@@ -35,6 +35,17 @@ class ControllerSettings:
     # `/metrics`: also served without a token on this loopback HOST:PORT; per-node series opt-in.
     metrics_listen: str | None = None
     metrics_per_node: bool = False
+    # `--store`: None is SQLite in state_dir; else "sqlite:DIR" or "postgresql://...".
+    store: str | None = None
+    # The URL others should use for this controller (`--advertise-url`; else from listen).
+    advertise_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
 
     @property
     def host(self) -> str:

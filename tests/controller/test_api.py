@@ -300,3 +300,9 @@ def test_token_files_name_each_operator(tmp_path: Path) -> None:
     loaded = Tokens.load(env={}, files={Role.ADMIN: path})
     assert loaded.identify("s3cret-b").name == "bob"  # type: ignore[union-attr]
     assert loaded.identify("s3cret-c") is None
+
+
+async def test_healthz_names_the_role_epoch_and_url(client: TestClient) -> None:
+    body = await (await client.get("/healthz")).json()
+    assert body["ok"] is True and body["role"] == "leader" and body["epoch"] == 1
+    assert body["leader"].startswith("http://")

