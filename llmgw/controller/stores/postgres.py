@@ -348,6 +348,38 @@ class PostgresStore:
         with self._tx() as db:
             db.execute("DELETE FROM model_backoff WHERE model=%s", (model,))
 
+    # -- node credentials (issued by enrollment; only their SHA-256 is kept) ------------------------
+
+    def _credentials_table(self) -> None:
+        # Created on first use, as the SQLite store does (it came after schema 1).
+        with self._tx() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS agent_credentials ("
+                " node TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE,"
+                " issued_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL)"
+            )
+
+    def credentials(self) -> dict[str, tuple[str, float, str]]:
+        """node -> (digest, issued_at, by)."""
+        self._credentials_table()
+        return {
+            r["node"]: (r["digest"], r["issued_at"], r["by"])
+            for r in self._read("SELECT * FROM agent_credentials")
+        }
+
+    def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO agent_credentials(node, digest, issued_at, by)"
+                " VALUES (%s, %s, %s, %s)",
+                (node, digest, at, by),
+            )
+
+    def delete_credential(self, node: str) -> bool:
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM agent_credentials WHERE node=%s", (node,))
+            return (cur.rowcount or 0) > 0
+
 
 def _cause(exc: Exception) -> str:
     """The server's (or libpq's) own words, on one line."""
