@@ -88,6 +88,18 @@ def test_clearing_and_deleting(open_store: StoreFactory) -> None:
     assert store.history("n2")[0].action == "forget"
 
 
+def test_node_credentials_survive_a_reopen_and_revoke(open_store: StoreFactory) -> None:
+    store = open_store()
+    assert store.credentials() == {}
+    store.put_credential("n1", "digest-1", at=5.0, by="enroll")
+    store.close()
+    again = open_store()
+    assert again.credentials() == {"n1": ("digest-1", 5.0, "enroll")}
+    assert again.delete_credential("n1") is True
+    assert again.delete_credential("n1") is False
+    assert again.credentials() == {}
+
+
 def test_dump_and_load_copy_everything(
     open_store: StoreFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
