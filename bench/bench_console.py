@@ -1,7 +1,7 @@
 """Console at scale: first paint and refresh cycle with 2,000 nodes.
 
-Runs the real app headless (`App.run_test`) against the fake controller of
-the console tests (`httpx.MockTransport`, no sockets), so the figures are the
+Runs the real app headless (`App.run_test`) against a fake controller
+(bench/console_fake.py: `httpx.MockTransport`, no sockets), so the figures are the
 console's own: fetch + validation + table patching + one repaint.
 
     python bench/bench_console.py [--nodes 2000] [--cycles 10] [--churn 0.05]
@@ -25,15 +25,14 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "console"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from console_fixtures import NOW, FakeController  # noqa: E402
+from console_fake import NOW, FakeController
 
-from console.app import ConsoleApp  # noqa: E402
-from console.screens.main import MainScreen  # noqa: E402
-from console.widgets.nodes import NodesTable  # noqa: E402
-from llmgw.wire import FleetSummary, NodeRow  # noqa: E402
+from console.app import ConsoleApp
+from console.screens.main import MainScreen
+from console.widgets.nodes import NodesTable
+from llmgw.wire import FleetSummary, NodeRow
 
 
 def ms(seconds: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, cast
@@ -21,35 +22,17 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.timer import Timer
 
-from console.screens.actions import ADMIN_ACTIONS, AdminActions
+from console.commands import ADMIN_ACTIONS, AdminAction, AdminForm, AdminRequested
+from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
 from console.screens.main import AdminMainScreen, MainScreen
-from console.screens.modals import HelpScreen
-from console.state import Connection, Fleet, Link, NodeView, backoff
+from console.screens.modals import DrainModal
+from console.state import Connection, FleetView, Link, NodeView, backoff
+from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
-from llmgw.wire import FleetSummary, NodesDelta
-
-# The help lists view keys, then (unless read-only) admin keys, then app keys.
-VIEW_KEYS = [
-    ("↑↓ j k g G", "move (pgup / pgdn: a page)"),
-    ("enter", "node detail (escape goes back)"),
-    ("/", "filter nodes (escape clears)"),
-    ("s / S", "cycle sort column / reverse"),
-    ("space", "mark nodes for one action (escape clears marks)"),
-]
-APP_KEYS = [
-    ("?", "this help"),
-    ("q", "quit"),
-]
-ADMIN_KEYS = [
-    ("c", "cordon: no new replicas here (asks for a reason)"),
-    ("u", "uncordon (only shown for cordoned or draining nodes)"),
-    ("d", "drain: move replicas off (reason, force, pre-check)"),
-]
+from llmgw.wire import DrainPlan, FleetSummary, NodesDelta
 
 _HEAP_SETTLED = False  # gc.freeze() once per process, see ConsoleApp.settle_heap
-
-PAST = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "draining"}
 
 
 class ConsoleApp(App[None]):
@@ -57,14 +40,18 @@ class ConsoleApp(App[None]):
     TITLE = "llmgw console"
     BINDINGS: ClassVar[list[Binding]] = [  # type: ignore[assignment]
         Binding("q", "quit", "Quit"),
+        Binding("r", "retry", "Retry", show=False),
     ]
 
     # Short terminals give the nodes table the room (see app.tcss).
     VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
-    fleet: var[Fleet | None] = var(None)
+    fleet: var[FleetView | None] = var(None)
     connection: var[Connection] = var(Connection())
     node_view: var[NodeView | None] = var(None)
+    # No admin keys: --readonly, or a token that may only read (GET /v1/whoami).
+    # Admin keys stay off until the controller has said the token may use them.
+    readonly: var[bool] = var(True)
 
     def __init__(
         self,
@@ -76,7 +63,9 @@ class ConsoleApp(App[None]):
     ) -> None:
         super().__init__()
         self.client = client
-        self.readonly = readonly
+        self.readonly_flag = readonly  # --readonly: the admin screens are never built
+        self.role: str | None = None  # the token's role, once the controller said it
+        self.role_known = readonly  # --readonly needs no answer
         self.refresh_s = max(0.2, refresh)
         self.clock = clock
         self.watched_node: str | None = None
@@ -86,16 +75,57 @@ class ConsoleApp(App[None]):
         self._poll_again = False
         self._nodes_cursor = ""  # "": the next fetch asks for every node
 
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
     def get_default_screen(self) -> Screen[Any]:
-        return MainScreen() if self.readonly else AdminMainScreen()
+        return MainScreen() if self.readonly_flag else AdminMainScreen()
 
     def on_mount(self) -> None:
         self._start_poll()
+        if not self.readonly_flag:
+            self.run_worker(self._learn_role(), name="whoami", exit_on_error=False)
+
+    async def _learn_role(self) -> None:
+        """Ask the controller what this token may do; offer admin keys only if
+        it may use them (open mode, no tokens: role None, everything allowed)."""
+        for attempt in itertools.count(1):
+            try:
+                me = await self.client.whoami()
+            except ControllerError as exc:
+                if exc.status == 404:  # an older controller: let it answer each request
+                    self.readonly = False
+                    self.role_known = True
+                    return
+            except (ControllerUnreachable, ValidationError):
+                pass
+            else:
+                self.role = me.role
+                self.readonly = me.role not in (None, "admin")
+                self.role_known = True
+                if self.readonly:
+                    self.notify(
+                        f"Read-only: this token ({me.name}) may look, not cordon or drain.",
+                        timeout=6,
+                    )
+                return
+            # Not answered (down, 401): ask again with the polls' backoff.
+            await asyncio.sleep(backoff(attempt, self.refresh_s))
+
+    def watch_readonly(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, AdminActions):
+                screen.update_footer()
 
     async def on_unmount(self) -> None:
         await self.client.aclose()
 
     # -- polling ----------------------------------------------------------------
+
+    def action_retry(self) -> None:
+        """`r`: try the controller now instead of waiting out the backoff."""
+        self.poll_now()
 
     def poll_now(self) -> None:
         """Fetch as soon as possible, without ever running two fetches at once."""
@@ -152,7 +182,7 @@ class ConsoleApp(App[None]):
         except ValidationError as exc:
             return self._failed(Link.ERROR, f"answer not understood: {describe(exc)}")
         now = self.clock()
-        self.fleet = Fleet.merge(self.fleet, summary, delta, now)
+        self.fleet = FleetView.merge(self.fleet, summary, delta, now)
         # Only now: a failed fetch leaves the cursor where the data on screen is.
         self._nodes_cursor = delta.cursor
         self.connection = Connection(Link.LIVE, last_ok=now)
@@ -209,10 +239,11 @@ class ConsoleApp(App[None]):
 
     # -- screens ------------------------------------------------------------------
 
-    def open_detail(self, name: str) -> None:
-        self.watched_node = name
+    def on_main_screen_detail_requested(self, message: MainScreen.DetailRequested) -> None:
+        self.watched_node = message.name
         self.node_view = None
-        screen = NodeDetailScreen(name) if self.readonly else AdminNodeDetailScreen(name)
+        name = message.name
+        screen = NodeDetailScreen(name) if self.readonly_flag else AdminNodeDetailScreen(name)
         self.push_screen(screen, lambda _: self._close_detail())
         self.poll_now()
 
@@ -220,10 +251,8 @@ class ConsoleApp(App[None]):
         self.watched_node = None
         self.node_view = None
 
-    def show_help(self, screen: Screen[Any]) -> None:
-        admin = [] if self.readonly else ADMIN_KEYS
-        keys = [*VIEW_KEYS, *admin, *APP_KEYS]
-        self.push_screen(HelpScreen(keys, self.readonly))
+    def on_nodes_table_filled(self, message: NodesTable.Filled) -> None:
+        self.settle_heap()
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -240,83 +269,67 @@ class ConsoleApp(App[None]):
         if isinstance(screen, MainScreen | NodeDetailScreen):
             yield SystemCommand("Help", "Keys and what they do", screen.action_help)
         # Only admin screens have these actions; read-only screens never do.
-        if isinstance(screen, AdminActions):
+        if isinstance(screen, AdminActions) and not self.readonly:
             for action in ADMIN_ACTIONS:
                 names = screen.applicable(action)
                 if not names:
                     continue
                 label = names[0] if len(names) == 1 else f"{len(names)} nodes"
                 yield SystemCommand(
-                    f"{action.capitalize()} {label}",
+                    f"{action.title} {label}",
                     ", ".join(names[:8]) + (" …" if len(names) > 8 else ""),
-                    getattr(screen, f"action_{action}"),
+                    getattr(screen, f"action_{action.verb}"),
                 )
 
     # -- admin requests -------------------------------------------------------------
 
-    def send_admin(
-        self,
-        action: str,
-        names: list[str],
-        *,
-        reason: str | None = None,
-        force: bool = False,
-        timeout_s: float | None = None,
-    ) -> None:
+    def on_admin_requested(self, message: AdminRequested) -> None:
         if self.readonly:  # belt and braces: read-only screens have no such keys
             return
         self.run_worker(
-            self._send_admin(action, names, reason, force, timeout_s),
+            self._send_admin(message.action, message.nodes, message.form),
             group="admin",
             exit_on_error=False,
         )
 
-    async def _send_admin(
-        self,
-        action: str,
-        names: list[str],
-        reason: str | None,
-        force: bool,
-        timeout_s: float | None,
-    ) -> None:
+    async def _send_admin(self, action: AdminAction, names: list[str], form: AdminForm) -> None:
         done: list[str] = []
         failed: list[str] = []
         for name in names:
             try:
-                if action == "cordon":
-                    await self.client.cordon(name, reason or "")
-                elif action == "uncordon":
-                    await self.client.uncordon(name)
-                elif action == "drain":
-                    await self.client.drain(name, reason or "", force=force)
+                await action.call(self.client, name, form)
                 done.append(name)
             except (ControllerError, ControllerUnreachable, ValidationError) as exc:
                 failed.append(f"{name}: {describe(exc)}")
         if done:
             self.notify(
-                f"{PAST[action].capitalize()}: {', '.join(done[:6])}"
+                f"{action.past.capitalize()}: {', '.join(done[:6])}"
                 + (f" and {len(done) - 6} more" if len(done) > 6 else "")
             )
         if failed:
             self.notify(
-                f"{action} failed on {len(failed)} node(s):\n"
+                f"{action.verb} failed on {len(failed)} node(s):\n"
                 + "\n".join(failed[:5])
                 + "\nNothing else was changed on those nodes.",
                 severity="error",
                 timeout=10,
             )
-        if action == "drain" and done and timeout_s:
-            self.set_timer(timeout_s, lambda: self._drain_deadline(done, reason or ""))
         self.poll_now()
 
-    def _drain_deadline(self, names: list[str], reason: str) -> None:
-        """A drain with a timeout: nodes still draining now are drained by force."""
-        fleet = self.fleet
-        if fleet is None:
+    def on_drain_modal_plan_wanted(self, message: DrainModal.PlanWanted) -> None:
+        self.run_worker(self._drain_plan(message.modal), group="drain-plan", exit_on_error=False)
+
+    async def _drain_plan(self, modal: DrainModal) -> None:
+        """The drain pre-check, handed to the modal (which does no I/O)."""
+        try:
+            plan = DrainPlan.model_validate(await self.client.drain_plan(modal.names))
+        except (ControllerError, ControllerUnreachable) as exc:
+            message = describe(exc)
+        except ValidationError as exc:
+            message = f"answer not understood: {describe(exc)}"
+        else:
+            if modal.is_attached:
+                modal.show_plan(plan)
             return
-        late = [n for n in names if (row := fleet.nodes.get(n)) and row.state == "draining"]
-        if late:
-            self.notify(
-                f"Drain timeout reached, forcing: {', '.join(late[:6])}", severity="warning"
-            )
-            self.send_admin("drain", late, reason=reason, force=True)
+        if modal.is_attached:
+            modal.plan_failed(message)

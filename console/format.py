@@ -1,4 +1,5 @@
-"""Pure formatting: durations, ages, colours by meaning, stacked GPU bars.
+"""Console cells: the shared vocabulary (llmgw/present.py) as rich Text, plus
+report-age buckets and stacked GPU bars.
 
 Everything here returns `rich.text.Text`, never markup strings: node names,
 reasons and model names come from operators and agents, and a reason such as
@@ -11,32 +12,19 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
-from llmgw.wire import (
-    AdminFlag,
-    GpuClassCounts,
-    GpuHealth,
-    NodeRow,
-    NodeState,
-    ReplicaState,
-    ShardState,
+from llmgw.present import (
+    STYLE,
+    Meaning,
+    duration,
+    load_meaning,
+    node_state_parts,
+    style_of,
 )
+from llmgw.wire import GpuClassCounts, NodeRow
 
-# Colours by meaning, shared by every pane (k9s-like: green fine, yellow
-# attention, red broken, magenta in motion).
-STATE_STYLE: dict[str, str] = {
-    NodeState.READY: "green",
-    NodeState.CORDONED: "yellow",
-    NodeState.DRAINING: "magenta",
-    NodeState.UNREACHABLE: "bold red",
-    ReplicaState.STARTING: "cyan",
-    ReplicaState.FAILED: "bold red",
-    ShardState.STOPPING: "magenta",
-    GpuHealth.HEALTHY: "green",
-    GpuHealth.UNHEALTHY: "bold red",
-    GpuHealth.UNKNOWN: "magenta",
-}
-
-VERDICT_STYLE = {"ok": "green", "below_minimum": "yellow", "unplaceable": "bold red"}
+# Colours come from the shared vocabulary (llmgw/present.py): one meaning,
+# one style, in ctl and here.
+VERDICT_STYLE = {v: style_of(v) for v in ("ok", "below_minimum", "unplaceable")}
 
 # Glyphs of the stacked GPU bar, in the order the segments are drawn.
 BAR_USED = "█"
@@ -51,31 +39,15 @@ def styled(value: object, style: str = "") -> Text:
 
 
 def state_text(state: str) -> Text:
-    return styled(state, STATE_STYLE.get(state, ""))
+    return styled(state.replace("_", " "), style_of(state))
 
 
 def node_state_text(row: NodeRow) -> Text:
-    """The displayed state; for an unreachable node the kept admin flag beside it."""
-    text = state_text(row.state)
-    if row.state == NodeState.UNREACHABLE and row.admin.flag != AdminFlag.NONE:
-        text.append(f"/{row.admin.flag[:4]}", style="yellow")
-    elif row.admin.drained and row.state == NodeState.CORDONED:
-        text.append("+drained", style="dim yellow")
+    """The displayed state, in the words `ctl nodes` uses (`unreachable (cordoned)`)."""
+    text = Text(no_wrap=True, end="")
+    for words, style in node_state_parts(row):
+        text.append(words, style=style)
     return text
-
-
-def humanize(seconds: float | None) -> str:
-    """A compact duration: 45s, 7m05s, 2h13m, 3d04h. None is unknown: '-'."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
 def size_text(n: int) -> str:
@@ -100,12 +72,12 @@ def age_bucket(seconds: float | None) -> tuple[str, str]:
     every refresh; buckets keep the table patch small and still show lateness.
     """
     if seconds is None:
-        return "never", "bold red"
+        return "never", STYLE[Meaning.BROKEN]
     if seconds < 10:
-        return "<10s", "green"
+        return "<10s", STYLE[Meaning.FINE]
     if seconds < 60:
-        return f"{int(seconds) // 10 * 10}s", "yellow"
-    return humanize(seconds // 60 * 60), "bold red"
+        return f"{int(seconds) // 10 * 10}s", STYLE[Meaning.ATTENTION]
+    return duration(seconds // 60 * 60), STYLE[Meaning.BROKEN]
 
 
 def age_text(seconds: float | None) -> Text:
@@ -113,12 +85,7 @@ def age_text(seconds: float | None) -> Text:
 
 
 def load_style(fraction: float) -> str:
-    """nvitop's colouring: light load green, moderate yellow, heavy red."""
-    if fraction < 0.5:
-        return "green"
-    if fraction < 0.85:
-        return "yellow"
-    return "red"
+    return STYLE[load_meaning(fraction)]
 
 
 def split_width(counts: Sequence[int], width: int) -> list[int]:
@@ -151,8 +118,8 @@ def gpu_segments(c: GpuClassCounts) -> list[tuple[int, str, str]]:
     free = c.free + max(0, c.total - accounted)
     return [
         (c.used, BAR_USED, load_style(load)),
-        (c.unhealthy, BAR_UNHEALTHY, "bold red"),
-        (c.unknown, BAR_UNKNOWN, "magenta"),
+        (c.unhealthy, BAR_UNHEALTHY, style_of("unhealthy")),
+        (c.unknown, BAR_UNKNOWN, style_of("unknown")),
         (c.unschedulable, BAR_UNSCHED, "bright_black"),
         (free, BAR_FREE, "green dim"),
     ]
@@ -171,7 +138,7 @@ def stacked_bar(segments: Iterable[tuple[int, str, str]], width: int) -> Text:
 def gpus_cell(row: NodeRow) -> Text:
     """'used/total' coloured by load; no GPUs at all is shown, not hidden."""
     if row.gpus_total == 0:
-        return styled("none", "bold red" if row.gpu_error else "dim")
+        return styled("none", STYLE[Meaning.BROKEN if row.gpu_error else Meaning.MUTED])
     load = row.gpus_used / row.gpus_total
     return styled(f"{row.gpus_used}/{row.gpus_total}", load_style(load))
 

@@ -1,10 +1,12 @@
-"""What the console knows: the last fleet it fetched and how the link is doing."""
+"""What the console knows: the last fleet it fetched and how the link is doing;
+and `ConsoleModel`, the app as screens see it (screens never import the app)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from llmgw.wire import FleetSummary, NodeDetail, NodeRow, NodesDelta
 
@@ -17,7 +19,7 @@ class Link(StrEnum):
 
 
 @dataclass(frozen=True, eq=False)
-class Fleet:
+class FleetView:
     """One consistent fetch. `eq=False`: identity is enough, and comparing two
     thousand rows field by field on every reactive assignment is not."""
 
@@ -32,8 +34,8 @@ class Fleet:
 
     @classmethod
     def merge(
-        cls, old: Fleet | None, summary: FleetSummary, delta: NodesDelta, fetched_at: float
-    ) -> Fleet:
+        cls, old: FleetView | None, summary: FleetSummary, delta: NodesDelta, fetched_at: float
+    ) -> FleetView:
         """Apply the controller's answer to `GET /v1/nodes?since=` on top of
         the previous fetch (a full answer replaces it)."""
         if delta.full or old is None:
@@ -64,8 +66,13 @@ class Connection:
 
 def next_step(conn: Connection) -> str:
     """What the operator can do about a broken link, in one sentence."""
-    if conn.status in (401, 403):
-        return "Check the admin token (--token or LLMGW_TOKEN)."
+    if conn.status == 401:
+        return (
+            "The controller wants a valid token: pass it with --token or set LLMGW_TOKEN"
+            " (a read token is enough to look)."
+        )
+    if conn.status == 403:
+        return "This token may not read the fleet: use a read or admin token (--token)."
     if conn.link == Link.LOST:
         return "Check that `llmgw controller` runs and --controller points at it."
     if conn.status is not None and conn.status >= 500:
@@ -88,3 +95,18 @@ class NodeView:
     name: str
     detail: NodeDetail | None
     error: str | None = None
+
+
+class ConsoleModel(Protocol):
+    """What screens read from the app. The app satisfies it; screens take
+    `cast(ConsoleModel, self.app)` and never import console.app."""
+
+    fleet: FleetView | None
+    connection: Connection
+    node_view: NodeView | None
+    readonly: bool  # --readonly, or a token that may only read
+
+    @property
+    def base_url(self) -> str: ...
+
+    def clock(self) -> float: ...

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         NodeRow,
         NodesDelta,
         ReplicaView,
+        WhoAmI,
     )
 
 T = TypeVar("T")
@@ -206,8 +207,8 @@ def replicas() -> Call[list[ReplicaView]]:
     return Call("GET", "/v1/replicas", parse=_list_of("ReplicaView"), typed=True)
 
 
-def whoami() -> Call[Any]:
-    return Call("GET", "/v1/whoami")
+def whoami() -> Call[WhoAmI]:
+    return Call("GET", "/v1/whoami", parse=_one("WhoAmI"), typed=True)
 
 
 def healthz() -> Call[Any]:

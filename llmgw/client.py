@@ -36,6 +36,7 @@ from llmgw.wire import (
     NodeRow,
     NodesDelta,
     ReplicaView,
+    WhoAmI,
 )
 
 __all__ = [
@@ -133,12 +134,13 @@ class AdminClient:
             api.Call("GET", "/v1/gateways", parse=TypeAdapter(list[GatewayView]).validate_json)
         )
 
+    async def whoami(self) -> WhoAmI:
+        """The token's name and role, so a front end offers only what it may do."""
+        return await self.run(api.whoami())
+
     async def summary_json(self) -> Any:
         """The summary exactly as served (for `ctl status --json`)."""
         return await self.run(api.summary_json())
-
-    async def whoami(self) -> Any:
-        return await self.run(api.whoami())
 
     # -- mutations ------------------------------------------------------------
 

@@ -9,10 +9,11 @@ Free text (reasons, errors) is escaped so it cannot move the cursor or split a r
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
+
+from llmgw import present
 
 if TYPE_CHECKING:
     from llmgw.wire import (
@@ -25,42 +26,9 @@ if TYPE_CHECKING:
         ReplicaView,
     )
 
-# Keyed by the state words (NodeState is a StrEnum, so its members look up
-# alike): rendering must not need the wire module, whose pydantic import costs
-# a one-shot `ctl` more than all its other work.
-STATE_STYLE = {
-    "ready": "green",
-    "cordoned": "yellow",
-    "draining": "magenta",
-    "unreachable": "red",
-}
-
-
-def duration(seconds: float | None) -> str:
-    """Compact human durations: 45s, 12m, 2h13m, 3d4h."""
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
-
-
-def timestamp(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
-
-
-def deadline(at: float, now: float | None = None) -> str:
-    """A drain's deadline in UTC: `14:05 UTC`, with the date when not within a day."""
-    now = time.time() if now is None else now
-    fmt = "%H:%M UTC" if abs(at - now) < 86_400 else "%Y-%m-%d %H:%M UTC"
-    return time.strftime(fmt, time.gmtime(at))
+# One vocabulary with the console: durations, zoned timestamps, state words and colours.
+duration = present.duration
+timestamp = present.timestamp
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
@@ -330,19 +298,14 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
 
 
 def node_state(row: NodeRow) -> Cell:
-    text = str(row.state)
-    if row.admin.flag != "none" and row.state == "unreachable":
-        text += f" ({row.admin.flag})"
-    elif row.admin.drained:
-        text += " (drained)"
-    return Cell(text, STATE_STYLE[str(row.state)])
+    return Cell(present.node_state_words(row), present.style_of(str(row.state)))
 
 
 def node_reason(row: NodeRow) -> str:
     reason = row.admin.reason or ""
     force_at = getattr(row.admin, "force_at", None)  # absent from older controllers
     if row.admin.flag == "draining" and force_at is not None:
-        when = "forced" if row.admin.force else f"force at {deadline(force_at)}"
+        when = "forced" if row.admin.force else present.force_at_words(force_at)
         reason = f"{reason} ({when})" if reason else when
     if row.drain_blocked:
         reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked

@@ -582,3 +582,10 @@ class GatewayView(Outbound):
     age_s: float
     in_flight: int
     requests: int
+
+
+class WhoAmI(Outbound):
+    """`GET /v1/whoami`: whose token this is and what it may do (None: open mode)."""
+
+    name: str
+    role: str | None

@@ -1,51 +1,58 @@
-"""Cordon, uncordon and drain keys, shared by the main and detail screens.
+"""The screens' shared base, and the cordon / uncordon / drain keys.
 
-Only the *Admin* screen classes mix this in: in read-only mode the bindings
-and the actions do not exist at all, so no key, palette entry or stray
-`run_action` can reach the controller.
+Only the *Admin* screen classes mix `AdminActions` in: with `--readonly` the
+bindings and actions do not exist at all. With a token that may only read
+(`GET /v1/whoami`), the admin screens disable them (`check_action` is False:
+no footer entry, no palette entry, the key does nothing).
+
+Screens never talk to the controller and never import the app: they read the
+app through `ConsoleModel` and post `AdminRequested` for the app to run.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from console.screens.modals import CordonModal, DrainForm, DrainModal
-from llmgw.wire import AdminFlag, NodeRow
-
-if TYPE_CHECKING:
-    from console.app import ConsoleApp
+from console.commands import (
+    ADMIN_ACTIONS,
+    BY_VERB,
+    CORDON,
+    DRAIN,
+    UNCORDON,
+    AdminAction,
+    AdminForm,
+    AdminRequested,
+)
+from console.screens.modals import CordonModal, DrainModal, HelpScreen, UncordonModal
+from console.state import ConsoleModel
+from llmgw.wire import NodeRow
 
 ADMIN_BINDINGS: list[BindingType] = [
-    Binding("c", "cordon", "Cordon"),
-    Binding("u", "uncordon", "Uncordon"),
-    Binding("d", "drain", "Drain"),
+    Binding(CORDON.key, "cordon", CORDON.title),
+    Binding(UNCORDON.key, "uncordon", UNCORDON.title),
+    Binding(DRAIN.key, "drain", DRAIN.title),
 ]
-ADMIN_ACTIONS = ("cordon", "uncordon", "drain")
+ADMIN_VERBS = frozenset({"mark", *BY_VERB})
 
 
-def can(action: str, row: NodeRow) -> bool:
-    """Does `action` change anything for this node?"""
-    if action == "cordon":
-        return row.admin.flag == AdminFlag.NONE
-    if action == "uncordon":
-        return row.admin.flag != AdminFlag.NONE
-    if action == "drain":
-        return row.admin.flag != AdminFlag.DRAINING
-    return True
+class NodeScreen(Screen[Any]):
+    """A screen about some nodes: says which (`targets`), refreshes its footer
+    only when what it would show has changed (Footer rebuilds all its keys on
+    every refresh_bindings(); doing that each poll redraws it for nothing)."""
 
-
-class FooterAware(Screen[Any]):
-    """Refreshes the footer only when what it would show has changed.
-
-    Footer rebuilds its keys on every refresh_bindings(); doing that on each
-    poll would redraw it every second for nothing.
-    """
-
-    FOOTER_ACTIONS: tuple[str, ...] = ("open_detail", *("cordon", "uncordon", "drain"))
+    FOOTER_ACTIONS: tuple[str, ...] = ("open_detail", "mark", *(a.verb for a in ADMIN_ACTIONS))
     _footer_state: tuple[bool | None, ...] | None = None
+
+    @property
+    def model(self) -> ConsoleModel:
+        return cast(ConsoleModel, self.app)
+
+    def targets(self) -> list[NodeRow]:
+        """The nodes an admin key acts on; none by default."""
+        return []
 
     def update_footer(self) -> None:
         state = tuple(self.check_action(a, ()) for a in self.FOOTER_ACTIONS)
@@ -53,52 +60,50 @@ class FooterAware(Screen[Any]):
             self._footer_state = state
             self.refresh_bindings()
 
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(self.model.readonly))
 
-class AdminActions(FooterAware):
-    """Mixin base: subclasses say which nodes the keys act on."""
 
-    def targets(self) -> list[NodeRow]:
-        raise NotImplementedError
+class AdminActions(NodeScreen):
+    """Mixin for the admin screens: c, u, d on `targets()`."""
 
-    @property
-    def console(self) -> ConsoleApp:
-        return cast("ConsoleApp", self.app)
-
-    def applicable(self, action: str) -> list[str]:
-        return [r.name for r in self.targets() if can(action, r)]
+    def applicable(self, action: AdminAction) -> list[str]:
+        return action.applicable(self.targets())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # The footer shows only what applies to the selected (or marked) nodes.
-        if action in ADMIN_ACTIONS:
-            return bool(self.applicable(action))
+        if action in ADMIN_VERBS and self.model.readonly:
+            return False  # the token may only read
+        if action in BY_VERB:
+            # The footer shows only what applies to the selected (or marked) nodes.
+            return bool(self.applicable(BY_VERB[action]))
         return super().check_action(action, parameters)
 
-    def action_cordon(self) -> None:
-        names = self.applicable("cordon")
-        if not names:
+    def _ask(self, action: AdminAction) -> None:
+        if self.model.readonly:
             return
-
-        def done(reason: object) -> None:
-            if isinstance(reason, str) and reason:
-                self.console.send_admin("cordon", names, reason=reason)
-
-        self.app.push_screen(CordonModal(names), done)
-
-    def action_uncordon(self) -> None:
-        # Not destructive (it only lets work land again): no confirmation.
-        names = self.applicable("uncordon")
-        if names:
-            self.console.send_admin("uncordon", names)
-
-    def action_drain(self) -> None:
-        names = self.applicable("drain")
-        if not names:
+        rows = [r for r in self.targets() if action.applies(r)]
+        if not rows:
             return
+        names = [r.name for r in rows]
+        if action is CORDON:
+            modal: Screen[object] = CordonModal(names)
+        elif action is UNCORDON:
+            modal = UncordonModal(rows)
+        else:
+            modal = DrainModal(names)
 
         def done(form: object) -> None:
-            if isinstance(form, DrainForm):
-                self.console.send_admin(
-                    "drain", names, reason=form.reason, force=form.force, timeout_s=form.timeout_s
-                )
+            if isinstance(form, AdminForm):
+                self.post_message(AdminRequested(action, names, form))
 
-        self.app.push_screen(DrainModal(names, self.console.client), done)
+        # Pushed now, in this key's handler: keys typed next go to the modal.
+        self.app.push_screen(modal, done)
+
+    def action_cordon(self) -> None:
+        self._ask(CORDON)
+
+    def action_uncordon(self) -> None:
+        self._ask(UNCORDON)
+
+    def action_drain(self) -> None:
+        self._ask(DRAIN)

@@ -4,22 +4,21 @@ this screen is open, patched in place like the main screen."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, cast
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from console.format import humanize, node_state_text, plural, size_text, state_text, styled
-from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
+from console.format import node_state_text, plural, size_text, state_text, styled
+from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, NodeView
 from console.widgets.header import ConnectionBanner
 from console.widgets.keyed_table import KeyedTable
+from llmgw.present import duration, force_at_words, timestamp
 from llmgw.wire import (
     AdminEvent,
+    AdminFlag,
     GpuHealth,
     GpuReport,
     NodeDetail,
@@ -28,15 +27,6 @@ from llmgw.wire import (
     StorageLocation,
     StorageScope,
 )
-
-if TYPE_CHECKING:
-    from console.app import ConsoleApp
-
-
-def when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 class GpusTable(KeyedTable):
@@ -107,7 +97,7 @@ class ReplicasTable(KeyedTable):
             state_text(r.state),
             styled(len(r.gpus)),
             styled(r.port if r.port else "-"),
-            styled(humanize(r.idle_seconds) if r.idle_seconds is not None else "unknown", "dim"),
+            styled(duration(r.idle_seconds) if r.idle_seconds is not None else "unknown", "dim"),
             styled(r.error or "", "red"),
         )
 
@@ -117,7 +107,6 @@ class HistoryTable(KeyedTable):
 
     def on_mount(self) -> None:
         for key, title in (
-            ("n", "#"),
             ("at", "WHEN"),
             ("action", "ACTION"),
             ("by", "BY"),
@@ -126,22 +115,16 @@ class HistoryTable(KeyedTable):
             self.add_column(title, key=key)
 
     def show(self, events: list[AdminEvent]) -> None:
-        # Newest first; numbered oldest = 1 so keys stay stable as events arrive.
-        rows = {str(i + 1): self._row_cells(i + 1, e) for i, e in enumerate(events)}
-        self.sync(rows, list(reversed(rows)))
+        # Listed as the controller sends them, newest first (as `ctl node`);
+        # keyed by position from the oldest so keys stay stable as events arrive.
+        n = len(events)
+        self.sync({str(n - i): self._row_cells(e) for i, e in enumerate(events)})
 
     @staticmethod
-    def _row_cells(n: int, e: AdminEvent) -> tuple[Text, ...]:
-        style = {
-            "cordon": "yellow",
-            "drain": "magenta",
-            "drained": "yellow",
-            "uncordon": "green",
-        }.get(e.action, "")
+    def _row_cells(e: AdminEvent) -> tuple[Text, ...]:
         return (
-            styled(n, "dim"),
-            styled(when(e.at)),
-            styled(e.action, style),
+            styled(timestamp(e.at)),
+            state_text(e.action),
             styled(e.by),
             styled(e.reason or "", ""),
         )
@@ -200,14 +183,16 @@ def title_text(
         text.append_text(node_state_text(row))
         if row.admin.reason:
             text.append(f"  “{row.admin.reason}”", style="yellow")
-            text.append(f" by {row.admin.by or '?'} at {when(row.admin.at)}", style="dim")
+            text.append(f" by {row.admin.by or '?'} at {timestamp(row.admin.at)}", style="dim")
+        if row.admin.force_at is not None and row.admin.flag == AdminFlag.DRAINING:
+            text.append(f"  {force_at_words(row.admin.force_at)}", style="bold magenta")
         if row.drain_blocked:
             text.append(f"  ⚠ drain blocked: {row.drain_blocked}", style="bold red")
     if detail is not None:
         text.append(f"\n agent {detail.agent_version or '?'}", style="dim")
         text.append(f"  address {detail.address or '?'}", style="dim")
         if detail.row.report_age_s is not None:
-            text.append(f"  last report {humanize(detail.row.report_age_s)} ago", style="dim")
+            text.append(f"  last report {duration(detail.row.report_age_s)} ago", style="dim")
         if detail.row.fabrics:
             text.append("  fabrics ", style="dim").append(", ".join(detail.row.fabrics), "cyan")
         if detail.row.gpu_error:
@@ -219,7 +204,7 @@ def title_text(
     return text
 
 
-class NodeDetailScreen(FooterAware):
+class NodeDetailScreen(NodeScreen):
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("question_mark", "help", "Help"),
@@ -229,10 +214,6 @@ class NodeDetailScreen(FooterAware):
         super().__init__()
         self.node_name = name
         self._texts: dict[str, Text] = {}
-
-    @property
-    def console(self) -> ConsoleApp:
-        return cast("ConsoleApp", self.app)
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
@@ -250,7 +231,7 @@ class NodeDetailScreen(FooterAware):
         self.watch(self.app, "connection", self.show_connection)
 
     def show_connection(self, conn: Connection) -> None:
-        self.query_one(ConnectionBanner).show(conn, self.console.fleet, self.console.clock())
+        self.query_one(ConnectionBanner).show(conn, self.model.fleet, self.model.clock())
         self.set_class(not conn.healthy, "-stale")
 
     def show_view(self, view: NodeView | None) -> None:
@@ -285,18 +266,15 @@ class NodeDetailScreen(FooterAware):
             self.query_one(selector, Static).update(text)
 
     def row(self) -> NodeRow | None:
-        view = self.console.node_view
+        view = self.model.node_view
         if view is not None and view.detail is not None and view.name == self.node_name:
             return view.detail.row
-        fleet = self.console.fleet
+        fleet = self.model.fleet
         return fleet.nodes.get(self.node_name) if fleet else None
 
     def targets(self) -> list[NodeRow]:
         row = self.row()
         return [row] if row else []
-
-    def action_help(self) -> None:
-        self.console.show_help(self)
 
     def action_back(self) -> None:
         self.dismiss(None)  # the app's callback stops fetching this node
@@ -304,6 +282,3 @@ class NodeDetailScreen(FooterAware):
 
 class AdminNodeDetailScreen(AdminActions, NodeDetailScreen):
     BINDINGS = ADMIN_BINDINGS
-
-    def targets(self) -> list[NodeRow]:
-        return NodeDetailScreen.targets(self)

@@ -2,43 +2,41 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.css.query import NoMatches
+from textual.message import Message
 from textual.widgets import Footer, Input
 
-from console.screens.actions import ADMIN_BINDINGS, AdminActions, FooterAware
-from console.state import Connection, Fleet
+from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
+from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
 from console.widgets.header import ConnectionBanner, FleetHeader
 from console.widgets.nodes import NodesTable
 from console.widgets.summary import FabricsTable, IdleTable, UnplaceableList, WeightsMatrix
 from llmgw.wire import NodeRow
 
-if TYPE_CHECKING:
-    from console.app import ConsoleApp
 
-
-class MainScreen(FooterAware):
-    """Read-only by construction; `AdminMainScreen` adds the admin keys."""
+class MainScreen(NodeScreen):
+    """Read-only by construction; `AdminMainScreen` adds marks and the admin keys."""
 
     BINDINGS = [
         Binding("enter", "open_detail", "Details"),
         Binding("slash", "filter", "Filter"),
-        Binding("space", "mark", "Mark"),
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("escape", "clear", "Clear", show=False),
         Binding("question_mark", "help", "Help"),
     ]
 
-    @property
-    def console(self) -> ConsoleApp:
-        return cast("ConsoleApp", self.app)
+    class DetailRequested(Message):
+        """Open the detail of node `name` (the app fetches it while open)."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
 
     def compose(self) -> ComposeResult:
         yield FleetHeader(id="header")
@@ -71,7 +69,7 @@ class MainScreen(FooterAware):
 
     # -- data in --------------------------------------------------------------
 
-    def show_fleet(self, fleet: Fleet | None) -> None:
+    def show_fleet(self, fleet: FleetView | None) -> None:
         if fleet is None:
             return
         s = fleet.summary
@@ -87,15 +85,13 @@ class MainScreen(FooterAware):
         self.update_footer()
 
     def show_connection(self, conn: Connection) -> None:
-        self.set_class(not conn.healthy and self.console.fleet is not None, "-stale")
+        self.set_class(not conn.healthy and self.model.fleet is not None, "-stale")
         self.tick()
 
     def tick(self) -> None:
-        app = self.console
+        app = self.model
         now = app.clock()
-        self.query_one(FleetHeader).show(
-            app.fleet, app.connection, now, app.client.base_url, app.readonly
-        )
+        self.query_one(FleetHeader).show(app.fleet, app.connection, now, app.base_url, app.readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
 
     def _title_nodes(self) -> None:
@@ -175,10 +171,7 @@ class MainScreen(FooterAware):
     def action_open_detail(self) -> None:
         row = self.nodes_table.selected
         if row is not None:
-            self.console.open_detail(row.name)
-
-    def action_help(self) -> None:
-        self.console.show_help(self)
+            self.post_message(self.DetailRequested(row.name))
 
     @on(NodesTable.RowSelected, "#nodes")
     def _row_selected(self) -> None:
@@ -187,10 +180,6 @@ class MainScreen(FooterAware):
     @on(NodesTable.RowHighlighted, "#nodes")
     def _row_highlighted(self) -> None:
         self.update_footer()
-
-    @on(NodesTable.Filled)
-    def _filled(self) -> None:
-        self.console.settle_heap()
 
     @on(NodesTable.MarksChanged)
     def _marks_changed(self) -> None:
@@ -204,9 +193,6 @@ class MainScreen(FooterAware):
 
 
 class AdminMainScreen(AdminActions, MainScreen):
-    """The main screen with cordon / uncordon / drain."""
+    """The main screen with marks and cordon / uncordon / drain."""
 
-    BINDINGS = ADMIN_BINDINGS
-
-    def targets(self) -> list[NodeRow]:
-        return MainScreen.targets(self)
+    BINDINGS = [Binding("space", "mark", "Mark"), *ADMIN_BINDINGS]

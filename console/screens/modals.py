@@ -1,25 +1,27 @@
-"""Confirmations for cordon and drain, and the help overlay.
+"""Confirmations for cordon, uncordon and drain, and the help overlay.
 
-Every destructive modal opens with Cancel focused (Enter or Escape changes
+Every admin modal opens with Cancel focused (Enter or Escape changes
 nothing); typing while Cancel is focused goes to the reason box, so the common
-path is still "c, type reason, Enter".
+path is still "c, type reason, Enter". Modals do no network I/O: the drain
+pre-check is fetched by the app and handed over.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.text import Text
-from textual import events, on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
-from console.format import VERDICT_STYLE, plural, styled
-from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
-from llmgw.wire import DrainPlan
+from console.commands import AdminForm
+from console.format import node_state_text, plural, state_text, styled
+from llmgw.wire import DrainPlan, NodeRow
+
+MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
 
 REASON_REQUIRED = "A reason is required: say why, it is recorded with your name (as `sinfo -R`)."
 
@@ -30,8 +32,9 @@ def targets_label(names: list[str]) -> str:
     return f"{', '.join(names[:3])} and {len(names) - 3} more ({len(names)} nodes)"
 
 
-class ReasonModal(ModalScreen[object]):
-    """Base: a reason box, an error line, Cancel (focused) and a confirm button."""
+class ConfirmModal(ModalScreen[object]):
+    """Base of every confirmation: a title, fields, an error line, and Cancel
+    (focused: Enter or Escape changes nothing) beside the confirm button."""
 
     AUTO_FOCUS = "#cancel"
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
@@ -48,9 +51,6 @@ class ReasonModal(ModalScreen[object]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.title_text(), id="title")
-            yield Input(
-                placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
-            )
             yield from self.compose_fields()
             yield Label("", id="error")
             with Horizontal(id="buttons"):
@@ -60,15 +60,6 @@ class ReasonModal(ModalScreen[object]):
     def title_text(self) -> Text:
         return Text(f"{self.verb} {targets_label(self.names)}", style="bold")
 
-    def on_key(self, event: events.Key) -> None:
-        # Cancel has focus, but typing means the operator is writing a reason.
-        if self.focused is self.query_one("#cancel") and event.is_printable and event.character:
-            reason = self.query_one("#reason", Input)
-            reason.focus()
-            reason.insert_text_at_cursor(event.character)
-            event.stop()
-            event.prevent_default()
-
     def action_cancel(self) -> None:
         self.dismiss(None)
 
@@ -77,28 +68,78 @@ class ReasonModal(ModalScreen[object]):
         self.dismiss(None)
 
     @on(Button.Pressed, "#confirm")
-    @on(Input.Submitted, "#reason")
-    def _confirm(self) -> None:
-        reason = self.query_one("#reason", Input).value.strip()
-        if not reason:
-            self.show_error(REASON_REQUIRED)
-            self.query_one("#reason", Input).focus()
-            return
-        result = self.result(reason)
-        if result is not None:
-            self.dismiss(result)
+    def _confirm_pressed(self) -> None:
+        self.confirm()
+
+    def confirm(self) -> None:
+        self.dismiss(AdminForm())
 
     def show_error(self, message: str) -> None:
         error = self.query_one("#error", Label)
         error.update(Text(message, style="bold red"))
         error.display = True
 
-    def result(self, reason: str) -> object | None:
-        return reason
+
+class ReasonModal(ConfirmModal):
+    """A confirmation with a reason box. Typing goes to the reason whatever
+    has focus (Cancel, the confirm button, nothing yet), so a reason typed or
+    pasted the instant the modal opens is recorded whole."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self.title_text(), id="title")
+            yield Input(
+                placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
+            )
+            yield from self.compose_fields()
+            yield Label("", id="error")
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel", variant="primary")
+                yield Button(self.verb, id="confirm", variant="error")
+
+    def _typing_goes_to_reason(self) -> bool:
+        # Inputs and checkboxes take their own keys; anything else (a button,
+        # or no focus because the screen is still settling) is not a text box.
+        return not isinstance(self.focused, Input | Checkbox)
+
+    def on_key(self, event: events.Key) -> None:
+        if self._typing_goes_to_reason() and event.is_printable and event.character:
+            self._type(event.character)
+            event.stop()
+            event.prevent_default()
+
+    def on_paste(self, event: events.Paste) -> None:
+        if self._typing_goes_to_reason():
+            self._type(" ".join(event.text.splitlines()))
+            event.stop()
+            event.prevent_default()
+
+    def _type(self, text: str) -> None:
+        # Straight into the box, not through focus: focus moves later (after
+        # a refresh), and the next keys may already be queued behind this one.
+        reason = self.query_one("#reason", Input)
+        reason.insert_text_at_cursor(text)
+        if self.focused is not reason:
+            reason.focus()
+
+    @on(Input.Submitted, "#reason")
+    def _reason_submitted(self) -> None:
+        self.confirm()
+
+    def confirm(self) -> None:
+        reason = self.query_one("#reason", Input).value.strip()
+        if not reason:
+            self.show_error(REASON_REQUIRED)
+            self.query_one("#reason", Input).focus()
+            return
+        self.submit(reason)
+
+    def submit(self, reason: str) -> None:
+        self.dismiss(AdminForm(reason=reason))
 
 
 class CordonModal(ReasonModal):
-    """Result: the reason (str), or None when cancelled."""
+    """Result: an AdminForm with the reason, or None when cancelled."""
 
     verb = "Cordon"
 
@@ -106,30 +147,82 @@ class CordonModal(ReasonModal):
         yield Static("No new replicas will be placed; running ones stay.", classes="hint")
 
 
-@dataclass(frozen=True)
-class DrainForm:
-    reason: str
-    force: bool
-    timeout_s: float | None  # force the drain if still running after this long
+class UncordonModal(ConfirmModal):
+    """Uncordon puts nodes back in service: say which reasons it clears."""
+
+    verb = "Uncordon"
+
+    def __init__(self, rows: list[NodeRow]) -> None:
+        super().__init__([r.name for r in rows])
+        self.rows = rows
+
+    def compose_fields(self) -> ComposeResult:
+        text = Text()
+        for i, row in enumerate(self.rows[:8]):
+            if i:
+                text.append("\n")
+            text.append(f"  {row.name}  ", style="bold")
+            text.append_text(node_state_text(row))
+            text.append(f"  “{row.admin.reason or 'no reason recorded'}”", style="yellow")
+            if row.admin.by:
+                text.append(f" by {row.admin.by}", style="dim")
+        if len(self.rows) > 8:
+            text.append(f"\n  … and {len(self.rows) - 8} more", style="dim")
+        yield Label("These reasons are cleared:", classes="hint")
+        yield Static(text, id="clears")
+        yield Static("New replicas may be placed here again at once.", classes="hint")
+
+
+class ForceConfirmModal(ConfirmModal):
+    """A forced drain that drops models below their minimum: a second,
+    explicit yes that names the models."""
+
+    verb = "Force drain"
+
+    def __init__(self, names: list[str], models: list[str]) -> None:
+        super().__init__(names)
+        self.models = models
+
+    def compose_fields(self) -> ComposeResult:
+        text = Text("Forcing stops replicas without waiting for replacements. ", style="bold")
+        if self.models:
+            text.append("These models fall below their minimum:\n", style="bold yellow")
+            for model in self.models:
+                text.append(f"  ✗ {model}\n", style="bold red")
+        else:
+            text.append(
+                "The pre-check did not answer: what this does to each model is unknown.",
+                style="bold yellow",
+            )
+        yield Static(text, id="below")
+
+    def confirm(self) -> None:
+        self.dismiss(True)
 
 
 class DrainModal(ReasonModal):
-    """Result: a DrainForm, or None when cancelled. Shows the controller's
-    pre-check (POST /v1/drain-plan) of what the drain does to each model."""
+    """Result: an AdminForm, or None when cancelled. Shows the controller's
+    pre-check (POST /v1/drain-plan) of what the drain does to each model: the
+    modal asks for it (`PlanWanted`) and the app hands it over (`show_plan`)."""
 
     verb = "Drain"
 
-    def __init__(self, names: list[str], client: AdminClient) -> None:
+    class PlanWanted(Message):
+        def __init__(self, modal: DrainModal) -> None:
+            super().__init__()
+            self.modal = modal
+
+    def __init__(self, names: list[str]) -> None:
         super().__init__(names)
-        self.client = client
         self.plan: DrainPlan | None = None
+        self.plan_error: str | None = None
 
     def compose_fields(self) -> ComposeResult:
         with Horizontal(id="options"):
             yield Label("force after", classes="field-label")
             yield Input(placeholder="min", id="timeout", type="integer", max_length=5)
-            yield Label("minutes", classes="field-label")
-            yield Checkbox("force now (stop replicas without waiting)", id="force")
+            yield Label("minutes (kept by the controller)", classes="field-label")
+            yield Checkbox("force now", id="force")
         yield Static(
             "Replicas move elsewhere first; the node then stays cordoned, marked drained.",
             classes="hint",
@@ -149,29 +242,19 @@ class DrainModal(ReasonModal):
             table.add_column(title, key=key)
         # Reasons wrap inside a fixed column rather than scroll sideways.
         table.add_column("WHY", key="why", width=30)
-        self.load_plan()
+        self.post_message(self.PlanWanted(self))
 
-    @work(exclusive=True, group="drain-plan", exit_on_error=False)
-    async def load_plan(self) -> None:
+    def plan_failed(self, message: str) -> None:
+        self.plan_error = message
         title = self.query_one("#plan-title", Label)
-        try:
-            raw = await self.client.drain_plan(self.names)
-            plan = DrainPlan.model_validate(raw)
-        except (ControllerError, ControllerUnreachable) as exc:
-            title.update(Text(f"Pre-check failed: {exc}. You can still drain.", style="red"))
-            return
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            title.update(Text(f"Pre-check answer not understood: {exc}", style="red"))
-            return
-        self.plan = plan
-        self.show_plan(plan)
+        title.update(Text(f"Pre-check failed: {message}. You can still drain.", style="red"))
 
     def show_plan(self, plan: DrainPlan) -> None:
-        worst = {i.verdict for i in plan.impacts}
+        self.plan = plan
         summary = Text(
             f"Pre-check: {plural(plan.replicas_to_move, 'replica')} to move", style="bold"
         )
-        if "unplaceable" in worst or "below_minimum" in worst:
+        if self.below_minimum():
             summary.append(" · some models drop below their minimum", style="bold yellow")
         elif plan.impacts:
             summary.append(" · every model keeps its minimum", style="green")
@@ -187,25 +270,67 @@ class DrainModal(ReasonModal):
                 styled(
                     i.replaceable, "green" if i.replaceable >= i.replicas_on_nodes else "yellow"
                 ),
-                styled(i.verdict.replace("_", " "), VERDICT_STYLE.get(i.verdict, "")),
+                state_text(i.verdict),
                 Text(i.reason or "", style="dim"),
                 key=i.model,
                 height=None,
             )
 
-    def result(self, reason: str) -> DrainForm | None:
+    def below_minimum(self) -> list[str]:
+        """Models the pre-check says fall below their minimum."""
+        if self.plan is None:
+            return []
+        return [i.model for i in self.plan.impacts if i.verdict != "ok"]
+
+    def submit(self, reason: str) -> None:
         raw = self.query_one("#timeout", Input).value.strip()
-        timeout = None
+        force_after_s = None
         if raw:
-            if not raw.isdigit() or int(raw) <= 0:
-                self.show_error("Force-after must be a whole number of minutes, or empty.")
-                return None
-            timeout = int(raw) * 60.0
-        return DrainForm(reason, self.query_one("#force", Checkbox).value, timeout)
+            if not raw.isdigit() or not 0 < int(raw) <= MAX_FORCE_AFTER_MIN:
+                self.show_error(
+                    "Force-after must be a whole number of minutes (at most 7 days), or empty."
+                )
+                return
+            force_after_s = int(raw) * 60.0
+        form = AdminForm(reason, self.query_one("#force", Checkbox).value, force_after_s)
+        if not form.force or (self.plan is not None and not self.below_minimum()):
+            self.dismiss(form)
+            return
+
+        def forced(yes: object) -> None:
+            if yes is True:
+                self.dismiss(form)
+
+        self.app.push_screen(ForceConfirmModal(self.names, self.below_minimum()), forced)
+
+
+# The help lists view keys, then (unless read-only) admin keys, then app keys.
+VIEW_KEYS = [
+    ("↑↓ j k g G", "move (pgup / pgdn: a page)"),
+    ("enter", "node detail (escape goes back)"),
+    ("/", "filter nodes (escape clears)"),
+    ("s / S", "sort by the next column (every column in turn) / reverse"),
+]
+ADMIN_KEYS = [
+    ("space", "mark nodes for one action (escape clears marks)"),
+    ("c", "cordon: no new replicas here (asks for a reason)"),
+    ("u", "uncordon: back in service (confirms, shows the reason it clears)"),
+    ("d", "drain: move replicas off (reason, force after, pre-check)"),
+]
+APP_KEYS = [
+    ("r", "retry the controller now"),
+    ("?", "this help"),
+    ("ctrl+p", "command palette (same actions)"),
+    ("q", "quit"),
+]
+
+
+def help_keys(readonly: bool) -> list[tuple[str, str]]:
+    return [*VIEW_KEYS, *([] if readonly else ADMIN_KEYS), *APP_KEYS]
 
 
 class HelpScreen(ModalScreen[None]):
-    """Keys of the screen it was opened from (so read-only help has no c/u/d)."""
+    """Keys of the console as it is now (so read-only help has no c/u/d)."""
 
     BINDINGS = [
         Binding("escape", "dismiss", "Close"),
@@ -213,24 +338,25 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False),
     ]
 
-    def __init__(self, keys: list[tuple[str, str]], readonly: bool) -> None:
+    def __init__(self, readonly: bool) -> None:
         super().__init__()
-        self.keys = keys
         self.readonly = readonly
 
     def compose(self) -> ComposeResult:
+        keys = help_keys(self.readonly)
+        width = max(len(k) for k, _ in keys) + 2  # a gap after the longest key
         text = Text()
         text.append("Keys\n\n", style="bold")
-        for key, what in self.keys:
-            text.append(f"  {key:<10}", style="bold cyan").append(f"{what}\n")
-        text.append("  ctrl+p    ", style="bold cyan").append("command palette (same actions)\n")
+        for key, what in keys:
+            text.append(f"  {key:<{width}}", style="bold cyan").append(f"{what}\n")
         text.append("\nFilter: words all must match name, state, reason, GPU class,\n")
         text.append("fabric or model (e.g. `cordoned ib-a`).\n")
-        text.append("Marks (space) make c/u/d act on every marked node.\n")
         if self.readonly:
             text.append(
                 "\nRead-only: cordon, uncordon and drain are not available.\n", style="blue"
             )
+        else:
+            text.append("Marks (space) make c/u/d act on every marked node.\n")
         with Vertical(id="dialog"):
             yield Static(text)
             yield Button("Close", id="close", variant="primary")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from console.format import humanize
-from console.state import Connection, Fleet, Link, next_step
+from console.state import Connection, FleetView, Link, next_step
+from llmgw.present import duration, style_of
 
 LINK_STYLE = {
     Link.CONNECTING: ("◌ connecting", "yellow"),
@@ -26,7 +26,9 @@ class FleetHeader(Static):
 
     _last: Text | None = None
 
-    def show(self, fleet: Fleet | None, conn: Connection, now: float, url: str, ro: bool) -> None:
+    def show(
+        self, fleet: FleetView | None, conn: Connection, now: float, url: str, ro: bool
+    ) -> None:
         text = self.render_text(fleet, conn, now, url, ro)
         if text != self._last:
             self._last = text
@@ -35,7 +37,7 @@ class FleetHeader(Static):
 
     @staticmethod
     def render_text(
-        fleet: Fleet | None, conn: Connection, now: float, url: str, readonly: bool
+        fleet: FleetView | None, conn: Connection, now: float, url: str, readonly: bool
     ) -> Text:
         top = Text(no_wrap=True, overflow="ellipsis")
         top.append(" llmgw ", style="bold reverse")
@@ -47,7 +49,7 @@ class FleetHeader(Static):
             stale = not conn.healthy
             top.append("  data ", style="dim")
             top.append(
-                f"{humanize(age)} old" + (" · STALE" if stale else ""),
+                f"{duration(age)} old" + (" · STALE" if stale else ""),
                 style="bold red" if stale else ("yellow" if age > 3 else "green"),
             )
         if readonly:
@@ -58,22 +60,22 @@ class FleetHeader(Static):
         s = fleet.summary
         top.append("  │ models", style="bold")
         top.append(f" {s.models.total}:")
-        _part(top, "satisfied", s.models.satisfied, "green")
-        _part(top, "short", s.models.short, "bold yellow")
+        _part(top, "satisfied", s.models.satisfied, style_of("satisfied"))
+        _part(top, "short", s.models.short, style_of("short"))
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(" nodes", style="bold")
         line.append(f" {s.nodes.total}:")
-        _part(line, "ready", s.nodes.ready, "green")
-        _part(line, "cordoned", s.nodes.cordoned, "yellow")
-        _part(line, "draining", s.nodes.draining, "magenta")
-        _part(line, "unreachable", s.nodes.unreachable, "bold red")
+        _part(line, "ready", s.nodes.ready, style_of("ready"))
+        _part(line, "cordoned", s.nodes.cordoned, style_of("cordoned"))
+        _part(line, "draining", s.nodes.draining, style_of("draining"))
+        _part(line, "unreachable", s.nodes.unreachable, style_of("unreachable"))
         r = s.replicas
         line.append("  │ replicas", style="bold")
         line.append(f" {r.ready + r.starting + r.draining + r.failed}:")
-        _part(line, "ready", r.ready, "green")
-        _part(line, "starting", r.starting, "cyan")
-        _part(line, "draining", r.draining, "magenta")
-        _part(line, "failed", r.failed, "bold red")
+        _part(line, "ready", r.ready, style_of("ready"))
+        _part(line, "starting", r.starting, style_of("starting"))
+        _part(line, "draining", r.draining, style_of("draining"))
+        _part(line, "failed", r.failed, style_of("failed"))
         # Never wrap: a wrapped first line would push the totals out of sight.
         return Text("\n", no_wrap=True, overflow="ellipsis").join([top, line])
 
@@ -81,7 +83,7 @@ class FleetHeader(Static):
 class ConnectionBanner(Static):
     """Shown only while the controller is not answering (CSS class `-visible`)."""
 
-    def show(self, conn: Connection, fleet: Fleet | None, now: float) -> None:
+    def show(self, conn: Connection, fleet: FleetView | None, now: float) -> None:
         visible = conn.link in (Link.LOST, Link.ERROR)
         self.set_class(visible, "-visible")
         if not visible:
@@ -91,12 +93,12 @@ class ConnectionBanner(Static):
         text.append(f" ⚠ {what}: ", style="bold")
         text.append(conn.message)
         text.append(
-            f"\n   Retrying in {humanize(max(0.0, (conn.retry_at or now) - now))}"
+            f"\n   Retrying in {duration(max(0.0, (conn.retry_at or now) - now))}"
             f" (attempt {conn.failures + 1}). ",
         )
         if fleet is not None:
             text.append(
-                f"Showing the last data, from {humanize(now - fleet.fetched_at)} ago: it is stale. "
+                f"Showing the last data, from {duration(now - fleet.fetched_at)} ago: it is stale. "
             )
         else:
             text.append("Nothing fetched yet. ")

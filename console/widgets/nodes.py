@@ -22,6 +22,7 @@ from console.format import (
     styled,
 )
 from console.widgets.keyed_table import KeyedTable
+from llmgw.present import NODE_STATE_WIDTH
 from llmgw.wire import NodeRow, NodeState
 
 MARK = "●"
@@ -74,7 +75,7 @@ SORTS: tuple[SortSpec, ...] = (
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
     ("name", "NAME", None),
-    ("state", "STATE", 16),
+    ("state", "STATE", NODE_STATE_WIDTH),
     ("reason", "REASON", 16),
     ("classes", "CLASSES", 15),
     ("gpus", "GPUS", 5),

@@ -8,8 +8,9 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from console.format import count_text, humanize, styled
+from console.format import count_text, styled
 from console.widgets.keyed_table import GlanceTable
+from llmgw.present import duration
 from llmgw.wire import FabricSummary, FleetSummary, IdleReplica
 
 
@@ -119,7 +120,7 @@ class IdleTable(GlanceTable):
     def _row_cells(r: IdleReplica) -> tuple[Text, ...]:
         hours = r.idle_seconds / 3600
         return (
-            styled(humanize(r.idle_seconds), "bold red" if hours >= 1 else "yellow"),
+            styled(duration(r.idle_seconds), "bold red" if hours >= 1 else "yellow"),
             styled(r.gpus, "bold yellow"),
             styled(r.id, "bold"),
             styled(r.model.rsplit("/", 1)[-1], "dim"),

@@ -463,6 +463,13 @@ async def list_gateways(request: web.Request) -> web.Response:
     return json_models(request.app[GATEWAYS].views())
 
 
+async def whoami(request: web.Request) -> web.Response:
+    """Any valid token may ask what it is, so front ends offer only what it may do."""
+    identity: Identity = request["identity"]
+    role = identity.role.value if identity.role is not None else None
+    return web.json_response({"name": identity.name, "role": role})
+
+
 # -- the factory ------------------------------------------------------------------------
 
 
@@ -487,6 +494,7 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("GET", "/v1/endpoints", list_endpoints, ENDPOINT_READERS),
     ("POST", "/v1/gateways/status", gateway_status, GATEWAY_ROLES),
     ("GET", "/v1/gateways", list_gateways, READ_ROLES),
+    ("GET", "/v1/whoami", whoami, frozenset(Role)),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.
 ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}

@@ -1,14 +1,16 @@
-"""Console test fixtures: a fake controller, a frozen clock, and SVG snapshots
-written to the top-level `snapshots/` folder (reviewed like code)."""
+"""Console test fixtures: the real controller with a frozen clock (see
+console_fixtures), fault injection between it and the console, a frozen
+console clock, and SVG snapshots written to the top-level `snapshots/` folder
+(reviewed like code)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_textual_snapshot
-from console_fixtures import FakeController
+from console_fixtures import Faults, LiveController, fill_small
 from console_pilot import Clock
 from syrupy.location import PyTestLocation
 
@@ -35,8 +37,16 @@ def _snapshots_at_top_level(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fake() -> FakeController:
-    return FakeController.small()
+def controller(tmp_path: Path) -> Iterator[LiveController]:
+    live = LiveController(tmp_path / "state").start()
+    fill_small(live)
+    yield live
+    live.close()
+
+
+@pytest.fixture
+def faults() -> Faults:
+    return Faults()
 
 
 @pytest.fixture
@@ -45,9 +55,10 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def make_app(fake: FakeController, clock: Clock) -> Callable[..., ConsoleApp]:
+def make_app(controller: LiveController, faults: Faults, clock: Clock) -> Callable[..., ConsoleApp]:
     def make(*, readonly: bool = False, refresh: float = 3600.0) -> ConsoleApp:
         # A long refresh: tests trigger polls explicitly with poll_now().
-        return ConsoleApp(fake.client(), readonly=readonly, refresh=refresh, clock=clock)
+        client = controller.client(faults, user="tester")
+        return ConsoleApp(client, readonly=readonly, refresh=refresh, clock=clock)
 
     return make

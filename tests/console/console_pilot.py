@@ -43,7 +43,11 @@ async def until(
 async def loaded(pilot: Pilot[None]) -> ConsoleApp:
     app = pilot.app
     assert isinstance(app, ConsoleApp)
-    await until(pilot, lambda: app.fleet is not None and app.polls >= 1, "first fetch")
+    await until(
+        pilot,
+        lambda: app.fleet is not None and app.polls >= 1 and app.role_known,
+        "first fetch and the token's role",
+    )
     await pilot.pause()
     return app
 

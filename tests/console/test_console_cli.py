@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from console import cli
-from console.format import age_bucket, humanize, size_text, split_width
+from console.format import age_bucket, size_text, split_width
 from console.widgets.nodes import natural
+from llmgw.present import duration
 
 
 def test_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +35,7 @@ def test_main_builds_the_app_from_options_and_environment(
     def fake_run(self: Any) -> None:
         seen.update(
             url=self.client.base_url,
-            readonly=self.readonly,
+            readonly=self.readonly_flag,
             refresh=self.refresh_s,
             auth=self.client._http.headers.get("Authorization"),
         )
@@ -56,8 +57,8 @@ def test_main_builds_the_app_from_options_and_environment(
     assert seen["readonly"] is False
 
 
-def test_humanize() -> None:
-    assert [humanize(s) for s in (None, 5, 65, 7980, 2 * 86400 + 3600)] == [
+def test_duration() -> None:
+    assert [duration(s) for s in (None, 5, 65, 7980, 2 * 86400 + 3600)] == [
         "-",
         "5s",
         "1m05s",

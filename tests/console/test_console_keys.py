@@ -1,27 +1,34 @@
-"""Pilot tests for every key path, against the fake controller."""
+"""Pilot tests for every key path, against the real controller (console_fixtures)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-import httpx
 import pytest
-from console_fixtures import URL, FakeController, Recorded
-from console_fixtures import _row as make_row
+from console_fixtures import H100, Faults, LiveController, Recorded, node_report
 from console_pilot import Clock, loaded, repoll, spy_renders, until
+from fleet_factories import gpu, report
 from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Checkbox, DataTable, Input
 
 from console.app import ConsoleApp
 from console.screens.detail import NodeDetailScreen
-from console.screens.modals import REASON_REQUIRED, CordonModal, DrainModal, HelpScreen
+from console.screens.main import MainScreen
+from console.screens.modals import (
+    REASON_REQUIRED,
+    CordonModal,
+    DrainModal,
+    ForceConfirmModal,
+    HelpScreen,
+    UncordonModal,
+)
 from console.state import backoff
 from console.widgets.keyed_table import KeyedTable
 from console.widgets.nodes import NodesTable
-from llmgw.client import AdminClient
 
 MakeApp = Callable[..., ConsoleApp]
 
@@ -40,7 +47,7 @@ async def test_first_paint_shows_the_fleet(make_app: MakeApp) -> None:
 
 
 async def test_cordon_with_a_reason_reaches_the_controller(
-    make_app: MakeApp, fake: FakeController
+    make_app: MakeApp, faults: Faults
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -50,8 +57,8 @@ async def test_cordon_with_a_reason_reaches_the_controller(
         assert app.screen.focused is app.screen.query_one("#cancel", Button)
         # … and typing goes to the reason box.
         await pilot.press(*"quarantine fan", "enter")  # "q" does not quit here
-        await until(pilot, lambda: fake.mutations, "the cordon request")
-        assert fake.mutations == [
+        await until(pilot, lambda: faults.mutations, "the cordon request")
+        assert faults.mutations == [
             Recorded("POST", "/v1/nodes/gpu-a01/cordon", {"reason": "quarantine fan"})
         ]
         # The change shows without waiting for the next scheduled refresh.
@@ -59,7 +66,7 @@ async def test_cordon_with_a_reason_reaches_the_controller(
         assert nodes(app).shown["gpu-a01"][2].plain == "cordoned"
 
 
-async def test_cancel_changes_nothing(make_app: MakeApp, fake: FakeController) -> None:
+async def test_cancel_changes_nothing(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("c", *"oops", "escape")
@@ -71,12 +78,10 @@ async def test_cancel_changes_nothing(make_app: MakeApp, fake: FakeController) -
         await pilot.click("#cancel")
         await pilot.pause()
         assert not isinstance(app.screen, DrainModal)
-        assert fake.mutations == []
+        assert faults.mutations == []
 
 
-async def test_an_empty_reason_is_refused_in_the_ui(
-    make_app: MakeApp, fake: FakeController
-) -> None:
+async def test_an_empty_reason_is_refused_in_the_ui(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("c", "tab")  # Cancel -> Cordon
@@ -87,12 +92,10 @@ async def test_an_empty_reason_is_refused_in_the_ui(
         assert error.display and REASON_REQUIRED in str(error.render())
         await pilot.press(*"   ", "enter")  # whitespace is not a reason either
         assert isinstance(app.screen, CordonModal)
-        assert fake.mutations == []
+        assert faults.mutations == []
 
 
-async def test_a_drain_from_the_modal_starts_the_drain(
-    make_app: MakeApp, fake: FakeController
-) -> None:
+async def test_a_drain_from_the_modal_starts_the_drain(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("down", "d")  # gpu-a02
@@ -101,13 +104,14 @@ async def test_a_drain_from_the_modal_starts_the_drain(
         assert modal.focused is modal.query_one("#cancel", Button)
         # The pre-check asked the controller what the drain would do.
         await until(pilot, lambda: modal.plan is not None, "the drain plan")
-        assert Recorded("POST", "/v1/drain-plan", {"nodes": ["gpu-a02"]}) in fake.requests
+        assert Recorded("POST", "/v1/drain-plan", {"nodes": ["gpu-a02"]}) in faults.requests
         plan = modal.query_one("#plan", DataTable)
-        assert plan.row_count == 2
-        assert "below minimum" in plan.get_row("meta-llama/Llama-3.1-70B")[4].plain
+        # gpu-a02 holds a shard of the only DeepSeek replica, which cannot move.
+        assert plan.row_count == 1
+        assert "below minimum" in plan.get_row("deepseek-ai/DeepSeek-V3")[4].plain
         await pilot.press(*"kernel upgrade", "enter")
-        await until(pilot, lambda: fake.mutations, "the drain request")
-        assert fake.mutations == [
+        await until(pilot, lambda: faults.mutations, "the drain request")
+        assert faults.mutations == [
             Recorded(
                 "POST", "/v1/nodes/gpu-a02/drain", {"reason": "kernel upgrade", "force": False}
             )
@@ -115,28 +119,40 @@ async def test_a_drain_from_the_modal_starts_the_drain(
         await until(pilot, lambda: nodes(app).rows_by_name["gpu-a02"].state == "draining")
 
 
-async def test_drain_force_and_timeout_options(make_app: MakeApp, fake: FakeController) -> None:
+async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("d")
+        await pilot.press("d")  # gpu-a01: holds a shard of the only DeepSeek replica
         modal = app.screen
         assert isinstance(modal, DrainModal)
+        await until(pilot, lambda: modal.plan is not None, "the drain plan")
         modal.query_one("#force", Checkbox).value = True
         modal.query_one("#timeout", Input).value = "0"
         modal.query_one("#reason", Input).value = "psu"
         modal.query_one("#confirm", Button).press()
         await pilot.pause()
-        # A zero timeout is refused with a message; nothing is sent.
-        assert isinstance(app.screen, DrainModal)
-        assert fake.mutations == []
+        # A zero deadline is refused with a message; nothing is sent.
+        assert app.screen is modal
+        assert faults.mutations == []
         modal.query_one("#timeout", Input).value = "15"
         modal.query_one("#confirm", Button).press()
-        await until(pilot, lambda: fake.mutations, "the drain request")
-        assert fake.mutations[0].body == {"reason": "psu", "force": True}
+        # Forcing drops DeepSeek below its minimum: a second, explicit yes naming it.
+        await until(pilot, lambda: isinstance(app.screen, ForceConfirmModal), "the second ask")
+        second = app.screen
+        await until(pilot, lambda: second.focused is second.query_one("#cancel", Button), "Cancel")
+        assert "deepseek-ai/DeepSeek-V3" in str(second.query_one("#below").render())
+        await pilot.press("enter")  # Cancel: back to the form, nothing sent
+        await pilot.pause()
+        assert app.screen is modal and faults.mutations == []
+        modal.query_one("#confirm", Button).press()
+        await until(pilot, lambda: isinstance(app.screen, ForceConfirmModal), "asked again")
+        app.screen.query_one("#confirm", Button).press()
+        await until(pilot, lambda: faults.mutations, "the drain request")
+        assert faults.mutations[0].body == {"reason": "psu", "force": True, "force_after_s": 900.0}
 
 
 async def test_uncordon_is_offered_only_for_cordoned_nodes(
-    make_app: MakeApp, fake: FakeController
+    make_app: MakeApp, faults: Faults
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -147,19 +163,25 @@ async def test_uncordon_is_offered_only_for_cordoned_nodes(
         footer_keys = {k for k, b in screen.active_bindings.items() if b.enabled}
         assert {"c", "d"} <= footer_keys and "u" not in footer_keys
         await pilot.press("u")
-        assert fake.mutations == []
+        assert faults.mutations == []
         await pilot.press("down", "down")  # gpu-a03, cordoned
         assert nodes(app).cursor_key == "gpu-a03"
         assert screen.check_action("uncordon", ()) is True
         assert screen.check_action("cordon", ()) is False
         await pilot.press("u")
-        await until(pilot, lambda: fake.mutations, "the uncordon request")
-        assert fake.mutations == [Recorded("POST", "/v1/nodes/gpu-a03/uncordon", {})]
+        # Uncordon confirms like the others: Cancel focused, the reason it clears shown.
+        modal = app.screen
+        assert isinstance(modal, UncordonModal)
+        assert modal.focused is modal.query_one("#cancel", Button)
+        assert "RMA: fan tray 2 failing" in str(modal.query_one("#clears").render())
+        await pilot.press("enter")  # Enter on Cancel: nothing happens
+        assert not isinstance(app.screen, UncordonModal) and faults.mutations == []
+        await pilot.press("u", "tab", "enter")  # Cancel -> Uncordon
+        await until(pilot, lambda: faults.mutations, "the uncordon request")
+        assert faults.mutations == [Recorded("POST", "/v1/nodes/gpu-a03/uncordon", {})]
 
 
-async def test_space_marks_several_nodes_for_one_action(
-    make_app: MakeApp, fake: FakeController
-) -> None:
+async def test_space_marks_several_nodes_for_one_action(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("space", "space")  # marks gpu-a01, gpu-a02; cursor moves on
@@ -170,8 +192,8 @@ async def test_space_marks_several_nodes_for_one_action(
         assert isinstance(modal, CordonModal)
         assert modal.names == ["gpu-a01", "gpu-a02"]
         await pilot.press(*"rack 7 maintenance", "enter")
-        await until(pilot, lambda: len(fake.mutations) == 2, "two cordons")
-        assert [m.path for m in fake.mutations] == [
+        await until(pilot, lambda: len(faults.mutations) == 2, "two cordons")
+        assert [m.path for m in faults.mutations] == [
             "/v1/nodes/gpu-a01/cordon",
             "/v1/nodes/gpu-a02/cordon",
         ]
@@ -179,7 +201,7 @@ async def test_space_marks_several_nodes_for_one_action(
         assert nodes(app).marks == set()
 
 
-async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, fake: FakeController) -> None:
+async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, faults: Faults) -> None:
     async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         screen = app.screen
@@ -194,7 +216,7 @@ async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, fake: FakeContr
         await pilot.press("enter")  # detail screen: read-only too
         await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
         await pilot.press("c", "d")
-        assert fake.mutations == []
+        assert faults.mutations == []
 
 
 async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
@@ -218,13 +240,13 @@ async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
 
 
 async def test_lost_controller_shows_banner_and_recovery_clears_it(
-    make_app: MakeApp, fake: FakeController, clock: Clock
+    make_app: MakeApp, faults: Faults, clock: Clock
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         banner = app.screen.query_one("#banner")
         assert not banner.has_class("-visible")
-        fake.down = True
+        faults.down = True
         clock.advance(5)
         await repoll(pilot)
         assert app.connection.link == "unreachable"
@@ -238,41 +260,39 @@ async def test_lost_controller_shows_banner_and_recovery_clears_it(
         await repoll(pilot)  # still down: counted, retried later (see test_backoff)
         assert app.connection.failures == 2
         assert app.connection.retry_at is not None and app.connection.retry_at > clock.now
-        fake.down = False
+        faults.down = False
         await repoll(pilot)
         assert app.connection.link == "live"
         assert not banner.has_class("-visible")
         assert not app.screen.has_class("-stale")
 
 
-async def test_controller_errors_never_crash_the_console(
-    make_app: MakeApp, fake: FakeController
-) -> None:
+async def test_controller_errors_never_crash_the_console(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        fake.status_error = 503
+        faults.status_error = 503
         await repoll(pilot)
         assert app.connection.link == "error"
         assert "503 controller is restarting" in app.connection.message
         # A bug below the client (not a transport error) is caught too.
-        fake.status_error = None
-        fake.crash = True
+        faults.status_error = None
+        faults.crash = True
         await repoll(pilot)
         assert app.is_running and app.connection.link == "error"
         assert "RuntimeError" in app.connection.message
-        fake.crash = False
+        faults.crash = False
         await repoll(pilot)
         assert app.connection.link == "live"
 
 
 async def test_failed_admin_request_is_reported_not_fatal(
-    make_app: MakeApp, fake: FakeController
+    make_app: MakeApp, faults: Faults
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        fake.down = True
+        faults.down = True
         await pilot.press("c", *"x", "enter")
-        await until(pilot, lambda: fake.mutations, "the attempt")
+        await until(pilot, lambda: faults.mutations, "the attempt")
         await pilot.pause()
         assert app.is_running
 
@@ -294,7 +314,7 @@ async def test_filter_like_k9s(make_app: MakeApp) -> None:
 
 
 async def test_sort_cycles_and_cursor_stays_on_its_node(
-    make_app: MakeApp, fake: FakeController
+    make_app: MakeApp, controller: LiveController
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -312,13 +332,14 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         assert table.get_row_at(0)[1].plain == "gpu-b04"
         order = [table.get_row_at(i)[1].plain for i in range(table.row_count)]
         # Ages inside one bucket (<10s) do not reshuffle rows on refresh.
-        fake.put(fake.rows["gpu-a01"].model_copy(update={"report_age_s": 7.5}))
+        controller.clock.advance(3)
+        controller.report(node_report("gpu-a02"))
         await repoll(pilot)
         assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
 
 
 async def test_refresh_patches_rows_in_place(
-    make_app: MakeApp, fake: FakeController, monkeypatch: pytest.MonkeyPatch
+    make_app: MakeApp, controller: LiveController, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -340,22 +361,22 @@ async def test_refresh_patches_rows_in_place(
 
         monkeypatch.setattr(table, "patch_row", spy_patch)
         rendered = spy_renders(table, monkeypatch, column=1)  # NAME
-        fake.put(fake.rows["gpu-a06"].model_copy(update={"gpus_used": 3}))
-        fake.remove("l40-02")
-        fake.put(make_row("gpu-a00", "H100-SXM-80GB", 8, 0, ["ib-a"], []))
+        controller.report(node_report("gpu-a06", used=3))
+        controller.report(report("gpu-a00", gpus=[gpu("gpu-a00", i, H100) for i in range(8)]))
         await repoll(pilot)
         await pilot.pause()
         # One cell of gpu-a06 changed; gpu-a00 is new. Only those two rows are
         # rendered again: the others, moved down a line, reuse their cached lines.
+        # (The controller never forgets a node, so no row leaves here.)
         assert sorted(patched) == [("gpu-a00", 11), ("gpu-a06", 1)]
         assert set(rendered) == {"gpu-a06", "gpu-a00"}
-        assert "l40-02" not in table.shown and "gpu-a00" in table.shown
+        assert "gpu-a00" in table.shown
         assert table.get_row_at(0)[1].plain == "gpu-a00"  # sorted into place
         assert table.cursor_key == "gpu-a03"  # the cursor followed its node
         assert table.marks == {"gpu-a01"}
 
 
-async def test_node_detail(make_app: MakeApp, fake: FakeController) -> None:
+async def test_node_detail(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("slash", *"gpu-a06", "enter", "enter")
@@ -372,26 +393,27 @@ async def test_node_detail(make_app: MakeApp, fake: FakeController) -> None:
         storage = str(screen.query_one("#detail-storage").render())
         assert "SHARED" in storage and "not counted: 3 of 191 shards missing" in storage
         assert "not counted: empty directory" in storage
-        assert Recorded("GET", "/v1/nodes/gpu-a06", None) in fake.requests
+        assert Recorded("GET", "/v1/nodes/gpu-a06", None) in faults.requests
         await pilot.press("escape")
         assert not isinstance(app.screen, NodeDetailScreen)
         assert app.watched_node is None
 
 
-async def test_detail_history_and_cordon_from_detail(
-    make_app: MakeApp, fake: FakeController
-) -> None:
+async def test_detail_history_and_cordon_from_detail(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
         await pilot.press("down", "down", "enter")  # gpu-a03
         await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
         await pilot.pause()
         history = app.screen.query_one("#detail-history", KeyedTable)
-        assert [history.get_row_at(i)[2].plain for i in range(3)] == ["cordon", "drained", "drain"]
+        # Newest first, as the controller lists them.
+        assert [history.get_row_at(i)[1].plain for i in range(2)] == ["drained", "drain"]
         assert app.screen.check_action("cordon", ()) is False
         await pilot.press("u")
-        await until(pilot, lambda: fake.mutations)
-        assert fake.mutations[0].path == "/v1/nodes/gpu-a03/uncordon"
+        await until(pilot, lambda: isinstance(app.screen, UncordonModal), "the confirmation")
+        await pilot.click("#confirm")
+        await until(pilot, lambda: faults.mutations)
+        assert faults.mutations[0].path == "/v1/nodes/gpu-a03/uncordon"
 
 
 async def test_help_lists_only_available_keys(make_app: MakeApp) -> None:
@@ -410,21 +432,26 @@ def test_backoff_doubles_up_to_a_cap() -> None:
     assert backoff(3, 60.0) == 60.0  # never faster than the normal refresh
 
 
-async def test_polls_never_overlap(fake: FakeController, clock: Clock) -> None:
+async def test_polls_never_overlap(
+    controller: LiveController, faults: Faults, clock: Clock
+) -> None:
     in_flight = 0
     most = 0
-    real = fake.handler
 
-    async def slow(request):  # type: ignore[no-untyped-def]
-        nonlocal in_flight, most
-        in_flight += 1
-        most = max(most, in_flight)
-        await asyncio.sleep(0.05)
-        in_flight -= 1
-        return real(request)
+    class Slow(Faults):
+        async def handle_async_request(self, request):  # type: ignore[no-untyped-def]
+            nonlocal in_flight, most
+            if request.url.path == "/v1/whoami":  # asked once at start, not a poll
+                return await super().handle_async_request(request)
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0.05)
+            try:
+                return await super().handle_async_request(request)
+            finally:
+                in_flight -= 1
 
-    client = AdminClient(URL, transport=httpx.MockTransport(slow))
-    app = ConsoleApp(client, refresh=0.2, clock=clock)
+    app = ConsoleApp(controller.client(Slow()), refresh=0.2, clock=clock)
     async with app.run_test(size=(120, 40)) as pilot:
         for _ in range(10):
             app.poll_now()  # hammering does not stack fetches
@@ -434,24 +461,10 @@ async def test_polls_never_overlap(fake: FakeController, clock: Clock) -> None:
     assert most == 2
 
 
-async def test_drain_timeout_forces_what_is_still_draining(
-    make_app: MakeApp, fake: FakeController
-) -> None:
-    async with make_app().run_test(size=(120, 40)) as pilot:
-        app = await loaded(pilot)
-        app.send_admin("drain", ["gpu-a02"], reason="upgrade", timeout_s=3600)
-        await until(pilot, lambda: nodes(app).rows_by_name["gpu-a02"].state == "draining")
-        # The timer fires in an hour; call what it calls.
-        app._drain_deadline(["gpu-a02", "gpu-a01"], "upgrade")
-        await until(pilot, lambda: len(fake.mutations) == 2, "the forced drain")
-        assert fake.mutations[1] == Recorded(
-            "POST", "/v1/nodes/gpu-a02/drain", {"reason": "upgrade", "force": True}
-        )
-
-
-async def test_filtering_a_big_fleet_keeps_the_cursor_node(clock: Clock) -> None:
-    fake = FakeController.big(600)
-    app = ConsoleApp(fake.client(), refresh=3600.0, clock=clock)
+async def test_filtering_a_big_fleet_keeps_the_cursor_node(tmp_path: Path, clock: Clock) -> None:
+    live = LiveController(tmp_path / "big").start()
+    live.report(*(report(f"node-{i:05d}", n_gpus=2) for i in range(600)))
+    app = ConsoleApp(live.client(), refresh=3600.0, clock=clock)
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         table = nodes(app)
@@ -468,16 +481,17 @@ async def test_filtering_a_big_fleet_keeps_the_cursor_node(clock: Clock) -> None
             "node-00001",
             "node-00002",
         ]
+    live.close()
 
 
-async def test_detail_of_a_node_that_leaves_says_so(
-    make_app: MakeApp, fake: FakeController
+async def test_detail_of_a_node_the_controller_does_not_know_says_so(
+    make_app: MakeApp, controller: LiveController
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("enter")  # gpu-a01
-        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
-        fake.remove("gpu-a01")
+        # As after a restart from another state directory: the node is unknown.
+        app.post_message(MainScreen.DetailRequested("gpu-zz9"))
+        await until(pilot, lambda: app.node_view is not None, "the detail answer")
         await repoll(pilot)
         assert app.node_view is not None and app.node_view.detail is None
         title = str(app.screen.query_one("#detail-title").render())
@@ -486,13 +500,13 @@ async def test_detail_of_a_node_that_leaves_says_so(
 
 
 async def test_controller_changes_show_within_two_seconds(
-    fake: FakeController, clock: Clock
+    controller: LiveController, clock: Clock
 ) -> None:
-    app = ConsoleApp(fake.client(), refresh=1.0, clock=clock)  # the default refresh
+    app = ConsoleApp(controller.client(), refresh=1.0, clock=clock)  # the default refresh
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         table = nodes(app)
-        fake.put(fake.rows["gpu-a04"].model_copy(update={"gpus_used": 8}))
+        controller.report(node_report("gpu-a04", used=8))
         t0 = time.monotonic()
         # No poll_now(): the one-shot timer alone must bring it in.
         await until(pilot, lambda: table.shown["gpu-a04"][5].plain == "8/8", "the change")

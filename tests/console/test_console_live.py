@@ -14,15 +14,15 @@ from console_pilot import loaded, repoll, until
 from textual.widgets import DataTable
 
 from console.app import ConsoleApp
-from console.screens.modals import DrainModal
+from console.screens.modals import CordonModal, DrainModal
 from console.widgets.nodes import NodesTable
-from llmgw.client import AdminClient
+from llmgw.client import AdminClient, ControllerError
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import NodeReport
 
-AGENT, ADMIN = "agent-secret", "admin-secret"
+AGENT, ADMIN, READ = "agent-secret", "admin-secret", "read-secret"
 ServerFactory = Callable[..., Awaitable[TestServer]]
 
 
@@ -50,7 +50,9 @@ def report(node: str, fabric: str) -> str:
 
 @pytest.fixture
 async def controller(aiohttp_server: ServerFactory, tmp_path: Path) -> TestServer:
-    tokens = Tokens(((AGENT, "agent", Role.AGENT), (ADMIN, "alice", Role.ADMIN)))
+    tokens = Tokens(
+        ((AGENT, "agent", Role.AGENT), (ADMIN, "alice", Role.ADMIN), (READ, "viewer", Role.READ))
+    )
     server = await aiohttp_server(create_app(ControllerSettings(state_dir=tmp_path, tokens=tokens)))
     async with aiohttp.ClientSession() as http:
         for node, fabric in (("n1", "ib-a"), ("n2", "ib-a"), ("n3", "ib-b")):
@@ -88,7 +90,7 @@ async def test_cordon_uncordon_and_drain_against_a_real_controller(
         assert admin["flag"] == "cordoned" and admin["reason"] == "bad fan"
         assert admin["by"] == "alice"
 
-        await pilot.press("u")
+        await pilot.press("u", "tab", "enter")  # confirm: Cancel -> Uncordon
         await until(pilot, lambda: table.rows_by_name["n1"].state == "ready", "uncordon shown")
 
         await pilot.press("down", "d")  # n2
@@ -118,8 +120,43 @@ async def test_a_bad_token_is_an_error_banner_not_a_crash(controller: TestServer
         await pilot.pause()
         assert app.connection.link == "error"
         assert "401" in app.connection.message
-        assert "--token" in str(app.screen.query_one("#banner").render())
+        banner = str(app.screen.query_one("#banner").render())
+        # What to do, without claiming an admin token is needed to look.
+        assert "--token" in banner and "LLMGW_TOKEN" in banner
+        assert "admin token" not in banner and "a read token is enough" in banner
         assert app.screen.query_one("#banner").has_class("-visible")
+        assert app.readonly  # never offers what the controller has not allowed
+
+
+async def test_a_read_token_makes_the_console_read_only(controller: TestServer) -> None:
+    client = AdminClient(str(controller.make_url("")), READ)
+    async with ConsoleApp(client, refresh=3600.0).run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        assert app.role == "read" and app.readonly
+        screen = app.screen
+        for action in ("cordon", "uncordon", "drain", "mark"):
+            assert screen.check_action(action, ()) is False
+        footer = {key for key, b in screen.active_bindings.items() if b.enabled}
+        assert not {"c", "u", "d", "space"} & footer
+        await pilot.press("c", "d", "space", "c")
+        assert not isinstance(app.screen, CordonModal | DrainModal)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert not [t for t in titles if t.split()[0] in ("Cordon", "Uncordon", "Drain")]
+        assert "READ-ONLY" in str(screen.query_one("#header").render())
+        await pilot.press("question_mark")
+        help_text = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "Read-only" in help_text and "cordon:" not in help_text
+
+
+async def test_whoami_names_the_token(controller: TestServer) -> None:
+    for token, name, role in ((ADMIN, "alice", "admin"), (READ, "viewer", "read")):
+        async with AdminClient(str(controller.make_url("")), token) as c:
+            me = await c.whoami()
+            assert (me.name, me.role) == (name, role)
+    async with AdminClient(str(controller.make_url("")), "nope") as c:
+        with pytest.raises(ControllerError) as err:
+            await c.whoami()
+        assert err.value.status == 401
 
 
 async def test_controller_going_away_and_coming_back(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from console_fixtures import FakeController
+from console_fixtures import Faults
 from console_pilot import Clock, SnapCompare, loaded, repoll, until
 from textual.pilot import Pilot
 
@@ -66,11 +66,11 @@ def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
 
 
 def test_disconnected_banner(
-    snap_compare: SnapCompare, make_app: MakeApp, fake: FakeController, clock: Clock
+    snap_compare: SnapCompare, make_app: MakeApp, faults: Faults, clock: Clock
 ) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await loaded(pilot)
-        fake.down = True
+        faults.down = True
         clock.advance(35)
         await repoll(pilot)
         await repoll(pilot)

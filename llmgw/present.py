@@ -1,0 +1,152 @@
+"""The presentation vocabulary shared by `ctl` and the console.
+
+Pure functions and tables, no rendering library: durations, timestamps, the
+words for a node's state, and what each colour means. `llmgw/render.py` turns
+them into rich tables, `console/format.py` into Textual cells, so the two
+front ends say the same thing the same way for the same node.
+
+Colours are rich style names chosen by *meaning*, k9s-like: green fine,
+yellow needs attention, red broken, magenta in motion, cyan starting.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # at run time states are compared as words (they are StrEnums):
+    # `ctl` renders through this module and must not pay for pydantic's import.
+    from llmgw.wire import NodeRow
+
+
+class Meaning(StrEnum):
+    """What a colour says; each has one style (`STYLE`)."""
+
+    FINE = "fine"
+    ATTENTION = "attention"
+    BROKEN = "broken"
+    MOVING = "moving"
+    STARTING = "starting"
+    MUTED = "muted"
+
+
+STYLE: dict[Meaning, str] = {
+    Meaning.FINE: "green",
+    Meaning.ATTENTION: "yellow",
+    Meaning.BROKEN: "bold red",
+    Meaning.MOVING: "magenta",
+    Meaning.STARTING: "cyan",
+    Meaning.MUTED: "dim",
+}
+
+# Every state word either front end shows (node, replica, shard, GPU health,
+# drain-plan verdict) and what it means.
+STATE_MEANING: dict[str, Meaning] = {
+    "ready": Meaning.FINE,
+    "cordoned": Meaning.ATTENTION,
+    "draining": Meaning.MOVING,
+    "unreachable": Meaning.BROKEN,
+    "starting": Meaning.STARTING,
+    "stopping": Meaning.MOVING,
+    "failed": Meaning.BROKEN,
+    "healthy": Meaning.FINE,
+    "unhealthy": Meaning.BROKEN,
+    "unknown": Meaning.MOVING,
+    "ok": Meaning.FINE,
+    "below_minimum": Meaning.ATTENTION,
+    "unplaceable": Meaning.BROKEN,
+    # Cordon / drain history actions.
+    "cordon": Meaning.ATTENTION,
+    "drain": Meaning.MOVING,
+    "drained": Meaning.ATTENTION,
+    "uncordon": Meaning.FINE,
+    "satisfied": Meaning.FINE,
+    "short": Meaning.BROKEN,
+}
+
+
+def style_of(word: str) -> str:
+    """The style for a state word; "" for a word with no colour."""
+    meaning = STATE_MEANING.get(word)
+    return STYLE[meaning] if meaning else ""
+
+
+def load_meaning(fraction: float) -> Meaning:
+    """nvitop's colouring of GPU load: light fine, moderate attention, heavy broken."""
+    if fraction < 0.5:
+        return Meaning.FINE
+    if fraction < 0.85:
+        return Meaning.ATTENTION
+    return Meaning.BROKEN
+
+
+# -- durations and times -------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    """A compact duration: 45s, 7m05s, 2h13m, 3d04h. None is unknown: '-'."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _zoned(at: float, local: bool) -> datetime:
+    return datetime.fromtimestamp(at).astimezone() if local else datetime.fromtimestamp(at, UTC)
+
+
+def _zone(moment: datetime) -> str:
+    return moment.tzname() or time.strftime("%Z")
+
+
+def timestamp(at: float | None, *, local: bool = False) -> str:
+    """A moment to the second, always with its zone: 2026-12-02 14:05:07 UTC."""
+    if at is None:
+        return "-"
+    moment = _zoned(at, local)
+    return f"{moment:%Y-%m-%d %H:%M:%S} {_zone(moment)}"
+
+
+def clock_time(at: float, *, local: bool = False) -> str:
+    """A moment later today, for deadlines: 14:05 UTC."""
+    moment = _zoned(at, local)
+    return f"{moment:%H:%M} {_zone(moment)}"
+
+
+def force_at_words(at: float | None, *, local: bool = False) -> str:
+    """A drain's deadline as both front ends show it: 'force at 14:05 UTC'."""
+    return "" if at is None else f"force at {clock_time(at, local=local)}"
+
+
+# -- node state ------------------------------------------------------------------
+
+
+def node_state_parts(row: NodeRow) -> list[tuple[str, str]]:
+    """The displayed state as (words, style) pieces.
+
+    Liveness wins over the admin flag, which is kept beside it:
+    `unreachable (cordoned)`; a finished drain reads `cordoned (drained)`.
+    """
+    state, flag = str(row.state), str(row.admin.flag)
+    parts = [(state, style_of(state))]
+    if state == "unreachable" and flag != "none":
+        parts.append((f" ({flag})", STYLE[Meaning.ATTENTION]))
+    elif row.admin.drained and state == "cordoned":
+        parts.append((" (drained)", STYLE[Meaning.MUTED]))
+    return parts
+
+
+def node_state_words(row: NodeRow) -> str:
+    return "".join(words for words, _ in node_state_parts(row))
+
+
+# The widest node_state_words can be: `unreachable (cordoned)`.
+NODE_STATE_WIDTH = len("unreachable (cordoned)")
