@@ -113,6 +113,9 @@ class FleetState:
         # Replica id -> when a gateway last saw a request for it (monotonic): idleness
         # counts these as well as the engines' own counters, whichever is later.
         self._gateway_activity: dict[str, float] = {}
+        # Specs of deleted models whose replicas are still stopping (the gateway
+        # handshake): their engines keep their assignments until the stop.
+        self._retiring: dict[str, ModelSpec] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
         self._index_records()
         # Each node's last row content (the fingerprint the NODE changes come
@@ -351,7 +354,7 @@ class FleetState:
     def assignments_for(self, node: str) -> list[ShardAssignment]:
         out = []
         for rec in self._by_node.get(node, ()):
-            spec = self._models.get(rec.model)
+            spec = self._models.get(rec.model) or self._retiring.get(rec.model)
             if spec is None or rec.state is ReplicaState.FAILED:
                 continue
             leader = rec.shards[0].node
@@ -510,6 +513,8 @@ class FleetState:
         for spec in specs:
             self._models[spec.name] = spec
             self._log.append(ChangeKind.MODEL, spec.name)
+            if self._retiring.pop(spec.name, None) is not None:
+                self._keep_retiring_replicas(spec.name)
         # Source, engine and arguments in assignments come from the specs.
         names = {s.name for s in specs}
         self._assignments_changed(
@@ -520,13 +525,25 @@ class FleetState:
         if name not in self._models:
             raise UnknownModel(name)
         self._store.delete_model(name)  # its backoff goes with it
-        del self._models[name]
+        spec = self._models.pop(name)
         self._log.append(ChangeKind.MODEL, name)
         if self._backoffs.pop(name, None) is not None:
             self._log.append(ChangeKind.BACKOFF, name)
         self.set_unplaceable(name, None)
-        # Its replicas go with it: the agents stop engines no longer assigned.
-        self.remove_replicas([r.id for r in self._records.values() if r.model == name])
+        # Its replicas go with it, but through the stop handshake: the reconcile
+        # loop stops them (`retired_replicas`) once the gateways have let go.
+        if any(r.model == name for r in self._records.values()):
+            self._retiring[name] = spec
+
+    def _keep_retiring_replicas(self, model: str) -> None:
+        """Declared again before its replicas stopped: they serve again."""
+        for rec in self._records.values():
+            if rec.model == model and self._stopping.pop(rec.id, None) is not None:
+                self._log.append(ChangeKind.REPLICA, rec.id)
+
+    def retired_replicas(self) -> list[str]:
+        """Replicas of models no longer declared: to stop."""
+        return [r.id for r in self._records.values() if r.model not in self._models]
 
     def backing_off(self, model: str, wall: float) -> bool:
         backoff = self._backoffs.get(model)
@@ -589,6 +606,9 @@ class FleetState:
             self._stopping.pop(i, None)
             self._gateway_activity.pop(i, None)
             self._log.append(ChangeKind.REPLICA, i)
+        live = {r.model for r in self._records.values()}
+        for model in [m for m in self._retiring if m not in live]:
+            del self._retiring[model]
         self._replicas_moved(touched)
 
     def _replicas_moved(self, touched: set[str]) -> None:

@@ -142,6 +142,7 @@ class Reconciler:
         statuses = fleet.replica_statuses()
         self._record_transitions(statuses, wall)
         self._replace_lost(now)
+        self._retire_deleted()
         self._cancel_stopped_drains()
         self._drain(now, wall)
         self._fill_shortfalls(now, wall)
@@ -178,6 +179,11 @@ class Reconciler:
                 "replacing %d replica(s) on unreachable nodes %s", len(doomed), sorted(lost)
             )
             fleet.remove_replicas(doomed)
+
+    def _retire_deleted(self) -> None:
+        """Replicas of deleted models stop once the gateways have let go of them."""
+        fleet = self.fleet
+        fleet.remove_replicas(self._stoppable(fleet.retired_replicas()))
 
     # -- 3. drains ---------------------------------------------------------------------------
 

@@ -392,6 +392,7 @@ def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: Fake
     [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == "elsewhere/llama"
     sim.fleet.delete_model("llama")
+    sim.reconciler.tick()  # no gateway: stopped on the next pass
     assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
 
 

@@ -138,3 +138,49 @@ def test_requests_seen_by_a_gateway_count_for_idleness(tmp_path: Path) -> None:
     sim.clock.advance(3.0)
     assert sim.fleet.replica_views()[0].idle_seconds == 3.0
     assert sim.fleet.summary().idle_replicas == []
+
+
+def test_a_deleted_model_stops_only_after_the_gateways_let_go(tmp_path: Path) -> None:
+    sim = Sim(tmp_path, stop_grace_s=30.0)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
+    sim.fleet.delete_model("llama")
+    sim.step()
+    # Out of routing at once, but its engine keeps its assignment: the gateway
+    # has not applied the change yet and may still send it a request.
+    delta = endpoints_since(sim.fleet, "")
+    assert [(e.replica_id, e.state) for e in delta.endpoints] == [(ep.replica_id, "stopping")]
+    assert [a.replica_id for a in sim.fleet.assignments_for(ep.node)] == [ep.replica_id]
+    sim.gateway("gw-a", delta.cursor, {ep.replica_id: 2})
+    sim.step()
+    assert ep.replica_id in sim.fleet.records  # requests still in flight
+    sim.gateway("gw-a", delta.cursor, {ep.replica_id: 0})
+    sim.step()
+    assert ep.replica_id not in sim.fleet.records
+    assert sim.fleet.assignments_for(ep.node) == []
+    assert ep.replica_id in endpoints_since(sim.fleet, delta.cursor).removed
+    # Declared again: placed afresh, nothing left over from the old one.
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    assert [r.id for r in sim.fleet.records.values()] != [ep.replica_id]
+
+
+def test_a_model_declared_again_while_stopping_keeps_serving(tmp_path: Path) -> None:
+    sim = Sim(tmp_path, stop_grace_s=30.0)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateway("gw-a", "")  # live, never applies: the stop waits
+    sim.fleet.delete_model("llama")
+    sim.step()
+    assert endpoints_since(sim.fleet, "").endpoints[0].state == "stopping"
+    sim.fleet.put_models([MODEL])
+    sim.gateway("gw-a", "")
+    sim.step()
+    (again,) = endpoints_since(sim.fleet, "").endpoints
+    assert (again.replica_id, again.state) == (ep.replica_id, "serving")
+    assert len(sim.fleet.records) == 1  # nothing placed twice
