@@ -52,6 +52,7 @@ from agent.engine_templates import (
     render,
 )
 from agent.metrics import IdleTracker, scrape
+from agent.traffic import TrafficMeter
 from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Engine:
     reported: bool = False  # a failure is kept until it has been reported once
     health_failures: int = 0  # failed /health checks in a row while ready
     tracker: IdleTracker = field(default_factory=IdleTracker)
+    meter: TrafficMeter = field(default_factory=TrafficMeter)
 
     @property
     def key(self) -> Key:
@@ -190,7 +192,8 @@ class EngineSupervisor:
         out: list[ReplicaReport] = []
         for eng in self._engines.values():
             a = eng.assignment
-            idle = eng.tracker.idle_seconds() if eng.state is ShardState.READY else None
+            ready = eng.state is ShardState.READY
+            idle = eng.tracker.idle_seconds() if ready else None
             try:
                 out.append(
                     ReplicaReport(
@@ -201,6 +204,7 @@ class EngineSupervisor:
                         gpus=a.gpus,
                         port=eng.port,
                         idle_seconds=idle,
+                        traffic=eng.meter.traffic() if ready else None,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[-MAX_ERROR_CHARS:], keep_lines=True)
                         if eng.error
@@ -504,6 +508,7 @@ class EngineSupervisor:
         )
         if sample is not None and eng.state is ShardState.READY:
             eng.tracker.observe(sample)
+            eng.meter.observe(sample)
 
     # -- the state file ------------------------------------------------------------
 

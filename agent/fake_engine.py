@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
@@ -51,6 +51,11 @@ class FakeConfig:
     traffic_duration_s: float | None = None  # stop simulated traffic after this long
     seed: int | None = None
     hang_after_s: float | None = None  # then /health answers 500, the process stays up
+
+
+# vLLM's latency buckets (from 0.3 s), with finer ones below: fake engines answer fast.
+E2E_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0)
+E2E_BUCKETS_S += (2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
 class EngineMetrics:
@@ -101,9 +106,19 @@ class EngineMetrics:
             labels,
             registry=self.registry,
         ).labels(model)
+        self.latency = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            labels,
+            buckets=E2E_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model)
         self.model = model
 
-    def finished(self, prompt_tokens: int, generation_tokens: int, reason: str) -> None:
+    def finished(
+        self, prompt_tokens: int, generation_tokens: int, reason: str, latency_s: float
+    ) -> None:
+        self.latency.observe(latency_s)
         self.success.labels(self.model, reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
@@ -165,12 +180,13 @@ STATE = web.AppKey("fake_engine_state", EngineState)
 async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) -> str:
     """Run one request through the metrics: running while it sleeps, then counted."""
     state.metrics.running.inc()
+    started = time.monotonic()
     try:
         await asyncio.sleep(state.config.latency_s)
     finally:
         state.metrics.running.dec()
     state.requests += 1
-    state.metrics.finished(prompt_tokens, max_tokens, "length")
+    state.metrics.finished(prompt_tokens, max_tokens, "length", time.monotonic() - started)
     return " lorem" * max_tokens
 
 
@@ -290,10 +306,12 @@ class _Generation:
         prefix = "chatcmpl" if chat else "cmpl"
         self.id = f"{prefix}-fake-{next(state.ids)}"
         self.created = int(time.time())
+        self.started = time.monotonic()
 
     def _done(self) -> None:
         self.state.requests += 1
-        self.state.metrics.finished(self.prompt_tokens, self.max_tokens, "length")
+        latency_s = time.monotonic() - self.started
+        self.state.metrics.finished(self.prompt_tokens, self.max_tokens, "length", latency_s)
 
     def _usage(self) -> dict[str, int]:
         return {

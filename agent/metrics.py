@@ -51,7 +51,13 @@ COUNTERS: frozenset[str] = frozenset(
         "sglang:num_requests_total",
         "sglang:prompt_tokens_total",
         "sglang:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
     }
+)
+# The end-to-end latency histogram, read for the traffic view's p50 (agent/traffic.py).
+LATENCY_BUCKETS: frozenset[str] = frozenset(
+    {"vllm:e2e_request_latency_seconds_bucket", "sglang:e2e_request_latency_seconds_bucket"}
 )
 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # an engine's /metrics is tens of KiB; refuse a flood
@@ -64,6 +70,9 @@ class EngineSample:
 
     gauges: Mapping[str, float] = field(default_factory=dict)
     counters: Mapping[str, float] = field(default_factory=dict)
+    # Cumulative request counts by upper bound (`le`, +Inf included) of the
+    # end-to-end latency histogram; empty when the engine exports none.
+    latency_buckets: Mapping[float, float] = field(default_factory=dict)
 
 
 def parse_engine_metrics(text: str) -> EngineSample | None:
@@ -74,6 +83,7 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
     """
     gauges: dict[str, float] = {}
     counters: dict[str, float] = {}
+    buckets: dict[float, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -81,12 +91,15 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
                     gauges[sample.name] = gauges.get(sample.name, 0.0) + float(sample.value)
                 elif sample.name in COUNTERS:
                     counters[sample.name] = counters.get(sample.name, 0.0) + float(sample.value)
-    except (ValueError, TypeError, IndexError) as exc:
+                elif sample.name in LATENCY_BUCKETS:
+                    le = float(sample.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + float(sample.value)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
         log.debug("unparseable metrics: %s", exc)
         return None
     if not gauges and not counters:
         return None
-    return EngineSample(gauges=gauges, counters=counters)
+    return EngineSample(gauges=gauges, counters=counters, latency_buckets=buckets)
 
 
 class IdleTracker:

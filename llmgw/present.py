@@ -99,6 +99,18 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def latency(seconds: float | None) -> str:
+    """A request latency: 850ms, 2.4s; '-' when none finished."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def percent(fraction: float | None) -> str:
+    """A rate in [0, 1] as a percentage: 74%; '-' when unknown."""
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
 def _zoned(at: float, local: bool) -> datetime:
     return datetime.fromtimestamp(at).astimezone() if local else datetime.fromtimestamp(at, UTC)
 

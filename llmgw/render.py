@@ -177,6 +177,10 @@ NUMERIC_COLUMNS = frozenset(
         "REPLICAS",
         "STARTING",
         "FAILED",
+        "REQ/S",
+        "IN FLIGHT",
+        "P50",
+        "CACHE HIT",
     }
 )
 
@@ -274,6 +278,19 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         reason = summary.unplaceable_reasons.get(name, "short, and no replica is starting")
         unplaceable.add(name, Cell(name, "red"), clean(reason))
     section("Unplaceable", unplaceable)
+
+    traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
+    for tr in getattr(summary, "traffic", None) or []:  # absent from older controllers
+        traffic.add(
+            tr.model,
+            tr.model,
+            str(tr.replicas),
+            f"{tr.requests_per_s:.1f}",
+            str(tr.in_flight),
+            present.latency(tr.p50_latency_s),
+            present.percent(tr.prefix_hit_rate),
+        )
+    section("Traffic", traffic)
 
     idle = _table("REPLICA", "MODEL", "GPUS", "IDLE")
     for i in summary.idle_replicas:

@@ -201,6 +201,15 @@ class StorageLocation(Inbound):
     incomplete: list[ModelIncomplete] = Field(default_factory=list, max_length=4096)
 
 
+class EngineTraffic(Inbound):
+    """What an engine served over the agent's last window of scrapes (agent/traffic.py)."""
+
+    requests_per_s: float = Field(ge=0, le=10_000_000)
+    in_flight: int = Field(ge=0, le=10_000_000)  # running and queued
+    p50_latency_s: Seconds | None = None  # None: no request finished in the window
+    prefix_hit_rate: float | None = Field(default=None, ge=0, le=1)  # None: no prompt seen
+
+
 class ReplicaReport(Inbound):
     """One engine (one shard of a replica) that the agent runs."""
 
@@ -213,6 +222,7 @@ class ReplicaReport(Inbound):
     idle_seconds: Seconds | None = None  # None: not known yet
     exit_code: ExitCode | None = None
     error: Text | None = None
+    traffic: EngineTraffic | None = None  # rank 0 of a ready engine, once scraped twice
 
 
 class NodeReport(Inbound):
@@ -484,6 +494,22 @@ class IdleReplica(Outbound):
     gpus: int
 
 
+class ModelTraffic(Outbound):
+    """What a model's serving replicas served over the engines' last window.
+
+    Requests and in-flight are sums over replicas (in flight: the engine's own
+    count, or the gateways' when higher). Latency and hit rate are per-replica
+    figures weighted by each replica's requests: engines export histograms and
+    counters, and the agents report each engine's window, not its raw samples."""
+
+    model: str
+    replicas: int  # serving replicas with figures
+    requests_per_s: float
+    in_flight: int
+    p50_latency_s: float | None
+    prefix_hit_rate: float | None
+
+
 class ReasonGroup(Outbound):
     """Nodes sharing one admin reason, as `sinfo -R` lists them."""
 
@@ -506,6 +532,7 @@ class FleetSummary(Outbound):
     unplaceable_reasons: dict[str, str] = Field(default_factory=dict)
     reasons: list[ReasonGroup] = Field(default_factory=list)
     generated_at: float = 0.0  # controller clock
+    traffic: list[ModelTraffic] = Field(default_factory=list)  # models with figures, by name
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes

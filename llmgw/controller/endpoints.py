@@ -164,6 +164,7 @@ class Gateways:
             (rid for rid, n in status.requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
+        self.fleet.note_in_flight(status.name, status.in_flight, now)
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,

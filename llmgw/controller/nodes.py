@@ -15,6 +15,7 @@ from typing import NamedTuple
 from llmgw.wire import (
     AdminFlag,
     AdminInfo,
+    EngineTraffic,
     GpuHealth,
     NodeReport,
     NodeState,
@@ -43,6 +44,7 @@ class ShardDigest(NamedTuple):
     idle_since: float | None  # controller monotonic time of last activity; None unknown
     error: str | None
     port: int | None = None  # where the engine listens on the node's address
+    traffic: EngineTraffic | None = None  # what the engine served lately (rank 0)
 
 
 class NodeDigest(NamedTuple):
@@ -121,6 +123,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             None if r.idle_seconds is None else received_at - r.idle_seconds,
             r.error,
             r.port,
+            r.traffic,
         )
         for r in report.replicas
     )

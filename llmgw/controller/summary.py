@@ -29,6 +29,7 @@ from llmgw.wire import (
     IdleReplica,
     ModelCounts,
     ModelSpec,
+    ModelTraffic,
     NodeCounts,
     NodeState,
     ReasonGroup,
@@ -158,6 +159,7 @@ def build_summary(
     unplaceable_reasons: Mapping[str, str],
     now: float,
     wall: float,
+    gateway_in_flight: Mapping[str, int] | None = None,
 ) -> FleetSummary:
     replica_counts = dict.fromkeys(ReplicaState, 0)
     serving: Counter[str] = Counter()
@@ -198,7 +200,48 @@ def build_summary(
         },
         reasons=reason_groups(admin, known_nodes),
         generated_at=wall,
+        traffic=model_traffic(replicas, gateway_in_flight or {}),
     )
+
+
+def model_traffic(
+    replicas: Mapping[str, ReplicaStatus], gateway_in_flight: Mapping[str, int]
+) -> list[ModelTraffic]:
+    """Per model, what its serving replicas' engines (rank 0) say they served."""
+    by_model: dict[str, list[tuple[float, int, float | None, float | None]]] = defaultdict(list)
+    for r in replicas.values():
+        lead = r.shards[0] if r.shards else None
+        if r.state not in (ReplicaState.READY, ReplicaState.DRAINING):
+            continue
+        if lead is None or lead.traffic is None:
+            continue
+        t = lead.traffic
+        in_flight = max(t.in_flight, gateway_in_flight.get(r.record.id, 0))
+        by_model[r.record.model].append(
+            (t.requests_per_s, in_flight, t.p50_latency_s, t.prefix_hit_rate)
+        )
+    return [
+        ModelTraffic(
+            model=model,
+            replicas=len(rows),
+            requests_per_s=round(sum(r[0] for r in rows), 3),
+            in_flight=sum(r[1] for r in rows),
+            p50_latency_s=_weighted([(r[0], r[2]) for r in rows], 4),
+            prefix_hit_rate=_weighted([(r[0], r[3]) for r in rows], 4),
+        )
+        for model, rows in sorted(by_model.items())
+    ]
+
+
+def _weighted(pairs: list[tuple[float, float | None]], digits: int) -> float | None:
+    """Mean of the known values weighted by requests (equal weights when none served)."""
+    known = [(w, v) for w, v in pairs if v is not None]
+    if not known:
+        return None
+    total = sum(w for w, _ in known)
+    if total <= 0:
+        return round(sum(v for _, v in known) / len(known), digits)
+    return round(sum(w * v for w, v in known) / total, digits)
 
 
 def reason_groups(

@@ -22,6 +22,7 @@ class Sim:
         self.nodes = ["gpu1", "gpu2"]
         self.down: set[str] = set()
         self.idle_s = 0.0  # what every engine says of its idleness
+        self.traffic: dict[str, object] | None = None  # what every rank 0 says it served
 
     def step(self) -> None:
         self.clock.advance(1.0)
@@ -37,6 +38,7 @@ class Sim:
                     "gpus": a.gpus,
                     "port": 8000 + i,
                     "idle_seconds": self.idle_s,
+                    **({"traffic": self.traffic} if self.traffic and a.rank == 0 else {}),
                 }
                 for a in self.fleet.assignments_for(node)
             ]
@@ -184,3 +186,29 @@ def test_a_model_declared_again_while_stopping_keeps_serving(tmp_path: Path) -> 
     (again,) = endpoints_since(sim.fleet, "").endpoints
     assert (again.replica_id, again.state) == (ep.replica_id, "serving")
     assert len(sim.fleet.records) == 1  # nothing placed twice
+
+
+def test_traffic_per_model_from_engines_and_gateways(tmp_path: Path) -> None:
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 2})])
+    sim.step()
+    sim.traffic = {
+        "requests_per_s": 3.0,
+        "in_flight": 1,
+        "p50_latency_s": 0.2,
+        "prefix_hit_rate": 0.5,
+    }
+    sim.step()
+    (traffic,) = sim.fleet.summary().traffic
+    assert (traffic.model, traffic.replicas, traffic.requests_per_s) == ("llama", 2, 6.0)
+    assert traffic.in_flight == 2 and traffic.p50_latency_s == 0.2
+    assert traffic.prefix_hit_rate == 0.5
+    # A gateway that holds more requests in flight than the engine reports wins.
+    ids = sorted(sim.fleet.records)
+    sim.gateways.report(GatewayStatus(name="gw", cursor="", in_flight={ids[0]: 7}))
+    (traffic,) = sim.fleet.summary().traffic
+    assert traffic.in_flight == 7 + 1
+    # ... until it stops reporting.
+    sim.clock.advance(11.0)
+    (traffic,) = sim.fleet.summary().traffic
+    assert traffic.in_flight == 2

@@ -237,3 +237,31 @@ def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
     gw.wait_serving("chat")  # a new SMG, with the same workers
     log = gw.log.read_text()
     assert log.count("SMG exited") == 1 and "SMG is back" in log, log
+
+
+def test_routed_traffic_shows_per_model_in_the_summary_and_ctl(cluster: Cluster) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([model("chat")])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    load = Load(gw.url, "chat").start()
+
+    def figures() -> dict[str, object] | None:
+        rows = [t for t in c.get("/v1/summary")["traffic"] if t["model"] == "chat"]
+        return rows[0] if rows and rows[0]["requests_per_s"] > 0 else None
+
+    # The agent scrapes its engine every 5 s; two scrapes make a rate.
+    wait_until(figures, timeout=45, what="traffic figures for chat", diagnose=gw.logs)
+    load.stop()
+    shown = figures()
+    assert shown is not None and shown["replicas"] == 1
+    assert shown["p50_latency_s"] is not None and shown["prefix_hit_rate"] is not None
+    status = c.ctl("status")
+    assert "Traffic" in status and "REQ/S" in status
+    (line,) = [ln for ln in status.splitlines() if ln.startswith("chat ")]
+    assert "ms" in line  # the p50, as the console shows it
+    gw.stop()

@@ -1,0 +1,100 @@
+"""An engine's traffic from its own Prometheus counters: requests per second,
+requests in flight, median latency and prefix-cache hit rate.
+
+Pure, like `IdleTracker`: feed it the samples of successive scrapes
+(`agent.metrics.EngineSample`), ask for the figures over the last window.
+Rates come from counter differences between the oldest and newest sample in
+the window, so one scrape's jitter does not swing them; a counter that falls
+(the engine restarted) starts the window again. The median is read from the
+end-to-end latency histogram's bucket differences, interpolated inside the
+bucket as Prometheus's `histogram_quantile` does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from agent.metrics import EngineSample
+from llmgw.wire import EngineTraffic
+
+WINDOW_S = 30.0
+REQUESTS = ("vllm:request_success_total", "sglang:num_requests_total")
+IN_FLIGHT = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
+CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+CACHE_HITS = "vllm:prefix_cache_hits_total"
+
+
+def _sum(values: Mapping[str, float], names: tuple[str, ...]) -> float:
+    return sum(values.get(n, 0.0) for n in names)
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """The q-quantile of a cumulative histogram ({upper bound: count}); None when empty."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower  # in the open top bucket: its lower edge is all we know
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+class TrafficMeter:
+    """Traffic of one engine over the last `window_s` seconds of scrapes."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, window_s: float = WINDOW_S
+    ) -> None:
+        self._clock = clock
+        self._window_s = window_s
+        self._samples: deque[tuple[float, EngineSample]] = deque()
+
+    def observe(self, sample: EngineSample) -> None:
+        now = self._clock()
+        if self._samples and _fell(self._samples[-1][1], sample):
+            self._samples.clear()  # restarted: its counters began again from zero
+        self._samples.append((now, sample))
+        # Keep one sample older than the window, so the window is always spanned.
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._window_s:
+            self._samples.popleft()
+
+    def traffic(self) -> EngineTraffic | None:
+        """The figures, or None before two scrapes have been seen."""
+        if len(self._samples) < 2:
+            return None
+        (t0, first), (t1, last) = self._samples[0], self._samples[-1]
+        span = t1 - t0
+        if span <= 0:
+            return None
+        served = _sum(last.counters, REQUESTS) - _sum(first.counters, REQUESTS)
+        queries = last.counters.get(CACHE_QUERIES, 0.0) - first.counters.get(CACHE_QUERIES, 0.0)
+        hits = last.counters.get(CACHE_HITS, 0.0) - first.counters.get(CACHE_HITS, 0.0)
+        delta = {
+            le: n - first.latency_buckets.get(le, 0.0) for le, n in last.latency_buckets.items()
+        }
+        p50 = quantile(0.5, delta)
+        return EngineTraffic(
+            requests_per_s=round(max(0.0, served) / span, 3),
+            in_flight=int(_sum(last.gauges, IN_FLIGHT)),
+            p50_latency_s=None if p50 is None else round(p50, 4),
+            prefix_hit_rate=round(min(1.0, hits / queries), 4) if queries > 0 else None,
+        )
+
+
+def _fell(before: EngineSample, after: EngineSample) -> bool:
+    return any(v < before.counters.get(k, 0.0) for k, v in after.counters.items())
