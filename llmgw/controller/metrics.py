@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from llmgw.controller.fleet import FleetState
-from llmgw.wire import NodeState, ReplicaState
+from llmgw.wire import ModelTraffic, NodeState, ReplicaState
 
 GPU_BUCKETS = ("used", "free", "unschedulable", "unhealthy", "unknown")
 # Report handling is a few ms; a store write can take a full fsync.
@@ -124,6 +124,7 @@ class FleetCollector(Collector):
         yield replicas
 
         yield from self._models(fleet, set(s.unplaceable))
+        yield from self._traffic(s.traffic)
 
         idle = GaugeMetricFamily(
             "llmgw_idle_replicas", "Ready replicas idle for 10 minutes or more.", labels=["model"]
@@ -185,6 +186,37 @@ class FleetCollector(Collector):
             satisfied.add_metric([name], int(v.satisfied))
             unplace.add_metric([name], int(name in unplaceable))
         yield from (ready, minimum, satisfied, unplace)
+
+    def _traffic(self, traffic: list[ModelTraffic]) -> Iterator[Metric]:
+        """What the engines served per model (the summary's Traffic section)."""
+        families = {
+            "requests_per_s": GaugeMetricFamily(
+                "llmgw_model_requests_per_second",
+                "Requests per second over the engines' last 30 s.",
+                labels=["model"],
+            ),
+            "in_flight": GaugeMetricFamily(
+                "llmgw_model_requests_in_flight",
+                "Requests running or queued.",
+                labels=["model"],
+            ),
+            "p50_latency_s": GaugeMetricFamily(
+                "llmgw_model_p50_latency_seconds",
+                "Median end-to-end latency, weighted over replicas.",
+                labels=["model"],
+            ),
+            "prefix_hit_rate": GaugeMetricFamily(
+                "llmgw_model_prefix_cache_hit_ratio",
+                "Prompt tokens found in the prefix cache, as a fraction.",
+                labels=["model"],
+            ),
+        }
+        for tr in traffic:
+            for field, family in families.items():
+                value = getattr(tr, field)
+                if value is not None:
+                    family.add_metric([tr.model], value)
+        yield from families.values()
 
     def _nodes(self, fleet: FleetState) -> Iterator[Metric]:
         state = GaugeMetricFamily(

@@ -90,6 +90,7 @@ async def build_fleet(client: TestClient) -> None:
         "state": "ready",
         "gpus": shard["gpus"],
         "idle_seconds": 3600.0,
+        "traffic": {"requests_per_s": 0.0, "in_flight": 0, "prefix_hit_rate": 0.5},
     }
     await post_report(client, node.model_validate({**node.model_dump(), "replicas": [running]}))
     # Drained after the pass, so the drain is still in progress.
@@ -179,6 +180,12 @@ async def test_metrics_equal_the_summary(client: TestClient) -> None:
     (idle,) = summary["idle_replicas"]
     assert family(m, "llmgw_idle_replicas") == {frozenset({("model", idle["model"])}): 1}
     assert family(m, "llmgw_idle_gpus") == {frozenset({("model", idle["model"])}): idle["gpus"]}
+    (traffic,) = summary["traffic"]
+    where = {"model": traffic["model"]}
+    assert one(m, "llmgw_model_requests_per_second", **where) == traffic["requests_per_s"]
+    assert one(m, "llmgw_model_requests_in_flight", **where) == traffic["in_flight"]
+    assert one(m, "llmgw_model_prefix_cache_hit_ratio", **where) == traffic["prefix_hit_rate"]
+    assert family(m, "llmgw_model_p50_latency_seconds") == {}  # unknown: no sample, not 0
     assert one(m, "llmgw_drains_in_progress") == summary["nodes"]["draining"]
     assert one(m, "llmgw_gateways") == 0  # no gateway tracking yet: an empty family
     assert family(m, "llmgw_gateway_report_age_seconds") == {}
@@ -272,6 +279,6 @@ async def test_dashboard_uses_only_exported_metrics(client: TestClient) -> None:
         assert p["datasource"]["uid"] == "${datasource}", p["title"]
         exprs += [t["expr"] for t in p["targets"]]
     for expr in exprs:
-        used = set(re.findall(r"\bllmgw_[a-z_]+", expr))
+        used = set(re.findall(r"\bllmgw_[a-z0-9_]+", expr))
         assert used, expr
         assert used <= exported, f"{expr}: {sorted(used - exported)} not exported"
