@@ -318,6 +318,37 @@ def _start_gateway(controller: str, root: Path) -> tuple[str, list[asyncio.Task[
     return smg.base, [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
 
 
+ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"
+ROUTED_RATE = 2.0  # requests per second sent through the gateway
+SYSTEM_PROMPTS = 4  # shared prefixes, so cache-aware routing has something to find
+
+
+async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> None:
+    """Part of the demo's traffic goes through the gateway, as real clients would:
+    chat requests behind a few long shared system prompts, at a steady rate.
+    Errors (before a replica serves, during a drain) are the demo's weather, not logged."""
+    import httpx
+
+    rng = random.Random(seed)
+    systems = [" ".join(f"policy{p}-{i}" for i in range(256)) for p in range(SYSTEM_PROMPTS)]
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = {
+                "model": ROUTED_MODEL,
+                "messages": [
+                    {"role": "system", "content": rng.choice(systems)},
+                    {"role": "user", "content": f"question {n}"},
+                ],
+                "max_tokens": 8,
+            }
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{gateway}/v1/chat/completions", json=body)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), rng.expovariate(ROUTED_RATE))
+
+
 def gateway_banner(url: str) -> str:
     body = (
         '{"model": "Qwen/Qwen2.5-7B-Instruct", "messages": [{"role": "user", "content": "hello"}]}'
@@ -327,6 +358,7 @@ def gateway_banner(url: str) -> str:
             f"  gateway (OpenAI API, SMG): {url}",
             f"    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
             f"      -d '{body}'",
+            f"    ({ROUTED_MODEL}'s traffic comes through it: Traffic in `llmgw ctl status`)",
         ]
     )
 
@@ -368,7 +400,7 @@ async def run_demo(
             async with AdminClient(url) as client:
                 await client.apply_models(demo_specs())
             gateway_url, gateway_tasks = _start_gateway(url, root)
-            tasks += gateway_tasks
+            tasks += [*gateway_tasks, asyncio.create_task(routed_traffic(gateway_url, stop))]
         print(banner(url, fleet, root, headless=args.headless), flush=True)
         if gateway_url is not None:
             print(gateway_banner(gateway_url), flush=True)
