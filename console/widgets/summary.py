@@ -10,8 +10,8 @@ from textual.widgets import Static
 
 from console.format import count_text, styled
 from console.widgets.keyed_table import GlanceTable
-from llmgw.present import duration
-from llmgw.wire import FabricSummary, FleetSummary, IdleReplica
+from llmgw.present import duration, latency, percent
+from llmgw.wire import FabricSummary, FleetSummary, IdleReplica, ModelTraffic
 
 
 class FabricsTable(GlanceTable):
@@ -124,6 +124,36 @@ class IdleTable(GlanceTable):
             styled(r.gpus, "bold yellow"),
             styled(r.id, "bold"),
             styled(r.model.rsplit("/", 1)[-1], "dim"),
+        )
+
+
+class TrafficTable(GlanceTable):
+    """Per model: what its engines served over the last 30 s (and the gateways hold)."""
+
+    BORDER_TITLE = "Traffic"
+
+    def on_mount(self) -> None:
+        self.add_column("REQ/S", key="rps")
+        self.add_column("FLIGHT", key="in_flight")
+        self.add_column("P50", key="p50")
+        self.add_column("HIT", key="hit")
+        self.add_column("MODEL", key="model")
+
+    def show(self, traffic: list[ModelTraffic]) -> None:
+        busiest = sorted(traffic, key=lambda t: (-t.requests_per_s, t.model))
+        self.sync({t.model: self._row_cells(t) for t in busiest})
+        total = sum(t.requests_per_s for t in traffic)
+        self.border_subtitle = f"{total:.1f} req/s" if traffic else "no engine figures yet"
+
+    @staticmethod
+    def _row_cells(t: ModelTraffic) -> tuple[Text, ...]:
+        hit = t.prefix_hit_rate
+        return (
+            styled(f"{t.requests_per_s:.1f}", "bold" if t.requests_per_s else "dim"),
+            styled(t.in_flight, "bold yellow" if t.in_flight else "dim"),
+            styled(latency(t.p50_latency_s)),
+            styled(percent(hit), "green" if hit is not None and hit >= 0.5 else ""),
+            styled(t.model.rsplit("/", 1)[-1], "bold"),
         )
 
 
