@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from llmgw.controller.app import create_app
@@ -13,7 +15,14 @@ from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
 from llmgw.controller.store import STATE_FILE, StateError, Store, StoreUnavailable
-from llmgw.controller.stores import describe, open_store, parse_store, store_spec
+from llmgw.controller.stores import (
+    StateStore,
+    StoreSpec,
+    describe,
+    open_store,
+    parse_store,
+    store_spec,
+)
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -38,6 +47,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--advertise-url",
         help="the URL others should use for this controller (default: http://LISTEN)",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="PostgreSQL: the leader's lease lasts this long unless renewed (every S/4); "
+        "a follower takes over about this long after the leader dies (default %(default)g)",
     )
     p.add_argument(
         "--reset-state",
@@ -172,6 +189,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--idle-timeout", args.idle_timeout),
         ("--body-timeout", args.body_timeout),
         ("--stop-grace", args.stop_grace),
+        ("--lease-ttl", args.lease_ttl),
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
@@ -214,6 +232,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         state_dir=args.state_dir if args.state_dir is not None else Path("."),
         store=args.store,
         advertise_url=args.advertise_url,
+        lease_ttl_s=args.lease_ttl,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
         listen=args.listen,
@@ -266,7 +285,8 @@ def migrate(argv: list[str]) -> int:
             raise StateError(
                 f"{describe(target_spec)} already holds state: migrate copies only into an empty store"
             )
-        target.load(state)
+        with _leading(target, target_spec):
+            target.load(state)
         target.close()
     except (ValueError, StateError, StoreUnavailable) as exc:
         print(f"llmgw controller migrate: {exc}", file=sys.stderr)
@@ -278,6 +298,38 @@ def migrate(argv: list[str]) -> int:
         f"from {describe(source_spec)} to {describe(target_spec)}"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
+    """`migrate` writes a PostgreSQL store as its leader would: holding the lease
+    (refused while a controller leads it), released when done."""
+    if spec[0] != "postgresql":
+        yield
+        return
+    from llmgw.controller.leadership import new_holder
+    from llmgw.controller.stores.postgres import PgLease
+
+    lease = PgLease(
+        spec[1], holder=new_holder(), advertise_url="llmgw controller migrate", ttl_s=60
+    )
+    try:
+        epoch = lease.acquire()
+        if epoch is None:
+            _, leader = lease.leader()
+            raise StateError(
+                f"a controller leads {describe(spec)} (at {leader}): stop every controller "
+                "on it first"
+            )
+        store.epoch = epoch
+        yield
+        lease.release(epoch)
+    except Exception as exc:
+        if isinstance(exc, StateError | StoreUnavailable):
+            raise
+        raise StateError(f"cannot take the lease of {describe(spec)}: {exc}") from exc
+    finally:
+        lease.close()
 
 
 def main(argv: list[str]) -> int:

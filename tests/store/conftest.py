@@ -58,13 +58,16 @@ def open_store(
             return opened[-1]
 
     else:
-        from llmgw.controller.stores.postgres import PostgresStore
+        from llmgw.controller.stores.postgres import PostgresStore, take_lease
 
         url = request.getfixturevalue("pg_url")
 
         def factory() -> StateStore:
-            opened.append(PostgresStore(url))
-            return opened[-1]
+            # Writes are fenced by the leader's lease: each reopen takes it (same holder).
+            store = PostgresStore(url)
+            assert take_lease(store, holder="tests", ttl_s=3600) is not None
+            opened.append(store)
+            return store
 
     yield factory
     for store in opened:

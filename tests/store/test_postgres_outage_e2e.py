@@ -47,6 +47,7 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
         assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
         assert c.stop() == 0
         c.start()  # and everything acknowledged is still there
+        assert c.http.get("/healthz").json()["role"] == "leader", "the lease was released"
         rows = {r["name"]: r["admin"]["flag"] for r in c.http.get("/v1/nodes").json()}
         assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
         assert c.stop() == 0
