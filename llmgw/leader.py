@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import aiohttp
 
 LEADER_HEADER = "X-LLMGW-Leader"
 NOT_THE_LEADER = "not the leader"
@@ -113,3 +117,40 @@ class Tries:
             self.queue.remove(leader)
         if not self.tried or self.tried[-1] != leader:
             self.queue.insert(0, leader)
+
+
+async def aiohttp_request(
+    session: aiohttp.ClientSession,
+    endpoints: Endpoints,
+    method: str,
+    path: str,
+    **kwargs: Any,
+) -> tuple[str, int, bytes]:
+    """One request to the leader over aiohttp (the agent, the gateway):
+    (URL that answered, status, body). Only followers answering (no leader right
+    now) gives the last one's 503; none answering raises the first connection
+    error (aiohttp.ClientError or TimeoutError)."""
+    import aiohttp
+
+    tries = Tries(endpoints)
+    failure: BaseException | None = None
+    follower: tuple[str, int, bytes] | None = None
+    while (url := tries.next()) is not None:
+        try:
+            async with session.request(method, url + path, **kwargs) as resp:
+                body = await resp.read()
+                status, headers = resp.status, resp.headers
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failure = failure or exc
+            continue
+        redirected, leader = leader_of(status, headers, body)
+        if redirected:
+            follower = (url, status, body)
+            tries.redirect(leader)
+            continue
+        endpoints.answered(url)
+        return url, status, body
+    if follower is not None:
+        return follower
+    assert failure is not None
+    raise failure

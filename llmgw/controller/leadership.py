@@ -114,6 +114,7 @@ class Leadership:
             self._begin(self.store.epoch, reload=False)
             return
         self.store.on_fenced = self._fenced  # type: ignore[attr-defined]
+        self.metrics.leader.set(0)
         await self._campaign()
         self._loop_task = asyncio.create_task(self._run())
 
@@ -171,6 +172,7 @@ class Leadership:
             epoch = await asyncio.to_thread(self.lease.acquire)
             if epoch is None:
                 self.epoch, self.leader_url = await asyncio.to_thread(self.lease.leader)
+                self.metrics.epoch.set(self.epoch)
         except Exception as exc:
             self._lease_error(exc)
             return
