@@ -81,6 +81,7 @@ class Leadership:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._lease_failing = False
+        self._expires_in = 0.0  # the leader's lease, as a follower last read it
 
     # -- what the API asks ------------------------------------------------------------
 
@@ -141,10 +142,13 @@ class Leadership:
         renew_every = self.ttl_s / 4
         campaign_every = min(1.0, renew_every)
         while True:
-            await asyncio.sleep(renew_every if self._leading else campaign_every)
             if self._leading:
+                await asyncio.sleep(renew_every)
                 await self._renew()
             else:
+                # Try again when the leader's lease runs out, or every second or so
+                # (a lease renewed meanwhile is simply read again).
+                await asyncio.sleep(min(campaign_every, self._expires_in + 0.02))
                 await self._campaign()
 
     async def _renew(self) -> None:
@@ -171,7 +175,8 @@ class Leadership:
         try:
             epoch = await asyncio.to_thread(self.lease.acquire)
             if epoch is None:
-                self.epoch, self.leader_url = await asyncio.to_thread(self.lease.leader)
+                self.epoch, self.leader_url, left = await asyncio.to_thread(self.lease.leader)
+                self._expires_in = left
                 self.metrics.epoch.set(self.epoch)
         except Exception as exc:
             self._lease_error(exc)

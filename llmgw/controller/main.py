@@ -316,7 +316,7 @@ def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
     try:
         epoch = lease.acquire()
         if epoch is None:
-            _, leader = lease.leader()
+            _, leader, _ = lease.leader()
             raise StateError(
                 f"a controller leads {describe(spec)} (at {leader}): stop every controller "
                 "on it first"

@@ -457,11 +457,15 @@ class PgLease:
             (self.holder, epoch),
         )
 
-    def leader(self) -> tuple[int, str | None]:
-        """(epoch, URL of the live leader, or None when no lease is live)."""
-        query = "SELECT epoch, url, expires_at > clock_timestamp() AS live FROM writer WHERE id = 1"
+    def leader(self) -> tuple[int, str | None, float]:
+        """(epoch, URL of the live leader or None, seconds until its lease expires)."""
+        query = (
+            "SELECT epoch, url, EXTRACT(EPOCH FROM expires_at - clock_timestamp()) AS left_s"
+            " FROM writer WHERE id = 1"
+        )
         row = self._one(query, ()) or {}
-        return int(row.get("epoch") or 0), (row.get("url") if row.get("live") else None)
+        left = float(row.get("left_s") or 0.0)
+        return int(row.get("epoch") or 0), (row.get("url") if left > 0 else None), max(0.0, left)
 
     def close(self) -> None:
         if self._conn is not None:
