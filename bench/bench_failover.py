@@ -118,6 +118,10 @@ def failover_rounds(url: str, kills: int, ttl: float, tmp: Path) -> list[tuple[f
                     f"kill {i + 1}: reports after {report_at:.2f} s, admin write {write_at:.2f} s"
                 )
                 leader.start()  # back, as a follower
+            history = admin(api.node("n1")).history
+        reasons = [e.reason for e in history if e.action == "cordon"]
+        lost = [i for i in range(kills) if reasons.count(f"bench round {i}") != 1]
+        print(f"every acknowledged cordon stored exactly once: {'yes' if not lost else lost}")
         return out
     finally:
         for c in pair:

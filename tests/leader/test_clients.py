@@ -6,7 +6,7 @@ response), as a leader, or not at all."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -32,11 +32,14 @@ class Server:
         self.hits = 0
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.custom: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
         if self.following:
             return not_the_leader(self.leader)
+        if self.custom is not None:
+            return await self.custom(request)
         if request.path == "/v1/agent/report":
             report = NodeReport.model_validate_json(await request.read())
             reply = ReportReply(
@@ -162,3 +165,33 @@ async def test_an_agent_reports_to_the_leader_and_does_not_back_off_in_a_failove
         follower.following = False  # the follower took over
         await loop._one(session)
         assert loop.controller == follower.url and loop.failures == 0 and loop.sent == 2
+
+
+async def test_the_gateway_follows_the_leader_for_endpoints(
+    servers: tuple[Server, Server],
+) -> None:
+    """The gateway's endpoint poll goes to the leader a follower names (its status posts
+    go through the same `aiohttp_request`)."""
+    import aiohttp
+
+    from llmgw.gateway.sync import Follower
+
+    leader, follower = servers
+    seen: list[tuple[str, str]] = []
+
+    async def endpoints(request: web.Request) -> web.StreamResponse:
+        seen.append((request.method, request.path))
+        delta = {"cursor": "ab.1", "full": True, "endpoints": [], "removed": []}
+        return web.json_response(delta)
+
+    leader.custom = endpoints
+    gw = Follower(f"{DEAD},{follower.url}", None, "gw-1", smg=None)  # type: ignore[arg-type]
+    async with aiohttp.ClientSession() as http:
+        poll = asyncio.create_task(gw._poll(http))
+        for _ in range(200):
+            if gw.cursor:
+                break
+            await asyncio.sleep(0.01)
+        poll.cancel()
+    assert gw.cursor == "ab.1" and gw.controllers.current == leader.url
+    assert ("GET", "/v1/endpoints") in seen
