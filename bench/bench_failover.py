@@ -121,7 +121,7 @@ def failover_rounds(url: str, kills: int, ttl: float, tmp: Path) -> list[tuple[f
             history = admin(api.node("n1")).history
         reasons = [e.reason for e in history if e.action == "cordon"]
         lost = [i for i in range(kills) if reasons.count(f"bench round {i}") != 1]
-        print(f"every acknowledged cordon stored exactly once: {'yes' if not lost else lost}")
+        print(f"every acknowledged cordon stored exactly once: {lost if lost else 'yes'}")
         return out
     finally:
         for c in pair:

@@ -291,6 +291,16 @@ def is_llmgw_error(body: bytes, content_type: str) -> bool:
     return isinstance(data, dict) and "error" in data
 
 
+def no_leader(tried: list[str], path: str) -> ControllerError:
+    """Only followers answered: a failover is under way (or the store is away)."""
+    return ControllerError(
+        503,
+        f"not the leader: no controller leads right now (asked {', '.join(tried)}); a "
+        "failover takes up to the lease TTL (8 s by default): try again in a few seconds",
+        tried[-1] + path,
+    )
+
+
 def not_a_controller(url: str, status: int, healthz_answer: str) -> NotAController:
     return NotAController(
         status,

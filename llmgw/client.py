@@ -238,7 +238,7 @@ class AdminClient:
             self.endpoints.answered(url)
             return response
         if follower is not None:  # only followers answered: no leader right now
-            return follower
+            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
         assert unreachable is not None
         raise unreachable
 

@@ -80,7 +80,7 @@ class SyncAdminClient:
         leader it names; one that does not answer, to the next URL (llmgw.leader)."""
         tries = Tries(self.endpoints)
         unreachable: ControllerUnreachable | None = None
-        follower: tuple[str, int, str, bytes] | None = None
+        follower = False
         while (url := tries.next()) is not None:
             try:
                 status, headers, body = self._exchange(url, call)
@@ -89,15 +89,14 @@ class SyncAdminClient:
                 continue
             redirected, leader = leader_of(status, headers, body)
             if redirected:
-                follower = (url, status, headers.get("Content-Type", ""), body)
+                follower = True
                 tries.redirect(leader)
                 continue
             self.endpoints.answered(url)
             self.base_url = url
             return self._answer(url, call, status, headers.get("Content-Type", ""), body)
         if follower is not None:  # only followers answered: no leader right now
-            url, status, content_type, body = follower
-            return self._answer(url, call, status, content_type, body)
+            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
         assert unreachable is not None
         raise unreachable
 

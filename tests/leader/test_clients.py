@@ -132,7 +132,9 @@ async def test_ctl_with_only_followers_says_no_controller_leads(
 
     with pytest.raises(api.ControllerError) as refused:
         await asyncio.to_thread(call)
-    assert refused.value.status == 503 and refused.value.message == "not the leader"
+    assert refused.value.status == 503
+    assert refused.value.message.startswith("not the leader: no controller leads right now")
+    assert follower.url in refused.value.message and "try again" in refused.value.message
 
 
 async def test_the_console_client_follows_the_leader(servers: tuple[Server, Server]) -> None:

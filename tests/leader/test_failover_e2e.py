@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from llmgw import api
+from llmgw.sync_client import SyncAdminClient
+from llmgw.wire import ModelSpec
 from tests.e2e.procs import wait_until
 from tests.leader.ha import LEASE_TTL_S, HaCluster
 
@@ -221,3 +225,71 @@ def test_a_paused_leader_cannot_write_and_steps_down(ha: HaCluster) -> None:
     assert b.post("/v1/nodes/n1/cordon", json={"reason": "by the leader"}).status_code == 200
     with pytest.raises(httpx.HTTPStatusError):
         a.get("/v1/summary").raise_for_status()
+
+
+def test_sigkill_during_a_burst_of_cordons_and_applies_loses_and_doubles_nothing(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Three controllers; one client (as ctl, given every URL) writes without pause
+    while the leader is killed. Every acknowledged write is stored exactly once; a
+    refused one (in flight at the kill) at most once; exactly one leader throughout."""
+    c = HaCluster(tmp_path / "ha3", pg_url, controllers=3)
+    nodes = [f"n{i}" for i in range(10)]
+    acked: list[tuple[int, str]] = []
+    refused: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        with SyncAdminClient(c.urls) as admin:
+            i = 0
+            while not stop.is_set():
+                what = f"m{i}" if i % 4 == 3 else nodes[i % len(nodes)]
+                try:
+                    if what.startswith("m"):
+                        admin(api.apply_models([ModelSpec.model_validate({**MODEL, "name": what})]))
+                    else:
+                        admin(api.cordon(what, f"burst {i}"))
+                    acked.append((i, what))
+                except (api.ControllerError, api.ControllerUnreachable):
+                    refused.append((i, what))
+                i += 1
+                time.sleep(0.03)
+
+    try:
+        c.start(0, role="leader")
+        c.start(1, role="follower")
+        c.start(2, role="follower")
+        for name in nodes:
+            c.clients[0].post("/v1/agent/report", json={**REPORT, "node": name}).raise_for_status()
+        time.sleep(1.5)  # first sightings are saved within a second
+        epoch = c.health(0)["epoch"]  # type: ignore[index]
+        writer = threading.Thread(target=burst)
+        writer.start()
+        try:
+            wait_until(lambda: len(acked) >= 20, timeout=20, what="writes before the kill")
+            c.kill(0)
+            new = c.wait_leader(timeout=LEASE_TTL_S + 10)
+            before = len(acked)
+            wait_until(lambda: len(acked) >= before + 20, timeout=20, what="writes after")
+        finally:
+            stop.set()
+            writer.join(30)
+        assert new in (1, 2) and c.leaders() == [new]
+        assert c.health(new)["epoch"] == epoch + 1  # type: ignore[index]
+        models = [m["spec"]["name"] for m in c.get("/v1/models")]
+        assert len(models) == len(set(models))
+        stored: dict[str, list[str]] = {}
+        for name in nodes:
+            history = c.get(f"/v1/nodes/{name}")["history"]
+            stored[name] = [e["reason"] for e in history if e["action"] == "cordon"]
+        for i, what in acked:
+            if what.startswith("m"):
+                assert what in models, f"acknowledged apply {what} lost"
+            else:
+                assert stored[what].count(f"burst {i}") == 1, (i, what, stored[what])
+        for i, what in refused:
+            if not what.startswith("m"):
+                assert stored[what].count(f"burst {i}") <= 1, (i, what)
+        assert refused, "the kill was inside the burst"
+    finally:
+        c.close()
