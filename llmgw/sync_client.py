@@ -95,7 +95,7 @@ class SyncAdminClient:
             self.endpoints.answered(url)
             self.base_url = url
             return self._answer(url, call, status, headers.get("Content-Type", ""), body)
-        if follower is not None:  # only followers answered: no leader right now
+        if follower:  # only followers answered: no leader right now
             raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
         assert unreachable is not None
         raise unreachable
