@@ -188,9 +188,16 @@ FOLLOWER_PATHS = frozenset({"/healthz", "/metrics"})
 async def leader_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Only the leader takes reports, admin writes and reads of the fleet."""
     lead = request.app.get(LEADERSHIP)
-    if lead is None or lead.is_leader or request.path in FOLLOWER_PATHS:
+    if lead is None or request.path in FOLLOWER_PATHS:
         return await handler(request)
-    return not_the_leader(lead.leader_url)
+    if not lead.is_leader:
+        return not_the_leader(lead.leader_url)
+    response = await handler(request)
+    if request.method == "GET" and not lead.is_leader:
+        # Stepped down while it waited (a long poll): its answer is no longer the fleet's.
+        # A write that got here was stored under the fence, so its answer stands.
+        return not_the_leader(lead.leader_url)
+    return response
 
 
 def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web.StreamResponse]]:

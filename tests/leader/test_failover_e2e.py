@@ -197,6 +197,20 @@ def test_a_paused_leader_cannot_write_and_steps_down(ha: HaCluster) -> None:
     a.post("/v1/agent/report", json={**REPORT, "node": "n1"}).raise_for_status()
     time.sleep(1.5)  # first sightings are saved within a second
     epoch = c.health(0)["epoch"]  # type: ignore[index]
+    # A gateway's long poll, waiting for a change when the leader pauses: once it
+    # returns, the paused leader must not answer it as the fleet's.
+    cursor = a.get("/v1/endpoints").json()["cursor"]
+    polled: list[httpx.Response] = []
+    poll = threading.Thread(
+        target=lambda: polled.append(
+            httpx.get(
+                f"{c.urls[0]}/v1/endpoints",
+                params={"since": cursor, "wait": "10"},
+                timeout=30,
+            )
+        )
+    )
+    poll.start()
     sock, rest = _slow_write(c.ports[0], "n1")
     time.sleep(0.3)  # the handler now waits for the body
     c.signal(0, signal.SIGSTOP)
@@ -216,6 +230,9 @@ def test_a_paused_leader_cannot_write_and_steps_down(ha: HaCluster) -> None:
         return h is not None and h["role"] == "follower" and h["leader"] == c.urls[1]
 
     wait_until(stepped_down, timeout=10, what="the old leader to step down", diagnose=c.logs)
+    poll.join(30)
+    assert polled and polled[0].status_code == 503, polled
+    assert polled[0].headers["X-LLMGW-Leader"] == c.urls[1]
     assert c.health(1) == {**c.health(1), "role": "leader", "epoch": epoch + 1}  # type: ignore[dict-item]
     late = a.post("/v1/nodes/n1/cordon", json={"reason": "too late"})
     assert late.status_code == 503 and late.headers["X-LLMGW-Leader"] == c.urls[1]
