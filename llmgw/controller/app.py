@@ -1,8 +1,9 @@
 """The controller's aiohttp application: routes, auth and error handling.
 
 `create_app(settings)` is the factory used by `llmgw controller`, the demo and
-the tests. State lives under typed `web.AppKey`s; the store and the reconcile
-loop are resources in `cleanup_ctx`.
+the tests. State lives under typed `web.AppKey`s; the store and the leadership
+(which runs the reconcile loop while this controller leads, leadership.py) are
+resources in `cleanup_ctx`. Followers answer 503 naming the leader.
 """
 
 from __future__ import annotations
