@@ -33,6 +33,7 @@ def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> N
         for name in ("n1", "n2", "n3"):
             c.report(name)
         assert c.cordon("n1").status_code == 200
+        epoch = c.http.get("/healthz").json()["epoch"]
         embedded_postgres.pg_ctl(
             ["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user
         )
@@ -43,6 +44,8 @@ def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> N
         for a in refused:
             assert "PostgreSQL" in a.json()["error"]
         assert codes[-1] == 200, "writes resume by themselves"
+        health = c.http.get("/healthz").json()
+        assert (health["role"], health["epoch"]) == ("leader", epoch), "no failover for a restart"
         assert c.http.get("/v1/nodes").status_code == 200
         assert c.http.get("/healthz").json()["ok"] is True
         assert c.proc is not None and c.proc.poll() is None, "the controller never exits"
