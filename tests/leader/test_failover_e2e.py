@@ -310,3 +310,21 @@ def test_sigkill_during_a_burst_of_cordons_and_applies_loses_and_doubles_nothing
         assert refused, "the kill was inside the burst"
     finally:
         c.close()
+
+
+def test_a_clean_stop_hands_over_at_once(tmp_path: Path, pg_url: str) -> None:
+    """SIGTERM: the leader's last saves, then it releases the lease, so a follower
+    leads within a poll, long before the (here 60 s) TTL would have run out."""
+    c = HaCluster(tmp_path / "ha", pg_url)
+    try:
+        c.start(0, "--lease-ttl", "60", role="leader")
+        c.start(1, role="follower")
+        c.clients[0].post("/v1/agent/report", json={**REPORT, "node": "n1"}).raise_for_status()
+        stopped_at = time.monotonic()
+        c.signal(0, signal.SIGTERM)
+        assert c.procs[0].wait(15) == 0
+        assert c.wait_leader(timeout=10) == 1
+        assert time.monotonic() - stopped_at < 10
+        assert [r["name"] for r in c.get("/v1/nodes")] == ["n1"], "the final save"
+    finally:
+        c.close()
