@@ -40,7 +40,7 @@ from llmgw.controller.endpoints import (
     parse_cursor,
 )
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
-from llmgw.controller.leadership import Leadership, not_the_leader
+from llmgw.controller.leadership import Leadership, endpoints_not_yet, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings, split_listen
@@ -454,6 +454,9 @@ async def drain_plan(request: web.Request) -> web.Response:
 async def list_endpoints(request: web.Request) -> web.Response:
     """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
     fleet = request.app[FLEET]
+    not_yet = endpoints_not_yet(fleet)  # a new leader, before the agents reported
+    if not_yet is not None:
+        return error(503, not_yet)
     since = request.query.get("since", "")
     try:
         wait = float(request.query.get("wait", "0"))
