@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
@@ -231,7 +232,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     return ControllerSettings(
         state_dir=args.state_dir if args.state_dir is not None else Path("."),
         store=args.store,
-        advertise_url=args.advertise_url,
+        advertise_url=args.advertise_url or _default_advertise(args),
         lease_ttl_s=args.lease_ttl,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
@@ -245,6 +246,29 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         body_timeout_s=args.body_timeout,
         stop_grace_s=args.stop_grace,
     )
+
+
+def _default_advertise(args: argparse.Namespace) -> str | None:
+    """With TLS the URL others use is https (settings.url gives http otherwise)."""
+    if args.tls_cert is None:
+        return None
+    host, port = split_listen(args.listen)
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}"
+
+
+def advertise_warning(settings: ControllerSettings) -> str | None:
+    """A PostgreSQL controller whose URL names no host: followers would send clients
+    to an address that means "this machine" to each of them."""
+    if settings.store is None or not settings.store.startswith(("postgresql:", "postgres:")):
+        return None
+    host = urlsplit(settings.url).hostname or ""
+    if host in ("0.0.0.0", "::", ""):
+        return (
+            f"followers will name this controller {settings.url}, which is no address "
+            "others can reach: pass --advertise-url https://THIS-HOST:PORT"
+        )
+    return None
 
 
 def tune_gc() -> None:
@@ -344,6 +368,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
+    if (why := advertise_warning(settings)) is not None:
+        log.warning("%s", why)
     if settings.tokens.shared_agent:
         log.warning(
             "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "
