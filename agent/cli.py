@@ -42,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--controller",
         default=os.environ.get("LLMGW_CONTROLLER", DEFAULT_CONTROLLER),
-        help="controller URL (env LLMGW_CONTROLLER; default %(default)s)",
+        metavar="URL[,URL]",
+        help="controller URL, or several (with PostgreSQL, any number may run: reports go "
+        "to the one that leads); env LLMGW_CONTROLLER; default %(default)s",
     )
     p.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
     p.add_argument(
@@ -188,7 +190,7 @@ def credential_source(args: argparse.Namespace) -> tuple[str | None, Enroller | 
 
 def controller_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     """A verifying context for an https controller; None for http."""
-    if not str(args.controller).startswith("https:"):
+    if "https:" not in str(args.controller):
         return None
     try:
         return client_context(args.ca_file)

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from agent.loop import ReportError, connection_error
+from llmgw.leader import Endpoints, aiohttp_request, split_urls
 
 CREDENTIAL_FILE = "credential"
 ENROLL_PATH = "/v1/agent/enroll"
@@ -50,7 +51,7 @@ class Enroller:
     def __init__(
         self, controller: str, node: str, enroll_token: str, state_dir: Path, timeout_s: float = 10
     ) -> None:
-        self.url = controller.rstrip("/") + ENROLL_PATH
+        self.endpoints = Endpoints(split_urls(controller))  # enrollment goes to the leader
         self.node = node
         self.enroll_token = enroll_token
         self.state_dir = state_dir
@@ -63,13 +64,18 @@ class Enroller:
             return stored
         headers = {"Authorization": f"Bearer {self.enroll_token}"}
         try:
-            async with session.post(
-                self.url, json={"node": self.node}, headers=headers, timeout=self.timeout
-            ) as resp:
-                text = await resp.text()
-                status = resp.status
+            _, status, raw = await aiohttp_request(
+                session,
+                self.endpoints,
+                "POST",
+                ENROLL_PATH,
+                json={"node": self.node},
+                headers=headers,
+                timeout=self.timeout,
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise connection_error(self.url, exc) from exc
+            raise connection_error(self.endpoints.current, exc) from exc
+        text = raw.decode("utf-8", "replace")
         if status in (401, 403):
             raise ReportError(
                 "auth",

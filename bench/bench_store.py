@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llmgw.controller.store import ReplicaRecord, ShardRecord, Store
 from llmgw.controller.stores.base import StateStore
-from llmgw.controller.stores.postgres import PostgresStore
+from llmgw.controller.stores.postgres import PostgresStore, take_lease
 from llmgw.wire import AdminFlag, AdminInfo, ReplicaState
 
 
@@ -53,6 +53,12 @@ def run(store: StateStore, n: int) -> dict[str, list[float]]:
     return {"set_admin": timed(n, cordon), "put_replicas": timed(n, replica)}
 
 
+def leading(store: PostgresStore) -> PostgresStore:
+    """Writes are fenced by the leader's lease: take it for the run."""
+    assert take_lease(store, holder="bench", ttl_s=3600) is not None
+    return store
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--writes", type=int, default=500)
@@ -66,7 +72,7 @@ def main() -> None:
             pg.psql("CREATE DATABASE bench")
             results = {
                 "sqlite": run(Store(Path(tmp) / "sqlite"), args.writes),
-                "postgresql": run(PostgresStore(pg.get_uri("bench")), args.writes),
+                "postgresql": run(leading(PostgresStore(pg.get_uri("bench"))), args.writes),
             }
         finally:
             pg.cleanup()

@@ -29,6 +29,7 @@ from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import DrainModal
 from console.state import Connection, FleetView, Link, NodeView, backoff
 from console.widgets.nodes import NodesTable
+from llmgw.api import healthz
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
 from llmgw.wire import DrainPlan, FleetSummary, NodesDelta
 
@@ -74,10 +75,37 @@ class ConsoleApp(App[None]):
         self._polling = False
         self._poll_again = False
         self._nodes_cursor = ""  # "": the next fetch asks for every node
+        # Several controllers: the one that leads (the client follows it) and its epoch.
+        self._leader: tuple[str, int | None] | None = None
 
     @property
     def base_url(self) -> str:
         return self.client.base_url
+
+    @property
+    def controller_label(self) -> str:
+        """The header's controller: with several, which one leads, and its epoch."""
+        if self._leader is None:
+            return self.base_url
+        url, epoch = self._leader
+        return f"{url} (leader, epoch {epoch})" if epoch is not None else f"{url} (leader)"
+
+    async def _note_leader(self) -> None:
+        """After an answer: if it came from another controller than the last, a
+        failover happened; say so once, with the new leader's epoch."""
+        url = self.client.base_url
+        if len(self.client.endpoints) < 2 or (self._leader and self._leader[0] == url):
+            return
+        epoch: int | None = None
+        try:
+            health = await self.client.run(healthz())
+            epoch = int(health["epoch"]) if isinstance(health, dict) else None
+        except (ControllerError, ControllerUnreachable, KeyError, TypeError, ValueError):
+            pass
+        if self._leader is not None:
+            where = f"{url}, epoch {epoch}" if epoch is not None else url
+            self.notify(f"leader changed to {where}", timeout=8)
+        self._leader = (url, epoch)
 
     def get_default_screen(self) -> Screen[Any]:
         return MainScreen() if self.readonly_flag else AdminMainScreen()
@@ -186,6 +214,7 @@ class ConsoleApp(App[None]):
         # Only now: a failed fetch leaves the cursor where the data on screen is.
         self._nodes_cursor = delta.cursor
         self.connection = Connection(Link.LIVE, last_ok=now)
+        await self._note_leader()
         if self.watched_node is not None:
             await self._fetch_node(self.watched_node)
         return self.refresh_s

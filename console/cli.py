@@ -18,9 +18,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--controller",
-        metavar="URL",
+        metavar="URL[,URL]",
         default=None,
-        help="controller admin API (default: $LLMGW_CONTROLLER or http://127.0.0.1:7460)",
+        help="controller admin API, or several (the console follows the one that leads; "
+        "default: $LLMGW_CONTROLLER or http://127.0.0.1:7460)",
     )
     parser.add_argument(
         "--token", metavar="T", default=None, help="admin token (default: $LLMGW_TOKEN)"
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> int:
             ca_file=args.ca_file,
             context=args.context,
         )
-        client = AdminClient(where.controller, where.token, ca_file=where.ca_file)
+        client = AdminClient(where.controllers, where.token, ca_file=where.ca_file)
     except (UsageError, TlsConfigError) as exc:
         sys.stderr.write(f"llmgw console: {exc}\n")
         return 2

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 from llmgw.common import DEFAULT_CONTROLLER, first_line
+from llmgw.leader import normalize, split_urls
 
 if TYPE_CHECKING:
     from llmgw.wire import (
@@ -58,16 +59,19 @@ class NotAController(ControllerError):
     """Something answered at the URL, but not an llmgw controller."""
 
 
-def normalize_url(url: str) -> str:
-    """`host:port` means `http://host:port`; no trailing slash."""
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = "http://" + url
-    return url
+normalize_url = normalize  # `host:port` means `http://host:port`; no trailing slash
 
 
 def controller_url(explicit: str | None = None) -> str:
-    return normalize_url(explicit or os.environ.get("LLMGW_CONTROLLER") or DEFAULT_CONTROLLER)
+    """The first controller of the list given (or of LLMGW_CONTROLLER)."""
+    return controller_urls(explicit)[0]
+
+
+def controller_urls(explicit: str | Sequence[str] | None = None) -> list[str]:
+    """Every controller given: `--controller A,B` (or a list), else LLMGW_CONTROLLER,
+    else the default; the clients follow whichever leads (llmgw.leader)."""
+    given: str | Sequence[str] = explicit or os.environ.get("LLMGW_CONTROLLER") or ""
+    return split_urls(given) or [DEFAULT_CONTROLLER]
 
 
 def admin_token(explicit: str | None = None) -> str | None:
@@ -285,6 +289,16 @@ def is_llmgw_error(body: bytes, content_type: str) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and "error" in data
+
+
+def no_leader(tried: list[str], path: str) -> ControllerError:
+    """Only followers answered: a failover is under way (or the store is away)."""
+    return ControllerError(
+        503,
+        f"not the leader: no controller leads right now (asked {', '.join(tried)}); a "
+        "failover takes up to the lease TTL (8 s by default): try again in a few seconds",
+        tried[-1] + path,
+    )
 
 
 def not_a_controller(url: str, status: int, healthz_answer: str) -> NotAController:

@@ -8,7 +8,7 @@ controller on loopback.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -23,8 +23,10 @@ from llmgw.api import (
     NotAController,
     admin_token,
     controller_url,
+    controller_urls,
 )
 from llmgw.common import DEFAULT_CONTROLLER, first_line
+from llmgw.leader import Endpoints, Tries, leader_of
 from llmgw.tls import TlsConfigError, client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
     DrainPlan,
@@ -63,7 +65,7 @@ class AdminClient:
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         token: str | None = None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -71,26 +73,32 @@ class AdminClient:
         user: str | None = None,
         ca_file: str | None = None,
     ) -> None:
-        self.base_url = controller_url(base_url)
+        # Several controllers: calls go to the leader (llmgw.leader).
+        self.endpoints = Endpoints(controller_urls(base_url))
         headers = {"User-Agent": "llmgw-admin"}
         tok = admin_token(token)
         if tok:
             headers["Authorization"] = f"Bearer {tok}"
         if user:  # recorded beside the token's identity on cordons and drains
             headers["X-LLMGW-User"] = user
-        if transport is None and urlsplit(self.base_url).scheme == "http":
+        schemes = {urlsplit(u).scheme for u in self.endpoints.urls}
+        if transport is None and schemes == {"http"}:
             # Plain http needs no TLS context (building httpx's default one costs
             # tens of milliseconds); an empty one is never used for http.
             import ssl
 
             transport = httpx.AsyncHTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         self._http = httpx.AsyncClient(
-            base_url=self.base_url,
             headers=headers,
             timeout=timeout,
             transport=transport,
-            verify=_verify(self.base_url, ca_file),
+            verify=_verify("https" in schemes, ca_file),
         )
+
+    @property
+    def base_url(self) -> str:
+        """The controller calls go to first: the one that answered last."""
+        return self.endpoints.current
 
     async def __aenter__(self) -> AdminClient:
         return self
@@ -211,25 +219,47 @@ class AdminClient:
             raise api.not_a_controller(self.base_url, status, answered)
 
     async def _send(self, call: Call[Any]) -> httpx.Response:
+        """The leader's answer: a follower's "not the leader" sends the call on to the
+        leader it names, a controller that does not answer to the next URL."""
+        tries = Tries(self.endpoints)
+        unreachable: ControllerUnreachable | None = None
+        follower: httpx.Response | None = None
+        while (url := tries.next()) is not None:
+            try:
+                response = await self._send_to(url, call)
+            except ControllerUnreachable as exc:
+                unreachable = unreachable or exc
+                continue
+            redirected, leader = leader_of(response.status_code, response.headers, response.content)
+            if redirected:
+                follower = response
+                tries.redirect(leader)
+                continue
+            self.endpoints.answered(url)
+            return response
+        if follower is not None:  # only followers answered: no leader right now
+            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
+        assert unreachable is not None
+        raise unreachable
+
+    async def _send_to(self, url: str, call: Call[Any]) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if call.body is not None else None
         try:
             return await self._http.request(
                 call.method,
-                call.path,
+                url + call.path,
                 params=call.params or None,
                 content=call.content(),
                 headers=headers,
             )
         except httpx.TransportError as exc:
             if is_verify_failure(exc):
-                raise ControllerUnreachable(
-                    self.base_url, TlsConfigError(verify_hint(self.base_url, exc))
-                ) from exc
-            raise ControllerUnreachable(self.base_url, exc) from exc
+                raise ControllerUnreachable(url, TlsConfigError(verify_hint(url, exc))) from exc
+            raise ControllerUnreachable(url, exc) from exc
 
 
-def _verify(base_url: str, ca_file: str | None) -> Any:
+def _verify(https: bool, ca_file: str | None) -> Any:
     """https: verified against --ca-file / LLMGW_CA_FILE, else the system's CAs."""
-    if urlsplit(base_url).scheme != "https":
+    if not https:
         return True
     return client_context(ca_file)

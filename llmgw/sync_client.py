@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from llmgw import api
 from llmgw.api import Call, ControllerError, ControllerUnreachable
+from llmgw.leader import Endpoints, Tries, leader_of
 
 T = TypeVar("T")
 
@@ -40,9 +41,9 @@ class SyncAdminClient:
         ca_file: str | None = None,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        urls = [base_urls] if base_urls is None or isinstance(base_urls, str) else base_urls
-        self.urls = [api.controller_url(u) for u in urls] or [api.controller_url()]
-        self.base_url = self.urls[0]
+        self.endpoints = Endpoints(api.controller_urls(base_urls))
+        self.urls = self.endpoints.urls
+        self.base_url = self.endpoints.current
         self.ca_file = ca_file
         self.read_timeout_s = read_timeout_s
         self.headers = {"User-Agent": "llmgw-ctl", "Accept": "application/json"}
@@ -73,19 +74,29 @@ class SyncAdminClient:
     # -- executing calls ------------------------------------------------------
 
     def __call__(self, call: Call[T]) -> T:
-        """Run one call: its typed answer, or ControllerError / ControllerUnreachable."""
-        urls = [self.base_url] + [u for u in self.urls if u != self.base_url]
+        """Run one call: its typed answer, or ControllerError / ControllerUnreachable.
+
+        Several controllers: a follower's "not the leader" sends the call to the
+        leader it names; one that does not answer, to the next URL (llmgw.leader)."""
+        tries = Tries(self.endpoints)
         unreachable: ControllerUnreachable | None = None
-        for url in urls:
+        follower = False
+        while (url := tries.next()) is not None:
             try:
-                status, content_type, body = self._exchange(url, call)
+                status, headers, body = self._exchange(url, call)
             except ControllerUnreachable as exc:
                 unreachable = unreachable or exc
                 continue
-            if status == 503 and len(urls) > 1 and url != urls[-1]:
-                continue  # a follower or a controller that cannot store: try the next
+            redirected, leader = leader_of(status, headers, body)
+            if redirected:
+                follower = True
+                tries.redirect(leader)
+                continue
+            self.endpoints.answered(url)
             self.base_url = url
-            return self._answer(url, call, status, content_type, body)
+            return self._answer(url, call, status, headers.get("Content-Type", ""), body)
+        if follower:  # only followers answered: no leader right now
+            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
         assert unreachable is not None
         raise unreachable
 
@@ -104,14 +115,15 @@ class SyncAdminClient:
         """Raise NotAController unless GET /healthz says this is an llmgw controller."""
         h_status: int | None
         try:
-            h_status, h_type, h_body = self._exchange(url, api.healthz())
+            h_status, h_headers, h_body = self._exchange(url, api.healthz())
+            h_type = h_headers.get("Content-Type", "")
         except ControllerUnreachable:
             h_status, h_type, h_body = None, "", b""
         answered = api.describe_healthz(h_status, h_type, h_body)
         if answered is not None:
             raise api.not_a_controller(url, status, answered)
 
-    def _exchange(self, url: str, call: Call[Any]) -> tuple[int, str, bytes]:
+    def _exchange(self, url: str, call: Call[Any]) -> tuple[int, dict[str, str], bytes]:
         body = call.content()
         headers = dict(self.headers)
         if body is not None:
@@ -131,7 +143,7 @@ class SyncAdminClient:
                 raise ControllerUnreachable(url, _plain(exc)) from exc
             if response.getheader("Connection", "").lower() == "close":
                 self.close()
-            return response.status, response.getheader("Content-Type", ""), data
+            return response.status, dict(response.getheaders()), data
         raise AssertionError("unreachable")
 
     def _connection(self, url: str) -> http.client.HTTPConnection:

@@ -91,7 +91,8 @@ class MainScreen(NodeScreen):
     def tick(self) -> None:
         app = self.model
         now = app.clock()
-        self.query_one(FleetHeader).show(app.fleet, app.connection, now, app.base_url, app.readonly)
+        header = self.query_one(FleetHeader)
+        header.show(app.fleet, app.connection, now, app.controller_label, app.readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
 
     def _title_nodes(self) -> None:

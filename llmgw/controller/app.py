@@ -1,14 +1,14 @@
 """The controller's aiohttp application: routes, auth and error handling.
 
 `create_app(settings)` is the factory used by `llmgw controller`, the demo and
-the tests. State lives under typed `web.AppKey`s; the store and the reconcile
-loop are resources in `cleanup_ctx`.
+the tests. State lives under typed `web.AppKey`s; the store and the leadership
+(which runs the reconcile loop while this controller leads, leadership.py) are
+resources in `cleanup_ctx`. Followers answer 503 naming the leader.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,18 +35,17 @@ from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevoca
 from llmgw.controller.endpoints import (
     MAX_WAIT_S,
     Gateways,
-    StopGate,
     endpoint_of,
     endpoints_since,
     parse_cursor,
 )
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
+from llmgw.controller.leadership import Leadership, endpoints_not_yet, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
-from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings, split_listen
-from llmgw.controller.store import Store, StoreUnavailable
-from llmgw.controller.stores import StateStore, open_store, store_spec
+from llmgw.controller.store import Fenced, Store, StoreUnavailable
+from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -74,6 +73,7 @@ NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
 GATEWAYS = web.AppKey("gateways", Gateways)
 STORE = web.AppKey("store", StateStore)
+LEADERSHIP = web.AppKey("leadership", Leadership)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -168,6 +168,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error(400, str(exc))
     except (UnknownNode, UnknownModel) as exc:
         return error(404, str(exc))
+    except Fenced as exc:  # a deposed leader's write: nothing stored, here is the leader
+        return not_the_leader(exc.leader, str(exc))
     except StoreUnavailable as exc:  # nothing was stored, nothing changed
         return error(503, str(exc))
     except web.HTTPRequestEntityTooLarge:
@@ -177,6 +179,26 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if exc.status >= 400:
             return error(exc.status, exc.reason)
         raise
+
+
+# What a follower still answers itself: who leads, and its own process metrics.
+FOLLOWER_PATHS = frozenset({"/healthz", "/metrics"})
+
+
+@web.middleware
+async def leader_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Only the leader takes reports, admin writes and reads of the fleet."""
+    lead = request.app.get(LEADERSHIP)
+    if lead is None or request.path in FOLLOWER_PATHS:
+        return await handler(request)
+    if not lead.is_leader:
+        return not_the_leader(lead.leader_url)
+    response = await handler(request)
+    if request.method == "GET" and not lead.is_leader:
+        # Stepped down while it waited (a long poll): its answer is no longer the fleet's.
+        # A write that got here was stored under the fence, so its answer stands.
+        return not_the_leader(lead.leader_url)
+    return response
 
 
 def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -261,18 +283,10 @@ def who(request: web.Request) -> str:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Alive, and this controller's role: it writes the store, so it leads."""
-    settings = request.app[SETTINGS]
-    store = request.app.get(STORE)
-    return web.json_response(
-        {
-            "ok": True,
-            "version": __version__,
-            "role": "leader",
-            "epoch": store.epoch if store is not None else 0,
-            "leader": settings.url,
-        }
-    )
+    """Alive, this controller's role and epoch, and who leads."""
+    lead = request.app.get(LEADERSHIP)
+    role = lead.health() if lead is not None else {"role": "follower", "epoch": 0, "leader": None}
+    return web.json_response({"ok": True, "version": __version__, **role})
 
 
 async def agent_report(request: web.Request) -> web.Response:
@@ -440,6 +454,9 @@ async def drain_plan(request: web.Request) -> web.Response:
 async def list_endpoints(request: web.Request) -> web.Response:
     """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
     fleet = request.app[FLEET]
+    not_yet = endpoints_not_yet(fleet)  # a new leader, before the agents reported
+    if not_yet is not None:
+        return error(503, not_yet)
     since = request.query.get("since", "")
     try:
         wait = float(request.query.get("wait", "0"))
@@ -503,7 +520,7 @@ ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
 def create_app(settings: ControllerSettings) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[errors_middleware, auth_middleware(settings)],
+        middlewares=[errors_middleware, leader_middleware, auth_middleware(settings)],
     )
     app[SETTINGS] = settings
     app[METRICS] = ControllerMetrics(per_node=settings.metrics_per_node)
@@ -511,7 +528,6 @@ def create_app(settings: ControllerSettings) -> web.Application:
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(_fleet_ctx)
-    app.cleanup_ctx.append(_reconcile_ctx)
     if settings.metrics_listen:
         app.cleanup_ctx.append(_metrics_site_ctx)
     return app
@@ -519,58 +535,28 @@ def create_app(settings: ControllerSettings) -> web.Application:
 
 async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    store = app[STORE] = open_store(store_spec(settings), settings.url)
+    spec = store_spec(settings)
+    store = app[STORE] = open_store(spec, settings.url)
     if isinstance(store, Store):  # SQLite times its own transactions for /metrics
         store.on_write = app[METRICS].observe_store_write
     fleet = app[FLEET] = FleetState(store, settings)
     app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
-    app[METRICS].fleet = fleet
     app[GATEWAYS] = Gateways(fleet)
-
-    async def flush_every_second() -> None:
-        # Unsaved sightings stay queued until a save works; the store logs an
-        # outage once, so this loop neither dies nor floods the log.
-        while True:
-            await asyncio.sleep(1.0)
-            with contextlib.suppress(StoreUnavailable):
-                fleet.flush()
-
-    task = asyncio.create_task(flush_every_second())
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    app[METRICS].fleet = None
-    await _final_save(fleet)
-    store.close()
-
-
-async def _final_save(fleet: FleetState, tries: int = 5) -> None:
-    """At shutdown: save what is queued, retrying briefly; a failure is logged, never
-    a crash (the nodes concerned are known again at their next report)."""
-    for attempt in range(tries):
-        try:
-            fleet.flush()
-            return
-        except StoreUnavailable as exc:
-            if attempt == tries - 1:
-                log.error("final save failed, first sightings of some nodes not stored: %s", exc)
-                return
-            await asyncio.sleep(0.2)
-
-
-async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
-    reconciler = Reconciler(
-        app[FLEET],
-        StopGate(app[FLEET], app[GATEWAYS]),
-        on_pass=app[METRICS].observe_reconcile,
+    # Leading runs the reconcile loop and the saves; a follower runs neither.
+    lead = app[LEADERSHIP] = Leadership(
+        settings,
+        store,
+        fleet,
+        app[CREDENTIALS],
+        app[GATEWAYS],
+        app[METRICS],
+        lease=open_lease(spec, settings),
     )
-    task = asyncio.create_task(reconciler.run(app[SETTINGS].reconcile_interval_s))
+    await lead.start()
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await lead.stop()
+    store.close()
 
 
 async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -51,7 +51,13 @@ class Credentials:
     def __init__(self, store: StateStore, tokens: Tokens) -> None:
         self._store = store
         self._file_nodes = tokens.node_names()
-        self._issued: dict[str, tuple[str, float, str]] = store.credentials()
+        self._issued: dict[str, tuple[str, float, str]] = {}
+        self._by_digest: dict[str, str] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the issued credentials from the store (at start, and for a new leader)."""
+        self._issued = self._store.credentials()
         self._by_digest = {d: node for node, (d, _, _) in self._issued.items()}
 
     def identify(self, presented: str) -> str | None:

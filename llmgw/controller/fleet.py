@@ -137,6 +137,11 @@ class FleetState:
         for name in self._entries:
             self._watch(name, now)
 
+    def reload(self) -> None:
+        """Start again from the durable state, as a restart does: a new leader's
+        term (another controller may have written the store since this one led)."""
+        FleetState.__init__(self, self._store, self.settings, clock=self.clock, wall=self.wall)
+
     # -- read-only views of the state ------------------------------------------------
 
     @property

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
 from llmgw.controller.store import STATE_FILE, StateError, Store, StoreUnavailable
-from llmgw.controller.stores import describe, open_store, parse_store, store_spec
+from llmgw.controller.stores import (
+    StateStore,
+    StoreSpec,
+    describe,
+    open_store,
+    parse_store,
+    store_spec,
+)
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -38,6 +48,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--advertise-url",
         help="the URL others should use for this controller (default: http://LISTEN)",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="PostgreSQL: the leader's lease lasts this long unless renewed (every S/4); "
+        "a follower takes over about this long after the leader dies (default %(default)g)",
     )
     p.add_argument(
         "--reset-state",
@@ -172,6 +190,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--idle-timeout", args.idle_timeout),
         ("--body-timeout", args.body_timeout),
         ("--stop-grace", args.stop_grace),
+        ("--lease-ttl", args.lease_ttl),
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
@@ -213,7 +232,8 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     return ControllerSettings(
         state_dir=args.state_dir if args.state_dir is not None else Path("."),
         store=args.store,
-        advertise_url=args.advertise_url,
+        advertise_url=args.advertise_url or _default_advertise(args),
+        lease_ttl_s=args.lease_ttl,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
         listen=args.listen,
@@ -226,6 +246,29 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         body_timeout_s=args.body_timeout,
         stop_grace_s=args.stop_grace,
     )
+
+
+def _default_advertise(args: argparse.Namespace) -> str | None:
+    """With TLS the URL others use is https (settings.url gives http otherwise)."""
+    if args.tls_cert is None:
+        return None
+    host, port = split_listen(args.listen)
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}"
+
+
+def advertise_warning(settings: ControllerSettings) -> str | None:
+    """A PostgreSQL controller whose URL names no host: followers would send clients
+    to an address that means "this machine" to each of them."""
+    if settings.store is None or not settings.store.startswith(("postgresql:", "postgres:")):
+        return None
+    host = urlsplit(settings.url).hostname or ""
+    if host in ("0.0.0.0", "::", ""):
+        return (
+            f"followers will name this controller {settings.url}, which is no address "
+            "others can reach: pass --advertise-url https://THIS-HOST:PORT"
+        )
+    return None
 
 
 def tune_gc() -> None:
@@ -266,7 +309,8 @@ def migrate(argv: list[str]) -> int:
             raise StateError(
                 f"{describe(target_spec)} already holds state: migrate copies only into an empty store"
             )
-        target.load(state)
+        with _leading(target, target_spec):
+            target.load(state)
         target.close()
     except (ValueError, StateError, StoreUnavailable) as exc:
         print(f"llmgw controller migrate: {exc}", file=sys.stderr)
@@ -278,6 +322,38 @@ def migrate(argv: list[str]) -> int:
         f"from {describe(source_spec)} to {describe(target_spec)}"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
+    """`migrate` writes a PostgreSQL store as its leader would: holding the lease
+    (refused while a controller leads it), released when done."""
+    if spec[0] != "postgresql":
+        yield
+        return
+    from llmgw.controller.leadership import new_holder
+    from llmgw.controller.stores.postgres import PgLease
+
+    lease = PgLease(
+        spec[1], holder=new_holder(), advertise_url="llmgw controller migrate", ttl_s=60
+    )
+    try:
+        epoch = lease.acquire()
+        if epoch is None:
+            _, leader, _ = lease.leader()
+            raise StateError(
+                f"a controller leads {describe(spec)} (at {leader}): stop every controller "
+                "on it first"
+            )
+        store.epoch = epoch
+        yield
+        lease.release(epoch)
+    except Exception as exc:
+        if isinstance(exc, StateError | StoreUnavailable):
+            raise
+        raise StateError(f"cannot take the lease of {describe(spec)}: {exc}") from exc
+    finally:
+        lease.close()
 
 
 def main(argv: list[str]) -> int:
@@ -292,6 +368,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
+    if (why := advertise_warning(settings)) is not None:
+        log.warning("%s", why)
     if settings.tokens.shared_agent:
         log.warning(
             "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "

@@ -39,6 +39,9 @@ class ControllerSettings:
     store: str | None = None
     # The URL others should use for this controller (`--advertise-url`; else from listen).
     advertise_url: str | None = None
+    # PostgreSQL: the leader's lease lasts this long unless renewed (every TTL/4); a
+    # follower takes over within about this long after the leader dies.
+    lease_ttl_s: float = 8.0
 
     @property
     def url(self) -> str:

@@ -57,6 +57,15 @@ class StoreUnavailable(Exception):
     """A write was not stored (message names the cause); nothing in memory changed."""
 
 
+class Fenced(StoreUnavailable):
+    """A write refused because this controller does not hold the leader's lease (any
+    more): `leader` is the URL of the controller that does, when one does."""
+
+    def __init__(self, message: str, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,

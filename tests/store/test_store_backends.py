@@ -4,18 +4,21 @@ lost connection is a refused write that heals by itself."""
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
 from llmgw.controller.store import (
     SCHEMA_VERSION,
     Backoff,
+    Fenced,
     ReplicaRecord,
     ShardRecord,
     StateError,
     StoreUnavailable,
 )
-from llmgw.controller.stores.postgres import PostgresStore
+from llmgw.controller.stores.postgres import PG_SCHEMA_VERSION, PgLease, PostgresStore, take_lease
 from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, ReplicaState
 from tests.store.conftest import StoreFactory
 
@@ -142,13 +145,16 @@ def test_a_schema_newer_than_the_code_is_refused(open_store: StoreFactory, backe
     else:
         url = store.url  # type: ignore[attr-defined]
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+            conn.execute(
+                "INSERT INTO schema_version(version) VALUES (%s)", (PG_SCHEMA_VERSION + 1,)
+            )
         with pytest.raises(StateError, match="newer than this controller knows"):
             PostgresStore(url)
 
 
 def test_a_lost_postgresql_connection_refuses_one_write_then_heals(pg_url: str) -> None:
     store = PostgresStore(pg_url)
+    take_lease(store, holder="t", ttl_s=600)
     store.add_nodes([("n1", 1.0)])
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute(
@@ -167,13 +173,59 @@ def test_an_unreachable_postgresql_is_a_clear_start_error(tmp_path: object) -> N
         PostgresStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
 
 
-def test_one_writer_per_postgresql_store(pg_url: str) -> None:
-    first = PostgresStore(pg_url, advertise_url="http://ctl-a:7460")
-    with pytest.raises(StateError, match=r"another controller writes .* at http://ctl-a:7460"):
-        PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
-    epoch = first.epoch
-    first.close()  # its session, and so its lock, ends
-    second = PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
-    assert second.epoch == epoch + 1
-    second.add_nodes([("n1", 1.0)])
-    second.close()
+def lease(url: str, who: str, ttl_s: float = 600) -> PgLease:
+    return PgLease(url, holder=who, advertise_url=f"http://{who}:7460", ttl_s=ttl_s)
+
+
+def test_one_lease_at_a_time_and_each_taking_bumps_the_epoch(pg_url: str) -> None:
+    PostgresStore(pg_url).close()  # the schema
+    a, b = lease(pg_url, "ctl-a"), lease(pg_url, "ctl-b", ttl_s=0.5)
+    first = a.acquire()
+    assert first is not None
+    assert b.acquire() is None, "a live lease is not taken"
+    assert b.leader()[:2] == (first, "http://ctl-a:7460") and 0 < b.leader()[2] <= 600
+    assert a.renew(first)
+    a.release(first)  # a clean stop: the next one leads at once
+    assert b.leader() == (first, None, 0.0)
+    second = b.acquire()
+    assert second == first + 1
+    assert not a.renew(first), "a deposed holder cannot renew"
+    time.sleep(0.8)  # b's short TTL runs out: a may take it back
+    assert b.leader() == (second, None, 0.0)
+    assert a.acquire() == second + 1
+    a.close()
+    b.close()
+
+
+def test_writes_are_fenced_by_the_epoch(pg_url: str) -> None:
+    """A store whose epoch lost the lease cannot write, even on a live connection
+    that has not noticed anything; the refusal names the leader."""
+    old = PostgresStore(pg_url, advertise_url="http://ctl-a:7460")
+    assert take_lease(old, holder="ctl-a", ttl_s=0.5) is not None
+    old.add_nodes([("n1", 1.0)])
+    told: list[bool] = []
+    old.on_fenced = lambda: told.append(True)
+    time.sleep(0.8)  # the lease expired: not even its own holder writes past the TTL
+    with pytest.raises(Fenced, match="not the leader"):
+        old.add_nodes([("n2", 2.0)])
+    new = PostgresStore(pg_url, advertise_url="http://ctl-b:7460")
+    assert take_lease(new, holder="ctl-b", ttl_s=600) == old.epoch + 1
+    with pytest.raises(Fenced, match=r"led by http://ctl-b:7460") as refused:
+        old.set_admin(
+            "n1",
+            AdminInfo(flag=AdminFlag.CORDONED, reason="r", by="x", at=1.0),
+            action="cordon",
+            by="x",
+            at=1.0,
+        )
+    assert refused.value.leader == "http://ctl-b:7460"
+    assert isinstance(refused.value, StoreUnavailable)  # so the API answers 503
+    assert told == [True, True]
+    new.add_nodes([("n3", 3.0)])
+    assert set(new.known_nodes()) == {"n1", "n3"}
+    assert new.admin() == {}, "the fenced cordon changed nothing"
+    unfenced = PostgresStore(pg_url)  # epoch 0: holds no lease, writes nothing
+    with pytest.raises(Fenced):
+        unfenced.add_nodes([("n4", 4.0)])
+    for s in (old, new, unfenced):
+        s.close()

@@ -13,8 +13,17 @@ from llmgw.controller.stores.base import StateStore
 
 if TYPE_CHECKING:
     from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.stores.postgres import PgLease
 
-__all__ = ["StateStore", "StoreSpec", "describe", "open_store", "parse_store", "store_spec"]
+__all__ = [
+    "StateStore",
+    "StoreSpec",
+    "describe",
+    "open_lease",
+    "open_store",
+    "parse_store",
+    "store_spec",
+]
 
 StoreSpec = tuple[str, str]  # ("sqlite", DIR) or ("postgresql", URL)
 
@@ -43,6 +52,19 @@ def open_store(spec: StoreSpec, advertise_url: str | None = None) -> StateStore:
     from llmgw.controller.stores.postgres import PostgresStore  # psycopg only when used
 
     return PostgresStore(where, advertise_url=advertise_url)
+
+
+def open_lease(spec: StoreSpec, settings: ControllerSettings) -> PgLease | None:
+    """The leader's lease in a PostgreSQL store; None for SQLite (one controller, it leads)."""
+    kind, where = spec
+    if kind == "sqlite":
+        return None
+    from llmgw.controller.leadership import new_holder
+    from llmgw.controller.stores.postgres import PgLease
+
+    return PgLease(
+        where, holder=new_holder(), advertise_url=settings.url, ttl_s=settings.lease_ttl_s
+    )
 
 
 def describe(spec: StoreSpec) -> str:

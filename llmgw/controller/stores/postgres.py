@@ -6,6 +6,13 @@ with SQLite). A synchronous driver keeps that contract without making every
 write path async; short connect and statement timeouts bound how long a
 PostgreSQL outage can hold the loop. A lost connection is `StoreUnavailable`
 (the API answers 503), logged once per outage, and reopened at the next write.
+
+Several controllers may share one store; one leads, through the lease in the
+`writer` row (`PgLease`, driven by leadership.py). Every write transaction is
+fenced: it first reads the writer row under a share lock and goes on only if
+the row still names this store's `epoch` with a lease not yet expired. A
+deposed leader that has not noticed yet (paused, partitioned) therefore cannot
+write, and a takeover waits for a write in flight to commit.
 """
 
 from __future__ import annotations
@@ -13,15 +20,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from llmgw.controller.store import (
-    SCHEMA_VERSION,
     Backoff,
+    Fenced,
     ReplicaRecord,
     StateError,
     StoreUnavailable,
@@ -35,10 +42,6 @@ from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec
 
 log = logging.getLogger("llmgw.controller.store")
 
-# One writer at a time: a session advisory lock, held by the connection every write
-# goes through. It goes with the session, so a controller whose connection was
-# lost cannot write again before it holds the lock again.
-WRITER_LOCK = 7460002
 MIGRATE_LOCK = 7460001
 CONNECT_TIMEOUT_S = 3
 STATEMENT_TIMEOUT_MS = 5000
@@ -64,12 +67,28 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE model_backoff (
             model TEXT PRIMARY KEY, failures INTEGER NOT NULL,
             retry_at DOUBLE PRECISION NOT NULL, last_failure TEXT)""",
-        # Who writes: the controller holding WRITER_LOCK, and how often it changed hands.
+        # Who writes, and how often it changed hands (the lease columns came in 2).
         """CREATE TABLE writer (
             id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL, url TEXT)""",
         "INSERT INTO writer(id, epoch, url) VALUES (1, 0, NULL)",
     ],
+    # The leader's lease: who holds it (one id per controller process) and until when,
+    # in the server's clock, so controllers on hosts with skewed clocks agree.
+    2: [
+        "ALTER TABLE writer ADD COLUMN holder TEXT",
+        "ALTER TABLE writer ADD COLUMN expires_at TIMESTAMPTZ",
+        # Made on first use before (by a writer): a follower reads it from the start.
+        "CREATE TABLE IF NOT EXISTS agent_credentials ("
+        " node TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE,"
+        " issued_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL)",
+    ],
 }
+PG_SCHEMA_VERSION = max(MIGRATIONS)
+
+# The fence: the first statement of every write transaction.
+_FENCE = (
+    "SELECT epoch, url, expires_at > clock_timestamp() AS live FROM writer WHERE id = 1 FOR SHARE"
+)
 
 _ADMIN_UPSERT = (
     "INSERT INTO node_admin(name, flag, reason, by, at, drained, force, force_at)"
@@ -103,11 +122,32 @@ def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
     )
 
 
+def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        row_factory=dict_row,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+        # statement_timeout is the server's: these bound a server that vanished
+        # from the network (TCP only; a Unix socket fails at once).
+        tcp_user_timeout=STATEMENT_TIMEOUT_MS,
+        keepalives=1,
+        keepalives_idle=5,
+        keepalives_interval=2,
+        keepalives_count=2,
+    )
+
+
 class PostgresStore:
     def __init__(self, url: str, *, advertise_url: str | None = None) -> None:
         self.url = url
         self.advertise_url = advertise_url
-        self.epoch = 0  # the writer epoch this store holds (see WRITER_LOCK)
+        # The lease epoch this store's writes are fenced by; 0: none, every write is
+        # refused. Set by whoever holds the lease (leadership.py, `migrate`).
+        self.epoch = 0
+        # Told when a write was fenced, so the leader steps down at once.
+        self.on_fenced: Callable[[], None] | None = None
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._failing_since: float | None = None
         try:
@@ -115,45 +155,15 @@ class PostgresStore:
             self._connect()
         except psycopg.Error as exc:
             raise StateError(f"cannot use the PostgreSQL store: {_cause(exc)}") from exc
-        except StoreUnavailable as exc:
-            raise StateError(str(exc)) from exc
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
-        """The connection, opened again after a loss, holding the writer lock."""
+        """The connection, opened again after a loss."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = self._open()
-            row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (WRITER_LOCK,)).fetchone()
-            if not (row and row["ok"]):
-                holder = conn.execute("SELECT epoch, url FROM writer WHERE id = 1").fetchone() or {}
-                conn.close()
-                raise StoreUnavailable(
-                    f"another controller writes to this PostgreSQL store (epoch "
-                    f"{holder.get('epoch')}, at {holder.get('url') or 'an unknown URL'}); "
-                    "one controller per store: stop the other one first"
-                )
-            bumped = conn.execute(
-                "UPDATE writer SET epoch = epoch + 1, url = %s WHERE id = 1 RETURNING epoch",
-                (self.advertise_url,),
-            ).fetchone()
-            self.epoch = int(bumped["epoch"]) if bumped else 0
-            self._conn = conn
+            self._conn = self._open()
         return self._conn
 
     def _open(self) -> psycopg.Connection[dict[str, Any]]:
-        return psycopg.connect(
-            self.url,
-            autocommit=True,
-            row_factory=dict_row,
-            connect_timeout=CONNECT_TIMEOUT_S,
-            options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
-            # statement_timeout is the server's: these bound a server that vanished
-            # from the network (TCP only; a Unix socket fails at once).
-            tcp_user_timeout=STATEMENT_TIMEOUT_MS,
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=2,
-        )
+        return connect(self.url)
 
     def _migrate(self) -> None:
         """Apply what is missing in one transaction, under a lock so that
@@ -163,13 +173,13 @@ class PostgresStore:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
             version = (row or {}).get("v") or 0
-            if version > SCHEMA_VERSION:
+            if version > PG_SCHEMA_VERSION:
                 raise StateError(
                     f"the PostgreSQL store has schema version {version}, newer than this "
-                    f"controller knows ({SCHEMA_VERSION}): it was written by a newer llmgw; "
+                    f"controller knows ({PG_SCHEMA_VERSION}): it was written by a newer llmgw; "
                     "run that version (or newer) instead"
                 )
-            for v in range(version + 1, SCHEMA_VERSION + 1):
+            for v in range(version + 1, PG_SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[v]:
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (v,))
@@ -186,7 +196,12 @@ class PostgresStore:
         try:
             conn = self._connect()
             with conn.transaction():
+                self._fence(conn)
                 yield conn
+        except Fenced:
+            if self.on_fenced is not None:
+                self.on_fenced()
+            raise
         except (psycopg.Error, StoreUnavailable) as exc:
             why = f"state not stored: PostgreSQL: {_cause(exc)}"
             if self._failing_since is None:
@@ -199,6 +214,20 @@ class PostgresStore:
                 time.monotonic() - self._failing_since,
             )
             self._failing_since = None
+
+    def _fence(self, conn: psycopg.Connection[dict[str, Any]]) -> None:
+        """Go on only while this store's epoch holds a live lease. The share lock
+        keeps the row, so a takeover waits until this transaction is over."""
+        row = conn.execute(_FENCE).fetchone() or {}
+        if self.epoch and row.get("epoch") == self.epoch and row.get("live"):
+            return
+        leader = row.get("url") if row.get("live") else None
+        raise Fenced(
+            "state not stored: this controller is not the leader"
+            + (f" (epoch {row.get('epoch')} is led by {leader})" if leader else "")
+            + (f"; its lease (epoch {self.epoch}) was lost" if self.epoch else ""),
+            leader,
+        )
 
     def _read(self, query: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         try:
@@ -350,18 +379,8 @@ class PostgresStore:
 
     # -- node credentials (issued by enrollment; only their SHA-256 is kept) ------------------------
 
-    def _credentials_table(self) -> None:
-        # Created on first use, as the SQLite store does (it came after schema 1).
-        with self._tx() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS agent_credentials ("
-                " node TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE,"
-                " issued_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL)"
-            )
-
     def credentials(self) -> dict[str, tuple[str, float, str]]:
         """node -> (digest, issued_at, by)."""
-        self._credentials_table()
         return {
             r["node"]: (r["digest"], r["issued_at"], r["by"])
             for r in self._read("SELECT * FROM agent_credentials")
@@ -379,6 +398,91 @@ class PostgresStore:
         with self._tx() as db:
             cur = db.execute("DELETE FROM agent_credentials WHERE node=%s", (node,))
             return (cur.rowcount or 0) > 0
+
+
+class PgLease:
+    """The leader's lease in the `writer` row: taken when free or expired (the epoch
+    goes up by one), renewed by its holder, released at a clean stop. Times are
+    the server's (`clock_timestamp()`): controllers' clocks need not agree.
+
+    Its own connection, apart from the store's writes: leadership.py calls it
+    from a worker thread, so a PostgreSQL that hangs never holds the event loop."""
+
+    def __init__(self, url: str, *, holder: str, advertise_url: str | None, ttl_s: float) -> None:
+        self.url = url
+        self.holder = holder  # one per controller process
+        self.advertise_url = advertise_url
+        self.ttl_s = ttl_s
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+
+    def _one(self, query: str, params: tuple[object, ...]) -> dict[str, Any] | None:
+        """One statement; a connection found dead (PostgreSQL restarted) is opened
+        again and the statement tried once more, so a restart costs no renewal."""
+        for attempt in (1, 2):
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = connect(self.url)
+            try:
+                return self._conn.execute(query, params).fetchone()
+            except psycopg.OperationalError:
+                if attempt == 2 or not self._conn.broken:
+                    raise
+        return None
+
+    def acquire(self) -> int | None:
+        """The new epoch if the lease was free, expired or already ours; else None."""
+        row = self._one(
+            "UPDATE writer SET epoch = epoch + 1, holder = %s, url = %s,"
+            " expires_at = clock_timestamp() + make_interval(secs => %s)"
+            " WHERE id = 1 AND (holder IS NULL OR holder = %s"
+            " OR expires_at IS NULL OR expires_at < clock_timestamp())"
+            " RETURNING epoch",
+            (self.holder, self.advertise_url, self.ttl_s, self.holder),
+        )
+        return int(row["epoch"]) if row else None
+
+    def renew(self, epoch: int) -> bool:
+        """Extend our lease by the TTL; False: it is not ours any more (deposed)."""
+        row = self._one(
+            "UPDATE writer SET expires_at = clock_timestamp() + make_interval(secs => %s)"
+            " WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+            (self.ttl_s, self.holder, epoch),
+        )
+        return row is not None
+
+    def release(self, epoch: int) -> None:
+        """Let the next controller take over at once (a clean stop)."""
+        self._one(
+            "UPDATE writer SET expires_at = clock_timestamp(), holder = NULL"
+            " WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+            (self.holder, epoch),
+        )
+
+    def leader(self) -> tuple[int, str | None, float]:
+        """(epoch, URL of the live leader or None, seconds until its lease expires)."""
+        query = (
+            "SELECT epoch, url, EXTRACT(EPOCH FROM expires_at - clock_timestamp()) AS left_s"
+            " FROM writer WHERE id = 1"
+        )
+        row = self._one(query, ()) or {}
+        left = float(row.get("left_s") or 0.0)
+        return int(row.get("epoch") or 0), (row.get("url") if left > 0 else None), max(0.0, left)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+def take_lease(store: PostgresStore, *, holder: str, ttl_s: float) -> int | None:
+    """Take the lease once, without renewing it, and fence `store`'s writes by it: for
+    tools and tests that write for a while (a controller renews: leadership.py)."""
+    lease = PgLease(store.url, holder=holder, advertise_url=store.advertise_url, ttl_s=ttl_s)
+    try:
+        epoch = lease.acquire()
+    finally:
+        lease.close()
+    if epoch is not None:
+        store.epoch = epoch
+    return epoch
 
 
 def _cause(exc: Exception) -> str:
