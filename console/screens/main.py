@@ -22,13 +22,18 @@ from llmgw.wire import NodeRow
 class MainScreen(NodeScreen):
     """Read-only by construction; `AdminMainScreen` adds marks and the admin keys."""
 
+    # Priority bindings: acted on when the app reads the key, in the order
+    # typed. (A plain binding waits for its key to bubble up from the table,
+    # and keys typed behind it are meanwhile delivered: `g j j c` could cordon
+    # the node the cursor was on before the j's.) While the filter box has
+    # focus check_action turns them off, so its letters stay text.
     BINDINGS = [
-        Binding("enter", "open_detail", "Details"),
-        Binding("slash", "filter", "Filter"),
-        Binding("s", "sort", "Sort"),
-        Binding("S", "reverse_sort", "Reverse", show=False),
-        Binding("escape", "clear", "Clear", show=False),
-        Binding("question_mark", "help", "Help"),
+        Binding("enter", "open_detail", "Details", priority=True),
+        Binding("slash", "filter", "Filter", priority=True),
+        Binding("s", "sort", "Sort", priority=True),
+        Binding("S", "reverse_sort", "Reverse", show=False, priority=True),
+        Binding("escape", "clear", "Clear", show=False, priority=True),
+        Binding("question_mark", "help", "Help", priority=True),
     ]
 
     class DetailRequested(Message):
@@ -123,7 +128,7 @@ class MainScreen(NodeScreen):
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.add_class("-active")
-        box.focus()
+        self.set_focus(box)  # now: the next key typed is already for the box
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -136,7 +141,7 @@ class MainScreen(NodeScreen):
         box = self.query_one("#filter", Input)
         if not box.value:
             box.remove_class("-active")
-        self.nodes_table.focus()
+        self.set_focus(self.nodes_table)
 
     def action_clear(self) -> None:
         """Escape: first the filter, then the marks."""
@@ -145,7 +150,7 @@ class MainScreen(NodeScreen):
             box.value = ""
             box.remove_class("-active")
             self.nodes_table.set_filter("")
-            self.nodes_table.focus()
+            self.set_focus(self.nodes_table)
         elif self.nodes_table.marks:
             self.nodes_table.clear_marks()
         self._title_nodes()
@@ -187,6 +192,8 @@ class MainScreen(NodeScreen):
         self.update_footer()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.typing() and action != "clear":
+            return False  # the filter box has the keys (Escape still leaves it)
         if action == "open_detail":
             return bool(self.targets())
         return True
@@ -195,4 +202,4 @@ class MainScreen(NodeScreen):
 class AdminMainScreen(AdminActions, MainScreen):
     """The main screen with marks and cordon / uncordon / drain."""
 
-    BINDINGS = [Binding("space", "mark", "Mark"), *ADMIN_BINDINGS]
+    BINDINGS = [Binding("space", "mark", "Mark", priority=True), *ADMIN_BINDINGS]

@@ -112,14 +112,16 @@ class KeyedTable(ScrollView, can_focus=True):
     """
 
     # k9s and less: j/k and g/G move as well as the arrows and Home/End.
+    # Priority bindings: a move is made when the app reads the key, in order
+    # with the screen's keys (a `c` typed after `j j` acts on the node moved to).
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "select_cursor", "Select", show=False),
-        Binding("up,k", "cursor_up", "Cursor up", show=False),
-        Binding("down,j", "cursor_down", "Cursor down", show=False),
-        Binding("pageup", "page_up", "Page up", show=False),
-        Binding("pagedown", "page_down", "Page down", show=False),
-        Binding("home,g", "cursor_top", "Top", show=False),
-        Binding("end,G", "cursor_bottom", "Bottom", show=False),
+        Binding("enter", "select_cursor", "Select", show=False, priority=True),
+        Binding("up,k", "cursor_up", "Cursor up", show=False, priority=True),
+        Binding("down,j", "cursor_down", "Cursor down", show=False, priority=True),
+        Binding("pageup", "page_up", "Page up", show=False, priority=True),
+        Binding("pagedown", "page_down", "Page down", show=False, priority=True),
+        Binding("home,g", "cursor_top", "Top", show=False, priority=True),
+        Binding("end,G", "cursor_bottom", "Bottom", show=False, priority=True),
     ]
 
     class RowHighlighted(RowMessage):
