@@ -84,6 +84,7 @@ class MainScreen(NodeScreen):
             self.query_one(IdleTable).show(s.idle_replicas)
             self.query_one(WeightsMatrix).show(s)
             self.query_one(UnplaceableList).show(s)
+            self.nodes_table.age_offset = max(0.0, self.model.clock() - fleet.fetched_at)
             self.nodes_table.apply(fleet.nodes, fleet.ages, fleet.changed)
             self._title_nodes()
             self.tick()
@@ -98,6 +99,8 @@ class MainScreen(NodeScreen):
         now = app.clock()
         self.query_one(FleetHeader).show(app.fleet, app.connection, now, app.base_url, app.readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
+        if app.fleet is not None:
+            self.nodes_table.set_age_offset(max(0.0, now - app.fleet.fetched_at))
 
     def _title_nodes(self) -> None:
         table = self.nodes_table

@@ -26,6 +26,7 @@ from llmgw.present import NODE_STATE_WIDTH
 from llmgw.wire import NodeRow, NodeState
 
 MARK = "●"
+NEVER = age_bucket(None)[0]  # the AGE of a node not heard from since the controller started
 
 # Trouble sorts first when sorting by state: that is what an operator looks for.
 STATE_RANK = {
@@ -164,6 +165,7 @@ class NodesTable(KeyedTable):
         self._filling = False
         self._filled = False
         self._age_buckets: dict[str, tuple[str, str]] = {}  # AGE cell shown, by name
+        self.age_offset = 0.0  # seconds since the ages were measured (set_age_offset)
 
     def on_mount(self) -> None:
         spare = max(0, self.app.size.width - 120)
@@ -227,9 +229,14 @@ class NodesTable(KeyedTable):
                     if name not in changed:
                         # The common case: only the (bucketed) age may differ.
                         age = age_bucket(self.age_of(row))
-                        if self._age_buckets.get(name) != age:
+                        old_age = self._age_buckets.get(name)
+                        if old_age != age:
                             self._age_buckets[name] = age
-                            touched += self.patch_cell(name, AGE_INDEX, styled(*age))
+                            if old_age is not None and (old_age[0] == NEVER) != (age[0] == NEVER):
+                                # Heard from at last (or no longer): the state words change too.
+                                touched += self.patch_row(name, self._cells_for(row))
+                            else:
+                                touched += self.patch_cell(name, AGE_INDEX, styled(*age))
                             if by_age:
                                 self._sort_keys[name] = sort.key(row, self.age_of(row))
                                 resort = True
@@ -268,7 +275,20 @@ class NodesTable(KeyedTable):
         return not self._filling
 
     def age_of(self, row: NodeRow) -> float | None:
-        return self.ages.get(row.name, row.report_age_s)
+        """The node's report age now: as the controller last said, plus the
+        time since it said so (which keeps growing while it cannot be reached)."""
+        age = self.ages.get(row.name, row.report_age_s)
+        return None if age is None else age + self.age_offset
+
+    def set_age_offset(self, seconds: float) -> None:
+        """Ages on screen move on with the clock between fetches, and while
+        the controller is away: rows must not say `<10s` a minute after the
+        last answer. Cells change only where a bucket does (see age_bucket)."""
+        if abs(seconds - self.age_offset) < 1.0:
+            return
+        self.age_offset = seconds
+        if self.rows_by_name:
+            self.apply(self.rows_by_name, self.ages, changed=frozenset())
 
     def _cells_for(self, row: NodeRow) -> tuple[Text, ...]:
         age = self.age_of(row)
@@ -277,7 +297,7 @@ class NodesTable(KeyedTable):
         return (
             self._mark_cell(row.name),
             styled(row.name, "bold"),
-            node_state_text(row),
+            node_state_text(row, age),
             reason_text(row),
             classes_text(row.classes),
             gpus_cell(row),

@@ -511,3 +511,63 @@ async def test_controller_changes_show_within_two_seconds(
         # No poll_now(): the one-shot timer alone must bring it in.
         await until(pilot, lambda: table.shown["gpu-a04"][5].plain == "8/8", "the change")
         assert time.monotonic() - t0 < 2.0
+
+
+async def test_rows_age_while_the_controller_is_away(
+    make_app: MakeApp, faults: Faults, clock: Clock
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        assert table.shown["gpu-a01"][-1].plain == "<10s"
+        faults.down = True
+        clock.advance(41)
+        await repoll(pilot)
+        assert app.connection.link == "unreachable"
+        app.screen.tick()  # the screen's one-second tick, without waiting for it
+        await pilot.pause()
+        # 41 s without an answer: the rows say so, not only the header.
+        assert table.shown["gpu-a01"][-1].plain == "40s"
+        clock.advance(60)
+        app.screen.tick()
+        assert table.shown["gpu-a01"][-1].plain == "1m00s"  # minutes, past one
+        faults.down = False
+        await repoll(pilot)  # the controller's own ages again
+        assert table.shown["gpu-a01"][-1].plain == "<10s"
+
+
+async def test_r_retries_at_once_instead_of_waiting_out_the_backoff(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        faults.down = True
+        await repoll(pilot)
+        await repoll(pilot)
+        assert app.connection.link == "unreachable" and app.connection.failures == 2
+        faults.down = False
+        # The next scheduled try is an hour away (the test's refresh); r is now.
+        polls = app.polls
+        await pilot.press("r")
+        await until(pilot, lambda: app.connection.link == "live", "the retry")
+        assert app.polls == polls + 1
+
+
+async def test_a_node_unheard_since_a_controller_restart_says_so(
+    make_app: MakeApp, controller: LiveController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        assert table.shown["gpu-a03"][2].plain == "cordoned (drained)"
+        controller.restart()  # and gpu-a03 (cordoned) does not report again: dead
+        controller.report(node_report("gpu-a01"))
+        await repoll(pilot)
+        # Not plainly `cordoned`, AGE `never`: it may well be dead, and says so.
+        assert table.shown["gpu-a03"][2].plain == "cordoned (no report)"
+        assert table.shown["gpu-a03"][-1].plain == "never"
+        assert table.shown["gpu-a01"][2].plain == "ready"
+        controller.report(node_report("gpu-a03"))  # it was alive after all
+        await repoll(pilot)
+        assert table.shown["gpu-a03"][2].plain == "cordoned (drained)"
+        assert table.shown["gpu-a03"][-1].plain == "<10s"
