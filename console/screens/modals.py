@@ -152,6 +152,7 @@ class ReasonModal(ConfirmModal):
         box = focused if isinstance(focused, Input) else self.query_one("#reason", Input)
         if box is not focused:
             self.set_focus(box)  # now, not later: the next key may be queued behind this one
+        box._restart_blink()  # as the box does for its own keys: the cursor shows while typing
         start, end = sorted(box.selection)
         if start == end:
             box.insert_text_at_cursor(text)

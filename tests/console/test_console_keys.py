@@ -28,7 +28,7 @@ from console.screens.modals import (
 )
 from console.state import backoff
 from console.widgets.keyed_table import KeyedTable
-from console.widgets.nodes import NodesTable
+from console.widgets.nodes import COLUMNS, SORTS, NodesTable, column_widths
 
 MakeApp = Callable[..., ConsoleApp]
 
@@ -323,19 +323,57 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         await pilot.press("s")  # by state: trouble first
         assert table.get_row_at(0)[1].plain == "gpu-b04"
         assert table.cursor_key == "gpu-a04"
-        await pilot.press("s")  # GPUs used, most first
+        await pilot.press("s")  # reason: nodes with one first, alphabetically
+        assert [table.get_row_at(i)[1].plain for i in range(2)] == ["gpu-b04", "gpu-a03"]
+        await pilot.press("s", "s")  # GPU classes, then GPUs used, most first
         assert table.get_row_at(0)[1].plain in {"gpu-a01", "gpu-a02", "gpu-a05"}
         await pilot.press("S")  # reversed
         assert table.get_row_at(0)[5].plain.startswith("0/")
         assert table.cursor_key == "gpu-a04"
-        await pilot.press("s", "s")  # unhealthy, then report age: oldest first
-        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        # The sorted column's header shows the arrow, whole ("UNH▲", not "UN…").
+        await pilot.press("s")
+        assert table.columns["unh"].label.plain == "UNH▲"
+        assert table.columns["unh"].text_width >= len("UNH▲")
+        await pilot.press("s", "s", "s", "s")  # fabric, models, replicas, report age
+        assert table.get_row_at(0)[1].plain == "gpu-b04"  # oldest first
+        await pilot.press("s")  # and round again to the name
+        assert table.columns["name"].label.plain == "NAME▲"
         order = [table.get_row_at(i)[1].plain for i in range(table.row_count)]
         # Ages inside one bucket (<10s) do not reshuffle rows on refresh.
         controller.clock.advance(3)
         controller.report(node_report("gpu-a02"))
         await repoll(pilot)
         assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
+
+
+def test_s_steps_through_every_column() -> None:
+    sortable = [key for key, _, _ in COLUMNS if key != "mark"]
+    assert [sort.label for sort in SORTS] == sortable
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 200, 250])
+def test_key_columns_fit_at_every_width(width: int) -> None:
+    total = width - 3  # the pane's borders and the scrollbar
+    widths = column_widths(total, len("gpu-a01"))
+    shown = {key for key, w in widths.items() if w != 0}
+    assert {"name", "state", "gpus", "unh", "age"} <= shown
+    used = sum((len("gpu-a01") if w is None else w) + 2 for w in widths.values() if w != 0)
+    assert used == total  # nothing wider than the terminal, and no width left unused
+    if width >= 120:
+        assert shown == {key for key, _, _ in COLUMNS}
+
+
+async def test_sort_cycles_skip_columns_a_narrow_terminal_hides(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        hidden = {key for key, column in table.columns.items() if column.hidden}
+        assert hidden and not hidden & {"name", "state", "gpus", "unh", "age"}
+        seen = []
+        for _ in SORTS:
+            await pilot.press("s")
+            seen.append(SORTS[table.sort_index].label)
+        assert not set(seen) & hidden and "age" in seen
 
 
 async def test_refresh_patches_rows_in_place(
