@@ -126,6 +126,22 @@ def force_at_words(at: float | None, *, local: bool = False) -> str:
     return "" if at is None else f"force at {clock_time(at, local=local)}"
 
 
+# -- models ---------------------------------------------------------------------
+
+# A short model with nothing starting and no reason from the controller (an
+# older controller): both front ends say so in these words.
+NO_REASON = "no reason given by the controller"
+
+
+def short_words(reason: str | None, starting: int = 0) -> str:
+    """Why a model is short, the same in `ctl models`, `ctl status` and the console."""
+    if reason:
+        return reason
+    if starting:
+        return f"{starting} replica(s) starting"
+    return NO_REASON
+
+
 # -- node state ------------------------------------------------------------------
 
 

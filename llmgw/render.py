@@ -271,7 +271,7 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
 
     unplaceable = _table("MODEL", "WHY")
     for name in summary.unplaceable:
-        reason = summary.unplaceable_reasons.get(name, "short, and no replica is starting")
+        reason = present.short_words(summary.unplaceable_reasons.get(name))
         unplaceable.add(name, Cell(name, "red"), clean(reason))
     section("Unplaceable", unplaceable)
 
@@ -351,8 +351,8 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
         if m.satisfied:
             status_cell = Cell("satisfied", "green")
         else:
-            why = m.unplaceable_reason or m.last_failure
-            status_cell = Cell("short" + (f": {clean(why)}" if why else ""), "red")
+            why = present.short_words(m.unplaceable_reason, m.starting)
+            status_cell = Cell(f"short: {clean(why)}", "red")
         cells = [
             Cell(s.name),
             Cell(str(m.ready), key=m.ready),

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from console.format import count_text, styled
 from console.widgets.keyed_table import GlanceTable
-from llmgw.present import duration
+from llmgw.present import duration, short_words
 from llmgw.wire import FabricSummary, FleetSummary, IdleReplica
 
 
@@ -140,7 +140,7 @@ class UnplaceableList(Static):
             text.append("✗ ", style="bold red")
             text.append(model, style="bold")
             reason = summary.unplaceable_reasons.get(model)
-            text.append("\n  " + (reason or "no reason given"), style="" if reason else "dim")
+            text.append("\n  " + short_words(reason), style="" if reason else "dim")
         if not summary.unplaceable:
             text.append("every short model can be placed", style="green")
         if text != self._last:

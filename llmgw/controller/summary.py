@@ -47,6 +47,7 @@ class NodeFacts(NamedTuple):
     entirely_free: bool
     models: frozenset[str]
     copies: frozenset[tuple[str, StorageScope, str]]
+    engines: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -66,6 +67,7 @@ class FleetTotals:
         self.states: Counter[NodeState] = Counter()
         self.classes: dict[str, Counter[str]] = defaultdict(Counter)
         self.fabrics: dict[str, _FabricTotals] = defaultdict(_FabricTotals)
+        self.engines: Counter[str] = Counter()  # reachable nodes per engine
 
     def add(self, facts: NodeFacts, sign: int = 1) -> None:
         self.states[facts.state] += sign
@@ -79,6 +81,9 @@ class FleetTotals:
             agg["free" if ready else "unschedulable"] += sign * c.healthy_unused
         # An unreachable node's disk cannot serve anything now.
         reachable = facts.state is not NodeState.UNREACHABLE
+        if reachable:
+            for engine in facts.engines:
+                self.engines[engine] += sign
         for fabric in facts.fabrics:
             f = self.fabrics[fabric]
             f.nodes += sign
@@ -198,6 +203,7 @@ def build_summary(
         },
         reasons=reason_groups(admin, known_nodes),
         generated_at=wall,
+        engines={e: n for e, n in sorted(totals.engines.items()) if n > 0},
     )
 
 
