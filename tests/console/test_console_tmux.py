@@ -176,3 +176,40 @@ def test_drain_takes_a_burst_reason_too(fleet: Controller, console: Tmux) -> Non
     burst(console, ("d",), ("-l", "drain burst: kernel 6.8"), ("Enter",))
     flag, reason = recorded(fleet, console, "gpu-a08")
     assert flag in ("draining", "cordoned") and reason == "drain burst: kernel 6.8"
+
+
+def test_q_in_the_demos_console_takes_every_engine_with_it(tmp_path: Path) -> None:
+    """`llmgw demo` in a terminal: quitting its console (q) stops its engines."""
+    from tests.test_demo import _alive, _descendants
+
+    tmux = Tmux(tmp_path)
+    argv = [sys.executable, "-m", "llmgw", "demo", "--port", "0", "--nodes", "3"]
+    env = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "PATH": os.environ.get("PATH", "")}
+    command = shlex.join(["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
+    tmux("new-session", "-d", "-s", "t", "-x", "160", "-y", "50", "-c", os.getcwd(), command)
+    tmux("set-option", "-t", "t", "remain-on-exit", "on")
+    try:
+        pid = int(tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
+        # Engines up (the demo's models placed and started): its process tree grows.
+        deadline = time.monotonic() + 90
+        engines: set[int] = set()
+        while time.monotonic() < deadline and len(engines) < 4:
+            time.sleep(0.5)
+            engines = {p for p in _descendants(pid) if "fake_engine" in _cmdline(p)}
+        assert engines, f"no engine started; the screen:\n{tmux.screen()}"
+        tmux.wait_for(lambda s: "Quit" in s, "the demo's console")
+        tmux("send-keys", "-t", "t", "q")
+        tmux.wait_for(lambda s: tmux.pane_dead(), "the demo did not end on q", timeout_s=30)
+    finally:
+        subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True, timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in engines if _alive(p)], "engine processes outlived the demo"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
