@@ -12,6 +12,7 @@ from console_fixtures import H100, Faults, LiveController, Recorded, node_report
 from console_pilot import Clock, loaded, repoll, spy_renders, until
 from fleet_factories import gpu, report
 from rich.text import Text
+from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Checkbox, DataTable, Input
 
@@ -609,3 +610,36 @@ async def test_a_node_unheard_since_a_controller_restart_says_so(
         await repoll(pilot)
         assert table.shown["gpu-a03"][2].plain == "cordoned (drained)"
         assert table.shown["gpu-a03"][-1].plain == "<10s"
+
+
+def _burst(app: ConsoleApp, keys: Sequence[str]) -> None:
+    """Keys as a terminal delivers a fast typist's burst: all queued at once,
+    nothing processed in between (Pilot.press waits after every key)."""
+    for key in keys:
+        char = key if len(key) == 1 else {"space": " "}.get(key)
+        app.post_message(events.Key(key, char))
+
+
+@pytest.mark.parametrize(
+    ("keys", "node", "reason"),
+    [
+        ([*"c", *"burst reason number 1", "enter"], "gpu-a01", "burst reason number 1"),
+        # moves, then every console key inside the reason is text
+        ([*"jjjc", *"q/d/u/c/s/r ?", "enter"], "gpu-a04", "q/d/u/c/s/r ?"),
+        # reason box -> Cancel -> Cordon
+        ([*"c", *"ux tab test", "tab", "tab", "enter"], "gpu-a01", "ux tab test"),
+        ([*"c", *"typo", "backspace", "backspace", *"ps", "enter"], "gpu-a01", "typs"),
+    ],
+)
+async def test_a_burst_of_keys_is_taken_in_order(
+    make_app: MakeApp, faults: Faults, keys: list[str], node: str, reason: str
+) -> None:
+    """Without tmux: the same bursts through Textual's own message queue."""
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        _burst(app, keys)
+        await until(pilot, lambda: faults.mutations, "the cordon request")
+        assert faults.mutations == [
+            Recorded("POST", f"/v1/nodes/{node}/cordon", {"reason": reason})
+        ]
+        assert app.is_running
