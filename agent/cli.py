@@ -258,7 +258,7 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
         except TemplateError as exc:
             raise UsageError(str(exc)) from exc
     try:
-        return EngineSupervisor(
+        supervisor = EngineSupervisor(
             state_dir=args.state_dir,
             node=args.node,
             address=builder.address,
@@ -266,6 +266,8 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             templates=templates,
             start_timeout_s=args.engine_start_timeout,
         )
+        builder.engines = list(supervisor.templates)  # reported: see NodeReport.engines
+        return supervisor
     except OSError as exc:
         raise UsageError(
             f"cannot use --state-dir {args.state_dir}: {exc.strerror or exc}; "

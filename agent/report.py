@@ -53,6 +53,7 @@ class ReportBuilder:
     clock: Callable[[], float] = time.monotonic
     started: float = field(default=-1.0)
     last_storage: list[StorageLocation] = field(default_factory=list)
+    engines: Sequence[str] | None = None  # template names the engine supervisor has
 
     def __post_init__(self) -> None:
         if self.started < 0:
@@ -74,6 +75,7 @@ class ReportBuilder:
             storage_configured=self.storage.configured,
             storage=self.last_storage,
             replicas=list(replicas),
+            engines=None if self.engines is None else sorted(self.engines)[:64],
         )
 
     def local_weights(self) -> Mapping[str, str]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, cast
 
 from pydantic import ValidationError
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.reactive import var
@@ -26,7 +27,7 @@ from console.commands import ADMIN_ACTIONS, AdminAction, AdminForm, AdminRequest
 from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
 from console.screens.main import AdminMainScreen, MainScreen
-from console.screens.modals import DrainModal
+from console.screens.modals import ConfirmModal, DrainModal
 from console.state import Connection, FleetView, Link, NodeView, backoff
 from console.widgets.nodes import NodesTable
 from llmgw.api import healthz
@@ -140,6 +141,26 @@ class ConsoleApp(App[None]):
                 return
             # Not answered (down, 401): ask again with the polls' backoff.
             await asyncio.sleep(backoff(attempt, self.refresh_s))
+
+    async def on_event(self, event: events.Event) -> None:
+        """While a confirmation is open, every key and paste goes to it, in the
+        order typed; it acts on each at once (ConfirmModal.take_key). Textual
+        would hand each to the focused widget, and focus moves as the modal
+        opens and as a reason is typed: a fast typist's keys overtook each other."""
+        stack = self.screen_stack
+        screen = stack[-1] if stack else None
+        if (
+            isinstance(screen, ConfirmModal)
+            and isinstance(event, events.Key | events.Paste)
+            and not event.is_forwarded
+        ):
+            if isinstance(event, events.Key) and await self._check_bindings(
+                event.key, priority=True
+            ):
+                return  # ctrl+c, ctrl+p and the like
+            screen._forward_event(event)
+            return
+        await super().on_event(event)
 
     def watch_readonly(self) -> None:
         for screen in self.screen_stack:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from rich.text import Text
 
 from llmgw.present import (
+    AGE_OF_ROW,
     STYLE,
     Meaning,
     duration,
@@ -42,10 +43,11 @@ def state_text(state: str) -> Text:
     return styled(state.replace("_", " "), style_of(state))
 
 
-def node_state_text(row: NodeRow) -> Text:
-    """The displayed state, in the words `ctl nodes` uses (`unreachable (cordoned)`)."""
+def node_state_text(row: NodeRow, age: float | object | None = AGE_OF_ROW) -> Text:
+    """The displayed state, in the words `ctl nodes` uses (`unreachable (cordoned)`).
+    `age`: the report age now, where newer than the row's (see node_state_parts)."""
     text = Text(no_wrap=True, end="")
-    for words, style in node_state_parts(row):
+    for words, style in node_state_parts(row, age):
         text.append(words, style=style)
     return text
 

@@ -378,6 +378,28 @@ def load_specs(path: str) -> list[ModelSpec]:
     return specs
 
 
+def apply_warnings(specs: Sequence[ModelSpec], summary: dict[str, Any]) -> list[str]:
+    """What no reporting node offers: applied all the same (a node may join
+    later), but said, so a typo is not found an hour later as a short model."""
+    classes = sorted({g["class"] for g in summary.get("gpus", []) if g.get("total")})
+    engines = summary.get("engines")  # engine -> nodes whose agent has it
+    warnings = []
+    for spec in specs:
+        if spec.gpu_class and spec.gpu_class not in classes:
+            warnings.append(
+                f"model {spec.name} wants GPU class {spec.gpu_class}, which no reporting node "
+                f"has (classes reported: {', '.join(classes) or 'none'}); it stays short "
+                "until such a node reports"
+            )
+        if isinstance(engines, dict) and engines and spec.engine not in engines:
+            warnings.append(
+                f"model {spec.name} uses engine {spec.engine!r}, which no reporting node's "
+                f"agent knows (engines reported: {', '.join(sorted(engines))}); add it to "
+                "the agents' --engine-templates, or fix the spec"
+            )
+    return warnings
+
+
 # -- the commands ----------------------------------------------------------------------
 
 
@@ -678,6 +700,8 @@ class Ctl:
             self.term.write(
                 f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
             )
+        for warning in apply_warnings(specs, self.client.json(api.summary_json())):
+            print(f"llmgw ctl: warning: {warning}", file=sys.stderr)
         return EXIT_OK
 
     def delete(self) -> int:

@@ -262,6 +262,7 @@ def make_agent(
             # replicas pane fills within the first minute, not after ten.
             idle_tracker=lambda: IdleTracker(quiet_before_s=SIMULATED_QUIET_S),
         )
+        builder.engines = list(supervisor.templates)
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
     return DemoAgent(node, loop, supervisor)
 

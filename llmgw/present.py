@@ -138,26 +138,55 @@ def force_at_words(at: float | None, *, local: bool = False) -> str:
     return "" if at is None else f"force at {clock_time(at, local=local)}"
 
 
+# -- models ---------------------------------------------------------------------
+
+# A short model with nothing starting and no reason from the controller (an
+# older controller): both front ends say so in these words.
+NO_REASON = "no reason given by the controller"
+
+
+def short_words(reason: str | None, starting: int = 0) -> str:
+    """Why a model is short, the same in `ctl models`, `ctl status` and the console."""
+    if reason:
+        return reason
+    if starting:
+        return f"{starting} replica(s) starting"
+    return NO_REASON
+
+
 # -- node state ------------------------------------------------------------------
 
 
-def node_state_parts(row: NodeRow) -> list[tuple[str, str]]:
+UNHEARD = " (no report)"
+AGE_OF_ROW: object = object()  # "use row.report_age_s"
+
+
+def node_state_parts(
+    row: NodeRow, age: float | object | None = AGE_OF_ROW
+) -> list[tuple[str, str]]:
     """The displayed state as (words, style) pieces.
 
     Liveness wins over the admin flag, which is kept beside it:
     `unreachable (cordoned)`; a finished drain reads `cordoned (drained)`.
+    A node not heard from since the controller started (`age` None: a
+    restart, and the node may well be dead) is not shown as plainly
+    `cordoned` or `ready` for its grace period: `cordoned (no report)`.
+    `age`: the node's report age now, where it is newer than the row's.
     """
     state, flag = str(row.state), str(row.admin.flag)
     parts = [(state, style_of(state))]
+    unheard = (row.report_age_s if age is AGE_OF_ROW else age) is None
     if state == "unreachable" and flag != "none":
         parts.append((f" ({flag})", STYLE[Meaning.ATTENTION]))
+    elif unheard and state != "unreachable":
+        parts.append((UNHEARD, STYLE[Meaning.ATTENTION]))
     elif row.admin.drained and state == "cordoned":
         parts.append((" (drained)", STYLE[Meaning.MUTED]))
     return parts
 
 
-def node_state_words(row: NodeRow) -> str:
-    return "".join(words for words, _ in node_state_parts(row))
+def node_state_words(row: NodeRow, age: float | object | None = AGE_OF_ROW) -> str:
+    return "".join(words for words, _ in node_state_parts(row, age))
 
 
 # The widest node_state_words can be: `unreachable (cordoned)`.

@@ -238,6 +238,10 @@ class NodeReport(Inbound):
     storage_configured: bool = False
     storage: list[StorageLocation] = Field(default_factory=list, max_length=64)
     replicas: list[ReplicaReport] = Field(default_factory=list, max_length=256)
+    # Engine templates this agent can run (built-in and --engine-templates);
+    # None: not said (an older agent). Lets `ctl apply` warn about an engine
+    # no node has before its replicas fail.
+    engines: list[EngineName] | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _gpus_unique(self) -> NodeReport:
@@ -533,6 +537,8 @@ class FleetSummary(Outbound):
     reasons: list[ReasonGroup] = Field(default_factory=list)
     generated_at: float = 0.0  # controller clock
     traffic: list[ModelTraffic] = Field(default_factory=list)  # models with figures, by name
+    # engine -> reachable nodes whose agent can run it (agents that say so)
+    engines: dict[str, int] = Field(default_factory=dict)
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes

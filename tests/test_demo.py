@@ -122,7 +122,15 @@ async def test_demo_declares_models_when_engines_run(tmp_path: Path) -> None:
     await until(lambda: asyncio.sleep(0, bool(urls)))  # the banner is out
     async with AdminClient(urls[0]) as client:
         models = await client.models()
+        # Agents with engines say which they can run (ctl apply warns on others).
+        for _ in range(100):
+            summary = await client.summary()
+            if summary.engines:
+                break
+            await asyncio.sleep(0.1)
     assert len(models) == 5
+    assert set(summary.engines) == {"fake", "sglang", "vllm"}
+    assert {m.spec.engine for m in models} <= set(summary.engines)
     stop.set()
     assert await asyncio.wait_for(task, 15) == 0
     assert await asyncio.to_thread(

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
+from textual.widgets import Input
 
 from console.commands import (
     ADMIN_ACTIONS,
@@ -30,10 +31,17 @@ from console.screens.modals import CordonModal, DrainModal, HelpScreen, Uncordon
 from console.state import ConsoleModel
 from llmgw.wire import NodeRow
 
+# priority=True: the key is acted on the moment the app reads it, not after it
+# has bubbled up from the focused table. Otherwise a reason typed right behind
+# `c` (a burst on a real terminal) reaches the table before the modal is up:
+# "burst" arrived as "t", its `s` sorting the table, its `r` retrying. Inputs
+# still get these letters (Textual drops bindings an Input would consume).
+# The main screen's and the tables' keys are priority bindings for the same
+# reason: acted on in the order typed (see MainScreen).
 ADMIN_BINDINGS: list[BindingType] = [
-    Binding(CORDON.key, "cordon", CORDON.title),
-    Binding(UNCORDON.key, "uncordon", UNCORDON.title),
-    Binding(DRAIN.key, "drain", DRAIN.title),
+    Binding(CORDON.key, "cordon", CORDON.title, priority=True),
+    Binding(UNCORDON.key, "uncordon", UNCORDON.title, priority=True),
+    Binding(DRAIN.key, "drain", DRAIN.title, priority=True),
 ]
 ADMIN_VERBS = frozenset({"mark", *BY_VERB})
 
@@ -54,6 +62,10 @@ class NodeScreen(Screen[Any]):
         """The nodes an admin key acts on; none by default."""
         return []
 
+    def typing(self) -> bool:
+        """A text box has focus: letters are text, not commands."""
+        return isinstance(self.focused, Input)
+
     def update_footer(self) -> None:
         state = tuple(self.check_action(a, ()) for a in self.FOOTER_ACTIONS)
         if state != self._footer_state:
@@ -71,8 +83,8 @@ class AdminActions(NodeScreen):
         return action.applicable(self.targets())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ADMIN_VERBS and self.model.readonly:
-            return False  # the token may only read
+        if action in ADMIN_VERBS and (self.model.readonly or self.typing()):
+            return False  # the token may only read, or the filter box has the keys
         if action in BY_VERB:
             # The footer shows only what applies to the selected (or marked) nodes.
             return bool(self.applicable(BY_VERB[action]))

@@ -15,20 +15,31 @@ from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
 from console.widgets.header import ConnectionBanner, FleetHeader
 from console.widgets.nodes import NodesTable
-from console.widgets.summary import FabricsTable, IdleTable, UnplaceableList, WeightsMatrix
+from console.widgets.summary import (
+    FabricsTable,
+    IdleTable,
+    TrafficTable,
+    UnplaceableList,
+    WeightsMatrix,
+)
 from llmgw.wire import NodeRow
 
 
 class MainScreen(NodeScreen):
     """Read-only by construction; `AdminMainScreen` adds marks and the admin keys."""
 
+    # Priority bindings: acted on when the app reads the key, in the order
+    # typed. (A plain binding waits for its key to bubble up from the table,
+    # and keys typed behind it are meanwhile delivered: `g j j c` could cordon
+    # the node the cursor was on before the j's.) While the filter box has
+    # focus check_action turns them off, so its letters stay text.
     BINDINGS = [
-        Binding("enter", "open_detail", "Details"),
-        Binding("slash", "filter", "Filter"),
-        Binding("s", "sort", "Sort"),
-        Binding("S", "reverse_sort", "Reverse", show=False),
-        Binding("escape", "clear", "Clear", show=False),
-        Binding("question_mark", "help", "Help"),
+        Binding("enter", "open_detail", "Details", priority=True),
+        Binding("slash", "filter", "Filter", priority=True),
+        Binding("s", "sort", "Sort", priority=True),
+        Binding("S", "reverse_sort", "Reverse", show=False, priority=True),
+        Binding("escape", "clear", "Clear", show=False, priority=True),
+        Binding("question_mark", "help", "Help", priority=True),
     ]
 
     class DetailRequested(Message):
@@ -46,6 +57,7 @@ class MainScreen(NodeScreen):
             yield FabricsTable(id="fabrics", classes="pane")
             yield IdleTable(id="idle", classes="pane")
             yield WeightsMatrix(id="weights", classes="pane")
+            yield TrafficTable(id="traffic", classes="pane")
             yield UnplaceableList(id="unplaceable", classes="pane")
         with Vertical(id="nodes-pane", classes="pane"):
             yield Input(
@@ -76,9 +88,11 @@ class MainScreen(NodeScreen):
         with self.app.batch_update():
             self.query_one(GpuClassesPane).show(s.gpus)
             self.query_one(FabricsTable).show(s.fabrics)
+            self.query_one(TrafficTable).show(s.traffic)
             self.query_one(IdleTable).show(s.idle_replicas)
             self.query_one(WeightsMatrix).show(s)
             self.query_one(UnplaceableList).show(s)
+            self.nodes_table.age_offset = max(0.0, self.model.clock() - fleet.fetched_at)
             self.nodes_table.apply(fleet.nodes, fleet.ages, fleet.changed)
             self._title_nodes()
             self.tick()
@@ -94,6 +108,8 @@ class MainScreen(NodeScreen):
         header = self.query_one(FleetHeader)
         header.show(app.fleet, app.connection, now, app.controller_label, app.readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
+        if app.fleet is not None:
+            self.nodes_table.set_age_offset(max(0.0, now - app.fleet.fetched_at))
 
     def _title_nodes(self) -> None:
         table = self.nodes_table
@@ -124,7 +140,7 @@ class MainScreen(NodeScreen):
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.add_class("-active")
-        box.focus()
+        self.set_focus(box)  # now: the next key typed is already for the box
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -137,7 +153,7 @@ class MainScreen(NodeScreen):
         box = self.query_one("#filter", Input)
         if not box.value:
             box.remove_class("-active")
-        self.nodes_table.focus()
+        self.set_focus(self.nodes_table)
 
     def action_clear(self) -> None:
         """Escape: first the filter, then the marks."""
@@ -146,7 +162,7 @@ class MainScreen(NodeScreen):
             box.value = ""
             box.remove_class("-active")
             self.nodes_table.set_filter("")
-            self.nodes_table.focus()
+            self.set_focus(self.nodes_table)
         elif self.nodes_table.marks:
             self.nodes_table.clear_marks()
         self._title_nodes()
@@ -188,6 +204,8 @@ class MainScreen(NodeScreen):
         self.update_footer()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.typing() and action != "clear":
+            return False  # the filter box has the keys (Escape still leaves it)
         if action == "open_detail":
             return bool(self.targets())
         return True
@@ -196,4 +214,4 @@ class MainScreen(NodeScreen):
 class AdminMainScreen(AdminActions, MainScreen):
     """The main screen with marks and cordon / uncordon / drain."""
 
-    BINDINGS = [Binding("space", "mark", "Mark"), *ADMIN_BINDINGS]
+    BINDINGS = [Binding("space", "mark", "Mark", priority=True), *ADMIN_BINDINGS]

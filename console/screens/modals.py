@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from console.commands import AdminForm
@@ -63,6 +64,50 @@ class ConfirmModal(ModalScreen[object]):
     def action_cancel(self) -> None:
         self.dismiss(None)
 
+    # -- keys, in the order they were typed ------------------------------------
+    #
+    # Textual hands a key to the focused widget's queue and resolves bindings
+    # only when it has bubbled back to the app; when focus moves while keys are
+    # in flight (the modal opening, typing moving focus to the reason box, Tab)
+    # later keys overtake earlier ones. So the app gives every key to this
+    # screen (ConsoleApp.on_event) and this one handler acts on each at once,
+    # in order, for whichever widget has focus now.
+
+    async def on_key(self, event: events.Key) -> None:
+        if await self.take_key(event):
+            event.stop()
+            event.prevent_default()
+
+    async def take_key(self, event: events.Key) -> bool:
+        key, focused = event.key, self.focused
+        if key == "escape":
+            self.action_cancel()
+        elif key == "tab":
+            self.focus_next()
+        elif key == "shift+tab":
+            self.focus_previous()
+        elif key == "enter" and isinstance(focused, Input):
+            self.confirm()  # Enter in any box submits the form
+        elif key == "enter" and focused is None:
+            self.action_cancel()  # nothing chosen yet: the safe answer
+        elif event.is_printable and event.character and self.type_text(event.character, key):
+            pass
+        elif focused is not None and await self._widget_binding(focused, key):
+            pass  # Enter / space on a button or checkbox, editing keys in a box
+        else:
+            return False
+        return True
+
+    def type_text(self, text: str, key: str = "") -> bool:
+        """Printable text; False: not for this modal (it has no boxes)."""
+        return False
+
+    async def _widget_binding(self, widget: Widget, key: str) -> bool:
+        for binding in widget._bindings.key_to_bindings.get(key, ()):
+            if await self.app.run_action(binding.action, widget):
+                return True
+        return False
+
     @on(Button.Pressed, "#cancel")
     def _cancel(self) -> None:
         self.dismiss(None)
@@ -83,7 +128,7 @@ class ConfirmModal(ModalScreen[object]):
 class ReasonModal(ConfirmModal):
     """A confirmation with a reason box. Typing goes to the reason whatever
     has focus (Cancel, the confirm button, nothing yet), so a reason typed or
-    pasted the instant the modal opens is recorded whole."""
+    pasted the instant the modal opens is recorded whole (see take_key)."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -97,34 +142,29 @@ class ReasonModal(ConfirmModal):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.verb, id="confirm", variant="error")
 
-    def _typing_goes_to_reason(self) -> bool:
-        # Inputs and checkboxes take their own keys; anything else (a button,
-        # or no focus because the screen is still settling) is not a text box.
-        return not isinstance(self.focused, Input | Checkbox)
-
-    def on_key(self, event: events.Key) -> None:
-        if self._typing_goes_to_reason() and event.is_printable and event.character:
-            self._type(event.character)
-            event.stop()
-            event.prevent_default()
+    def type_text(self, text: str, key: str = "") -> bool:
+        """Into the box that has focus; anywhere else (a button, nothing yet
+        because the modal is still opening) into the reason box, which then
+        takes focus. A space on a checkbox ticks it."""
+        focused = self.focused
+        if isinstance(focused, Checkbox) and key == "space":
+            return False  # the checkbox's own binding toggles it
+        box = focused if isinstance(focused, Input) else self.query_one("#reason", Input)
+        if box is not focused:
+            self.set_focus(box)  # now, not later: the next key may be queued behind this one
+        box._restart_blink()  # as the box does for its own keys: the cursor shows while typing
+        start, end = sorted(box.selection)
+        if start == end:
+            box.insert_text_at_cursor(text)
+        else:
+            box.replace(text, start, end)
+        return True
 
     def on_paste(self, event: events.Paste) -> None:
-        if self._typing_goes_to_reason():
-            self._type(" ".join(event.text.splitlines()))
-            event.stop()
-            event.prevent_default()
-
-    def _type(self, text: str) -> None:
-        # Straight into the box, not through focus: focus moves later (after
-        # a refresh), and the next keys may already be queued behind this one.
-        reason = self.query_one("#reason", Input)
-        reason.insert_text_at_cursor(text)
-        if self.focused is not reason:
-            reason.focus()
-
-    @on(Input.Submitted, "#reason")
-    def _reason_submitted(self) -> None:
-        self.confirm()
+        # A pasted reason is one line: its lines joined with a space.
+        self.type_text(" ".join(event.text.splitlines()))
+        event.stop()
+        event.prevent_default()
 
     def confirm(self) -> None:
         reason = self.query_one("#reason", Input).value.strip()

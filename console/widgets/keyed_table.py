@@ -38,16 +38,19 @@ class Column:
     label: Text
     width: int | None  # fixed; None: as wide as its widest cell
     content_width: int = 0  # widest cell seen (for auto-width columns)
+    hidden: bool = False  # not drawn (a narrow terminal): see set_widths
 
     @property
     def text_width(self) -> int:
+        if self.hidden:
+            return 0
         if self.width is not None:
             return self.width
         return max(self.content_width, self.label.cell_len)
 
     @property
     def render_width(self) -> int:
-        return self.text_width + 2 * PAD
+        return 0 if self.hidden else self.text_width + 2 * PAD
 
 
 def _one_line(cell: Text) -> Text:
@@ -112,14 +115,16 @@ class KeyedTable(ScrollView, can_focus=True):
     """
 
     # k9s and less: j/k and g/G move as well as the arrows and Home/End.
+    # Priority bindings: a move is made when the app reads the key, in order
+    # with the screen's keys (a `c` typed after `j j` acts on the node moved to).
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "select_cursor", "Select", show=False),
-        Binding("up,k", "cursor_up", "Cursor up", show=False),
-        Binding("down,j", "cursor_down", "Cursor down", show=False),
-        Binding("pageup", "page_up", "Page up", show=False),
-        Binding("pagedown", "page_down", "Page down", show=False),
-        Binding("home,g", "cursor_top", "Top", show=False),
-        Binding("end,G", "cursor_bottom", "Bottom", show=False),
+        Binding("enter", "select_cursor", "Select", show=False, priority=True),
+        Binding("up,k", "cursor_up", "Cursor up", show=False, priority=True),
+        Binding("down,j", "cursor_down", "Cursor down", show=False, priority=True),
+        Binding("pageup", "page_up", "Page up", show=False, priority=True),
+        Binding("pagedown", "page_down", "Page down", show=False, priority=True),
+        Binding("home,g", "cursor_top", "Top", show=False, priority=True),
+        Binding("end,G", "cursor_bottom", "Bottom", show=False, priority=True),
     ]
 
     class RowHighlighted(RowMessage):
@@ -198,6 +203,20 @@ class KeyedTable(ScrollView, can_focus=True):
         else:
             self._header = None
             self.refresh_line(self.scroll_offset.y)  # the header is the top line
+
+    def set_widths(self, widths: Mapping[str, int | None]) -> None:
+        """Fixed widths by column key (None: sized to content, 0: hidden);
+        one reshape, and only if something changed."""
+        changed = False
+        for key, width in widths.items():
+            column = self.columns[key]
+            if width == 0:
+                if not column.hidden:
+                    column.hidden = changed = True
+            elif column.hidden or column.width != width:
+                column.hidden, column.width, changed = False, width, True
+        if changed:
+            self._reshape()
 
     def clear(self, columns: bool = False) -> None:
         """Remove every row (and the columns too, if asked)."""
@@ -431,6 +450,8 @@ class KeyedTable(ScrollView, can_focus=True):
         pad = Segment(" " * PAD)
         segments: list[Segment] = []
         for column, cell in zip(self.columns.values(), cells, strict=False):
+            if column.hidden:
+                continue
             text = _one_line(cell).copy()
             text.truncate(column.text_width, overflow="ellipsis", pad=True)
             segments.append(pad)

@@ -22,10 +22,11 @@ from console.format import (
     styled,
 )
 from console.widgets.keyed_table import KeyedTable
-from llmgw.present import NODE_STATE_WIDTH
+from llmgw.present import NODE_STATE_WIDTH, timestamp
 from llmgw.wire import NodeRow, NodeState
 
 MARK = "●"
+NEVER = age_bucket(None)[0]  # the AGE of a node not heard from since the controller started
 
 # Trouble sorts first when sorting by state: that is what an operator looks for.
 STATE_RANK = {
@@ -60,18 +61,29 @@ class SortSpec:
     key: Callable[[NodeRow, float | None], Any]  # (row, its current report age)
 
 
+def _reason_key(row: NodeRow) -> tuple[bool, str]:
+    reason = row.admin.reason or row.drain_blocked or row.gpu_error or ""
+    return (not reason, reason.lower())  # nodes with a reason first
+
+
+# One sort per column, in column order: `s` steps through every one shown.
 SORTS: tuple[SortSpec, ...] = (
     SortSpec("name", "name", lambda r, _: natural(r.name)),
     SortSpec("state", "state", lambda r, _: (STATE_RANK[r.state], natural(r.name))),
+    SortSpec("reason", "reason", lambda r, _: (_reason_key(r), natural(r.name))),
+    SortSpec("classes", "GPU classes", lambda r, _: (sorted(r.classes), natural(r.name))),
     SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name))),
     SortSpec(
         "unh", "unhealthy", lambda r, _: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name))
     ),
+    SortSpec("fabrics", "fabric", lambda r, _: (r.fabrics or ["~"], natural(r.name))),
+    SortSpec("models", "models held", lambda r, _: (-len(r.models), natural(r.name))),
+    SortSpec("repl", "replicas", lambda r, _: (-r.replicas, natural(r.name))),
     SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name))),
 )
 
-# (key, title, width); None width: sized to content. Reason and models take
-# whatever a wide terminal has to spare.
+# (key, title, width); None width: sized to content. Widths leave room for
+# the sort arrow after the title (a sorted UNH must not read "UN…").
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
     ("name", "NAME", None),
@@ -79,12 +91,61 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("reason", "REASON", 16),
     ("classes", "CLASSES", 15),
     ("gpus", "GPUS", 5),
-    ("unh", "UNH", 3),
-    ("fabrics", "FABRIC", 6),
+    ("unh", "UNH", 4),
+    ("fabrics", "FABRIC", 7),
     ("models", "MODELS", 12),
-    ("repl", "REPL", 4),
+    ("repl", "REPL", 5),
     ("age", "AGE", 5),
 )
+# Shown at every width (issue 11: at 80 columns these must stay in view).
+KEY_COLUMNS = frozenset({"mark", "name", "state", "gpus", "unh", "age"})
+# The others, in the order they get room: (key, least width, usual width).
+OPTIONAL_COLUMNS: tuple[tuple[str, int, int], ...] = (
+    ("reason", 12, 16),
+    ("classes", 15, 15),
+    ("models", 8, 12),
+    ("fabrics", 7, 7),
+    ("repl", 5, 5),
+)
+MODELS_MAX = 40  # past this, spare width goes to the reason
+
+
+def column_widths(total: int, name_width: int) -> dict[str, int | None]:
+    """Each column's width for a table `total` cells wide (0: not shown).
+
+    Key columns always; then the others, in order, while they fit at their least width;
+    then spare width raises them to their usual width, and what is left goes
+    to the reason (and some to models): a wide terminal shows whole reasons
+    rather than blank space."""
+    pad = 2  # KeyedTable's blank either side of a column
+    widths: dict[str, int | None] = {key: width for key, _, width in COLUMNS}
+    used = sum(
+        (name_width if width is None else width) + pad
+        for key, _, width in COLUMNS
+        if key in KEY_COLUMNS
+    )
+    sized: dict[str, int] = {}
+    for key, least, _ in OPTIONAL_COLUMNS:
+        if used + least + pad > total:
+            break  # strictly in order: a wider reason beats a far-right REPL
+        used += least + pad
+        sized[key] = least
+    spare = total - used
+    for key, least, usual in OPTIONAL_COLUMNS:
+        if key in sized:
+            grow = min(spare, usual - least)
+            sized[key] += grow
+            spare -= grow
+    if spare > 0 and "models" in sized:
+        grow = max(0, min(spare // 3, MODELS_MAX - sized["models"]))
+        sized["models"] += grow
+        spare -= grow
+    if spare > 0 and "reason" in sized:
+        sized["reason"] += spare
+    widths.update({key: sized.get(key, 0) for key, _, _ in OPTIONAL_COLUMNS})
+    return widths
+
+
 AGE_INDEX = len(COLUMNS) - 1
 # Rows added per frame when many arrive at once (first load of a big fleet).
 FIRST_ROWS = 150
@@ -99,9 +160,15 @@ def _same_but_age(a: NodeRow, b: NodeRow) -> bool:
 
 
 def reason_text(row: NodeRow) -> Text:
+    """The reason first (a narrow column cuts the rest), then who set it and
+    when, as `sinfo -R` lists them: a wide terminal shows it all."""
     text = Text(no_wrap=True, end="")
     if row.admin.reason:
         text.append(row.admin.reason)
+        if row.admin.by:
+            text.append(f" · {row.admin.by}", style="dim")
+        if row.admin.at is not None:
+            text.append(f" {timestamp(row.admin.at)}", style="dim")
     if row.drain_blocked:
         text.append(f"{' ' if text else ''}⚠ {row.drain_blocked}", style="bold red")
     if row.gpu_error:
@@ -164,14 +231,23 @@ class NodesTable(KeyedTable):
         self._filling = False
         self._filled = False
         self._age_buckets: dict[str, tuple[str, str]] = {}  # AGE cell shown, by name
+        self.age_offset = 0.0  # seconds since the ages were measured (set_age_offset)
 
     def on_mount(self) -> None:
-        spare = max(0, self.app.size.width - 120)
         for key, title, width in COLUMNS:
-            if key in ("reason", "models") and width:
-                width += spare // 2
             self.add_column(title, key=key, width=width)
         self._label_sort_column()
+        self._layout()
+
+    def on_resize(self) -> None:
+        self._layout()
+
+    def _layout(self) -> None:
+        # Before the first layout the size is not known: the app's, less borders.
+        total = self.size.width or self.app.size.width - 2
+        total -= 1  # the vertical scrollbar, once rows overflow
+        name = self.columns["name"]
+        self.set_widths(column_widths(total, max(name.content_width, name.label.cell_len)))
 
     # -- data -------------------------------------------------------------------
 
@@ -227,9 +303,14 @@ class NodesTable(KeyedTable):
                     if name not in changed:
                         # The common case: only the (bucketed) age may differ.
                         age = age_bucket(self.age_of(row))
-                        if self._age_buckets.get(name) != age:
+                        old_age = self._age_buckets.get(name)
+                        if old_age != age:
                             self._age_buckets[name] = age
-                            touched += self.patch_cell(name, AGE_INDEX, styled(*age))
+                            if old_age is not None and (old_age[0] == NEVER) != (age[0] == NEVER):
+                                # Heard from at last (or no longer): the state words change too.
+                                touched += self.patch_row(name, self._cells_for(row))
+                            else:
+                                touched += self.patch_cell(name, AGE_INDEX, styled(*age))
                             if by_age:
                                 self._sort_keys[name] = sort.key(row, self.age_of(row))
                                 resort = True
@@ -244,6 +325,7 @@ class NodesTable(KeyedTable):
                 touched += self.patch_row(name, self._cells_for(row))
             if resort:
                 self.set_order(self._ordered([n for n in visible if n in self.shown]))
+        self._layout()  # a longer name may take room from the reason
         if len(self.shown) < len(visible):
             self._schedule_fill()
         elif not self._filled:
@@ -268,7 +350,20 @@ class NodesTable(KeyedTable):
         return not self._filling
 
     def age_of(self, row: NodeRow) -> float | None:
-        return self.ages.get(row.name, row.report_age_s)
+        """The node's report age now: as the controller last said, plus the
+        time since it said so (which keeps growing while it cannot be reached)."""
+        age = self.ages.get(row.name, row.report_age_s)
+        return None if age is None else age + self.age_offset
+
+    def set_age_offset(self, seconds: float) -> None:
+        """Ages on screen move on with the clock between fetches, and while
+        the controller is away: rows must not say `<10s` a minute after the
+        last answer. Cells change only where a bucket does (see age_bucket)."""
+        if abs(seconds - self.age_offset) < 1.0:
+            return
+        self.age_offset = seconds
+        if self.rows_by_name:
+            self.apply(self.rows_by_name, self.ages, changed=frozenset())
 
     def _cells_for(self, row: NodeRow) -> tuple[Text, ...]:
         age = self.age_of(row)
@@ -277,7 +372,7 @@ class NodesTable(KeyedTable):
         return (
             self._mark_cell(row.name),
             styled(row.name, "bold"),
-            node_state_text(row),
+            node_state_text(row, age),
             reason_text(row),
             classes_text(row.classes),
             gpus_cell(row),
@@ -315,7 +410,12 @@ class NodesTable(KeyedTable):
         if reverse:
             self.reverse = not self.reverse
         else:
-            self.sort_index = (self.sort_index + 1) % len(SORTS)
+            # The next column on screen (a narrow terminal hides some).
+            for step in range(1, len(SORTS) + 1):
+                index = (self.sort_index + step) % len(SORTS)
+                if not self.columns[SORTS[index].label].hidden:
+                    break
+            self.sort_index = index
             self.reverse = False
         sort = SORTS[self.sort_index]
         self._sort_keys = {n: sort.key(r, self.age_of(r)) for n, r in self.rows_by_name.items()}

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from console.format import count_text, styled
 from console.widgets.keyed_table import GlanceTable
-from llmgw.present import duration, latency, percent
+from llmgw.present import duration, latency, percent, short_words
 from llmgw.wire import FabricSummary, FleetSummary, IdleReplica, ModelTraffic
 
 
@@ -67,7 +67,8 @@ class WeightsMatrix(GlanceTable):
         rows = {}
         for model in sorted(where, key=str.lower):
             held = where[model]
-            cells = [styled(model, "bold")]
+            # The repo's name: the organisation rarely tells two models apart.
+            cells = [styled(model.rsplit("/", 1)[-1], "bold")]
             if len(held) == 1 and len(fabrics) > 1:
                 # The rest of the cluster cannot serve it without a slow copy.
                 cells.append(styled("1 fabric ⚠", "bold yellow"))
@@ -170,7 +171,7 @@ class UnplaceableList(Static):
             text.append("✗ ", style="bold red")
             text.append(model, style="bold")
             reason = summary.unplaceable_reasons.get(model)
-            text.append("\n  " + (reason or "no reason given"), style="" if reason else "dim")
+            text.append("\n  " + short_words(reason), style="" if reason else "dim")
         if not summary.unplaceable:
             text.append("every short model can be placed", style="green")
         if text != self._last:

@@ -32,6 +32,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
+from llmgw.present import timestamp
 from llmgw.wire import (
     AdminFlag,
     AdminInfo,
@@ -166,7 +167,20 @@ class FleetState:
 
     @property
     def unplaceable_reasons(self) -> Mapping[str, str]:
-        return MappingProxyType(self._unplaceable)
+        """Why each model short of its minimum gets no new replica: the
+        scheduler's reason, else the failure its replicas keep ending with
+        (an engine no node has, say). The one wording every view shows:
+        ctl models, ctl status, the console, the gateway's 503."""
+        reasons = dict(self._unplaceable)
+        wall = self.wall()
+        for name, backoff in self._backoffs.items():
+            if name in reasons or not backoff.last_failure:
+                continue
+            why = f"its replicas fail: {backoff.last_failure}"
+            if backoff.retry_at > wall:
+                why += f" (failure {backoff.failures}; next try at {timestamp(backoff.retry_at)})"
+            reasons[name] = why
+        return MappingProxyType(reasons)
 
     @property
     def drain_blocked(self) -> Mapping[str, str]:
@@ -259,6 +273,7 @@ class FleetState:
             entirely_free=d.entirely_free,
             models=d.models,
             copies=d.copies,
+            engines=d.engines,
         )
         old = self._facts.get(name)
         if old != facts:
@@ -666,7 +681,7 @@ class FleetState:
             self._entries,
             self.replica_statuses(),
             self._models,
-            self._unplaceable,
+            self.unplaceable_reasons,
             now,
             self.wall(),
             self.gateway_in_flight(now),
@@ -764,6 +779,7 @@ class FleetState:
         return [replica_view(s, now) for s in self.replica_statuses().values()]
 
     def model_views(self) -> list[ModelView]:
+        reasons = self.unplaceable_reasons
         states: dict[str, Counter[ReplicaState]] = defaultdict(Counter)
         for status in self.replica_statuses().values():
             states[status.record.model][status.state] += 1
@@ -780,7 +796,7 @@ class FleetState:
                     starting=mine[ReplicaState.STARTING],
                     failed=mine[ReplicaState.FAILED],
                     satisfied=ready >= spec.min_replicas,
-                    unplaceable_reason=self._unplaceable.get(name),
+                    unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
                 )
             )

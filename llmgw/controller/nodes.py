@@ -54,6 +54,7 @@ class NodeDigest(NamedTuple):
     # (model, scope, where): where is the mount source for shared storage
     copies: frozenset[tuple[str, StorageScope, str]]
     fabrics: tuple[str, ...] = ()
+    engines: frozenset[str] = frozenset()  # what the agent says it can run
 
     @property
     def gpus_total(self) -> int:
@@ -110,6 +111,7 @@ def digest_report(
         frozenset(models),
         frozenset(copies),
         tuple(sorted(set(report.fabrics))),
+        frozenset(report.engines or ()),
     )
 
 

@@ -48,6 +48,7 @@ class NodeFacts(NamedTuple):
     entirely_free: bool
     models: frozenset[str]
     copies: frozenset[tuple[str, StorageScope, str]]
+    engines: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -67,6 +68,7 @@ class FleetTotals:
         self.states: Counter[NodeState] = Counter()
         self.classes: dict[str, Counter[str]] = defaultdict(Counter)
         self.fabrics: dict[str, _FabricTotals] = defaultdict(_FabricTotals)
+        self.engines: Counter[str] = Counter()  # reachable nodes per engine
 
     def add(self, facts: NodeFacts, sign: int = 1) -> None:
         self.states[facts.state] += sign
@@ -80,6 +82,9 @@ class FleetTotals:
             agg["free" if ready else "unschedulable"] += sign * c.healthy_unused
         # An unreachable node's disk cannot serve anything now.
         reachable = facts.state is not NodeState.UNREACHABLE
+        if reachable:
+            for engine in facts.engines:
+                self.engines[engine] += sign
         for fabric in facts.fabrics:
             f = self.fabrics[fabric]
             f.nodes += sign
@@ -201,6 +206,7 @@ def build_summary(
         reasons=reason_groups(admin, known_nodes),
         generated_at=wall,
         traffic=model_traffic(replicas, gateway_in_flight or {}),
+        engines={e: n for e, n in sorted(totals.engines.items()) if n > 0},
     )
 
 

@@ -34,7 +34,14 @@ from llmgw.controller import reconcile
 from llmgw.controller.app import FLEET, create_app
 from llmgw.controller.auth import Tokens
 from llmgw.controller.settings import ControllerSettings
-from llmgw.wire import ModelSpec, NodeReport, ReplicaReport, ReportReply, ShardState
+from llmgw.wire import (
+    EngineTraffic,
+    ModelSpec,
+    NodeReport,
+    ReplicaReport,
+    ReportReply,
+    ShardState,
+)
 
 NOW = 1_767_000_000.0  # the frozen wall clock of every fixture: 2025-12-29 09:20 UTC
 T = TypeVar("T")
@@ -291,6 +298,12 @@ SMALL_MODELS = [
 ]
 # How long each engine has been idle, in the order the controller assigns them.
 IDLE_S = [7980.0, 2710.0, 905.0, 42.0, 12.0, 3.0]
+# What an engine that was asked something lately served over its last window.
+BUSY = [
+    EngineTraffic(requests_per_s=4.2, in_flight=3, p50_latency_s=0.84, prefix_hit_rate=0.71),
+    EngineTraffic(requests_per_s=0.6, in_flight=0, p50_latency_s=0.31, prefix_hit_rate=0.18),
+    EngineTraffic(requests_per_s=11.5, in_flight=9, p50_latency_s=1.9, prefix_hit_rate=0.55),
+]
 
 
 class Agents:
@@ -302,6 +315,7 @@ class Agents:
         self.reports = {r.node: r for r in reports}
         self.running: dict[str, list[ReplicaReport]] = {}
         self._idle = iter(IDLE_S * 10)
+        self._busy = iter(BUSY * 20)
 
     def report(self, *, skip: Sequence[str] = ()) -> None:
         for name, base in self.reports.items():
@@ -315,6 +329,8 @@ class Agents:
             have = {r.id for r in kept}
             for a in reply.assignments:
                 if a.replica_id not in have:
+                    idle_s = next(self._idle)
+                    busy = a.rank == 0 and idle_s < 600
                     kept.append(
                         ReplicaReport(
                             id=a.replica_id,
@@ -323,7 +339,8 @@ class Agents:
                             state=ShardState.READY,
                             gpus=a.gpus,
                             port=8000 + len(kept),
-                            idle_seconds=next(self._idle),
+                            idle_seconds=idle_s,
+                            traffic=next(self._busy) if busy else None,
                         )
                     )
             self.running[name] = kept

@@ -12,6 +12,7 @@ from console_fixtures import H100, Faults, LiveController, Recorded, node_report
 from console_pilot import Clock, loaded, repoll, spy_renders, until
 from fleet_factories import gpu, report
 from rich.text import Text
+from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Checkbox, DataTable, Input
 
@@ -28,7 +29,7 @@ from console.screens.modals import (
 )
 from console.state import backoff
 from console.widgets.keyed_table import KeyedTable
-from console.widgets.nodes import NodesTable
+from console.widgets.nodes import COLUMNS, SORTS, NodesTable, column_widths
 
 MakeApp = Callable[..., ConsoleApp]
 
@@ -119,6 +120,12 @@ async def test_a_drain_from_the_modal_starts_the_drain(make_app: MakeApp, faults
         await until(pilot, lambda: nodes(app).rows_by_name["gpu-a02"].state == "draining")
 
 
+def asked(app: ConsoleApp) -> bool:
+    """The forced drain's second ask is up, its buttons mounted (not just pushed)."""
+    screen = app.screen
+    return isinstance(screen, ForceConfirmModal) and bool(screen.query("#confirm"))
+
+
 async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -137,7 +144,7 @@ async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Fa
         modal.query_one("#timeout", Input).value = "15"
         modal.query_one("#confirm", Button).press()
         # Forcing drops DeepSeek below its minimum: a second, explicit yes naming it.
-        await until(pilot, lambda: isinstance(app.screen, ForceConfirmModal), "the second ask")
+        await until(pilot, lambda: asked(app), "the second ask")
         second = app.screen
         await until(pilot, lambda: second.focused is second.query_one("#cancel", Button), "Cancel")
         assert "deepseek-ai/DeepSeek-V3" in str(second.query_one("#below").render())
@@ -145,7 +152,7 @@ async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Fa
         await pilot.pause()
         assert app.screen is modal and faults.mutations == []
         modal.query_one("#confirm", Button).press()
-        await until(pilot, lambda: isinstance(app.screen, ForceConfirmModal), "asked again")
+        await until(pilot, lambda: asked(app), "asked again")
         app.screen.query_one("#confirm", Button).press()
         await until(pilot, lambda: faults.mutations, "the drain request")
         assert faults.mutations[0].body == {"reason": "psu", "force": True, "force_after_s": 900.0}
@@ -323,19 +330,57 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         await pilot.press("s")  # by state: trouble first
         assert table.get_row_at(0)[1].plain == "gpu-b04"
         assert table.cursor_key == "gpu-a04"
-        await pilot.press("s")  # GPUs used, most first
+        await pilot.press("s")  # reason: nodes with one first, alphabetically
+        assert [table.get_row_at(i)[1].plain for i in range(2)] == ["gpu-b04", "gpu-a03"]
+        await pilot.press("s", "s")  # GPU classes, then GPUs used, most first
         assert table.get_row_at(0)[1].plain in {"gpu-a01", "gpu-a02", "gpu-a05"}
         await pilot.press("S")  # reversed
         assert table.get_row_at(0)[5].plain.startswith("0/")
         assert table.cursor_key == "gpu-a04"
-        await pilot.press("s", "s")  # unhealthy, then report age: oldest first
-        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        # The sorted column's header shows the arrow, whole ("UNH▲", not "UN…").
+        await pilot.press("s")
+        assert table.columns["unh"].label.plain == "UNH▲"
+        assert table.columns["unh"].text_width >= len("UNH▲")
+        await pilot.press("s", "s", "s", "s")  # fabric, models, replicas, report age
+        assert table.get_row_at(0)[1].plain == "gpu-b04"  # oldest first
+        await pilot.press("s")  # and round again to the name
+        assert table.columns["name"].label.plain == "NAME▲"
         order = [table.get_row_at(i)[1].plain for i in range(table.row_count)]
         # Ages inside one bucket (<10s) do not reshuffle rows on refresh.
         controller.clock.advance(3)
         controller.report(node_report("gpu-a02"))
         await repoll(pilot)
         assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
+
+
+def test_s_steps_through_every_column() -> None:
+    sortable = [key for key, _, _ in COLUMNS if key != "mark"]
+    assert [sort.label for sort in SORTS] == sortable
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 200, 250])
+def test_key_columns_fit_at_every_width(width: int) -> None:
+    total = width - 3  # the pane's borders and the scrollbar
+    widths = column_widths(total, len("gpu-a01"))
+    shown = {key for key, w in widths.items() if w != 0}
+    assert {"name", "state", "gpus", "unh", "age"} <= shown
+    used = sum((len("gpu-a01") if w is None else w) + 2 for w in widths.values() if w != 0)
+    assert used == total  # nothing wider than the terminal, and no width left unused
+    if width >= 120:
+        assert shown == {key for key, _, _ in COLUMNS}
+
+
+async def test_sort_cycles_skip_columns_a_narrow_terminal_hides(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        hidden = {key for key, column in table.columns.items() if column.hidden}
+        assert hidden and not hidden & {"name", "state", "gpus", "unh", "age"}
+        seen = []
+        for _ in SORTS:
+            await pilot.press("s")
+            seen.append(SORTS[table.sort_index].label)
+        assert not set(seen) & hidden and "age" in seen
 
 
 async def test_refresh_patches_rows_in_place(
@@ -511,3 +556,96 @@ async def test_controller_changes_show_within_two_seconds(
         # No poll_now(): the one-shot timer alone must bring it in.
         await until(pilot, lambda: table.shown["gpu-a04"][5].plain == "8/8", "the change")
         assert time.monotonic() - t0 < 2.0
+
+
+async def test_rows_age_while_the_controller_is_away(
+    make_app: MakeApp, faults: Faults, clock: Clock
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        assert table.shown["gpu-a01"][-1].plain == "<10s"
+        faults.down = True
+        clock.advance(41)
+        await repoll(pilot)
+        assert app.connection.link == "unreachable"
+        app.screen.tick()  # the screen's one-second tick, without waiting for it
+        await pilot.pause()
+        # 41 s without an answer: the rows say so, not only the header.
+        assert table.shown["gpu-a01"][-1].plain == "40s"
+        clock.advance(60)
+        app.screen.tick()
+        assert table.shown["gpu-a01"][-1].plain == "1m00s"  # minutes, past one
+        faults.down = False
+        await repoll(pilot)  # the controller's own ages again
+        assert table.shown["gpu-a01"][-1].plain == "<10s"
+
+
+async def test_r_retries_at_once_instead_of_waiting_out_the_backoff(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        faults.down = True
+        await repoll(pilot)
+        await repoll(pilot)
+        assert app.connection.link == "unreachable" and app.connection.failures == 2
+        faults.down = False
+        # The next scheduled try is an hour away (the test's refresh); r is now.
+        polls = app.polls
+        await pilot.press("r")
+        await until(pilot, lambda: app.connection.link == "live", "the retry")
+        assert app.polls == polls + 1
+
+
+async def test_a_node_unheard_since_a_controller_restart_says_so(
+    make_app: MakeApp, controller: LiveController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        assert table.shown["gpu-a03"][2].plain == "cordoned (drained)"
+        controller.restart()  # and gpu-a03 (cordoned) does not report again: dead
+        controller.report(node_report("gpu-a01"))
+        await repoll(pilot)
+        # Not plainly `cordoned`, AGE `never`: it may well be dead, and says so.
+        assert table.shown["gpu-a03"][2].plain == "cordoned (no report)"
+        assert table.shown["gpu-a03"][-1].plain == "never"
+        assert table.shown["gpu-a01"][2].plain == "ready"
+        controller.report(node_report("gpu-a03"))  # it was alive after all
+        await repoll(pilot)
+        assert table.shown["gpu-a03"][2].plain == "cordoned (drained)"
+        assert table.shown["gpu-a03"][-1].plain == "<10s"
+
+
+def _burst(app: ConsoleApp, keys: Sequence[str]) -> None:
+    """Keys as a terminal delivers a fast typist's burst: all queued at once,
+    nothing processed in between (Pilot.press waits after every key)."""
+    for key in keys:
+        char = key if len(key) == 1 else {"space": " "}.get(key)
+        app.post_message(events.Key(key, char))
+
+
+@pytest.mark.parametrize(
+    ("keys", "node", "reason"),
+    [
+        ([*"c", *"burst reason number 1", "enter"], "gpu-a01", "burst reason number 1"),
+        # moves, then every console key inside the reason is text
+        ([*"jjjc", *"q/d/u/c/s/r ?", "enter"], "gpu-a04", "q/d/u/c/s/r ?"),
+        # reason box -> Cancel -> Cordon
+        ([*"c", *"ux tab test", "tab", "tab", "enter"], "gpu-a01", "ux tab test"),
+        ([*"c", *"typo", "backspace", "backspace", *"ps", "enter"], "gpu-a01", "typs"),
+    ],
+)
+async def test_a_burst_of_keys_is_taken_in_order(
+    make_app: MakeApp, faults: Faults, keys: list[str], node: str, reason: str
+) -> None:
+    """Without tmux: the same bursts through Textual's own message queue."""
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        _burst(app, keys)
+        await until(pilot, lambda: faults.mutations, "the cordon request")
+        assert faults.mutations == [
+            Recorded("POST", f"/v1/nodes/{node}/cordon", {"reason": reason})
+        ]
+        assert app.is_running

@@ -32,8 +32,15 @@ def test_main_200x50(snap_compare: SnapCompare, make_app: MakeApp) -> None:
 
 
 def test_main_80x24_short_layout(snap_compare: SnapCompare, make_app: MakeApp) -> None:
-    """Under 34 rows the weights and idle panes give way to the nodes table."""
+    """Under 34 rows the weights and idle panes give way to the nodes table;
+    at 80 columns NAME, STATE, GPUS, UNH and AGE stay in view (the reason
+    takes what is left, the other columns wait for a wider terminal)."""
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_loaded)
+
+
+def test_main_250x60_uses_the_width(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    """Every column, and the spare width goes to reasons and models."""
+    assert snap_compare(make_app(), terminal_size=(250, 60), run_before=_loaded)
 
 
 def test_main_readonly_marked_and_filtered(snap_compare: SnapCompare, make_app: MakeApp) -> None:

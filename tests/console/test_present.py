@@ -12,6 +12,7 @@ from console.screens.detail import HistoryTable, title_text
 from console.widgets.summary import IdleTable
 from llmgw import render
 from llmgw.present import (
+    NODE_STATE_WIDTH,
     clock_time,
     duration,
     force_at_words,
@@ -34,7 +35,9 @@ from llmgw.wire import (
 AT = 1_767_000_000.0  # 2025-12-29 09:20:00 UTC
 
 
-def row(state: NodeState, flag: AdminFlag, *, drained: bool = False, age: float = 95.0) -> NodeRow:
+def row(
+    state: NodeState, flag: AdminFlag, *, drained: bool = False, age: float | None = 95.0
+) -> NodeRow:
     admin = AdminInfo(flag=flag, reason="PSU swap", by="carol", at=AT, drained=drained)
     return NodeRow(
         name="gpu-b04",
@@ -86,6 +89,19 @@ def test_state_words_and_styles() -> None:
         "cordoned (drained)"
     )
     assert node_state_words(row(NodeState.READY, AdminFlag.NONE)) == "ready"
+    # Not heard from since the controller started: maybe dead, and said so
+    # (in both front ends), until it reports or its grace runs out.
+    unheard = row(NodeState.CORDONED, AdminFlag.CORDONED, age=None)
+    assert node_state_words(unheard) == "cordoned (no report)"
+    assert node_state_text(unheard).plain == "cordoned (no report)"
+    assert "cordoned (no report)" in render.nodes_table([unheard]).format()
+    assert node_state_words(unheard, 3.0) == "cordoned"  # the console's newer age
+    assert node_state_words(row(NodeState.UNREACHABLE, AdminFlag.NONE, age=None)) == "unreachable"
+    assert all(
+        len(node_state_words(row(s, f, age=None))) <= NODE_STATE_WIDTH
+        for s in NodeState
+        for f in AdminFlag
+    )
     assert style_of("unreachable") == style_of("failed") == "bold red"
     assert style_of("no such word") == ""
 

@@ -41,8 +41,10 @@ def report(
     fabrics: Sequence[str] = ("ib-a",),
     replicas: Sequence[dict[str, Any]] = (),
     interval_s: float = 30.0,
+    engines: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     return {
+        **({"engines": list(engines)} if engines is not None else {}),
         "node": node,
         "agent_version": "test",
         "boot_id": "boot-1",
