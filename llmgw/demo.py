@@ -359,7 +359,8 @@ def gateway_banner(url: str) -> str:
             f"  gateway (OpenAI API, SMG): {url}",
             f"    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
             f"      -d '{body}'",
-            f"    ({ROUTED_MODEL}'s traffic comes through it: Traffic in `llmgw ctl status`)",
+            f"    ({ROUTED_MODEL}'s traffic comes through it:"
+            " its Traffic row in the console and `llmgw ctl status`)",
         ]
     )
 
