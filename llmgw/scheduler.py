@@ -13,12 +13,19 @@ Public API
     Place one replica per request, in request order. Cards taken by one placement
     are not free for the next; an `Unplaceable` takes nothing. Results come back
     in request order. Ask for two replicas of a model by listing its spec twice.
+``placer(nodes) -> (spec, count) -> Fill``
+    A function that places up to ``count`` replicas of ``spec`` per call, each
+    call seeing the cards the earlier calls took. It stops at the first replica
+    that does not fit: capacity only shrinks, so the rest would not fit either,
+    and a reason costs a scan of the fleet. For a caller that spreads placement
+    over time (the reconcile loop yields to its event loop between calls); that
+    caller keeps the snapshot fresh.
 ``plan_drain(specs, replicas, nodes, draining) -> DrainPlan``
     What draining ``draining`` would do to every model with replicas on those
     nodes: how many replicas must move, how many replacements fit elsewhere now,
     and a verdict, worst first.
 
-All three raise `ValueError` when two snapshot entries share a node name.
+All of them raise `ValueError` when two snapshot entries share a node name.
 
 Rules
 -----
@@ -64,14 +71,15 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from llmgw.wire import DrainImpact, DrainPlan, ModelSpec
 
 __all__ = [
+    "Fill",
     "NodeCapacity",
     "Placement",
     "RunningReplica",
@@ -79,6 +87,7 @@ __all__ = [
     "Unplaceable",
     "place",
     "place_many",
+    "placer",
     "plan_drain",
 ]
 
@@ -127,6 +136,14 @@ class Unplaceable:
     reason: str
 
 
+class Fill(NamedTuple):
+    """What one call of a `placer` did: the replicas placed, in order, and why
+    the next one did not fit (None: every replica asked for was placed)."""
+
+    placed: tuple[Placement, ...]
+    unplaceable: Unplaceable | None
+
+
 @dataclass(frozen=True, slots=True)
 class RunningReplica:
     """A replica as the drain pre-check needs it."""
@@ -144,15 +161,20 @@ Verdict = Literal["ok", "below_minimum", "unplaceable"]
 
 def place(spec: ModelSpec, nodes: Iterable[NodeCapacity]) -> Placement | Unplaceable:
     """Place one replica of ``spec`` on ``nodes``."""
-    return _Fleet(nodes).place(spec)
+    return _Allocation(nodes).place(spec)
 
 
 def place_many(
     requests: Sequence[ModelSpec], nodes: Iterable[NodeCapacity]
 ) -> list[Placement | Unplaceable]:
     """Place one replica per request, in order, each seeing the cards the earlier took."""
-    fleet = _Fleet(nodes)
-    return [fleet.place(spec) for spec in requests]
+    allocation = _Allocation(nodes)
+    return [allocation.place(spec) for spec in requests]
+
+
+def placer(nodes: Iterable[NodeCapacity]) -> Callable[[ModelSpec, int], Fill]:
+    """Place up to ``count`` replicas of ``spec`` per call, on one snapshot."""
+    return _Allocation(nodes).place_up_to
 
 
 def plan_drain(
@@ -194,17 +216,12 @@ def plan_drain(
             moving[replica.model] += 1
             ready_moving[replica.model] += replica.ready
 
-    fleet = _Fleet(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
+    allocation = _Allocation(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
     impacts: list[DrainImpact] = []
     for model in sorted(moving):
         spec, need = by_name[model], moving[model]
-        placed, why = 0, ""
-        for _ in range(need):
-            result = fleet.place(spec)
-            if isinstance(result, Unplaceable):
-                why = result.reason  # capacity only shrinks: the rest fail too
-                break
-            placed += 1
+        fill = allocation.place_up_to(spec, need)
+        placed, why = len(fill.placed), fill.unplaceable.reason if fill.unplaceable else ""
         ready_after = ready_now[model] - ready_moving[model] + placed
         verdict: Verdict
         reason: str | None = None
@@ -243,11 +260,52 @@ def plan_drain(
 
 # -- the index -------------------------------------------------------------------------
 
-# (entirely free, free cards on the node, free cards of the class). For a fixed
-# request these sort exactly as the packing rank does.
-_BucketKey = tuple[bool, int, int]
-# (not a holder, entirely free, leftover on node, leftover in class, name): smaller is better.
-_Rank = tuple[bool, bool, int, int, str]
+
+class _BucketKey(NamedTuple):
+    """Where a node sits in a (scope, class) index. For a fixed request these
+    sort exactly as the packing rank does."""
+
+    entirely_free: bool
+    node_free: int  # free cards on the node, every class
+    class_free: int  # free cards of the class
+
+
+class _Rank(NamedTuple):
+    """A candidate node for one shard: smaller is better, field by field."""
+
+    not_holder: bool
+    entirely_free: bool
+    node_leftover: int  # free cards left on the node after the shard
+    class_leftover: int  # free cards of the class left on the node
+    name: str
+
+
+class _FabricScore(NamedTuple):
+    """A fabric's bid for a multi-shard replica: smaller is better, field by field."""
+
+    non_holders: int
+    free_nodes_consumed: int
+    free_blocks_left: int  # best fit: the fabric left with the smallest largest block wins
+    leftover: int  # free cards left on the chosen nodes
+    fabric: str
+    gpu_class: str
+
+
+class _SingleChoice(NamedTuple):
+    """The best node for a single-shard replica so far, and its class (ties by class name)."""
+
+    rank: _Rank
+    gpu_class: str
+
+
+class _MostFree(NamedTuple):
+    """For a reason: the ready node with the most free cards of one class (smallest wins)."""
+
+    minus_free: int
+    node: str
+    gpu_class: str
+
+
 _Scope = str | None  # None: the whole fleet; otherwise a fabric
 
 _MAX_LISTED = 6  # fabrics or classes named in one reason
@@ -261,6 +319,8 @@ class _Node:
     holds: frozenset[str]
     free: dict[str, list[str]]
     total_free: int = field(init=False)
+    # Where the node sits in each class's index: set on entering, read on leaving.
+    keys: dict[str, _BucketKey] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.total_free = sum(len(cards) for cards in self.free.values())
@@ -270,10 +330,10 @@ class _Node:
         return self.total_cards > 0 and self.total_free >= self.total_cards
 
     def key(self, cls: str) -> _BucketKey:
-        return (self.entirely_free, self.total_free, len(self.free.get(cls, ())))
+        return _BucketKey(self.entirely_free, self.total_free, len(self.free.get(cls, ())))
 
 
-class _Fleet:
+class _Allocation:
     """Mutable allocation state for one call: the snapshot, indexed."""
 
     def __init__(self, nodes: Iterable[NodeCapacity]) -> None:
@@ -307,11 +367,10 @@ class _Fleet:
     # -- bookkeeping
 
     def _enter(self, node: _Node, *, presorted: bool = False) -> None:
+        node.keys = {cls: node.key(cls) for cls, cards in node.free.items() if cards}
         for scope in (None, *node.fabrics):
-            for cls, cards in node.free.items():
-                if not cards:
-                    continue
-                bucket = self._buckets[scope, cls].setdefault(node.key(cls), [])
+            for cls, key in node.keys.items():
+                bucket = self._buckets[scope, cls].setdefault(key, [])
                 if presorted:
                     bucket.append(node.name)
                 else:
@@ -322,11 +381,8 @@ class _Fleet:
 
     def _leave(self, node: _Node) -> None:
         for scope in (None, *node.fabrics):
-            for cls, cards in node.free.items():
-                if not cards:
-                    continue
+            for cls, key in node.keys.items():
                 table = self._buckets[scope, cls]
-                key = node.key(cls)
                 bucket = table[key]
                 del bucket[bisect.bisect_left(bucket, node.name)]
                 if not bucket:
@@ -362,13 +418,15 @@ class _Fleet:
         table = self._buckets.get((scope, cls))
         if not table:
             return []
-        keys = sorted(k for k in table if k[2] >= gpus)
+        keys = sorted(k for k in table if k.class_free >= gpus)
         eligible = sum(len(table[k]) for k in keys)
         if eligible < count:
             return []
 
         def rank(holder: bool, key: _BucketKey, name: str) -> _Rank:
-            return (not holder, key[0], key[1] - gpus, key[2] - gpus, name)
+            return _Rank(
+                not holder, key.entirely_free, key.node_free - gpus, key.class_free - gpus, name
+            )
 
         def walk() -> Iterator[tuple[_BucketKey, str]]:
             return ((k, name) for k in keys for name in table[k])
@@ -379,8 +437,8 @@ class _Fleet:
             if len(holders) * 4 < eligible:
                 # Few holders: rank them directly rather than walking every bucket.
                 for name in holders:
-                    key = self._ready[name].key(cls)
-                    if key[2] >= gpus:
+                    key = self._ready[name].keys.get(cls)
+                    if key is not None and key.class_free >= gpus:
                         chosen.append(rank(True, key, name))
                 chosen = sorted(chosen)[:count]
             else:
@@ -398,42 +456,51 @@ class _Fleet:
     def place(self, spec: ModelSpec) -> Placement | Unplaceable:
         gpus, shards = spec.gpus_per_shard, spec.shards
         if shards == 1:
-            single: tuple[_Rank, str] | None = None
+            single: _SingleChoice | None = None
             for cls in [spec.gpu_class] if spec.gpu_class else self._classes(None):
                 picked = self._pick(None, cls, gpus, 1, spec.name)
                 if picked and (single is None or (picked[0], cls) < single):
-                    single = (picked[0], cls)
+                    single = _SingleChoice(picked[0], cls)
             if single is None:
                 return Unplaceable(spec.name, self._why_single(spec))
-            return self._commit(spec, None, single[1], [single[0]])
+            return self._commit(spec, None, single.gpu_class, [single.rank])
 
-        best: tuple[tuple[int, int, int, int, str, str], list[_Rank]] | None = None
+        best: tuple[_FabricScore, list[_Rank]] | None = None
         for fabric in self._fabrics:
             for cls in [spec.gpu_class] if spec.gpu_class else self._classes(fabric):
                 picked = self._pick(fabric, cls, gpus, shards, spec.name)
                 if not picked:
                     continue
-                consumed = sum(r[1] for r in picked)
-                score = (
-                    sum(r[0] for r in picked),  # non-holders: fewer is better
-                    consumed,
-                    self._free_block[fabric] - consumed,  # best fit on free blocks
-                    sum(r[2] for r in picked),
-                    fabric,
-                    cls,
+                consumed = sum(r.entirely_free for r in picked)
+                score = _FabricScore(
+                    non_holders=sum(r.not_holder for r in picked),
+                    free_nodes_consumed=consumed,
+                    free_blocks_left=self._free_block[fabric] - consumed,
+                    leftover=sum(r.node_leftover for r in picked),
+                    fabric=fabric,
+                    gpu_class=cls,
                 )
                 if best is None or score < best[0]:
                     best = (score, picked)
         if best is None:
             return Unplaceable(spec.name, self._why_multi(spec))
         score, picked = best
-        return self._commit(spec, score[4], score[5], picked)
+        return self._commit(spec, score.fabric, score.gpu_class, picked)
+
+    def place_up_to(self, spec: ModelSpec, count: int) -> Fill:
+        placed: list[Placement] = []
+        for _ in range(count):
+            result = self.place(spec)
+            if isinstance(result, Unplaceable):
+                return Fill(tuple(placed), result)
+            placed.append(result)
+        return Fill(tuple(placed), None)
 
     def _commit(
         self, spec: ModelSpec, fabric: str | None, cls: str, picked: list[_Rank]
     ) -> Placement:
         shards = tuple(
-            ShardPlacement(node=r[4], rank=i, gpus=self._take(r[4], cls, spec.gpus_per_shard))
+            ShardPlacement(node=r.name, rank=i, gpus=self._take(r.name, cls, spec.gpus_per_shard))
             for i, r in enumerate(picked)
         )
         return Placement(model=spec.name, fabric=fabric, shards=shards, gpu_class=cls)
@@ -468,20 +535,22 @@ class _Fleet:
         if cls is not None and (missing := self._missing_class(cls)):
             return f"{want}; {missing}"
         # Most free, then first by name: (-count, name, class) is smallest.
-        most = min(
-            (
-                (-len(cards), node.name, c)
-                for node in self._ready.values()
-                for c, cards in node.free.items()
-                if cls is None or c == cls
-            ),
-            default=(0, "", ""),
+        most = _MostFree(
+            *min(
+                (
+                    (-len(cards), node.name, c)
+                    for node in self._ready.values()
+                    for c, cards in node.free.items()
+                    if cls is None or c == cls
+                ),
+                default=(0, "", ""),
+            )
         )
-        if most[0] == 0:
+        if most.minus_free == 0:
             return f"{want}; no ready node has a free one"
-        where = most[1] if cls else f"{most[2]} on {most[1]}"
+        where = most.node if cls else f"{most.gpu_class} on {most.node}"
         kind = "" if cls else " of one class"
-        return f"{want}; most free{kind} on a ready node: {-most[0]} ({where})"
+        return f"{want}; most free{kind} on a ready node: {-most.minus_free} ({where})"
 
     def _why_multi(self, spec: ModelSpec) -> str:
         gpus, cls, shards = spec.gpus_per_shard, spec.gpu_class, spec.shards
