@@ -122,6 +122,8 @@ class FleetState:
         # Running sums for the summary, and what each node last put into them.
         self.totals = FleetTotals()
         self._facts: dict[str, NodeFacts] = {}
+        # Moves whenever something placement reads may have changed (see `capacity_version`).
+        self._capacity_version = 0
         # (moment a node turns unreachable, node): popped lazily as time passes.
         self._deadlines: list[tuple[float, str]] = []
         # First sightings are written in batches: one fsync per node would stall
@@ -182,6 +184,14 @@ class FleetState:
             if rid in self._records:
                 self._gateway_activity[rid] = now
 
+    @property
+    def capacity_version(self) -> int:
+        """Moves whenever something placement reads may have changed: a node's facts
+        (state, cards, fabrics, weights held), a node forgotten, replicas placed or
+        removed, model specs. The reconcile loop tries a model that cannot be placed
+        again only once this has moved, not on every pass."""
+        return self._capacity_version
+
     # -- the change log ----------------------------------------------------------------
 
     @property
@@ -236,6 +246,7 @@ class FleetState:
         )
         old = self._facts.get(name)
         if old != facts:
+            self._capacity_version += 1
             if old is not None:
                 self.totals.remove(old)
             self.totals.add(facts)
@@ -319,7 +330,10 @@ class FleetState:
                 for n in rec.nodes
             )
         digest = digest_report(report, now, self.assigned_gpus(report.node))
+        cards = entry.cards
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        if entry.cards is not cards:  # kept when equal: a new object is a change
+            self._capacity_version += 1
         self._watch(report.node, now)
         self.advance_time(now)
         return now
@@ -490,6 +504,7 @@ class FleetState:
             self._log.append(ChangeKind.ADMIN, name)
         self._drain_blocked.pop(name, None)
         del self._entries[name]
+        self._capacity_version += 1
         self._rows.pop(name, None)
         self._replies.pop(name, None)
         old = self._facts.pop(name, None)
@@ -510,6 +525,7 @@ class FleetState:
         for spec in specs:
             self._models[spec.name] = spec
             self._log.append(ChangeKind.MODEL, spec.name)
+        self._capacity_version += 1
         # Source, engine and arguments in assignments come from the specs.
         names = {s.name for s in specs}
         self._assignments_changed(
@@ -522,6 +538,7 @@ class FleetState:
         self._store.delete_model(name)  # its backoff goes with it
         del self._models[name]
         self._log.append(ChangeKind.MODEL, name)
+        self._capacity_version += 1
         if self._backoffs.pop(name, None) is not None:
             self._log.append(ChangeKind.BACKOFF, name)
         self.set_unplaceable(name, None)
@@ -592,6 +609,7 @@ class FleetState:
         self._replicas_moved(touched)
 
     def _replicas_moved(self, touched: set[str]) -> None:
+        self._capacity_version += 1
         self._index_records()
         self._assignments_changed(touched)
         for node in touched:

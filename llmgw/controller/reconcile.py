@@ -14,6 +14,15 @@ Every tick, from the fleet's current facts:
 4. Every model keeps ready + starting >= its minimum; what cannot be placed
    says why.
 
+The work of a pass is bounded whatever the specs say (a spec may ask for
+10,000 replicas): a model that did not fit is tried again only once the
+fleet's capacity has moved (`FleetState.capacity_version`) or its spec has
+changed, and then once, not once per missing replica; a pass makes at most
+`attempts_per_pass` placement attempts (the rest wait for the next pass, which
+starts with the models this one did not reach); and `run` yields to the event
+loop between slices of at most `attempts_per_slice` attempts or `slice_s`
+seconds, so reports and requests are served in between.
+
 Placement itself is `llmgw.scheduler`, pure functions over a snapshot.
 Everything a tick decides is written to the store before the next report's
 reply carries it, so a controller killed at any moment resumes without
@@ -23,27 +32,50 @@ duplicating or losing a replica.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import re
 import secrets
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
-from llmgw.scheduler import NodeCapacity, Placement, RunningReplica, place_many, plan_drain
+from llmgw.scheduler import (
+    Fill,
+    NodeCapacity,
+    Placement,
+    RunningReplica,
+    place_many,
+    placer,
+    plan_drain,
+)
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
 
 log = logging.getLogger("llmgw.reconcile")
+
+# Placement attempts (one replica each) a pass may make, and per slice between
+# two yields to the event loop. An attempt costs microseconds when it places and
+# up to a scan of the fleet when it does not (the reason).
+ATTEMPTS_PER_PASS = 256
+ATTEMPTS_PER_SLICE = 32
+SLICE_S = 0.005
 
 
 def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> list[NodeCapacity]:
     """What placement may use: healthy idle cards not held by any replica."""
     excluded = set(excluded)
+    # A node holds a model when it has weights under the model's name or source:
+    # looked up per weight held, not per declared model (200 models x 2,000 nodes).
+    by_weights: dict[str, set[str]] = defaultdict(set)
+    for spec in fleet.models.values():
+        by_weights[spec.name].add(spec.name)
+        by_weights[spec.source].add(spec.name)
     out = []
     for name, entry in fleet.nodes.items():
         assigned = fleet.assigned_gpus(name)
@@ -52,11 +84,7 @@ def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> lis
             free.setdefault(cls, [])
             if usable and uuid not in assigned:
                 free[cls].append(uuid)
-        holds = {
-            spec.name
-            for spec in fleet.models.values()
-            if spec.name in entry.digest.models or spec.source in entry.digest.models
-        }
+        holds = {model for held in entry.digest.models for model in by_weights.get(held, ())}
         out.append(
             NodeCapacity(
                 name=name,
@@ -106,16 +134,43 @@ def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
     return plan_drain(fleet.models.values(), running, snapshot(fleet, now), set(nodes))
 
 
+class _Want(NamedTuple):
+    spec: ModelSpec
+    missing: int
+
+
+class _Tried(NamedTuple):
+    """A model that did not fit: the spec tried, and the fleet's capacity version then."""
+
+    spec: ModelSpec
+    version: int
+
+
 class Reconciler:
     def __init__(
         self,
         fleet: FleetState,
         gate: StopGate | None = None,
         on_pass: Callable[[float, bool], None] | None = None,
+        *,
+        attempts_per_pass: int = ATTEMPTS_PER_PASS,
+        attempts_per_slice: int = ATTEMPTS_PER_SLICE,
+        slice_s: float = SLICE_S,
     ) -> None:
+        if attempts_per_pass < 1 or attempts_per_slice < 1:
+            raise ValueError("a pass and a slice must each allow at least one placement attempt")
         self.fleet = fleet
         self.gate = gate
-        self.on_pass = on_pass  # told each pass's duration and whether it failed (metrics)
+        # Told each pass's time on the event loop and whether it failed (metrics).
+        self.on_pass = on_pass
+        self.attempts_per_pass = attempts_per_pass
+        self.attempts_per_slice = attempts_per_slice
+        self.slice_s = slice_s
+        # Models that did not fit. While spec and capacity are the same, trying
+        # again would give the same answer.
+        self._did_not_fit: dict[str, _Tried] = {}
+        # Where the next pass starts when one ran out of attempts: (model, just after it).
+        self._resume: tuple[str, bool] | None = None
 
     def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
@@ -123,19 +178,34 @@ class Reconciler:
 
     async def run(self, interval_s: float) -> None:
         while True:
-            t0, failed = time.perf_counter(), False
-            try:
-                self.tick()
-            except StoreUnavailable:
-                pass  # the store logs once per outage; the next tick tries again
-            except Exception:  # one bad tick must not stop reconciling
-                failed = True
-                log.exception("reconcile tick failed")
-            if self.on_pass is not None:
-                self.on_pass(time.perf_counter() - t0, failed)
+            await self.run_pass()
             await asyncio.sleep(interval_s)
 
+    async def run_pass(self) -> None:
+        """One pass, letting the event loop run between its slices."""
+        held, failed = 0.0, False
+        t0 = time.perf_counter()
+        try:
+            for _ in self.steps():
+                held += time.perf_counter() - t0
+                await asyncio.sleep(0)
+                t0 = time.perf_counter()
+        except StoreUnavailable:
+            pass  # the store logs once per outage; the next pass tries again
+        except Exception:  # one bad pass must not stop reconciling
+            failed = True
+            log.exception("reconcile tick failed")
+        held += time.perf_counter() - t0
+        if self.on_pass is not None:
+            self.on_pass(held, failed)
+
     def tick(self) -> None:
+        """One whole pass without yielding (tests and benches)."""
+        for _ in self.steps():
+            pass
+
+    def steps(self) -> Iterator[None]:
+        """One pass, in slices: it yields where other work may run in between."""
         fleet = self.fleet
         now, wall = fleet.clock(), fleet.wall()
         fleet.advance_time(now)
@@ -144,7 +214,8 @@ class Reconciler:
         self._replace_lost(now)
         self._cancel_stopped_drains()
         self._drain(now, wall)
-        self._fill_shortfalls(now, wall)
+        yield
+        yield from self._fill_shortfalls()
 
     # -- 1. what the agents report ---------------------------------------------------
 
@@ -271,7 +342,72 @@ class Reconciler:
 
     # -- 4. minimums ------------------------------------------------------------------------------
 
-    def _fill_shortfalls(self, now: float, wall: float) -> None:
+    def _fill_shortfalls(self) -> Iterator[None]:
+        """Place what models miss, a slice at a time. Each slice commits what it
+        placed before yielding; after a yield, anything that moved the fleet's
+        capacity means a fresh look (shortfalls and snapshot) before going on."""
+        fleet = self.fleet
+        attempts_left = self.attempts_per_pass
+        done: set[str] = set()  # models dealt with in this pass
+        started: set[str] = set()  # models that got a replica in this pass
+        wants: deque[_Want] = deque()
+        place_up_to: Callable[[ModelSpec, int], Fill] | None = None
+        seen_version: int | None = None
+        while True:
+            now, wall = fleet.clock(), fleet.wall()
+            fleet.advance_time(now)
+            if fleet.capacity_version != seen_version:
+                wants, place_up_to = self._shortfalls(wall, done), None
+            if not wants:
+                self._resume = None
+                return
+            if attempts_left == 0:
+                # The next pass begins with the models this one did not reach.
+                head = wants[0].spec.name
+                self._resume = (head, head in started)
+                return
+            if place_up_to is None:
+                place_up_to = placer(snapshot(fleet, now))
+            version = fleet.capacity_version
+            placed: list[ReplicaRecord] = []
+            settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
+            slice_left, slice_end = self.attempts_per_slice, time.perf_counter() + self.slice_s
+            while wants and slice_left and attempts_left and time.perf_counter() < slice_end:
+                spec, missing = wants[0]
+                fill = place_up_to(spec, min(missing, slice_left, attempts_left))
+                used = len(fill.placed) + (fill.unplaceable is not None)
+                slice_left, attempts_left = slice_left - used, attempts_left - used
+                placed.extend(record_from(p, wall) for p in fill.placed)
+                if fill.placed:
+                    started.add(spec.name)
+                if fill.unplaceable is not None:
+                    wants.popleft()
+                    done.add(spec.name)
+                    settled.append((spec.name, fill.unplaceable.reason))
+                    # Tried at `version`; a placement committed below moves the
+                    # version, so this model is looked at once more next pass.
+                    self._did_not_fit[spec.name] = _Tried(spec, version)
+                elif len(fill.placed) == missing:
+                    wants.popleft()
+                    done.add(spec.name)
+                    settled.append((spec.name, None))
+                    self._did_not_fit.pop(spec.name, None)
+                else:  # out of attempts for this slice or pass: it fits, the rest comes later
+                    wants[0] = _Want(spec, missing - len(fill.placed))
+                    settled.append((spec.name, None))
+            fleet.put_replicas(placed)
+            for name, why in settled:
+                fleet.set_unplaceable(name, why)
+            if placed:
+                log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
+            seen_version = fleet.capacity_version
+            yield
+
+    def _shortfalls(self, wall: float, done: set[str]) -> deque[_Want]:
+        """The models to try now, in name order from where the last pass stopped.
+
+        Satisfied models lose their reason; models backing off, and those that
+        did not fit with the same spec at the same capacity, are not tried."""
         fleet = self.fleet
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         active: dict[str, int] = defaultdict(int)
@@ -279,25 +415,30 @@ class Reconciler:
             # A draining replica and its stand-in are one replica between them.
             if r.state is not ReplicaState.FAILED and r.id not in replaced:
                 active[r.model] += 1
-        requests: list[ModelSpec] = []
-        for name, spec in sorted(fleet.models.items()):
+        for gone in self._did_not_fit.keys() - fleet.models.keys():
+            del self._did_not_fit[gone]
+        names = sorted(fleet.models)
+        first = 0
+        if self._resume is not None:
+            name, after = self._resume
+            first = (bisect.bisect_right if after else bisect.bisect_left)(names, name)
+        version = fleet.capacity_version
+        wants: deque[_Want] = deque()
+        for name in names[first:] + names[:first]:
+            if name in done:
+                continue
+            spec = fleet.models[name]
             missing = spec.min_replicas - active[name]
             if missing <= 0:
                 fleet.set_unplaceable(name, None)
-            elif not fleet.backing_off(name, wall):
-                requests.extend([spec] * missing)
-        if not requests:
-            return
-        results = place_many(requests, snapshot(fleet, now))
-        placed = []
-        unplaced: dict[str, str] = {}
-        for spec, result in zip(requests, results, strict=True):
-            if isinstance(result, Placement):
-                placed.append(record_from(result, wall))
+                self._did_not_fit.pop(name, None)
+            elif fleet.backing_off(name, wall):
+                continue
+            elif (tried := self._did_not_fit.get(name)) and (tried.spec, tried.version) == (
+                spec,
+                version,
+            ):
+                continue  # nothing it needs has changed since it did not fit
             else:
-                unplaced.setdefault(spec.name, result.reason)
-        fleet.put_replicas(placed)
-        for spec in requests:
-            fleet.set_unplaceable(spec.name, unplaced.get(spec.name))
-        if placed:
-            log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
+                wants.append(_Want(spec, missing))
+        return wants
