@@ -1,16 +1,20 @@
 """The reconcile loop against a simulated fleet: placement, failure backoff,
-lost nodes, drains that move work, and restarts that lose nothing."""
+lost nodes, drains that move work, restarts that lose nothing, and passes whose
+work is bounded whatever the specs ask for."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-from fleet_factories import FakeClock, location, make_fleet, report
+from fleet_factories import FakeClock, gpu, location, make_fleet, report
 
-from llmgw.controller.reconcile import Reconciler, drain_plan
+import llmgw.scheduler
+from llmgw.controller.reconcile import Reconciler, drain_plan, snapshot
+from llmgw.scheduler import Placement, Unplaceable, place
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
 
 MODEL = ModelSpec(name="llama", source="meta/llama-8b", min_replicas=2, gpus_per_shard=4)
@@ -25,6 +29,7 @@ class Sim:
         self.state_dir, self.clock, self.settings = state_dir, clock, settings
         self.nodes = list(nodes)
         self.weights: dict[str, list[str]] = {}
+        self.gpu_class: dict[str, str] = {}  # nodes whose cards are not the default class
         self.failing: set[str] = set()  # nodes whose engines crash
         self.down: set[str] = set()
         self.fleet = make_fleet(state_dir, clock, backoff_base_s=10.0, **settings)
@@ -51,7 +56,9 @@ class Sim:
             for a in assigned
         ]
         storage = [location("/models", self.weights[node])] if node in self.weights else None
-        self.fleet.ingest(report(node, replicas=shards, storage=storage))
+        cls = self.gpu_class.get(node)
+        gpus = [gpu(node, i, cls) for i in range(8)] if cls else None
+        self.fleet.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
 
     def step(self, ready: bool = True, seconds: float = 1.0) -> None:
         """One report interval: every live agent reports, then one tick."""
@@ -431,3 +438,230 @@ def test_a_forced_drain_survives_a_restart(tmp_path: Path, clock: FakeClock) -> 
     sim.step()
     assert sim.fleet.assignments_for("gpu1") == []
     assert sim.fleet.row("gpu1").admin.drained
+
+
+# -- bounded passes (issue 10 item 3) ---------------------------------------------------
+
+BIG = ModelSpec(name="big", source="x", min_replicas=10_000, gpus_per_shard=64, engine="fake")
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every placement attempt the scheduler makes (one replica each), by model."""
+    made: list[str] = []
+    real = llmgw.scheduler._Allocation.place
+
+    def counting(self: llmgw.scheduler._Allocation, spec: ModelSpec) -> Placement | Unplaceable:
+        made.append(spec.name)
+        return real(self, spec)
+
+    monkeypatch.setattr(llmgw.scheduler._Allocation, "place", counting)
+    return made
+
+
+def scheduler_says(sim: Sim, spec: ModelSpec, attempts: list[str]) -> str:
+    """The reason the scheduler gives for `spec` on the fleet as it is (not counted)."""
+    result = place(spec, snapshot(sim.fleet, sim.clock()))
+    attempts.pop()
+    assert isinstance(result, Unplaceable), result
+    return result.reason
+
+
+def reasons_everywhere(sim: Sim, model: str) -> set[str | None]:
+    """What every view says about why `model` cannot be placed (the summary lists
+    only models short of their minimum with none starting)."""
+    [view] = [v for v in sim.fleet.model_views() if v.spec.name == model]
+    return {
+        sim.fleet.unplaceable_reasons.get(model),
+        sim.fleet.summary().unplaceable_reasons.get(model),
+        view.unplaceable_reason,
+    }
+
+
+def test_a_model_that_cannot_fit_is_tried_once_per_capacity_change(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.fleet.put_models([BIG])
+    sim.step()
+    assert attempts == ["big"]  # not 10,000 attempts
+    assert reasons_everywhere(sim, "big") == {scheduler_says(sim, BIG, attempts)}
+    attempts.clear()
+    for _ in range(5):  # every agent reports, nothing changes
+        sim.step()
+    assert attempts == []
+    sim.nodes.append("gpu3")  # a new node reports: capacity moved
+    sim.step()
+    assert attempts == ["big"]
+    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")  # and again
+    sim.step()
+    sim.step()
+    assert attempts == ["big", "big"]
+    assert reasons_everywhere(sim, "big") == {scheduler_says(sim, BIG, attempts)}
+
+
+def test_a_model_that_did_not_fit_is_placed_once_capacity_arrives(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    b200 = ModelSpec(name="b200", source="s", min_replicas=2, gpus_per_shard=8, gpu_class="B200")
+    sim.fleet.put_models([b200])
+    sim.step()
+    sim.step()
+    assert reasons_everywhere(sim, "b200") == {
+        "needs 1 node with 8 free B200; no ready node has GPUs of class B200;"
+        " ready nodes have H100-SXM-80GB"
+    }
+    attempts.clear()
+    sim.gpu_class["gpu3"] = "B200"
+    sim.nodes.append("gpu3")
+    sim.step()
+    assert [nodes for _, _, nodes in sim.replicas("b200")] == [("gpu3",)]
+    assert attempts == ["b200", "b200"]  # the first fits, the second does not
+    sim.step()  # ready: the summary counts the model as short again
+    assert reasons_everywhere(sim, "b200") == {
+        "needs 1 node with 8 free B200; no ready node has a free one"
+    }
+    sim.gpu_class["gpu4"] = "B200"
+    sim.nodes.append("gpu4")
+    sim.step()
+    assert sorted(nodes for _, _, nodes in sim.replicas("b200")) == [("gpu3",), ("gpu4",)]
+    assert reasons_everywhere(sim, "b200") == {None}
+
+
+def test_a_model_is_not_tried_again_for_its_other_missing_replicas_in_a_pass(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    many = MODEL.model_copy(update={"min_replicas": 10_000, "gpus_per_shard": 8})
+    sim.fleet.put_models([many])
+    sim.step()
+    assert attempts == ["llama"] * 3  # two fit, the third does not, the rest are not tried
+    assert len(sim.replicas()) == 2
+    # Its own placements moved capacity: one more look, then none until something changes.
+    sim.step()
+    sim.step()
+    sim.step()
+    assert attempts == ["llama"] * 4
+    assert reasons_everywhere(sim, "llama") == {scheduler_says(sim, many, attempts)}
+
+
+def test_a_pass_makes_at_most_its_attempts_and_the_next_goes_on_fairly(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_pass=5)
+    one_gpu = {"gpus_per_shard": 1}
+    a = MODEL.model_copy(update={"name": "a", "min_replicas": 12, **one_gpu})
+    b = MODEL.model_copy(update={"name": "b", "min_replicas": 1, **one_gpu})
+    sim.fleet.put_models([a, b])
+    counts = []
+    for _ in range(4):
+        sim.step(ready=False)
+        counts.append((len(sim.replicas("a")), len(sim.replicas("b"))))
+    # The first pass spends its 5 on "a"; the next starts after it, so "b" is not
+    # kept waiting until "a" has all 12.
+    assert counts == [(5, 0), (9, 1), (12, 1), (12, 1)]
+    assert len(attempts) == 5 + 5 + 3
+    assert reasons_everywhere(sim, "a") == {None} == reasons_everywhere(sim, "b")
+
+
+async def test_the_event_loop_runs_between_the_slices_of_a_pass(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 20, "gpus_per_shard": 1})])
+    seen: list[int] = []
+
+    async def other_work() -> None:
+        while True:
+            seen.append(len(sim.fleet.records))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    await sim.reconciler.run_pass()
+    task.cancel()
+    assert len(sim.replicas()) == 20
+    # Another task ran after every slice, and each slice had committed its work.
+    assert sorted(set(seen)) == [0, 4, 8, 12, 16, 20]
+
+
+async def test_a_change_between_slices_is_seen_by_the_next(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    """A node cordoned while the pass is yielding gets nothing more from it."""
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0)
+    many = MODEL.model_copy(update={"min_replicas": 16, "gpus_per_shard": 1})
+    sim.fleet.put_models([many])
+    before_cordon: set[str] = set()
+
+    async def operator() -> None:
+        for _ in range(100):  # until the first slice has committed
+            await asyncio.sleep(0)
+            if sim.fleet.records:
+                break
+        before_cordon.update(sim.fleet.records)
+        sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
+
+    task = asyncio.create_task(operator())
+    await sim.reconciler.run_pass()
+    await task
+    after = [r for r in sim.fleet.records.values() if r.id not in before_cordon]
+    assert len(before_cordon) == 4 and len(after) == 8 - sum(
+        r.nodes == ("gpu1",) for r in sim.fleet.records.values() if r.id in before_cordon
+    )
+    assert all(r.nodes == ("gpu1",) for r in after)
+    sim.step()
+    assert reasons_everywhere(sim, "llama") == {scheduler_says(sim, many, attempts)}
+
+
+def test_a_reconciler_needs_room_for_one_attempt(tmp_path: Path, clock: FakeClock) -> None:
+    fleet = make_fleet(tmp_path, clock)
+    with pytest.raises(ValueError, match="at least one placement attempt"):
+        Reconciler(fleet, attempts_per_pass=0)
+    with pytest.raises(ValueError, match="at least one placement attempt"):
+        Reconciler(fleet, attempts_per_slice=0)
+
+
+def test_capacity_version_moves_with_what_placement_reads_and_only_then(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    fleet = sim.fleet
+    moves: list[str] = []
+
+    def check(what: str, action: object = None) -> None:
+        before = fleet.capacity_version
+        if callable(action):
+            action()
+        fleet.advance_time()
+        if fleet.capacity_version != before:
+            moves.append(what)
+
+    check("unchanged report", lambda: sim.report("gpu1"))
+    check("new node", lambda: sim.report("gpu3"))
+    busy = [gpu("gpu1", i, in_use=i == 0) for i in range(8)]
+    check("a card in use", lambda: fleet.ingest(report("gpu1", gpus=busy)))
+    swapped = [*busy[:7], gpu("gpu1", 9)]  # same counts, another card
+    check("a card swapped", lambda: fleet.ingest(report("gpu1", gpus=swapped)))
+    check("weights", lambda: (sim.weights.update(gpu2=["m"]), sim.report("gpu2")))
+    check("cordon", lambda: fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops"))
+    check("model", lambda: fleet.put_models([MODEL]))
+    check("placed", sim.reconciler.tick)
+    check("time passes, nothing due", lambda: clock.advance(1))
+    check("unreachable", lambda: clock.advance(60))
+    check("forgotten", lambda: fleet.forget_node("gpu3", "ops"))
+    assert moves == [
+        "new node",
+        "a card in use",
+        "a card swapped",
+        "weights",
+        "cordon",
+        "model",
+        "placed",
+        "unreachable",
+        "forgotten",
+    ]
