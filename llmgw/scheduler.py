@@ -343,6 +343,10 @@ class _Allocation:
         self._free_block: dict[str, int] = defaultdict(int)  # fabric -> entirely free nodes
         self._holders_by_model: dict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, _Scope], frozenset[str]] = {}
+        # Shapes (shards, GPUs per shard, class) that did not fit, with the reason,
+        # until cards are taken. Neither depends on the model's name or weights, so
+        # 200 models of one shape that cannot fit cost one scan of the fleet, not 200.
+        self._refused: dict[tuple[int, int, str | None], str] = {}
         seen: set[str] = set()
         for cap in sorted(nodes, key=lambda n: n.name):
             if cap.name in seen:
@@ -393,6 +397,7 @@ class _Allocation:
 
     def _take(self, name: str, cls: str, count: int) -> tuple[str, ...]:
         node = self._ready[name]
+        self._refused.clear()  # only an untouched fleet refuses the same way
         self._leave(node)
         cards = node.free[cls]
         taken, node.free[cls] = tuple(cards[:count]), cards[count:]
@@ -454,6 +459,16 @@ class _Allocation:
         return sorted(cls for (s, cls), table in self._buckets.items() if s == scope and table)
 
     def place(self, spec: ModelSpec) -> Placement | Unplaceable:
+        shape = (spec.shards, spec.gpus_per_shard, spec.gpu_class)
+        refused = self._refused.get(shape)
+        if refused is not None:
+            return Unplaceable(spec.name, refused)
+        result = self._place(spec)
+        if isinstance(result, Unplaceable):
+            self._refused[shape] = result.reason
+        return result
+
+    def _place(self, spec: ModelSpec) -> Placement | Unplaceable:
         gpus, shards = spec.gpus_per_shard, spec.shards
         if shards == 1:
             single: _SingleChoice | None = None

@@ -21,7 +21,8 @@ changed, and then once, not once per missing replica; a pass makes at most
 `attempts_per_pass` placement attempts (the rest wait for the next pass, which
 starts with the models this one did not reach); and `run` yields to the event
 loop between slices of at most `attempts_per_slice` attempts or `slice_s`
-seconds, so reports and requests are served in between.
+seconds, for as long as the slice took, so reports and requests are served in
+between.
 
 Placement itself is `llmgw.scheduler`, pure functions over a snapshot.
 Everything a tick decides is written to the store before the next report's
@@ -187,8 +188,12 @@ class Reconciler:
         t0 = time.perf_counter()
         try:
             for _ in self.steps():
-                held += time.perf_counter() - t0
-                await asyncio.sleep(0)
+                took = time.perf_counter() - t0
+                held += took
+                # As long again for everything else: a pass with much to do takes
+                # at most half the loop. (A request needs several turns of the
+                # loop; one `sleep(0)` per slice would give it one.)
+                await asyncio.sleep(took)
                 t0 = time.perf_counter()
         except StoreUnavailable:
             pass  # the store logs once per outage; the next pass tries again

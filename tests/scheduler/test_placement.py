@@ -273,6 +273,27 @@ def test_a_placers_calls_see_what_the_earlier_took() -> None:
     )
 
 
+def test_a_shape_that_did_not_fit_is_refused_alike_until_cards_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scans: list[str] = []
+    real = llmgw.scheduler._Allocation._why_single
+
+    def counting(self: llmgw.scheduler._Allocation, s: ModelSpec) -> str:
+        scans.append(s.name)
+        return real(self, s)
+
+    monkeypatch.setattr(llmgw.scheduler._Allocation, "_why_single", counting)
+    nodes = [node("a", 4, total=8), node("b", 6, total=8)]
+    big = [spec(name, gpus=7) for name in ("x", "y")]
+    results = place_many([*big, spec("small", gpus=5), spec("z", gpus=7)], nodes)
+    assert scans == ["x", "z"]  # "y" is refused like "x"; a placement in between forgets it
+    assert [r.model for r in results] == ["x", "y", "small", "z"]
+    assert refused(results[0]) == refused(results[1]) == refused(place(big[1], nodes))
+    assert refused(results[3]) == refused(place_many([spec(gpus=5), spec(gpus=7)], nodes)[1])
+    assert refused(results[0]) != refused(results[3])  # most free: 6 on b, then 4 on a
+
+
 # -- reasons ---------------------------------------------------------------------------
 
 
