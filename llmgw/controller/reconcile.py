@@ -348,21 +348,29 @@ class Reconciler:
     # -- 4. minimums ------------------------------------------------------------------------------
 
     def _fill_shortfalls(self) -> Iterator[None]:
-        """Place what models miss, a slice at a time. Each slice commits what it
-        placed before yielding; after a yield, anything that moved the fleet's
-        capacity means a fresh look (shortfalls and snapshot) before going on."""
+        """Place what models miss, a slice at a time, each slice committing what it
+        placed before yielding.
+
+        One snapshot serves the whole pass: rebuilding it after every yield in
+        which some report moved capacity would cost a fleet-wide scan per slice.
+        Once something else has moved capacity, each placement is checked against
+        the fleet as it is before it is committed (a cordoned node, a card taken
+        meanwhile), and a model that did not fit is looked at again next pass."""
         fleet = self.fleet
         attempts_left = self.attempts_per_pass
         done: set[str] = set()  # models dealt with in this pass
         started: set[str] = set()  # models that got a replica in this pass
         wants: deque[_Want] = deque()
         place_up_to: Callable[[ModelSpec, int], Fill] | None = None
+        basis = 0  # the capacity version the placer's picture of the fleet is from
+        stale = False  # capacity moved under the placer, by something other than it
         seen_version: int | None = None
         while True:
             now, wall = fleet.clock(), fleet.wall()
             fleet.advance_time(now)
-            if fleet.capacity_version != seen_version:
-                wants, place_up_to = self._shortfalls(wall, done), None
+            if fleet.capacity_version != seen_version:  # first slice, or moved meanwhile
+                stale = stale or seen_version is not None
+                wants = self._shortfalls(wall, done)
             if not wants:
                 self._resume = None
                 return
@@ -373,7 +381,7 @@ class Reconciler:
                 return
             if place_up_to is None:
                 place_up_to = placer(snapshot(fleet, now))
-            version = fleet.capacity_version
+                basis, stale = fleet.capacity_version, False
             placed: list[ReplicaRecord] = []
             settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
             slice_left, slice_end = self.attempts_per_slice, time.perf_counter() + self.slice_s
@@ -382,16 +390,22 @@ class Reconciler:
                 fill = place_up_to(spec, min(missing, slice_left, attempts_left))
                 used = len(fill.placed) + (fill.unplaceable is not None)
                 slice_left, attempts_left = slice_left - used, attempts_left - used
-                placed.extend(record_from(p, wall) for p in fill.placed)
-                if fill.placed:
+                good = [p for p in fill.placed if not stale or self._still_free(p, now)]
+                placed.extend(record_from(p, wall) for p in good)
+                if good:
                     started.add(spec.name)
+                if len(good) < len(fill.placed):
+                    # The placer's picture is out of date where it matters: a fresh one.
+                    wants[0] = _Want(spec, missing - len(good))
+                    place_up_to = None
+                    break
                 if fill.unplaceable is not None:
                     wants.popleft()
                     done.add(spec.name)
                     settled.append((spec.name, fill.unplaceable.reason))
-                    # Tried at `version`; a placement committed below moves the
-                    # version, so this model is looked at once more next pass.
-                    self._did_not_fit[spec.name] = _Tried(spec, version)
+                    # Tried on the fleet as of `basis`: any placement committed since
+                    # moves the version, so the model is looked at once more then.
+                    self._did_not_fit[spec.name] = _Tried(spec, basis)
                 elif len(fill.placed) == missing:
                     wants.popleft()
                     done.add(spec.name)
@@ -405,8 +419,24 @@ class Reconciler:
                 fleet.set_unplaceable(name, why)
             if placed:
                 log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
+            if not stale:  # the placer took what was just committed: it matches the fleet
+                basis = fleet.capacity_version
             seen_version = fleet.capacity_version
             yield
+
+    def _still_free(self, placement: Placement, now: float) -> bool:
+        """Whether a placement made on an older picture still fits the fleet as it is."""
+        fleet = self.fleet
+        for shard in placement.shards:
+            entry = fleet.nodes.get(shard.node)
+            if entry is None or fleet.state_of(shard.node, now) is not NodeState.READY:
+                return False
+            usable = {uuid for uuid, _, ok in entry.cards if ok}
+            if not usable.issuperset(shard.gpus) or fleet.assigned_gpus(shard.node) & set(
+                shard.gpus
+            ):
+                return False
+        return True
 
     def _shortfalls(self, wall: float, done: set[str]) -> deque[_Want]:
         """The models to try now, in name order from where the last pass stopped.

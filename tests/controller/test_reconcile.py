@@ -459,10 +459,11 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return made
 
 
-def scheduler_says(sim: Sim, spec: ModelSpec, attempts: list[str]) -> str:
+def scheduler_says(sim: Sim, spec: ModelSpec, attempts: list[str] | None = None) -> str:
     """The reason the scheduler gives for `spec` on the fleet as it is (not counted)."""
     result = place(spec, snapshot(sim.fleet, sim.clock()))
-    attempts.pop()
+    if attempts is not None:
+        attempts.pop()
     assert isinstance(result, Unplaceable), result
     return result.reason
 
@@ -588,10 +589,12 @@ async def test_the_event_loop_runs_between_the_slices_of_a_pass(
     assert sorted(set(seen)) == [0, 4, 8, 12, 16, 20]
 
 
+@pytest.mark.parametrize("change", ["cordoned", "cards busy"])
 async def test_a_change_between_slices_is_seen_by_the_next(
-    tmp_path: Path, clock: FakeClock, attempts: list[str]
+    tmp_path: Path, clock: FakeClock, attempts: list[str], change: str
 ) -> None:
-    """A node cordoned while the pass is yielding gets nothing more from it."""
+    """A node cordoned, or whose cards got busy, while the pass is yielding gets
+    nothing more from it."""
     sim = sim_with(tmp_path, clock, n=2)
     sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0)
     many = MODEL.model_copy(update={"min_replicas": 16, "gpus_per_shard": 1})
@@ -604,7 +607,12 @@ async def test_a_change_between_slices_is_seen_by_the_next(
             if sim.fleet.records:
                 break
         before_cordon.update(sim.fleet.records)
-        sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
+        if change == "cordoned":
+            sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
+        else:  # something outside the controller's knowledge took every card
+            busy = [gpu("gpu2", i, in_use=True) for i in range(8)]
+            sim.fleet.ingest(report("gpu2", gpus=busy))
+            sim.nodes.remove("gpu2")  # and its agent keeps saying so (by not reporting)
 
     task = asyncio.create_task(operator())
     await sim.reconciler.run_pass()
@@ -665,3 +673,46 @@ def test_capacity_version_moves_with_what_placement_reads_and_only_then(
         "unreachable",
         "forgotten",
     ]
+
+
+async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapshot(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity moving under a pass (a busy fleet) costs no fleet-wide rebuild per
+    slice: one snapshot per pass, and every model still gets its exact reason."""
+    import llmgw.controller.reconcile as reconcile
+
+    built: list[int] = []
+    real = reconcile.snapshot
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reconcile, "snapshot", counting)
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0)
+    specs = [
+        ModelSpec(name=f"m{g:02d}", source="s", min_replicas=1, gpus_per_shard=g)
+        for g in range(9, 29)
+    ]
+    sim.fleet.put_models(specs)
+
+    async def churn() -> None:
+        for i in range(10_000):
+            flip = [gpu("gpu2", k, in_use=k == 7 and i % 2 == 0) for k in range(8)]
+            sim.fleet.ingest(report("gpu2", gpus=flip))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(churn())
+    await sim.reconciler.run_pass()
+    task.cancel()
+    assert built == [1]
+    assert all(
+        sim.fleet.unplaceable_reasons[s.name].startswith(f"needs 1 node with {s.gpus_per_shard} ")
+        for s in specs
+    )
+    # Next pass, with the fleet still: one look at each model on a fresh picture.
+    sim.step()
+    assert built == [1, 1]
+    assert all(sim.fleet.unplaceable_reasons[s.name] == scheduler_says(sim, s) for s in specs)
