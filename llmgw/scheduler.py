@@ -19,7 +19,8 @@ Public API
     that does not fit: capacity only shrinks, so the rest would not fit either,
     and a reason costs a scan of the fleet. For a caller that spreads placement
     over time (the reconcile loop yields to its event loop between calls); that
-    caller keeps the snapshot fresh.
+    caller keeps the snapshot fresh. ``placer_in_steps(nodes, step)`` builds the
+    same a step of nodes at a time, yielding in between.
 ``plan_drain(specs, replicas, nodes, draining) -> DrainPlan``
     What draining ``draining`` would do to every model with replicas on those
     nodes: how many replicas must move, how many replacements fit elsewhere now,
@@ -71,7 +72,15 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Literal, NamedTuple
@@ -88,6 +97,7 @@ __all__ = [
     "place",
     "place_many",
     "placer",
+    "placer_in_steps",
     "plan_drain",
 ]
 
@@ -175,6 +185,20 @@ def place_many(
 def placer(nodes: Iterable[NodeCapacity]) -> Callable[[ModelSpec, int], Fill]:
     """Place up to ``count`` replicas of ``spec`` per call, on one snapshot."""
     return _Allocation(nodes).place_up_to
+
+
+def placer_in_steps(
+    nodes: Iterable[NodeCapacity], step: int = 500
+) -> Generator[None, None, Callable[[ModelSpec, int], Fill]]:
+    """`placer`, its index built ``step`` nodes at a time with a yield after each,
+    for a caller that must not hold its event loop for the whole build: the
+    function comes back as the generator's value (``yield from``)."""
+    ordered = sorted(nodes, key=_name)
+    allocation = _Allocation()
+    for start in range(0, len(ordered), step):
+        allocation._add(ordered[start : start + step])
+        yield
+    return allocation.place_up_to
 
 
 def plan_drain(
@@ -336,7 +360,7 @@ class _Node:
 class _Allocation:
     """Mutable allocation state for one call: the snapshot, indexed."""
 
-    def __init__(self, nodes: Iterable[NodeCapacity]) -> None:
+    def __init__(self, nodes: Iterable[NodeCapacity] = ()) -> None:
         self._ready: dict[str, _Node] = {}
         self._not_ready: list[NodeCapacity] = []
         self._buckets: dict[tuple[_Scope, str], dict[_BucketKey, list[str]]] = defaultdict(dict)
@@ -347,11 +371,17 @@ class _Allocation:
         # until cards are taken. Neither depends on the model's name or weights, so
         # 200 models of one shape that cannot fit cost one scan of the fleet, not 200.
         self._refused: dict[tuple[int, int, str | None], str] = {}
-        seen: set[str] = set()
-        for cap in sorted(nodes, key=lambda n: n.name):
-            if cap.name in seen:
+        self._seen: set[str] = set()
+        self._fabrics: list[str] = []
+        self._add(sorted(nodes, key=_name))
+
+    def _add(self, nodes: Iterable[NodeCapacity]) -> None:
+        """Index nodes given in name order, each after every node indexed before."""
+        fabrics = set(self._fabrics)
+        for cap in nodes:
+            if cap.name in self._seen:
                 raise ValueError(f"node {cap.name!r} appears twice in the snapshot")
-            seen.add(cap.name)
+            self._seen.add(cap.name)
             if not cap.schedulable:
                 self._not_ready.append(cap)
                 continue
@@ -366,7 +396,8 @@ class _Allocation:
             for model in node.holds:
                 self._holders_by_model[model].add(node.name)
             self._enter(node, presorted=True)  # names arrive sorted: append keeps buckets sorted
-        self._fabrics = sorted({f for n in self._ready.values() for f in n.fabrics})
+            fabrics.update(node.fabrics)
+        self._fabrics = sorted(fabrics)
 
     # -- bookkeeping
 
@@ -600,6 +631,10 @@ class _Allocation:
         if loose:
             reason += f"; {_nodes(loose)} outside any fabric would fit"
         return reason
+
+
+def _name(node: NodeCapacity) -> str:
+    return node.name
 
 
 def _listing(items: Sequence[str]) -> str:

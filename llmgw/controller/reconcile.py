@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -53,7 +53,7 @@ from llmgw.scheduler import (
     Placement,
     RunningReplica,
     place_many,
-    placer,
+    placer_in_steps,
     plan_drain,
 )
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
@@ -66,10 +66,18 @@ log = logging.getLogger("llmgw.reconcile")
 ATTEMPTS_PER_PASS = 256
 ATTEMPTS_PER_SLICE = 32
 SLICE_S = 0.005
+# Nodes per step of building the snapshot and the scheduler's index (~5 ms each).
+NODES_PER_STEP = 500
 
 
-def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> list[NodeCapacity]:
-    """What placement may use: healthy idle cards not held by any replica."""
+def snapshot(
+    fleet: FleetState,
+    now: float,
+    excluded: Iterable[str] = (),
+    names: Iterable[str] | None = None,
+) -> list[NodeCapacity]:
+    """What placement may use: healthy idle cards not held by any replica (of
+    the nodes named, when `names` is given; those gone meanwhile are left out)."""
     excluded = set(excluded)
     # A node holds a model when it has weights under the model's name or source:
     # looked up per weight held, not per declared model (200 models x 2,000 nodes).
@@ -78,7 +86,11 @@ def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> lis
         by_weights[spec.name].add(spec.name)
         by_weights[spec.source].add(spec.name)
     out = []
-    for name, entry in fleet.nodes.items():
+    entries = fleet.nodes
+    for name in entries if names is None else names:
+        entry = entries.get(name)
+        if entry is None:
+            continue
         assigned = fleet.assigned_gpus(name)
         free: dict[str, list[str]] = defaultdict(list)
         for uuid, cls, usable in entry.cards:
@@ -351,78 +363,90 @@ class Reconciler:
         """Place what models miss, a slice at a time, each slice committing what it
         placed before yielding.
 
-        One snapshot serves the whole pass: rebuilding it after every yield in
-        which some report moved capacity would cost a fleet-wide scan per slice.
-        Once something else has moved capacity, each placement is checked against
-        the fleet as it is before it is committed (a cordoned node, a card taken
-        meanwhile), and a model that did not fit is looked at again next pass."""
+        One picture of the fleet (snapshot and index, built in steps) serves the
+        whole pass: rebuilding it whenever some report moved capacity during a
+        yield would cost a fleet-wide scan per slice. Once something else has
+        moved capacity, each placement is checked against the fleet as it is
+        before it is committed (a cordoned node, a card taken meanwhile), and a
+        model that did not fit is looked at again next pass."""
         fleet = self.fleet
         attempts_left = self.attempts_per_pass
         done: set[str] = set()  # models dealt with in this pass
         started: set[str] = set()  # models that got a replica in this pass
-        wants: deque[_Want] = deque()
         place_up_to: Callable[[ModelSpec, int], Fill] | None = None
         basis = 0  # the capacity version the placer's picture of the fleet is from
         stale = False  # capacity moved under the placer, by something other than it
-        seen_version: int | None = None
-        while True:
-            now, wall = fleet.clock(), fleet.wall()
-            fleet.advance_time(now)
-            if fleet.capacity_version != seen_version:  # first slice, or moved meanwhile
-                stale = stale or seen_version is not None
-                wants = self._shortfalls(wall, done)
-            if not wants:
-                self._resume = None
-                return
-            if attempts_left == 0:
-                # The next pass begins with the models this one did not reach.
-                head = wants[0].spec.name
-                self._resume = (head, head in started)
-                return
+        seen_version = fleet.capacity_version
+        wants = self._shortfalls(fleet.wall(), done)
+        while wants and attempts_left:
             if place_up_to is None:
-                place_up_to = placer(snapshot(fleet, now))
-                basis, stale = fleet.capacity_version, False
-            placed: list[ReplicaRecord] = []
-            settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
-            slice_left, slice_end = self.attempts_per_slice, time.perf_counter() + self.slice_s
-            while wants and slice_left and attempts_left and time.perf_counter() < slice_end:
-                spec, missing = wants[0]
-                fill = place_up_to(spec, min(missing, slice_left, attempts_left))
-                used = len(fill.placed) + (fill.unplaceable is not None)
-                slice_left, attempts_left = slice_left - used, attempts_left - used
-                good = [p for p in fill.placed if not stale or self._still_free(p, now)]
-                placed.extend(record_from(p, wall) for p in good)
-                if good:
-                    started.add(spec.name)
-                if len(good) < len(fill.placed):
-                    # The placer's picture is out of date where it matters: a fresh one.
-                    wants[0] = _Want(spec, missing - len(good))
-                    place_up_to = None
-                    break
-                if fill.unplaceable is not None:
-                    wants.popleft()
-                    done.add(spec.name)
-                    settled.append((spec.name, fill.unplaceable.reason))
-                    # Tried on the fleet as of `basis`: any placement committed since
-                    # moves the version, so the model is looked at once more then.
-                    self._did_not_fit[spec.name] = _Tried(spec, basis)
-                elif len(fill.placed) == missing:
-                    wants.popleft()
-                    done.add(spec.name)
-                    settled.append((spec.name, None))
-                    self._did_not_fit.pop(spec.name, None)
-                else:  # out of attempts for this slice or pass: it fits, the rest comes later
-                    wants[0] = _Want(spec, missing - len(fill.placed))
-                    settled.append((spec.name, None))
-            fleet.put_replicas(placed)
-            for name, why in settled:
-                fleet.set_unplaceable(name, why)
-            if placed:
-                log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
-            if not stale:  # the placer took what was just committed: it matches the fleet
-                basis = fleet.capacity_version
-            seen_version = fleet.capacity_version
+                basis, stale = seen_version, False
+                nodes = yield from self._snapshot_in_steps()
+                place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
+            else:
+                now, wall = fleet.clock(), fleet.wall()
+                placed: list[ReplicaRecord] = []
+                settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
+                slice_left = self.attempts_per_slice
+                slice_end = time.perf_counter() + self.slice_s
+                while wants and slice_left and attempts_left and time.perf_counter() < slice_end:
+                    spec, missing = wants[0]
+                    fill = place_up_to(spec, min(missing, slice_left, attempts_left))
+                    used = len(fill.placed) + (fill.unplaceable is not None)
+                    slice_left, attempts_left = slice_left - used, attempts_left - used
+                    good = [p for p in fill.placed if not stale or self._still_free(p, now)]
+                    placed.extend(record_from(p, wall) for p in good)
+                    if good:
+                        started.add(spec.name)
+                    if len(good) < len(fill.placed):
+                        # The picture is out of date where it matters: a fresh one.
+                        wants[0] = _Want(spec, missing - len(good))
+                        place_up_to = None
+                        break
+                    if fill.unplaceable is not None:
+                        wants.popleft()
+                        done.add(spec.name)
+                        settled.append((spec.name, fill.unplaceable.reason))
+                        # Tried on the fleet as of `basis`: any placement committed
+                        # since moves the version, so it is looked at once more then.
+                        self._did_not_fit[spec.name] = _Tried(spec, basis)
+                    elif len(fill.placed) == missing:
+                        wants.popleft()
+                        done.add(spec.name)
+                        settled.append((spec.name, None))
+                        self._did_not_fit.pop(spec.name, None)
+                    else:  # out of attempts for the slice or pass: it fits, the rest later
+                        wants[0] = _Want(spec, missing - len(fill.placed))
+                        settled.append((spec.name, None))
+                fleet.put_replicas(placed)
+                for name, why in settled:
+                    fleet.set_unplaceable(name, why)
+                if placed:
+                    log.info(
+                        "placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed)
+                    )
+                if not stale:  # the placer took what was just committed: it matches
+                    basis = fleet.capacity_version
+                seen_version = fleet.capacity_version
+                yield
+            fleet.advance_time()
+            if fleet.capacity_version != seen_version:  # moved by something else meanwhile
+                stale, seen_version = True, fleet.capacity_version
+                wants = self._shortfalls(fleet.wall(), done)
+        if wants:  # out of attempts: the next pass begins with the models not reached
+            head = wants[0].spec.name
+            self._resume = (head, head in started)
+        else:
+            self._resume = None
+
+    def _snapshot_in_steps(self) -> Generator[None, None, list[NodeCapacity]]:
+        names = list(self.fleet.nodes)
+        nodes: list[NodeCapacity] = []
+        for start in range(0, len(names), NODES_PER_STEP):
+            chunk = names[start : start + NODES_PER_STEP]
+            nodes.extend(snapshot(self.fleet, self.fleet.clock(), names=chunk))
             yield
+        return nodes
 
     def _still_free(self, placement: Placement, now: float) -> bool:
         """Whether a placement made on an older picture still fits the fleet as it is."""

@@ -13,6 +13,7 @@ from llmgw.scheduler import (
     place,
     place_many,
     placer,
+    placer_in_steps,
 )
 from llmgw.wire import ModelSpec
 
@@ -258,6 +259,27 @@ def test_a_placer_stops_at_the_first_replica_that_does_not_fit(
     expected = place_many([spec(gpus=2)] * 4, nodes)
     assert list(fill.placed) == expected[:3]
     assert fill.unplaceable == expected[3]
+
+
+def test_a_placer_built_in_steps_answers_as_one_built_at_once() -> None:
+    nodes = [
+        node(f"n{i:02d}", 1 + i % 8, total=8, fabrics=[f"ib-{i % 3}"]) for i in reversed(range(25))
+    ]
+    requests = [spec("a", gpus=3), spec("b", gpus=8, shards=2), spec("c", gpus=7, shards=3)]
+    steps = placer_in_steps(nodes, step=10)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            stepped = done.value
+            break
+    assert yields == 3
+    at_once = placer(nodes)
+    assert [stepped(r, 4) for r in requests] == [at_once(r, 4) for r in requests]
+    with pytest.raises(ValueError, match="appears twice"):
+        list(placer_in_steps([node("x"), *nodes[:12], node("x")], step=5))
 
 
 def test_a_placers_calls_see_what_the_earlier_took() -> None:
