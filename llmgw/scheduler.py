@@ -371,12 +371,18 @@ class _Allocation:
         # until cards are taken. Neither depends on the model's name or weights, so
         # 200 models of one shape that cannot fit cost one scan of the fleet, not 200.
         self._refused: dict[tuple[int, int, str | None], str] = {}
+        # For reasons, until cards are taken: the node with most free per class asked
+        # for (None: any), and what a missing class's reason says.
+        self._most_free: dict[str | None, _MostFree] = {}
+        self._class_missing: dict[str, str | None] = {}
+        self._by_fabric: dict[str | None, list[_Node]] = defaultdict(list)  # None: in none
         self._seen: set[str] = set()
         self._fabrics: list[str] = []
         self._add(sorted(nodes, key=_name))
 
     def _add(self, nodes: Iterable[NodeCapacity]) -> None:
         """Index nodes given in name order, each after every node indexed before."""
+        self._forget_reasons()
         fabrics = set(self._fabrics)
         for cap in nodes:
             if cap.name in self._seen:
@@ -397,6 +403,8 @@ class _Allocation:
                 self._holders_by_model[model].add(node.name)
             self._enter(node, presorted=True)  # names arrive sorted: append keeps buckets sorted
             fabrics.update(node.fabrics)
+            for fabric in node.fabrics or (None,):
+                self._by_fabric[fabric].append(node)
         self._fabrics = sorted(fabrics)
 
     # -- bookkeeping
@@ -428,13 +436,18 @@ class _Allocation:
 
     def _take(self, name: str, cls: str, count: int) -> tuple[str, ...]:
         node = self._ready[name]
-        self._refused.clear()  # only an untouched fleet refuses the same way
+        self._forget_reasons()  # only an untouched fleet refuses the same way
         self._leave(node)
         cards = node.free[cls]
         taken, node.free[cls] = tuple(cards[:count]), cards[count:]
         node.total_free -= count
         self._enter(node)
         return taken
+
+    def _forget_reasons(self) -> None:
+        self._refused.clear()
+        self._most_free.clear()
+        self._class_missing.clear()
 
     def _holders_in(self, model: str, scope: _Scope) -> frozenset[str]:
         cached = self._holders.get((model, scope))
@@ -559,6 +572,11 @@ class _Allocation:
         return "the fleet has no nodes"
 
     def _missing_class(self, cls: str) -> str | None:
+        if cls not in self._class_missing:
+            self._class_missing[cls] = self._why_class_missing(cls)
+        return self._class_missing[cls]
+
+    def _why_class_missing(self, cls: str) -> str | None:
         if any(cls in node.free for node in self._ready.values()):
             return None
         reason = f"no ready node has GPUs of class {cls}"
@@ -580,18 +598,20 @@ class _Allocation:
             return f"{want}; {self._no_ready_node()}"
         if cls is not None and (missing := self._missing_class(cls)):
             return f"{want}; {missing}"
-        # Most free, then first by name: (-count, name, class) is smallest.
-        most = _MostFree(
-            *min(
-                (
-                    (-len(cards), node.name, c)
-                    for node in self._ready.values()
-                    for c, cards in node.free.items()
-                    if cls is None or c == cls
-                ),
-                default=(0, "", ""),
+        most = self._most_free.get(cls)
+        if most is None:
+            # Most free, then first by name: (-count, name, class) is smallest.
+            most = self._most_free[cls] = _MostFree(
+                *min(
+                    (
+                        (-len(cards), node.name, c)
+                        for node in self._ready.values()
+                        for c, cards in node.free.items()
+                        if cls is None or c == cls
+                    ),
+                    default=(0, "", ""),
+                )
             )
-        )
         if most.minus_free == 0:
             return f"{want}; no ready node has a free one"
         where = most.node if cls else f"{most.gpu_class} on {most.node}"
@@ -615,13 +635,11 @@ class _Allocation:
                         per_class[c] += 1
             return max(per_class.values(), default=0)
 
-        loose = fitting(n for n in self._ready.values() if not n.fabrics)
+        loose = fitting(self._by_fabric.get(None, ()))
         if not self._fabrics:
             reason = f"{want}; no ready node is in a fabric"
             return reason + (f" ({loose} would fit)" if loose else "")
-        fits = {
-            f: fitting(n for n in self._ready.values() if f in n.fabrics) for f in self._fabrics
-        }
+        fits = {f: fitting(self._by_fabric[f]) for f in self._fabrics}
         if all(fits[f] == self._free_block[f] for f in self._fabrics):
             label = "largest free block"  # the same numbers, in the fleet's own words
         else:
