@@ -124,6 +124,7 @@ class FleetState:
         self._facts: dict[str, NodeFacts] = {}
         # Moves whenever something placement reads may have changed (see `capacity_version`).
         self._capacity_version = 0
+        self._capacity_at: dict[str, int] = {}  # node -> the version of its last such change
         # (moment a node turns unreachable, node): popped lazily as time passes.
         self._deadlines: list[tuple[float, str]] = []
         # First sightings are written in batches: one fsync per node would stall
@@ -192,6 +193,15 @@ class FleetState:
         again only once this has moved, not on every pass."""
         return self._capacity_version
 
+    def capacity_changed_at(self, name: str) -> int:
+        """The `capacity_version` of the last change to what placement reads of this
+        node: its facts, its cards, the cards assigned on it (0: none this run)."""
+        return self._capacity_at.get(name, 0)
+
+    def _capacity_moved(self, node: str) -> None:
+        self._capacity_version += 1
+        self._capacity_at[node] = self._capacity_version
+
     # -- the change log ----------------------------------------------------------------
 
     @property
@@ -246,7 +256,7 @@ class FleetState:
         )
         old = self._facts.get(name)
         if old != facts:
-            self._capacity_version += 1
+            self._capacity_moved(name)
             if old is not None:
                 self.totals.remove(old)
             self.totals.add(facts)
@@ -333,7 +343,7 @@ class FleetState:
         cards = entry.cards
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
         if entry.cards is not cards:  # kept when equal: a new object is a change
-            self._capacity_version += 1
+            self._capacity_moved(report.node)
         self._watch(report.node, now)
         self.advance_time(now)
         return now
@@ -505,6 +515,7 @@ class FleetState:
         self._drain_blocked.pop(name, None)
         del self._entries[name]
         self._capacity_version += 1
+        self._capacity_at.pop(name, None)
         self._rows.pop(name, None)
         self._replies.pop(name, None)
         old = self._facts.pop(name, None)
@@ -610,6 +621,8 @@ class FleetState:
 
     def _replicas_moved(self, touched: set[str]) -> None:
         self._capacity_version += 1
+        for node in touched:  # which cards are assigned: not always visible in the facts
+            self._capacity_moved(node)
         self._index_records()
         self._assignments_changed(touched)
         for node in touched:

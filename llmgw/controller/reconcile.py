@@ -159,6 +159,13 @@ class _Tried(NamedTuple):
     version: int
 
 
+class _Kept(NamedTuple):
+    """A node's entry in the last snapshot, and the capacity version it was built at."""
+
+    changed_at: int
+    capacity: NodeCapacity
+
+
 class Reconciler:
     def __init__(
         self,
@@ -184,6 +191,9 @@ class Reconciler:
         self._did_not_fit: dict[str, _Tried] = {}
         # Where the next pass starts when one ran out of attempts: (model, just after it).
         self._resume: tuple[str, bool] | None = None
+        # The last snapshot, node by node, and the (name, source) of the models then.
+        self._kept: dict[str, _Kept] = {}
+        self._kept_weights: tuple[tuple[str, str], ...] = ()
 
     def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
@@ -440,13 +450,29 @@ class Reconciler:
             self._resume = None
 
     def _snapshot_in_steps(self) -> Generator[None, None, list[NodeCapacity]]:
-        names = list(self.fleet.nodes)
-        nodes: list[NodeCapacity] = []
-        for start in range(0, len(names), NODES_PER_STEP):
-            chunk = names[start : start + NODES_PER_STEP]
-            nodes.extend(snapshot(self.fleet, self.fleet.clock(), names=chunk))
+        """`snapshot(fleet, now)`, a step of nodes at a time. A node's entry is
+        kept from the last snapshot while nothing placement reads of it has
+        changed (`FleetState.capacity_changed_at`) and the models are the same,
+        so a busy fleet costs a rebuild of the nodes that changed, not of all."""
+        fleet = self.fleet
+        weights = tuple(sorted((spec.name, spec.source) for spec in fleet.models.values()))
+        if weights != self._kept_weights:  # which node holds which model may differ
+            self._kept.clear()
+            self._kept_weights = weights
+        for gone in self._kept.keys() - fleet.nodes.keys():
+            del self._kept[gone]
+        stale = [
+            name
+            for name in fleet.nodes
+            if (kept := self._kept.get(name)) is None
+            or kept.changed_at != fleet.capacity_changed_at(name)
+        ]
+        for start in range(0, len(stale), NODES_PER_STEP):
+            chunk = stale[start : start + NODES_PER_STEP]
+            for cap in snapshot(fleet, fleet.clock(), names=chunk):
+                self._kept[cap.name] = _Kept(fleet.capacity_changed_at(cap.name), cap)
             yield
-        return nodes
+        return [self._kept[name].capacity for name in fleet.nodes if name in self._kept]
 
     def _still_free(self, placement: Placement, now: float) -> bool:
         """Whether a placement made on an older picture still fits the fleet as it is."""
