@@ -1,7 +1,8 @@
 """Reconcile cost under load: 2,000 reporting agents, with and without models that
 cannot be placed (issue 10 item 3).
 
-    python bench/bench_reconcile.py [--nodes 2000] [--seconds 20] [--before DIR]
+    python bench/bench_reconcile.py [--nodes 2000] [--seconds 20] [--repeat 3] [--churn 0.01]
+                                    [--before DIR]
 
 A real controller process (`llmgw controller`, one core); this process plays the
 agents over real HTTP: each of `--nodes` agents posts its report (the 3.6 KiB
@@ -16,7 +17,9 @@ class no node has, several nodes with more free than any node has). `--churn F` 
 of reports flip a card's use, so capacity moves and every pass looks at every
 model again. `--before DIR` runs the controller from another checkout too (e.g.
 `git worktree add --detach /tmp/before main`), for a before/after in one run.
-Prints ratios to the baseline; asserts nothing.
+Prints ratios to the baseline (with `--repeat`, the median over rounds, each
+round a baseline and a run with models back to back, as this box's load
+drifts); asserts nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -209,13 +213,31 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     bodies = [json.dumps(synthetic_report(i)).encode() for i in range(args.nodes)]
     models = unplaceable_models()
-    base = await measure(args, bodies, [], None)
-    print(line("baseline (no models)", base, None))
-    after = await measure(args, bodies, models, None)
-    print(line("1 + 200 unplaceable models", after, base))
-    if args.before:
-        before = await measure(args, bodies, models, args.before)
-        print(line("same, controller from --before", before, base))
+    ratios: list[tuple[float, float]] = []
+    for round_ in range(args.repeat):
+        if args.repeat > 1:
+            print(f"-- round {round_ + 1} of {args.repeat}")
+        base = await measure(args, bodies, [], None)
+        print(line("baseline (no models)", base, None))
+        after = await measure(args, bodies, models, None)
+        print(line("1 + 200 unplaceable models", after, base))
+        ratios.append(
+            (
+                pct(after.reports, 0.99) / pct(base.reports, 0.99),
+                pct(after.health, 0.99) / pct(base.health, 0.99),
+            )
+        )
+        if args.before:
+            before = await measure(args, bodies, models, args.before)
+            print(line("same, controller from --before", before, base))
+    if len(ratios) > 1:
+        reports, health = sorted(r for r, _ in ratios), sorted(h for _, h in ratios)
+        print(
+            f"\nratios over {len(ratios)} rounds: report p99 median"
+            f" {statistics.median(reports):.2f}x (range {reports[0]:.2f}-{reports[-1]:.2f}),"
+            f" /healthz p99 median {statistics.median(health):.2f}x"
+            f" (range {health[0]:.2f}-{health[-1]:.2f})"
+        )
 
 
 def main() -> None:
@@ -225,6 +247,7 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=5.0, help="each agent's report interval")
     p.add_argument("--churn", type=float, default=0.0, help="fraction of reports that change")
     p.add_argument("--before", help="a checkout whose controller to measure too")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of baseline and models")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -22,7 +22,11 @@ changed, and then once, not once per missing replica; a pass makes at most
 starts with the models this one did not reach); and `run` yields to the event
 loop between slices of at most `attempts_per_slice` attempts or `slice_s`
 seconds, for as long as the slice took, so reports and requests are served in
-between.
+between. The snapshot and the scheduler's index are built in steps of
+`NODES_PER_STEP` nodes, and only nodes whose capacity changed since the last
+pass are read again. One picture of the fleet serves a pass: once something
+else moved capacity during a yield, each placement is checked against the
+fleet as it is before it is committed.
 
 Placement itself is `llmgw.scheduler`, pure functions over a snapshot.
 Everything a tick decides is written to the store before the next report's
@@ -65,9 +69,9 @@ log = logging.getLogger("llmgw.reconcile")
 # up to a scan of the fleet when it does not (the reason).
 ATTEMPTS_PER_PASS = 256
 ATTEMPTS_PER_SLICE = 32
-SLICE_S = 0.005
-# Nodes per step of building the snapshot and the scheduler's index (~5 ms each).
-NODES_PER_STEP = 500
+SLICE_S = 0.002
+# Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
+NODES_PER_STEP = 200
 
 
 def snapshot(
