@@ -130,6 +130,7 @@ async def measure(
             if models:
                 async with session.post(f"{ctrl.url}/v1/models", json={"models": models}) as r:
                     r.raise_for_status()
+            await asyncio.sleep(args.settle)  # without load, so the first look is left out
             end = time.perf_counter() + args.seconds
             rng = random.Random(7)
 
@@ -248,6 +249,9 @@ def main() -> None:
     p.add_argument("--churn", type=float, default=0.0, help="fraction of reports that change")
     p.add_argument("--before", help="a checkout whose controller to measure too")
     p.add_argument("--repeat", type=int, default=1, help="rounds of baseline and models")
+    p.add_argument(
+        "--settle", type=float, default=0.0, help="seconds between declaring and measuring"
+    )
     asyncio.run(main_async(p.parse_args()))
 
 
