@@ -72,6 +72,9 @@ ATTEMPTS_PER_SLICE = 32
 SLICE_S = 0.002
 # Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
 NODES_PER_STEP = 200
+# Wall time a pass (in `run`) spends placing before it leaves the rest to the
+# next: a first look at many models, or a big change, is spread over seconds.
+PASS_S = 0.05
 
 
 def snapshot(
@@ -180,6 +183,7 @@ class Reconciler:
         attempts_per_pass: int = ATTEMPTS_PER_PASS,
         attempts_per_slice: int = ATTEMPTS_PER_SLICE,
         slice_s: float = SLICE_S,
+        pass_s: float = PASS_S,
     ) -> None:
         if attempts_per_pass < 1 or attempts_per_slice < 1:
             raise ValueError("a pass and a slice must each allow at least one placement attempt")
@@ -190,6 +194,7 @@ class Reconciler:
         self.attempts_per_pass = attempts_per_pass
         self.attempts_per_slice = attempts_per_slice
         self.slice_s = slice_s
+        self.pass_s = pass_s
         # Models that did not fit. While spec and capacity are the same, trying
         # again would give the same answer.
         self._did_not_fit: dict[str, _Tried] = {}
@@ -198,6 +203,16 @@ class Reconciler:
         # The last snapshot, node by node, and the (name, source) of the models then.
         self._kept: dict[str, _Kept] = {}
         self._kept_weights: tuple[tuple[str, str], ...] = ()
+        # The last pass's placer, and the capacity version it matched when it ended:
+        # while nothing has moved since, the next pass goes on with it.
+        self._placer: tuple[Callable[[ModelSpec, int], Fill], int] | None = None
+        # Capacity moved by this loop's own placements only takes cards away, so it
+        # cannot make a model fit that did not: such a model is only looked at again
+        # (for its reason's numbers) after every model that may now fit. `_expected`
+        # is the version after this loop's last commit; `_moved_at`, the last one
+        # at which something else was seen to move capacity.
+        self._expected = -1
+        self._moved_at = 0
 
     def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
@@ -213,7 +228,7 @@ class Reconciler:
         held, failed = 0.0, False
         t0 = time.perf_counter()
         try:
-            for _ in self.steps():
+            for _ in self.steps(time.perf_counter() + self.pass_s):
                 took = time.perf_counter() - t0
                 held += took
                 # As long again for everything else: a pass with much to do takes
@@ -231,12 +246,13 @@ class Reconciler:
             self.on_pass(held, failed)
 
     def tick(self) -> None:
-        """One whole pass without yielding (tests and benches)."""
+        """One whole pass without yielding and without a time limit (tests and benches)."""
         for _ in self.steps():
             pass
 
-    def steps(self) -> Iterator[None]:
-        """One pass, in slices: it yields where other work may run in between."""
+    def steps(self, place_until: float = float("inf")) -> Iterator[None]:
+        """One pass, in slices: it yields where other work may run in between.
+        Past `place_until` (`time.perf_counter()`), placing stops at the next slice."""
         fleet = self.fleet
         now, wall = fleet.clock(), fleet.wall()
         fleet.advance_time(now)
@@ -246,7 +262,7 @@ class Reconciler:
         self._cancel_stopped_drains()
         self._drain(now, wall)
         yield
-        yield from self._fill_shortfalls()
+        yield from self._fill_shortfalls(place_until)
 
     # -- 1. what the agents report ---------------------------------------------------
 
@@ -373,7 +389,7 @@ class Reconciler:
 
     # -- 4. minimums ------------------------------------------------------------------------------
 
-    def _fill_shortfalls(self) -> Iterator[None]:
+    def _fill_shortfalls(self, place_until: float) -> Iterator[None]:
         """Place what models miss, a slice at a time, each slice committing what it
         placed before yielding.
 
@@ -382,7 +398,11 @@ class Reconciler:
         yield would cost a fleet-wide scan per slice. Once something else has
         moved capacity, each placement is checked against the fleet as it is
         before it is committed (a cordoned node, a card taken meanwhile), and a
-        model that did not fit is looked at again next pass."""
+        model that did not fit is looked at again next pass.
+
+        Past `place_until` the pass stops at the next slice (having done at
+        least one); the next pass goes on from there, with the same picture
+        when nothing has moved meanwhile."""
         fleet = self.fleet
         attempts_left = self.attempts_per_pass
         done: set[str] = set()  # models dealt with in this pass
@@ -391,13 +411,22 @@ class Reconciler:
         basis = 0  # the capacity version the placer's picture of the fleet is from
         stale = False  # capacity moved under the placer, by something other than it
         seen_version = fleet.capacity_version
+        if seen_version != self._expected:  # reports, admin, the steps before this one
+            self._moved_at = seen_version
+        if self._placer is not None and self._placer[1] == seen_version:
+            place_up_to, basis = self._placer
+        self._placer = None
+        sliced = False
         wants = self._shortfalls(fleet.wall(), done)
-        while wants and attempts_left:
+        while wants and attempts_left and not (sliced and time.perf_counter() > place_until):
             if place_up_to is None:
                 basis, stale = seen_version, False
-                nodes = yield from self._snapshot_in_steps()
+                nodes = yield from self._snapshot_in_steps(place_until)
+                if nodes is None:
+                    break  # out of time: what was read is kept for the next pass
                 place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
             else:
+                sliced = True
                 now, wall = fleet.clock(), fleet.wall()
                 placed: list[ReplicaRecord] = []
                 settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
@@ -441,23 +470,29 @@ class Reconciler:
                     )
                 if not stale:  # the placer took what was just committed: it matches
                     basis = fleet.capacity_version
-                seen_version = fleet.capacity_version
+                seen_version = self._expected = fleet.capacity_version
                 yield
             fleet.advance_time()
             if fleet.capacity_version != seen_version:  # moved by something else meanwhile
                 stale, seen_version = True, fleet.capacity_version
+                self._moved_at = seen_version
                 wants = self._shortfalls(fleet.wall(), done)
-        if wants:  # out of attempts: the next pass begins with the models not reached
+        if wants:  # out of attempts or time: the next pass begins with the models not reached
             head = wants[0].spec.name
             self._resume = (head, head in started)
         else:
             self._resume = None
+        if place_up_to is not None and not stale and basis == fleet.capacity_version:
+            self._placer = (place_up_to, basis)
 
-    def _snapshot_in_steps(self) -> Generator[None, None, list[NodeCapacity]]:
+    def _snapshot_in_steps(
+        self, until: float = float("inf")
+    ) -> Generator[None, None, list[NodeCapacity] | None]:
         """`snapshot(fleet, now)`, a step of nodes at a time. A node's entry is
         kept from the last snapshot while nothing placement reads of it has
         changed (`FleetState.capacity_changed_at`) and the models are the same,
-        so a busy fleet costs a rebuild of the nodes that changed, not of all."""
+        so a busy fleet costs a rebuild of the nodes that changed, not of all.
+        None when time ran out first (past `until`, after a step at least)."""
         fleet = self.fleet
         weights = tuple(sorted((spec.name, spec.source) for spec in fleet.models.values()))
         if weights != self._kept_weights:  # which node holds which model may differ
@@ -476,6 +511,8 @@ class Reconciler:
             for cap in snapshot(fleet, fleet.clock(), names=chunk):
                 self._kept[cap.name] = _Kept(fleet.capacity_changed_at(cap.name), cap)
             yield
+            if start + NODES_PER_STEP < len(stale) and time.perf_counter() > until:
+                return None
         return [self._kept[name].capacity for name in fleet.nodes if name in self._kept]
 
     def _still_free(self, placement: Placement, now: float) -> bool:
@@ -493,7 +530,9 @@ class Reconciler:
         return True
 
     def _shortfalls(self, wall: float, done: set[str]) -> deque[_Want]:
-        """The models to try now, in name order from where the last pass stopped.
+        """The models to try now, in name order from where the last pass stopped;
+        last, those that did not fit and that only this loop's placements have
+        touched since (they still do not fit; their reasons' numbers may change).
 
         Satisfied models lose their reason; models backing off, and those that
         did not fit with the same spec at the same capacity, are not tried."""
@@ -513,6 +552,7 @@ class Reconciler:
             first = (bisect.bisect_right if after else bisect.bisect_left)(names, name)
         version = fleet.capacity_version
         wants: deque[_Want] = deque()
+        refresh: list[_Want] = []  # did not fit, and only this loop has moved capacity since
         for name in names[first:] + names[:first]:
             if name in done:
                 continue
@@ -523,11 +563,14 @@ class Reconciler:
                 self._did_not_fit.pop(name, None)
             elif fleet.backing_off(name, wall):
                 continue
-            elif (tried := self._did_not_fit.get(name)) and (tried.spec, tried.version) == (
-                spec,
-                version,
-            ):
-                continue  # nothing it needs has changed since it did not fit
+            elif (tried := self._did_not_fit.get(name)) and tried.spec == spec:
+                if tried.version == version:
+                    continue  # nothing it needs has changed since it did not fit
+                if tried.version >= self._moved_at:
+                    refresh.append(_Want(spec, missing))  # still does not fit
+                else:
+                    wants.append(_Want(spec, missing))
             else:
                 wants.append(_Want(spec, missing))
+        wants.extend(refresh)
         return wants

@@ -750,3 +750,64 @@ def test_the_snapshot_kept_between_passes_is_the_fleet_as_it_is(
     for change in changes:
         change()
         assert kept() == snapshot(fleet, clock())
+
+
+async def test_a_pass_out_of_time_leaves_the_rest_to_the_next(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    """Past its time a pass stops after the slice it is in (it always does one);
+    the next goes on, on the same picture while nothing has moved."""
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=0.0)
+    few = MODEL.model_copy(update={"min_replicas": 5, "gpus_per_shard": 1})
+    never = [BIG.model_copy(update={"name": f"never-{i}", "min_replicas": 1}) for i in range(3)]
+    sim.fleet.put_models([few, *never])
+    progress = []
+    for _ in range(6):
+        await sim.reconciler.run_pass()
+        progress.append((len(sim.fleet.records), len(sim.fleet.unplaceable_reasons)))
+    # One slice (two attempts) a pass. Each pass starts after the model the last
+    # one stopped in, so the three that never fit are not kept waiting for "llama";
+    # looking at them again after "llama"'s placements (which only take cards
+    # away) waits until "llama" has all five.
+    assert progress == [(2, 0), (2, 2), (3, 3), (5, 3), (5, 3), (5, 3)]
+    assert attempts == [
+        *("llama", "llama", "never-0", "never-1", "never-2", "llama", "llama", "llama"),
+        *("never-0", "never-1", "never-2"),
+    ]
+    attempts.clear()
+    await sim.reconciler.run_pass()
+    assert attempts == []
+    for spec in never:
+        assert reasons_everywhere(sim, spec.name) == {scheduler_says(sim, spec)}
+
+
+def test_a_burst_of_placements_is_not_slowed_by_models_that_cannot_fit(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    """Placements only take cards away: models that did not fit are not tried
+    again ahead of a model still being placed, only after it is done."""
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_pass=6)
+    burst = MODEL.model_copy(update={"min_replicas": 24, "gpus_per_shard": 1})
+    never = [BIG.model_copy(update={"name": f"z{i}", "min_replicas": 1}) for i in range(3)]
+    sim.fleet.put_models([burst, *never])
+    per_pass = []
+    while len(sim.replicas()) < 24:
+        sim.step(ready=False)
+        per_pass.append(sorted(attempts))
+        attempts.clear()
+    # Six attempts a pass: 24 placements and a first look at each of the three.
+    # Only once "llama" is done are the three looked at again (for their numbers).
+    assert per_pass == [
+        ["llama"] * 6,
+        ["llama"] * 3 + ["z0", "z1", "z2"],
+        ["llama"] * 6,
+        ["llama"] * 6,
+        ["llama"] * 3 + ["z0", "z1", "z2"],
+    ]
+    for _ in range(3):
+        sim.step()
+    assert len(attempts) <= 3  # at most one more look each, then none
+    for spec in never:
+        assert reasons_everywhere(sim, spec.name) == {scheduler_says(sim, spec)}
