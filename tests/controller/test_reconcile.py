@@ -571,7 +571,7 @@ async def test_the_event_loop_runs_between_the_slices_of_a_pass(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     sim = sim_with(tmp_path, clock, n=4)
-    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
     sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 20, "gpus_per_shard": 1})])
     seen: list[int] = []
 
@@ -596,7 +596,7 @@ async def test_a_change_between_slices_is_seen_by_the_next(
     """A node cordoned, or whose cards got busy, while the pass is yielding gets
     nothing more from it."""
     sim = sim_with(tmp_path, clock, n=2)
-    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
     many = MODEL.model_copy(update={"min_replicas": 16, "gpus_per_shard": 1})
     sim.fleet.put_models([many])
     before_cordon: set[str] = set()
@@ -691,7 +691,7 @@ async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapsho
 
     monkeypatch.setattr(reconcile, "snapshot", counting)
     sim = sim_with(tmp_path, clock, n=2)
-    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=60.0)
     specs = [
         ModelSpec(name=f"m{g:02d}", source="s", min_replicas=1, gpus_per_shard=g)
         for g in range(9, 29)
