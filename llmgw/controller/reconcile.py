@@ -424,7 +424,13 @@ class Reconciler:
                 nodes = yield from self._snapshot_in_steps(place_until)
                 if nodes is None:
                     break  # out of time: what was read is kept for the next pass
+                building = time.perf_counter()
                 place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
+                # A picture built is used for at least as long as its index took:
+                # on a busy fleet, where each pass needs a new one, passes still
+                # get on (the rest of their time is never less than the build's).
+                built = time.perf_counter()
+                place_until = max(place_until, built + (built - building))
             else:
                 sliced = True
                 now, wall = fleet.clock(), fleet.wall()
