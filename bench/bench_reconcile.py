@@ -17,7 +17,8 @@ class no node has, several nodes with more free than any node has). `--churn F` 
 of reports flip a card's use, so capacity moves and every pass looks at every
 model again. `--before DIR` runs the controller from another checkout too (e.g.
 `git worktree add --detach /tmp/before main`), for a before/after in one run.
-Prints ratios to the baseline (with `--repeat`, the median over rounds, each
+`--passes` times the reconcile passes themselves in this process instead (run
+it with PYTHONPATH=DIR for another checkout). Prints ratios to the baseline (with `--repeat`, the median over rounds, each
 round a baseline and a run with models back to back, as this box's load
 drifts); asserts nothing.
 """
@@ -241,6 +242,49 @@ async def main_async(args: argparse.Namespace) -> None:
         )
 
 
+def passes_in_process(args: argparse.Namespace) -> None:
+    """`--passes`: the reconcile passes themselves, in this process, on this checkout
+    (or another, with PYTHONPATH=DIR): the first three after declaring the models,
+    against a pass with no models, for the fleet sizes of the issue."""
+    from llmgw.controller.fleet import FleetState
+    from llmgw.controller.main import tune_gc
+    from llmgw.controller.reconcile import Reconciler
+    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.store import Store
+    from llmgw.wire import ModelSpec, NodeReport
+
+    tune_gc()
+    big = unplaceable_models()[0]
+    cases = [
+        (f"{args.nodes} nodes, 1 model min 10000", args.nodes, [big]),
+        (f"{args.nodes} nodes, the 1 + 200 models", args.nodes, unplaceable_models()),
+        (
+            "2 nodes, 200 models min 10000",
+            2,
+            [{**big, "name": f"big-{i}"} for i in range(200)],
+        ),
+    ]
+    for label, n, models in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            state = Path(tmp)
+            fleet = FleetState(Store(state), ControllerSettings(state_dir=state))
+            for i in range(n):
+                body = json.dumps(synthetic_report(i)).encode()
+                fleet.ingest_json(NodeReport.model_validate_json(body), body)
+            reconciler = Reconciler(fleet)
+            t0 = time.perf_counter()
+            reconciler.tick()
+            bare = time.perf_counter() - t0
+            fleet.put_models([ModelSpec.model_validate(m) for m in models])
+            took = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                reconciler.tick()
+                took.append(time.perf_counter() - t0)
+            shown = "  ".join(f"{t * 1e3:9.1f}" for t in took)
+            print(f"{label:<38} passes {shown} ms   (no models: {bare * 1e3:.1f} ms)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2000)
@@ -252,7 +296,12 @@ def main() -> None:
     p.add_argument(
         "--settle", type=float, default=0.0, help="seconds between declaring and measuring"
     )
-    asyncio.run(main_async(p.parse_args()))
+    p.add_argument("--passes", action="store_true", help="time passes in process instead")
+    args = p.parse_args()
+    if args.passes:
+        passes_in_process(args)
+    else:
+        asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
