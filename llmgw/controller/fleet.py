@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import re
 import secrets
 import time
@@ -77,6 +78,7 @@ _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 # A node row's content: every `NodeRow` field except the report age.
 RowContent = dict[str, Any]
 _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
+_CAPACITY_VERSIONS = itertools.count(1)
 
 
 class FleetState:
@@ -123,7 +125,9 @@ class FleetState:
         self.totals = FleetTotals()
         self._facts: dict[str, NodeFacts] = {}
         # Moves whenever something placement reads may have changed (see `capacity_version`).
-        self._capacity_version = 0
+        # From one counter for the whole process, so that a version is never seen
+        # twice, even by a reconcile loop that outlives this state (a reload).
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at: dict[str, int] = {}  # node -> the version of its last such change
         # (moment a node turns unreachable, node): popped lazily as time passes.
         self._deadlines: list[tuple[float, str]] = []
@@ -199,7 +203,7 @@ class FleetState:
         return self._capacity_at.get(name, 0)
 
     def _capacity_moved(self, node: str) -> None:
-        self._capacity_version += 1
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at[node] = self._capacity_version
 
     # -- the change log ----------------------------------------------------------------
@@ -514,7 +518,7 @@ class FleetState:
             self._log.append(ChangeKind.ADMIN, name)
         self._drain_blocked.pop(name, None)
         del self._entries[name]
-        self._capacity_version += 1
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at.pop(name, None)
         self._rows.pop(name, None)
         self._replies.pop(name, None)
@@ -536,7 +540,7 @@ class FleetState:
         for spec in specs:
             self._models[spec.name] = spec
             self._log.append(ChangeKind.MODEL, spec.name)
-        self._capacity_version += 1
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         # Source, engine and arguments in assignments come from the specs.
         names = {s.name for s in specs}
         self._assignments_changed(
@@ -549,7 +553,7 @@ class FleetState:
         self._store.delete_model(name)  # its backoff goes with it
         del self._models[name]
         self._log.append(ChangeKind.MODEL, name)
-        self._capacity_version += 1
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         if self._backoffs.pop(name, None) is not None:
             self._log.append(ChangeKind.BACKOFF, name)
         self.set_unplaceable(name, None)
@@ -620,7 +624,7 @@ class FleetState:
         self._replicas_moved(touched)
 
     def _replicas_moved(self, touched: set[str]) -> None:
-        self._capacity_version += 1
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         for node in touched:  # which cards are assigned: not always visible in the facts
             self._capacity_moved(node)
         self._index_records()
