@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from llmgw.scheduler import NodeCapacity, Placement, _Fleet, place_many
+from llmgw.scheduler import NodeCapacity, Placement, _Allocation, place_many
 from llmgw.wire import ModelSpec
 
 GPU_CLASS = "H100-SXM-80GB"
@@ -101,7 +101,7 @@ def main() -> None:
     )
 
     sort_t = timed(lambda: sorted(nodes, key=lambda n: n.name), args.repeat)
-    index_t = timed(lambda: _Fleet(nodes), args.repeat)
+    index_t = timed(lambda: _Allocation(nodes), args.repeat)
     place_t = timed(lambda: place_many(requests, nodes), args.repeat)
     best, median = min(place_t), statistics.median(place_t)
 

@@ -13,12 +13,20 @@ Public API
     Place one replica per request, in request order. Cards taken by one placement
     are not free for the next; an `Unplaceable` takes nothing. Results come back
     in request order. Ask for two replicas of a model by listing its spec twice.
+``placer(nodes) -> (spec, count) -> Fill``
+    A function that places up to ``count`` replicas of ``spec`` per call, each
+    call seeing the cards the earlier calls took. It stops at the first replica
+    that does not fit: capacity only shrinks, so the rest would not fit either,
+    and a reason costs a scan of the fleet. For a caller that spreads placement
+    over time (the reconcile loop yields to its event loop between calls); that
+    caller keeps the snapshot fresh. ``placer_in_steps(nodes, step)`` builds the
+    same a step of nodes at a time, yielding in between.
 ``plan_drain(specs, replicas, nodes, draining) -> DrainPlan``
     What draining ``draining`` would do to every model with replicas on those
     nodes: how many replicas must move, how many replacements fit elsewhere now,
     and a verdict, worst first.
 
-All three raise `ValueError` when two snapshot entries share a node name.
+All of them raise `ValueError` when two snapshot entries share a node name.
 
 Rules
 -----
@@ -64,14 +72,23 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from llmgw.wire import DrainImpact, DrainPlan, ModelSpec
 
 __all__ = [
+    "Fill",
     "NodeCapacity",
     "Placement",
     "RunningReplica",
@@ -79,6 +96,8 @@ __all__ = [
     "Unplaceable",
     "place",
     "place_many",
+    "placer",
+    "placer_in_steps",
     "plan_drain",
 ]
 
@@ -127,6 +146,14 @@ class Unplaceable:
     reason: str
 
 
+class Fill(NamedTuple):
+    """What one call of a `placer` did: the replicas placed, in order, and why
+    the next one did not fit (None: every replica asked for was placed)."""
+
+    placed: tuple[Placement, ...]
+    unplaceable: Unplaceable | None
+
+
 @dataclass(frozen=True, slots=True)
 class RunningReplica:
     """A replica as the drain pre-check needs it."""
@@ -144,15 +171,34 @@ Verdict = Literal["ok", "below_minimum", "unplaceable"]
 
 def place(spec: ModelSpec, nodes: Iterable[NodeCapacity]) -> Placement | Unplaceable:
     """Place one replica of ``spec`` on ``nodes``."""
-    return _Fleet(nodes).place(spec)
+    return _Allocation(nodes).place(spec)
 
 
 def place_many(
     requests: Sequence[ModelSpec], nodes: Iterable[NodeCapacity]
 ) -> list[Placement | Unplaceable]:
     """Place one replica per request, in order, each seeing the cards the earlier took."""
-    fleet = _Fleet(nodes)
-    return [fleet.place(spec) for spec in requests]
+    allocation = _Allocation(nodes)
+    return [allocation.place(spec) for spec in requests]
+
+
+def placer(nodes: Iterable[NodeCapacity]) -> Callable[[ModelSpec, int], Fill]:
+    """Place up to ``count`` replicas of ``spec`` per call, on one snapshot."""
+    return _Allocation(nodes).place_up_to
+
+
+def placer_in_steps(
+    nodes: Iterable[NodeCapacity], step: int = 500
+) -> Generator[None, None, Callable[[ModelSpec, int], Fill]]:
+    """`placer`, its index built ``step`` nodes at a time with a yield after each,
+    for a caller that must not hold its event loop for the whole build: the
+    function comes back as the generator's value (``yield from``)."""
+    ordered = sorted(nodes, key=_name)
+    allocation = _Allocation()
+    for start in range(0, len(ordered), step):
+        allocation._add(ordered[start : start + step])
+        yield
+    return allocation.place_up_to
 
 
 def plan_drain(
@@ -194,17 +240,12 @@ def plan_drain(
             moving[replica.model] += 1
             ready_moving[replica.model] += replica.ready
 
-    fleet = _Fleet(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
+    allocation = _Allocation(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
     impacts: list[DrainImpact] = []
     for model in sorted(moving):
         spec, need = by_name[model], moving[model]
-        placed, why = 0, ""
-        for _ in range(need):
-            result = fleet.place(spec)
-            if isinstance(result, Unplaceable):
-                why = result.reason  # capacity only shrinks: the rest fail too
-                break
-            placed += 1
+        fill = allocation.place_up_to(spec, need)
+        placed, why = len(fill.placed), fill.unplaceable.reason if fill.unplaceable else ""
         ready_after = ready_now[model] - ready_moving[model] + placed
         verdict: Verdict
         reason: str | None = None
@@ -243,11 +284,52 @@ def plan_drain(
 
 # -- the index -------------------------------------------------------------------------
 
-# (entirely free, free cards on the node, free cards of the class). For a fixed
-# request these sort exactly as the packing rank does.
-_BucketKey = tuple[bool, int, int]
-# (not a holder, entirely free, leftover on node, leftover in class, name): smaller is better.
-_Rank = tuple[bool, bool, int, int, str]
+
+class _BucketKey(NamedTuple):
+    """Where a node sits in a (scope, class) index. For a fixed request these
+    sort exactly as the packing rank does."""
+
+    entirely_free: bool
+    node_free: int  # free cards on the node, every class
+    class_free: int  # free cards of the class
+
+
+class _Rank(NamedTuple):
+    """A candidate node for one shard: smaller is better, field by field."""
+
+    not_holder: bool
+    entirely_free: bool
+    node_leftover: int  # free cards left on the node after the shard
+    class_leftover: int  # free cards of the class left on the node
+    name: str
+
+
+class _FabricScore(NamedTuple):
+    """A fabric's bid for a multi-shard replica: smaller is better, field by field."""
+
+    non_holders: int
+    free_nodes_consumed: int
+    free_blocks_left: int  # best fit: the fabric left with the smallest largest block wins
+    leftover: int  # free cards left on the chosen nodes
+    fabric: str
+    gpu_class: str
+
+
+class _SingleChoice(NamedTuple):
+    """The best node for a single-shard replica so far, and its class (ties by class name)."""
+
+    rank: _Rank
+    gpu_class: str
+
+
+class _MostFree(NamedTuple):
+    """For a reason: the ready node with the most free cards of one class (smallest wins)."""
+
+    minus_free: int
+    node: str
+    gpu_class: str
+
+
 _Scope = str | None  # None: the whole fleet; otherwise a fabric
 
 _MAX_LISTED = 6  # fabrics or classes named in one reason
@@ -261,6 +343,8 @@ class _Node:
     holds: frozenset[str]
     free: dict[str, list[str]]
     total_free: int = field(init=False)
+    # Where the node sits in each class's index: set on entering, read on leaving.
+    keys: dict[str, _BucketKey] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.total_free = sum(len(cards) for cards in self.free.values())
@@ -270,24 +354,40 @@ class _Node:
         return self.total_cards > 0 and self.total_free >= self.total_cards
 
     def key(self, cls: str) -> _BucketKey:
-        return (self.entirely_free, self.total_free, len(self.free.get(cls, ())))
+        return _BucketKey(self.entirely_free, self.total_free, len(self.free.get(cls, ())))
 
 
-class _Fleet:
+class _Allocation:
     """Mutable allocation state for one call: the snapshot, indexed."""
 
-    def __init__(self, nodes: Iterable[NodeCapacity]) -> None:
+    def __init__(self, nodes: Iterable[NodeCapacity] = ()) -> None:
         self._ready: dict[str, _Node] = {}
         self._not_ready: list[NodeCapacity] = []
         self._buckets: dict[tuple[_Scope, str], dict[_BucketKey, list[str]]] = defaultdict(dict)
         self._free_block: dict[str, int] = defaultdict(int)  # fabric -> entirely free nodes
         self._holders_by_model: dict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, _Scope], frozenset[str]] = {}
-        seen: set[str] = set()
-        for cap in sorted(nodes, key=lambda n: n.name):
-            if cap.name in seen:
+        # Shapes (shards, GPUs per shard, class) that did not fit, with the reason,
+        # until cards are taken. Neither depends on the model's name or weights, so
+        # 200 models of one shape that cannot fit cost one scan of the fleet, not 200.
+        self._refused: dict[tuple[int, int, str | None], str] = {}
+        # For reasons, until cards are taken: the node with most free per class asked
+        # for (None: any), and what a missing class's reason says.
+        self._most_free: dict[str | None, _MostFree] = {}
+        self._class_missing: dict[str, str | None] = {}
+        self._by_fabric: dict[str | None, list[_Node]] = defaultdict(list)  # None: in none
+        self._seen: set[str] = set()
+        self._fabrics: list[str] = []
+        self._add(sorted(nodes, key=_name))
+
+    def _add(self, nodes: Iterable[NodeCapacity]) -> None:
+        """Index nodes given in name order, each after every node indexed before."""
+        self._forget_reasons()
+        fabrics = set(self._fabrics)
+        for cap in nodes:
+            if cap.name in self._seen:
                 raise ValueError(f"node {cap.name!r} appears twice in the snapshot")
-            seen.add(cap.name)
+            self._seen.add(cap.name)
             if not cap.schedulable:
                 self._not_ready.append(cap)
                 continue
@@ -302,16 +402,18 @@ class _Fleet:
             for model in node.holds:
                 self._holders_by_model[model].add(node.name)
             self._enter(node, presorted=True)  # names arrive sorted: append keeps buckets sorted
-        self._fabrics = sorted({f for n in self._ready.values() for f in n.fabrics})
+            fabrics.update(node.fabrics)
+            for fabric in node.fabrics or (None,):
+                self._by_fabric[fabric].append(node)
+        self._fabrics = sorted(fabrics)
 
     # -- bookkeeping
 
     def _enter(self, node: _Node, *, presorted: bool = False) -> None:
+        node.keys = {cls: node.key(cls) for cls, cards in node.free.items() if cards}
         for scope in (None, *node.fabrics):
-            for cls, cards in node.free.items():
-                if not cards:
-                    continue
-                bucket = self._buckets[scope, cls].setdefault(node.key(cls), [])
+            for cls, key in node.keys.items():
+                bucket = self._buckets[scope, cls].setdefault(key, [])
                 if presorted:
                     bucket.append(node.name)
                 else:
@@ -322,11 +424,8 @@ class _Fleet:
 
     def _leave(self, node: _Node) -> None:
         for scope in (None, *node.fabrics):
-            for cls, cards in node.free.items():
-                if not cards:
-                    continue
+            for cls, key in node.keys.items():
                 table = self._buckets[scope, cls]
-                key = node.key(cls)
                 bucket = table[key]
                 del bucket[bisect.bisect_left(bucket, node.name)]
                 if not bucket:
@@ -337,12 +436,18 @@ class _Fleet:
 
     def _take(self, name: str, cls: str, count: int) -> tuple[str, ...]:
         node = self._ready[name]
+        self._forget_reasons()  # only an untouched fleet refuses the same way
         self._leave(node)
         cards = node.free[cls]
         taken, node.free[cls] = tuple(cards[:count]), cards[count:]
         node.total_free -= count
         self._enter(node)
         return taken
+
+    def _forget_reasons(self) -> None:
+        self._refused.clear()
+        self._most_free.clear()
+        self._class_missing.clear()
 
     def _holders_in(self, model: str, scope: _Scope) -> frozenset[str]:
         cached = self._holders.get((model, scope))
@@ -362,13 +467,15 @@ class _Fleet:
         table = self._buckets.get((scope, cls))
         if not table:
             return []
-        keys = sorted(k for k in table if k[2] >= gpus)
+        keys = sorted(k for k in table if k.class_free >= gpus)
         eligible = sum(len(table[k]) for k in keys)
         if eligible < count:
             return []
 
         def rank(holder: bool, key: _BucketKey, name: str) -> _Rank:
-            return (not holder, key[0], key[1] - gpus, key[2] - gpus, name)
+            return _Rank(
+                not holder, key.entirely_free, key.node_free - gpus, key.class_free - gpus, name
+            )
 
         def walk() -> Iterator[tuple[_BucketKey, str]]:
             return ((k, name) for k in keys for name in table[k])
@@ -379,8 +486,8 @@ class _Fleet:
             if len(holders) * 4 < eligible:
                 # Few holders: rank them directly rather than walking every bucket.
                 for name in holders:
-                    key = self._ready[name].key(cls)
-                    if key[2] >= gpus:
+                    key = self._ready[name].keys.get(cls)
+                    if key is not None and key.class_free >= gpus:
                         chosen.append(rank(True, key, name))
                 chosen = sorted(chosen)[:count]
             else:
@@ -396,44 +503,63 @@ class _Fleet:
         return sorted(cls for (s, cls), table in self._buckets.items() if s == scope and table)
 
     def place(self, spec: ModelSpec) -> Placement | Unplaceable:
+        shape = (spec.shards, spec.gpus_per_shard, spec.gpu_class)
+        refused = self._refused.get(shape)
+        if refused is not None:
+            return Unplaceable(spec.name, refused)
+        result = self._place(spec)
+        if isinstance(result, Unplaceable):
+            self._refused[shape] = result.reason
+        return result
+
+    def _place(self, spec: ModelSpec) -> Placement | Unplaceable:
         gpus, shards = spec.gpus_per_shard, spec.shards
         if shards == 1:
-            single: tuple[_Rank, str] | None = None
+            single: _SingleChoice | None = None
             for cls in [spec.gpu_class] if spec.gpu_class else self._classes(None):
                 picked = self._pick(None, cls, gpus, 1, spec.name)
                 if picked and (single is None or (picked[0], cls) < single):
-                    single = (picked[0], cls)
+                    single = _SingleChoice(picked[0], cls)
             if single is None:
                 return Unplaceable(spec.name, self._why_single(spec))
-            return self._commit(spec, None, single[1], [single[0]])
+            return self._commit(spec, None, single.gpu_class, [single.rank])
 
-        best: tuple[tuple[int, int, int, int, str, str], list[_Rank]] | None = None
+        best: tuple[_FabricScore, list[_Rank]] | None = None
         for fabric in self._fabrics:
             for cls in [spec.gpu_class] if spec.gpu_class else self._classes(fabric):
                 picked = self._pick(fabric, cls, gpus, shards, spec.name)
                 if not picked:
                     continue
-                consumed = sum(r[1] for r in picked)
-                score = (
-                    sum(r[0] for r in picked),  # non-holders: fewer is better
-                    consumed,
-                    self._free_block[fabric] - consumed,  # best fit on free blocks
-                    sum(r[2] for r in picked),
-                    fabric,
-                    cls,
+                consumed = sum(r.entirely_free for r in picked)
+                score = _FabricScore(
+                    non_holders=sum(r.not_holder for r in picked),
+                    free_nodes_consumed=consumed,
+                    free_blocks_left=self._free_block[fabric] - consumed,
+                    leftover=sum(r.node_leftover for r in picked),
+                    fabric=fabric,
+                    gpu_class=cls,
                 )
                 if best is None or score < best[0]:
                     best = (score, picked)
         if best is None:
             return Unplaceable(spec.name, self._why_multi(spec))
         score, picked = best
-        return self._commit(spec, score[4], score[5], picked)
+        return self._commit(spec, score.fabric, score.gpu_class, picked)
+
+    def place_up_to(self, spec: ModelSpec, count: int) -> Fill:
+        placed: list[Placement] = []
+        for _ in range(count):
+            result = self.place(spec)
+            if isinstance(result, Unplaceable):
+                return Fill(tuple(placed), result)
+            placed.append(result)
+        return Fill(tuple(placed), None)
 
     def _commit(
         self, spec: ModelSpec, fabric: str | None, cls: str, picked: list[_Rank]
     ) -> Placement:
         shards = tuple(
-            ShardPlacement(node=r[4], rank=i, gpus=self._take(r[4], cls, spec.gpus_per_shard))
+            ShardPlacement(node=r.name, rank=i, gpus=self._take(r.name, cls, spec.gpus_per_shard))
             for i, r in enumerate(picked)
         )
         return Placement(model=spec.name, fabric=fabric, shards=shards, gpu_class=cls)
@@ -446,6 +572,11 @@ class _Fleet:
         return "the fleet has no nodes"
 
     def _missing_class(self, cls: str) -> str | None:
+        if cls not in self._class_missing:
+            self._class_missing[cls] = self._why_class_missing(cls)
+        return self._class_missing[cls]
+
+    def _why_class_missing(self, cls: str) -> str | None:
         if any(cls in node.free for node in self._ready.values()):
             return None
         reason = f"no ready node has GPUs of class {cls}"
@@ -467,21 +598,25 @@ class _Fleet:
             return f"{want}; {self._no_ready_node()}"
         if cls is not None and (missing := self._missing_class(cls)):
             return f"{want}; {missing}"
-        # Most free, then first by name: (-count, name, class) is smallest.
-        most = min(
-            (
-                (-len(cards), node.name, c)
-                for node in self._ready.values()
-                for c, cards in node.free.items()
-                if cls is None or c == cls
-            ),
-            default=(0, "", ""),
-        )
-        if most[0] == 0:
+        most = self._most_free.get(cls)
+        if most is None:
+            # Most free, then first by name: (-count, name, class) is smallest.
+            most = self._most_free[cls] = _MostFree(
+                *min(
+                    (
+                        (-len(cards), node.name, c)
+                        for node in self._ready.values()
+                        for c, cards in node.free.items()
+                        if cls is None or c == cls
+                    ),
+                    default=(0, "", ""),
+                )
+            )
+        if most.minus_free == 0:
             return f"{want}; no ready node has a free one"
-        where = most[1] if cls else f"{most[2]} on {most[1]}"
+        where = most.node if cls else f"{most.gpu_class} on {most.node}"
         kind = "" if cls else " of one class"
-        return f"{want}; most free{kind} on a ready node: {-most[0]} ({where})"
+        return f"{want}; most free{kind} on a ready node: {-most.minus_free} ({where})"
 
     def _why_multi(self, spec: ModelSpec) -> str:
         gpus, cls, shards = spec.gpus_per_shard, spec.gpu_class, spec.shards
@@ -500,13 +635,11 @@ class _Fleet:
                         per_class[c] += 1
             return max(per_class.values(), default=0)
 
-        loose = fitting(n for n in self._ready.values() if not n.fabrics)
+        loose = fitting(self._by_fabric.get(None, ()))
         if not self._fabrics:
             reason = f"{want}; no ready node is in a fabric"
             return reason + (f" ({loose} would fit)" if loose else "")
-        fits = {
-            f: fitting(n for n in self._ready.values() if f in n.fabrics) for f in self._fabrics
-        }
+        fits = {f: fitting(self._by_fabric[f]) for f in self._fabrics}
         if all(fits[f] == self._free_block[f] for f in self._fabrics):
             label = "largest free block"  # the same numbers, in the fleet's own words
         else:
@@ -516,6 +649,10 @@ class _Fleet:
         if loose:
             reason += f"; {_nodes(loose)} outside any fabric would fit"
         return reason
+
+
+def _name(node: NodeCapacity) -> str:
+    return node.name
 
 
 def _listing(items: Sequence[str]) -> str:

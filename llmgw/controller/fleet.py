@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import re
 import secrets
 import time
@@ -78,6 +79,7 @@ _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 # A node row's content: every `NodeRow` field except the report age.
 RowContent = dict[str, Any]
 _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
+_CAPACITY_VERSIONS = itertools.count(1)
 
 
 class FleetState:
@@ -129,6 +131,11 @@ class FleetState:
         # Running sums for the summary, and what each node last put into them.
         self.totals = FleetTotals()
         self._facts: dict[str, NodeFacts] = {}
+        # Moves whenever something placement reads may have changed (see `capacity_version`).
+        # From one counter for the whole process, so that a version is never seen
+        # twice, even by a reconcile loop that outlives this state (a reload).
+        self._capacity_version = next(_CAPACITY_VERSIONS)
+        self._capacity_at: dict[str, int] = {}  # node -> the version of its last such change
         # (moment a node turns unreachable, node): popped lazily as time passes.
         self._deadlines: list[tuple[float, str]] = []
         # First sightings are written in batches: one fsync per node would stall
@@ -222,6 +229,23 @@ class FleetState:
             if rid in self._records:
                 self._gateway_activity[rid] = now
 
+    @property
+    def capacity_version(self) -> int:
+        """Moves whenever something placement reads may have changed: a node's facts
+        (state, cards, fabrics, weights held), a node forgotten, replicas placed or
+        removed, model specs. The reconcile loop tries a model that cannot be placed
+        again only once this has moved, not on every pass."""
+        return self._capacity_version
+
+    def capacity_changed_at(self, name: str) -> int:
+        """The `capacity_version` of the last change to what placement reads of this
+        node: its facts, its cards, the cards assigned on it (0: none this run)."""
+        return self._capacity_at.get(name, 0)
+
+    def _capacity_moved(self, node: str) -> None:
+        self._capacity_version = next(_CAPACITY_VERSIONS)
+        self._capacity_at[node] = self._capacity_version
+
     # -- the change log ----------------------------------------------------------------
 
     @property
@@ -277,6 +301,7 @@ class FleetState:
         )
         old = self._facts.get(name)
         if old != facts:
+            self._capacity_moved(name)
             if old is not None:
                 self.totals.remove(old)
             self.totals.add(facts)
@@ -360,7 +385,10 @@ class FleetState:
                 for n in rec.nodes
             )
         digest = digest_report(report, now, self.assigned_gpus(report.node))
+        cards = entry.cards
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        if entry.cards is not cards:  # kept when equal: a new object is a change
+            self._capacity_moved(report.node)
         self._watch(report.node, now)
         self.advance_time(now)
         return now
@@ -531,6 +559,8 @@ class FleetState:
             self._log.append(ChangeKind.ADMIN, name)
         self._drain_blocked.pop(name, None)
         del self._entries[name]
+        self._capacity_version = next(_CAPACITY_VERSIONS)
+        self._capacity_at.pop(name, None)
         self._rows.pop(name, None)
         self._replies.pop(name, None)
         old = self._facts.pop(name, None)
@@ -553,6 +583,7 @@ class FleetState:
             self._log.append(ChangeKind.MODEL, spec.name)
             if self._retiring.pop(spec.name, None) is not None:
                 self._keep_retiring_replicas(spec.name)
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         # Source, engine and arguments in assignments come from the specs.
         names = {s.name for s in specs}
         self._assignments_changed(
@@ -565,6 +596,7 @@ class FleetState:
         self._store.delete_model(name)  # its backoff goes with it
         spec = self._models.pop(name)
         self._log.append(ChangeKind.MODEL, name)
+        self._capacity_version = next(_CAPACITY_VERSIONS)
         if self._backoffs.pop(name, None) is not None:
             self._log.append(ChangeKind.BACKOFF, name)
         self.set_unplaceable(name, None)
@@ -650,6 +682,9 @@ class FleetState:
         self._replicas_moved(touched)
 
     def _replicas_moved(self, touched: set[str]) -> None:
+        self._capacity_version = next(_CAPACITY_VERSIONS)
+        for node in touched:  # which cards are assigned: not always visible in the facts
+            self._capacity_moved(node)
         self._index_records()
         self._assignments_changed(touched)
         for node in touched:

@@ -256,7 +256,7 @@ class ControllerMetrics:
         )
         self.reconcile_seconds = Histogram(
             "llmgw_reconcile_seconds",
-            "Duration of one reconcile pass.",
+            "Event-loop time one reconcile pass held (its slices, not the yields between them).",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -14,6 +14,20 @@ Every tick, from the fleet's current facts:
 4. Every model keeps ready + starting >= its minimum; what cannot be placed
    says why.
 
+The work of a pass is bounded whatever the specs say (a spec may ask for
+10,000 replicas): a model that did not fit is tried again only once the
+fleet's capacity has moved (`FleetState.capacity_version`) or its spec has
+changed, and then once, not once per missing replica; a pass makes at most
+`attempts_per_pass` placement attempts (the rest wait for the next pass, which
+starts with the models this one did not reach); and `run` yields to the event
+loop between slices of at most `attempts_per_slice` attempts or `slice_s`
+seconds, for as long as the slice took, so reports and requests are served in
+between. The snapshot and the scheduler's index are built in steps of
+`NODES_PER_STEP` nodes, and only nodes whose capacity changed since the last
+pass are read again. One picture of the fleet serves a pass: once something
+else moved capacity during a yield, each placement is checked against the
+fleet as it is before it is committed.
+
 Placement itself is `llmgw.scheduler`, pure functions over a snapshot.
 Everything a tick decides is written to the store before the next report's
 reply carries it, so a controller killed at any moment resumes without
@@ -23,40 +37,74 @@ duplicating or losing a replica.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import re
 import secrets
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections import defaultdict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
-from llmgw.scheduler import NodeCapacity, Placement, RunningReplica, place_many, plan_drain
+from llmgw.scheduler import (
+    Fill,
+    NodeCapacity,
+    Placement,
+    RunningReplica,
+    place_many,
+    placer_in_steps,
+    plan_drain,
+)
 from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
 
 log = logging.getLogger("llmgw.reconcile")
 
+# Placement attempts (one replica each) a pass may make, and per slice between
+# two yields to the event loop. An attempt costs microseconds when it places and
+# up to a scan of the fleet when it does not (the reason).
+ATTEMPTS_PER_PASS = 256
+ATTEMPTS_PER_SLICE = 32
+SLICE_S = 0.002
+# Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
+NODES_PER_STEP = 200
+# Wall time a pass (in `run`) spends placing before it leaves the rest to the
+# next: a first look at many models, or a big change, is spread over seconds.
+PASS_S = 0.05
 
-def snapshot(fleet: FleetState, now: float, excluded: Iterable[str] = ()) -> list[NodeCapacity]:
-    """What placement may use: healthy idle cards not held by any replica."""
+
+def snapshot(
+    fleet: FleetState,
+    now: float,
+    excluded: Iterable[str] = (),
+    names: Iterable[str] | None = None,
+) -> list[NodeCapacity]:
+    """What placement may use: healthy idle cards not held by any replica (of
+    the nodes named, when `names` is given; those gone meanwhile are left out)."""
     excluded = set(excluded)
+    # A node holds a model when it has weights under the model's name or source:
+    # looked up per weight held, not per declared model (200 models x 2,000 nodes).
+    by_weights: dict[str, set[str]] = defaultdict(set)
+    for spec in fleet.models.values():
+        by_weights[spec.name].add(spec.name)
+        by_weights[spec.source].add(spec.name)
     out = []
-    for name, entry in fleet.nodes.items():
+    entries = fleet.nodes
+    for name in entries if names is None else names:
+        entry = entries.get(name)
+        if entry is None:
+            continue
         assigned = fleet.assigned_gpus(name)
         free: dict[str, list[str]] = defaultdict(list)
         for uuid, cls, usable in entry.cards:
             free.setdefault(cls, [])
             if usable and uuid not in assigned:
                 free[cls].append(uuid)
-        holds = {
-            spec.name
-            for spec in fleet.models.values()
-            if spec.name in entry.digest.models or spec.source in entry.digest.models
-        }
+        holds = {model for held in entry.digest.models for model in by_weights.get(held, ())}
         out.append(
             NodeCapacity(
                 name=name,
@@ -106,16 +154,65 @@ def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
     return plan_drain(fleet.models.values(), running, snapshot(fleet, now), set(nodes))
 
 
+class _Want(NamedTuple):
+    spec: ModelSpec
+    missing: int
+
+
+class _Tried(NamedTuple):
+    """A model that did not fit: the spec tried, and the fleet's capacity version then."""
+
+    spec: ModelSpec
+    version: int
+
+
+class _Kept(NamedTuple):
+    """A node's entry in the last snapshot, and the capacity version it was built at."""
+
+    changed_at: int
+    capacity: NodeCapacity
+
+
 class Reconciler:
     def __init__(
         self,
         fleet: FleetState,
         gate: StopGate | None = None,
         on_pass: Callable[[float, bool], None] | None = None,
+        *,
+        attempts_per_pass: int = ATTEMPTS_PER_PASS,
+        attempts_per_slice: int = ATTEMPTS_PER_SLICE,
+        slice_s: float = SLICE_S,
+        pass_s: float = PASS_S,
     ) -> None:
+        if attempts_per_pass < 1 or attempts_per_slice < 1:
+            raise ValueError("a pass and a slice must each allow at least one placement attempt")
         self.fleet = fleet
         self.gate = gate
-        self.on_pass = on_pass  # told each pass's duration and whether it failed (metrics)
+        # Told each pass's time on the event loop and whether it failed (metrics).
+        self.on_pass = on_pass
+        self.attempts_per_pass = attempts_per_pass
+        self.attempts_per_slice = attempts_per_slice
+        self.slice_s = slice_s
+        self.pass_s = pass_s
+        # Models that did not fit. While spec and capacity are the same, trying
+        # again would give the same answer.
+        self._did_not_fit: dict[str, _Tried] = {}
+        # Where the next pass starts when one ran out of attempts: (model, just after it).
+        self._resume: tuple[str, bool] | None = None
+        # The last snapshot, node by node, and the (name, source) of the models then.
+        self._kept: dict[str, _Kept] = {}
+        self._kept_weights: tuple[tuple[str, str], ...] = ()
+        # The last pass's placer, and the capacity version it matched when it ended:
+        # while nothing has moved since, the next pass goes on with it.
+        self._placer: tuple[Callable[[ModelSpec, int], Fill], int] | None = None
+        # Capacity moved by this loop's own placements only takes cards away, so it
+        # cannot make a model fit that did not: such a model is only looked at again
+        # (for its reason's numbers) after every model that may now fit. `_expected`
+        # is the version after this loop's last commit; `_moved_at`, the last one
+        # at which something else was seen to move capacity.
+        self._expected = -1
+        self._moved_at = 0
 
     def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
@@ -123,19 +220,39 @@ class Reconciler:
 
     async def run(self, interval_s: float) -> None:
         while True:
-            t0, failed = time.perf_counter(), False
-            try:
-                self.tick()
-            except StoreUnavailable:
-                pass  # the store logs once per outage; the next tick tries again
-            except Exception:  # one bad tick must not stop reconciling
-                failed = True
-                log.exception("reconcile tick failed")
-            if self.on_pass is not None:
-                self.on_pass(time.perf_counter() - t0, failed)
+            await self.run_pass()
             await asyncio.sleep(interval_s)
 
+    async def run_pass(self) -> None:
+        """One pass, letting the event loop run between its slices."""
+        held, failed = 0.0, False
+        t0 = time.perf_counter()
+        try:
+            for _ in self.steps(time.perf_counter() + self.pass_s):
+                took = time.perf_counter() - t0
+                held += took
+                # As long again for everything else: a pass with much to do takes
+                # at most half the loop. (A request needs several turns of the
+                # loop; one `sleep(0)` per slice would give it one.)
+                await asyncio.sleep(took)
+                t0 = time.perf_counter()
+        except StoreUnavailable:
+            pass  # the store logs once per outage; the next pass tries again
+        except Exception:  # one bad pass must not stop reconciling
+            failed = True
+            log.exception("reconcile tick failed")
+        held += time.perf_counter() - t0
+        if self.on_pass is not None:
+            self.on_pass(held, failed)
+
     def tick(self) -> None:
+        """One whole pass without yielding and without a time limit (tests and benches)."""
+        for _ in self.steps():
+            pass
+
+    def steps(self, place_until: float = float("inf")) -> Iterator[None]:
+        """One pass, in slices: it yields where other work may run in between.
+        Past `place_until` (`time.perf_counter()`), placing stops at the next slice."""
         fleet = self.fleet
         now, wall = fleet.clock(), fleet.wall()
         fleet.advance_time(now)
@@ -145,7 +262,8 @@ class Reconciler:
         self._retire_deleted()
         self._cancel_stopped_drains()
         self._drain(now, wall)
-        self._fill_shortfalls(now, wall)
+        yield
+        yield from self._fill_shortfalls(place_until)
 
     # -- 1. what the agents report ---------------------------------------------------
 
@@ -277,7 +395,159 @@ class Reconciler:
 
     # -- 4. minimums ------------------------------------------------------------------------------
 
-    def _fill_shortfalls(self, now: float, wall: float) -> None:
+    def _fill_shortfalls(self, place_until: float) -> Iterator[None]:
+        """Place what models miss, a slice at a time, each slice committing what it
+        placed before yielding.
+
+        One picture of the fleet (snapshot and index, built in steps) serves the
+        whole pass: rebuilding it whenever some report moved capacity during a
+        yield would cost a fleet-wide scan per slice. Once something else has
+        moved capacity, each placement is checked against the fleet as it is
+        before it is committed (a cordoned node, a card taken meanwhile), and a
+        model that did not fit is looked at again next pass.
+
+        Past `place_until` the pass stops at the next slice (having done at
+        least one); the next pass goes on from there, with the same picture
+        when nothing has moved meanwhile."""
+        fleet = self.fleet
+        attempts_left = self.attempts_per_pass
+        done: set[str] = set()  # models dealt with in this pass
+        started: set[str] = set()  # models that got a replica in this pass
+        place_up_to: Callable[[ModelSpec, int], Fill] | None = None
+        basis = 0  # the capacity version the placer's picture of the fleet is from
+        stale = False  # capacity moved under the placer, by something other than it
+        seen_version = fleet.capacity_version
+        if seen_version != self._expected:  # reports, admin, the steps before this one
+            self._moved_at = seen_version
+        if self._placer is not None and self._placer[1] == seen_version:
+            place_up_to, basis = self._placer
+        self._placer = None
+        sliced = False
+        wants = self._shortfalls(fleet.wall(), done)
+        while wants and attempts_left and not (sliced and time.perf_counter() > place_until):
+            if place_up_to is None:
+                basis, stale = seen_version, False
+                nodes = yield from self._snapshot_in_steps(place_until)
+                if nodes is None:
+                    break  # out of time: what was read is kept for the next pass
+                building = time.perf_counter()
+                place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
+                # A picture built is used for at least as long as its index took:
+                # on a busy fleet, where each pass needs a new one, passes still
+                # get on (the rest of their time is never less than the build's).
+                built = time.perf_counter()
+                place_until = max(place_until, built + (built - building))
+            else:
+                sliced = True
+                now, wall = fleet.clock(), fleet.wall()
+                placed: list[ReplicaRecord] = []
+                settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
+                slice_left = self.attempts_per_slice
+                slice_end = time.perf_counter() + self.slice_s
+                while wants and slice_left and attempts_left and time.perf_counter() < slice_end:
+                    spec, missing = wants[0]
+                    fill = place_up_to(spec, min(missing, slice_left, attempts_left))
+                    used = len(fill.placed) + (fill.unplaceable is not None)
+                    slice_left, attempts_left = slice_left - used, attempts_left - used
+                    good = [p for p in fill.placed if not stale or self._still_free(p, now)]
+                    placed.extend(record_from(p, wall) for p in good)
+                    if good:
+                        started.add(spec.name)
+                    if len(good) < len(fill.placed):
+                        # The picture is out of date where it matters: a fresh one.
+                        wants[0] = _Want(spec, missing - len(good))
+                        place_up_to = None
+                        break
+                    if fill.unplaceable is not None:
+                        wants.popleft()
+                        done.add(spec.name)
+                        settled.append((spec.name, fill.unplaceable.reason))
+                        # Tried on the fleet as of `basis`: any placement committed
+                        # since moves the version, so it is looked at once more then.
+                        self._did_not_fit[spec.name] = _Tried(spec, basis)
+                    elif len(fill.placed) == missing:
+                        wants.popleft()
+                        done.add(spec.name)
+                        settled.append((spec.name, None))
+                        self._did_not_fit.pop(spec.name, None)
+                    else:  # out of attempts for the slice or pass: it fits, the rest later
+                        wants[0] = _Want(spec, missing - len(fill.placed))
+                        settled.append((spec.name, None))
+                fleet.put_replicas(placed)
+                for name, why in settled:
+                    fleet.set_unplaceable(name, why)
+                if placed:
+                    log.info(
+                        "placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed)
+                    )
+                if not stale:  # the placer took what was just committed: it matches
+                    basis = fleet.capacity_version
+                seen_version = self._expected = fleet.capacity_version
+                yield
+            fleet.advance_time()
+            if fleet.capacity_version != seen_version:  # moved by something else meanwhile
+                stale, seen_version = True, fleet.capacity_version
+                self._moved_at = seen_version
+                wants = self._shortfalls(fleet.wall(), done)
+        if wants:  # out of attempts or time: the next pass begins with the models not reached
+            head = wants[0].spec.name
+            self._resume = (head, head in started)
+        else:
+            self._resume = None
+        if place_up_to is not None and not stale and basis == fleet.capacity_version:
+            self._placer = (place_up_to, basis)
+
+    def _snapshot_in_steps(
+        self, until: float = float("inf")
+    ) -> Generator[None, None, list[NodeCapacity] | None]:
+        """`snapshot(fleet, now)`, a step of nodes at a time. A node's entry is
+        kept from the last snapshot while nothing placement reads of it has
+        changed (`FleetState.capacity_changed_at`) and the models are the same,
+        so a busy fleet costs a rebuild of the nodes that changed, not of all.
+        None when time ran out first (past `until`, after a step at least)."""
+        fleet = self.fleet
+        weights = tuple(sorted((spec.name, spec.source) for spec in fleet.models.values()))
+        if weights != self._kept_weights:  # which node holds which model may differ
+            self._kept.clear()
+            self._kept_weights = weights
+        for gone in self._kept.keys() - fleet.nodes.keys():
+            del self._kept[gone]
+        stale = [
+            name
+            for name in fleet.nodes
+            if (kept := self._kept.get(name)) is None
+            or kept.changed_at != fleet.capacity_changed_at(name)
+        ]
+        for start in range(0, len(stale), NODES_PER_STEP):
+            chunk = stale[start : start + NODES_PER_STEP]
+            for cap in snapshot(fleet, fleet.clock(), names=chunk):
+                self._kept[cap.name] = _Kept(fleet.capacity_changed_at(cap.name), cap)
+            yield
+            if start + NODES_PER_STEP < len(stale) and time.perf_counter() > until:
+                return None
+        return [self._kept[name].capacity for name in fleet.nodes if name in self._kept]
+
+    def _still_free(self, placement: Placement, now: float) -> bool:
+        """Whether a placement made on an older picture still fits the fleet as it is."""
+        fleet = self.fleet
+        for shard in placement.shards:
+            entry = fleet.nodes.get(shard.node)
+            if entry is None or fleet.state_of(shard.node, now) is not NodeState.READY:
+                return False
+            usable = {uuid for uuid, _, ok in entry.cards if ok}
+            if not usable.issuperset(shard.gpus) or fleet.assigned_gpus(shard.node) & set(
+                shard.gpus
+            ):
+                return False
+        return True
+
+    def _shortfalls(self, wall: float, done: set[str]) -> deque[_Want]:
+        """The models to try now, in name order from where the last pass stopped;
+        last, those that did not fit and that only this loop's placements have
+        touched since (they still do not fit; their reasons' numbers may change).
+
+        Satisfied models lose their reason; models backing off, and those that
+        did not fit with the same spec at the same capacity, are not tried."""
         fleet = self.fleet
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         active: dict[str, int] = defaultdict(int)
@@ -285,25 +555,34 @@ class Reconciler:
             # A draining replica and its stand-in are one replica between them.
             if r.state is not ReplicaState.FAILED and r.id not in replaced:
                 active[r.model] += 1
-        requests: list[ModelSpec] = []
-        for name, spec in sorted(fleet.models.items()):
+        for gone in self._did_not_fit.keys() - fleet.models.keys():
+            del self._did_not_fit[gone]
+        names = sorted(fleet.models)
+        first = 0
+        if self._resume is not None:
+            name, after = self._resume
+            first = (bisect.bisect_right if after else bisect.bisect_left)(names, name)
+        version = fleet.capacity_version
+        wants: deque[_Want] = deque()
+        refresh: list[_Want] = []  # did not fit, and only this loop has moved capacity since
+        for name in names[first:] + names[:first]:
+            if name in done:
+                continue
+            spec = fleet.models[name]
             missing = spec.min_replicas - active[name]
             if missing <= 0:
                 fleet.set_unplaceable(name, None)
-            elif not fleet.backing_off(name, wall):
-                requests.extend([spec] * missing)
-        if not requests:
-            return
-        results = place_many(requests, snapshot(fleet, now))
-        placed = []
-        unplaced: dict[str, str] = {}
-        for spec, result in zip(requests, results, strict=True):
-            if isinstance(result, Placement):
-                placed.append(record_from(result, wall))
+                self._did_not_fit.pop(name, None)
+            elif fleet.backing_off(name, wall):
+                continue
+            elif (tried := self._did_not_fit.get(name)) and tried.spec == spec:
+                if tried.version == version:
+                    continue  # nothing it needs has changed since it did not fit
+                if tried.version >= self._moved_at:
+                    refresh.append(_Want(spec, missing))  # still does not fit
+                else:
+                    wants.append(_Want(spec, missing))
             else:
-                unplaced.setdefault(spec.name, result.reason)
-        fleet.put_replicas(placed)
-        for spec in requests:
-            fleet.set_unplaceable(spec.name, unplaced.get(spec.name))
-        if placed:
-            log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
+                wants.append(_Want(spec, missing))
+        wants.extend(refresh)
+        return wants

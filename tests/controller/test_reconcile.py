@@ -1,16 +1,20 @@
 """The reconcile loop against a simulated fleet: placement, failure backoff,
-lost nodes, drains that move work, and restarts that lose nothing."""
+lost nodes, drains that move work, restarts that lose nothing, and passes whose
+work is bounded whatever the specs ask for."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-from fleet_factories import FakeClock, location, make_fleet, report
+from fleet_factories import FakeClock, gpu, location, make_fleet, report
 
-from llmgw.controller.reconcile import Reconciler, drain_plan
+import llmgw.scheduler
+from llmgw.controller.reconcile import Reconciler, drain_plan, snapshot
+from llmgw.scheduler import Placement, Unplaceable, place
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
 
 MODEL = ModelSpec(name="llama", source="meta/llama-8b", min_replicas=2, gpus_per_shard=4)
@@ -25,6 +29,7 @@ class Sim:
         self.state_dir, self.clock, self.settings = state_dir, clock, settings
         self.nodes = list(nodes)
         self.weights: dict[str, list[str]] = {}
+        self.gpu_class: dict[str, str] = {}  # nodes whose cards are not the default class
         self.failing: set[str] = set()  # nodes whose engines crash
         self.down: set[str] = set()
         self.fleet = make_fleet(state_dir, clock, backoff_base_s=10.0, **settings)
@@ -51,7 +56,9 @@ class Sim:
             for a in assigned
         ]
         storage = [location("/models", self.weights[node])] if node in self.weights else None
-        self.fleet.ingest(report(node, replicas=shards, storage=storage))
+        cls = self.gpu_class.get(node)
+        gpus = [gpu(node, i, cls) for i in range(8)] if cls else None
+        self.fleet.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
 
     def step(self, ready: bool = True, seconds: float = 1.0) -> None:
         """One report interval: every live agent reports, then one tick."""
@@ -432,3 +439,376 @@ def test_a_forced_drain_survives_a_restart(tmp_path: Path, clock: FakeClock) -> 
     sim.step()
     assert sim.fleet.assignments_for("gpu1") == []
     assert sim.fleet.row("gpu1").admin.drained
+
+
+# -- bounded passes (issue 10 item 3) ---------------------------------------------------
+
+BIG = ModelSpec(name="big", source="x", min_replicas=10_000, gpus_per_shard=64, engine="fake")
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every placement attempt the scheduler makes (one replica each), by model."""
+    made: list[str] = []
+    real = llmgw.scheduler._Allocation.place
+
+    def counting(self: llmgw.scheduler._Allocation, spec: ModelSpec) -> Placement | Unplaceable:
+        made.append(spec.name)
+        return real(self, spec)
+
+    monkeypatch.setattr(llmgw.scheduler._Allocation, "place", counting)
+    return made
+
+
+def scheduler_says(sim: Sim, spec: ModelSpec, attempts: list[str] | None = None) -> str:
+    """The reason the scheduler gives for `spec` on the fleet as it is (not counted)."""
+    result = place(spec, snapshot(sim.fleet, sim.clock()))
+    if attempts is not None:
+        attempts.pop()
+    assert isinstance(result, Unplaceable), result
+    return result.reason
+
+
+def reasons_everywhere(sim: Sim, model: str) -> set[str | None]:
+    """What every view says about why `model` cannot be placed (the summary lists
+    only models short of their minimum with none starting)."""
+    [view] = [v for v in sim.fleet.model_views() if v.spec.name == model]
+    return {
+        sim.fleet.unplaceable_reasons.get(model),
+        sim.fleet.summary().unplaceable_reasons.get(model),
+        view.unplaceable_reason,
+    }
+
+
+def test_a_model_that_cannot_fit_is_tried_once_per_capacity_change(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.fleet.put_models([BIG])
+    sim.step()
+    assert attempts == ["big"]  # not 10,000 attempts
+    assert reasons_everywhere(sim, "big") == {scheduler_says(sim, BIG, attempts)}
+    attempts.clear()
+    for _ in range(5):  # every agent reports, nothing changes
+        sim.step()
+    assert attempts == []
+    sim.nodes.append("gpu3")  # a new node reports: capacity moved
+    sim.step()
+    assert attempts == ["big"]
+    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")  # and again
+    sim.step()
+    sim.step()
+    assert attempts == ["big", "big"]
+    assert reasons_everywhere(sim, "big") == {scheduler_says(sim, BIG, attempts)}
+
+
+def test_a_model_that_did_not_fit_is_placed_once_capacity_arrives(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    b200 = ModelSpec(name="b200", source="s", min_replicas=2, gpus_per_shard=8, gpu_class="B200")
+    sim.fleet.put_models([b200])
+    sim.step()
+    sim.step()
+    assert reasons_everywhere(sim, "b200") == {
+        "needs 1 node with 8 free B200; no ready node has GPUs of class B200;"
+        " ready nodes have H100-SXM-80GB"
+    }
+    attempts.clear()
+    sim.gpu_class["gpu3"] = "B200"
+    sim.nodes.append("gpu3")
+    sim.step()
+    assert [nodes for _, _, nodes in sim.replicas("b200")] == [("gpu3",)]
+    assert attempts == ["b200", "b200"]  # the first fits, the second does not
+    sim.step()  # ready: the summary counts the model as short again
+    assert reasons_everywhere(sim, "b200") == {
+        "needs 1 node with 8 free B200; no ready node has a free one"
+    }
+    sim.gpu_class["gpu4"] = "B200"
+    sim.nodes.append("gpu4")
+    sim.step()
+    assert sorted(nodes for _, _, nodes in sim.replicas("b200")) == [("gpu3",), ("gpu4",)]
+    assert reasons_everywhere(sim, "b200") == {None}
+
+
+def test_a_model_is_not_tried_again_for_its_other_missing_replicas_in_a_pass(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    many = MODEL.model_copy(update={"min_replicas": 10_000, "gpus_per_shard": 8})
+    sim.fleet.put_models([many])
+    sim.step()
+    assert attempts == ["llama"] * 3  # two fit, the third does not, the rest are not tried
+    assert len(sim.replicas()) == 2
+    # Its own placements moved capacity: one more look, then none until something changes.
+    sim.step()
+    sim.step()
+    sim.step()
+    assert attempts == ["llama"] * 4
+    assert reasons_everywhere(sim, "llama") == {scheduler_says(sim, many, attempts)}
+
+
+def test_a_pass_makes_at_most_its_attempts_and_the_next_goes_on_fairly(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_pass=5)
+    one_gpu = {"gpus_per_shard": 1}
+    a = MODEL.model_copy(update={"name": "a", "min_replicas": 12, **one_gpu})
+    b = MODEL.model_copy(update={"name": "b", "min_replicas": 1, **one_gpu})
+    sim.fleet.put_models([a, b])
+    counts = []
+    for _ in range(4):
+        sim.step(ready=False)
+        counts.append((len(sim.replicas("a")), len(sim.replicas("b"))))
+    # The first pass spends its 5 on "a"; the next starts after it, so "b" is not
+    # kept waiting until "a" has all 12.
+    assert counts == [(5, 0), (9, 1), (12, 1), (12, 1)]
+    assert len(attempts) == 5 + 5 + 3
+    assert reasons_everywhere(sim, "a") == {None} == reasons_everywhere(sim, "b")
+
+
+async def test_the_event_loop_runs_between_the_slices_of_a_pass(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 20, "gpus_per_shard": 1})])
+    seen: list[int] = []
+
+    async def other_work() -> None:
+        while True:
+            seen.append(len(sim.fleet.records))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    await sim.reconciler.run_pass()
+    task.cancel()
+    assert len(sim.replicas()) == 20
+    # Another task ran after every slice, and each slice had committed its work.
+    assert sorted(set(seen)) == [0, 4, 8, 12, 16, 20]
+
+
+@pytest.mark.parametrize("change", ["cordoned", "cards busy"])
+async def test_a_change_between_slices_is_seen_by_the_next(
+    tmp_path: Path, clock: FakeClock, attempts: list[str], change: str
+) -> None:
+    """A node cordoned, or whose cards got busy, while the pass is yielding gets
+    nothing more from it."""
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
+    many = MODEL.model_copy(update={"min_replicas": 16, "gpus_per_shard": 1})
+    sim.fleet.put_models([many])
+    before_cordon: set[str] = set()
+
+    async def operator() -> None:
+        for _ in range(1_000_000):  # every turn of the loop, until the first slice commits
+            await asyncio.sleep(0)
+            if sim.fleet.records:
+                break
+        before_cordon.update(sim.fleet.records)
+        if change == "cordoned":
+            sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
+        else:  # something outside the controller's knowledge took every card
+            busy = [gpu("gpu2", i, in_use=True) for i in range(8)]
+            sim.fleet.ingest(report("gpu2", gpus=busy))
+            sim.nodes.remove("gpu2")  # and its agent keeps saying so (by not reporting)
+
+    task = asyncio.create_task(operator())
+    await sim.reconciler.run_pass()
+    await task
+    after = [r for r in sim.fleet.records.values() if r.id not in before_cordon]
+    assert len(before_cordon) == 4 and len(after) == 8 - sum(
+        r.nodes == ("gpu1",) for r in sim.fleet.records.values() if r.id in before_cordon
+    )
+    assert all(r.nodes == ("gpu1",) for r in after)
+    sim.step()
+    assert reasons_everywhere(sim, "llama") == {scheduler_says(sim, many, attempts)}
+
+
+def test_a_reconciler_needs_room_for_one_attempt(tmp_path: Path, clock: FakeClock) -> None:
+    fleet = make_fleet(tmp_path, clock)
+    with pytest.raises(ValueError, match="at least one placement attempt"):
+        Reconciler(fleet, attempts_per_pass=0)
+    with pytest.raises(ValueError, match="at least one placement attempt"):
+        Reconciler(fleet, attempts_per_slice=0)
+
+
+def test_capacity_version_moves_with_what_placement_reads_and_only_then(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=2)
+    fleet = sim.fleet
+    moves: list[str] = []
+
+    def check(what: str, action: object = None) -> None:
+        before = fleet.capacity_version
+        if callable(action):
+            action()
+        fleet.advance_time()
+        if fleet.capacity_version != before:
+            moves.append(what)
+
+    check("unchanged report", lambda: sim.report("gpu1"))
+    check("new node", lambda: sim.report("gpu3"))
+    busy = [gpu("gpu1", i, in_use=i == 0) for i in range(8)]
+    check("a card in use", lambda: fleet.ingest(report("gpu1", gpus=busy)))
+    swapped = [*busy[:7], gpu("gpu1", 9)]  # same counts, another card
+    check("a card swapped", lambda: fleet.ingest(report("gpu1", gpus=swapped)))
+    check("weights", lambda: (sim.weights.update(gpu2=["m"]), sim.report("gpu2")))
+    check("cordon", lambda: fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops"))
+    check("model", lambda: fleet.put_models([MODEL]))
+    check("placed", sim.reconciler.tick)
+    check("time passes, nothing due", lambda: clock.advance(1))
+    check("unreachable", lambda: clock.advance(60))
+    check("forgotten", lambda: fleet.forget_node("gpu3", "ops"))
+    assert moves == [
+        "new node",
+        "a card in use",
+        "a card swapped",
+        "weights",
+        "cordon",
+        "model",
+        "placed",
+        "unreachable",
+        "forgotten",
+    ]
+
+
+async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapshot(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity moving under a pass (a busy fleet) costs no fleet-wide rebuild per
+    slice: one snapshot per pass, and every model still gets its exact reason."""
+    import llmgw.controller.reconcile as reconcile
+
+    built: list[int] = []
+    real = reconcile.snapshot
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reconcile, "snapshot", counting)
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=60.0)
+    specs = [
+        ModelSpec(name=f"m{g:02d}", source="s", min_replicas=1, gpus_per_shard=g)
+        for g in range(9, 29)
+    ]
+    sim.fleet.put_models(specs)
+
+    async def churn() -> None:
+        for i in range(10_000):
+            flip = [gpu("gpu2", k, in_use=k == 7 and i % 2 == 0) for k in range(8)]
+            sim.fleet.ingest(report("gpu2", gpus=flip))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(churn())
+    await sim.reconciler.run_pass()
+    task.cancel()
+    assert built == [1]
+    assert all(
+        sim.fleet.unplaceable_reasons[s.name].startswith(f"needs 1 node with {s.gpus_per_shard} ")
+        for s in specs
+    )
+    # Next pass, with the fleet still: one look at each model on a fresh picture.
+    sim.step()
+    assert built == [1, 1]
+    assert all(sim.fleet.unplaceable_reasons[s.name] == scheduler_says(sim, s) for s in specs)
+
+
+def test_the_snapshot_kept_between_passes_is_the_fleet_as_it_is(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Only nodes whose capacity changed are rebuilt; what comes out is always what a
+    fresh snapshot says."""
+    sim = sim_with(tmp_path, clock, n=3)
+    fleet, reconciler = sim.fleet, sim.reconciler
+
+    def kept() -> list[object]:
+        steps = reconciler._snapshot_in_steps()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return list(done.value)
+
+    changes = [
+        lambda: None,
+        lambda: fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops"),
+        lambda: fleet.ingest(report("gpu2", gpus=[gpu("gpu2", i, in_use=i < 3) for i in range(8)])),
+        lambda: (fleet.put_models([MODEL]), sim.step()),
+        lambda: (sim.weights.update(gpu3=["meta/llama-8b"]), sim.report("gpu3")),
+        lambda: fleet.put_models([MODEL.model_copy(update={"name": "other", "source": "x/y"})]),
+        lambda: (sim.weights.update(gpu3=["x/y"]), sim.report("gpu3")),
+        lambda: sim.report("gpu4"),
+        lambda: fleet.forget_node("gpu4", "ops"),
+        lambda: fleet.remove_replicas(list(fleet.records)),
+        lambda: (clock.advance(60), fleet.advance_time()),
+    ]
+    for change in changes:
+        change()
+        assert kept() == snapshot(fleet, clock())
+
+
+async def test_a_pass_out_of_time_leaves_the_rest_to_the_next(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    """Past its time a pass stops after the slice it is in (it always does one);
+    the next goes on, on the same picture while nothing has moved."""
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=0.0)
+    few = MODEL.model_copy(update={"min_replicas": 5, "gpus_per_shard": 1})
+    never = [BIG.model_copy(update={"name": f"never-{i}", "min_replicas": 1}) for i in range(3)]
+    sim.fleet.put_models([few, *never])
+    progress = []
+    for _ in range(6):
+        await sim.reconciler.run_pass()
+        progress.append((len(sim.fleet.records), len(sim.fleet.unplaceable_reasons)))
+    # One slice (two attempts) a pass. Each pass starts after the model the last
+    # one stopped in, so the three that never fit are not kept waiting for "llama";
+    # looking at them again after "llama"'s placements (which only take cards
+    # away) waits until "llama" has all five.
+    assert progress == [(2, 0), (2, 2), (3, 3), (5, 3), (5, 3), (5, 3)]
+    assert attempts == [
+        *("llama", "llama", "never-0", "never-1", "never-2", "llama", "llama", "llama"),
+        *("never-0", "never-1", "never-2"),
+    ]
+    attempts.clear()
+    await sim.reconciler.run_pass()
+    assert attempts == []
+    for spec in never:
+        assert reasons_everywhere(sim, spec.name) == {scheduler_says(sim, spec)}
+
+
+def test_a_burst_of_placements_is_not_slowed_by_models_that_cannot_fit(
+    tmp_path: Path, clock: FakeClock, attempts: list[str]
+) -> None:
+    """Placements only take cards away: models that did not fit are not tried
+    again ahead of a model still being placed, only after it is done."""
+    sim = sim_with(tmp_path, clock, n=4)
+    sim.reconciler = Reconciler(sim.fleet, attempts_per_pass=6)
+    burst = MODEL.model_copy(update={"min_replicas": 24, "gpus_per_shard": 1})
+    never = [BIG.model_copy(update={"name": f"z{i}", "min_replicas": 1}) for i in range(3)]
+    sim.fleet.put_models([burst, *never])
+    per_pass = []
+    while len(sim.replicas()) < 24:
+        sim.step(ready=False)
+        per_pass.append(sorted(attempts))
+        attempts.clear()
+    # Six attempts a pass: 24 placements and a first look at each of the three.
+    # Only once "llama" is done are the three looked at again (for their numbers).
+    assert per_pass == [
+        ["llama"] * 6,
+        ["llama"] * 3 + ["z0", "z1", "z2"],
+        ["llama"] * 6,
+        ["llama"] * 6,
+        ["llama"] * 3 + ["z0", "z1", "z2"],
+    ]
+    for _ in range(3):
+        sim.step()
+    assert len(attempts) <= 3  # at most one more look each, then none
+    for spec in never:
+        assert reasons_everywhere(sim, spec.name) == {scheduler_says(sim, spec)}

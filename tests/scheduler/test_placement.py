@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.scheduler import NodeCapacity, place, place_many
+import llmgw.scheduler
+from llmgw.scheduler import (
+    Fill,
+    NodeCapacity,
+    Placement,
+    Unplaceable,
+    place,
+    place_many,
+    placer,
+    placer_in_steps,
+)
+from llmgw.wire import ModelSpec
 
 from ._fleet import A100, H100, node, placed, refused, spec
 
@@ -225,6 +236,84 @@ def test_a_placement_breaks_the_free_block_for_the_next() -> None:
     assert refused(results[1]) == (
         "needs 2 nodes x 8 H100-80GB in one fabric; largest free block: ib 1"
     )
+
+
+def test_a_placer_stops_at_the_first_replica_that_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Capacity only shrinks, so after one replica does not fit the rest are not
+    tried: 10,000 asked of a model with room for three costs four attempts."""
+    attempts: list[str] = []
+    real = llmgw.scheduler._Allocation.place
+
+    def counting(self: llmgw.scheduler._Allocation, s: ModelSpec) -> Placement | Unplaceable:
+        attempts.append(s.name)
+        return real(self, s)
+
+    monkeypatch.setattr(llmgw.scheduler._Allocation, "place", counting)
+    nodes = [node("a", 4, total=8), node("b", 2, total=8)]
+    fill = placer(nodes)(spec(gpus=2), 10_000)
+    assert len(attempts) == 4
+    assert [p.nodes for p in fill.placed] == [("b",), ("a",), ("a",)]
+    # The same answers, replica for replica, as asking place_many for each.
+    expected = place_many([spec(gpus=2)] * 4, nodes)
+    assert list(fill.placed) == expected[:3]
+    assert fill.unplaceable == expected[3]
+
+
+def test_a_placer_built_in_steps_answers_as_one_built_at_once() -> None:
+    nodes = [
+        node(f"n{i:02d}", 1 + i % 8, total=8, fabrics=[f"ib-{i % 3}"]) for i in reversed(range(25))
+    ]
+    requests = [spec("a", gpus=3), spec("b", gpus=8, shards=2), spec("c", gpus=7, shards=3)]
+    steps = placer_in_steps(nodes, step=10)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            stepped = done.value
+            break
+    assert yields == 3
+    at_once = placer(nodes)
+    assert [stepped(r, 4) for r in requests] == [at_once(r, 4) for r in requests]
+    with pytest.raises(ValueError, match="appears twice"):
+        list(placer_in_steps([node("x"), *nodes[:12], node("x")], step=5))
+
+
+def test_a_placers_calls_see_what_the_earlier_took() -> None:
+    place_up_to = placer([node("a", 4, total=8)])
+    assert place_up_to(spec("x", gpus=1), 0) == Fill((), None)
+    first = place_up_to(spec("x", gpus=3), 5)
+    assert len(first.placed) == 1 and first.unplaceable is not None
+    second = place_up_to(spec("y", gpus=1), 1)
+    assert second.unplaceable is None
+    assert set(second.placed[0].shards[0].gpus).isdisjoint(first.placed[0].shards[0].gpus)
+    assert refused(place_up_to(spec("z", gpus=1), 3).unplaceable or second.placed[0]) == (
+        "needs 1 node with 1 free H100-80GB; no ready node has a free one"
+    )
+
+
+def test_a_shape_that_did_not_fit_is_refused_alike_until_cards_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scans: list[str] = []
+    real = llmgw.scheduler._Allocation._why_single
+
+    def counting(self: llmgw.scheduler._Allocation, s: ModelSpec) -> str:
+        scans.append(s.name)
+        return real(self, s)
+
+    monkeypatch.setattr(llmgw.scheduler._Allocation, "_why_single", counting)
+    nodes = [node("a", 4, total=8), node("b", 6, total=8)]
+    big = [spec(name, gpus=7) for name in ("x", "y")]
+    results = place_many([*big, spec("small", gpus=5), spec("z", gpus=7)], nodes)
+    assert scans == ["x", "z"]  # "y" is refused like "x"; a placement in between forgets it
+    assert [r.model for r in results] == ["x", "y", "small", "z"]
+    assert refused(results[0]) == refused(results[1]) == refused(place(big[1], nodes))
+    assert refused(results[3]) == refused(place_many([spec(gpus=5), spec(gpus=7)], nodes)[1])
+    assert refused(results[0]) != refused(results[3])  # most free: 6 on b, then 4 on a
 
 
 # -- reasons ---------------------------------------------------------------------------
