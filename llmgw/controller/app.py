@@ -117,6 +117,10 @@ def _message(e: Any) -> str:
     return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
 
 
+class ClientGone(Exception):
+    """The client went away before its body arrived: nobody is left to answer."""
+
+
 class SlowBody(Exception):
     """A body dribbled slower than the body timeout allows: 408, and the connection closes."""
 
@@ -138,6 +142,8 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raw = await asyncio.wait_for(request.read(), timeout)  # 413 past client_max_size
     except TimeoutError:
         raise SlowBody(f"the request body did not arrive within {timeout:g} s") from None
+    except ConnectionResetError:  # closed or reset mid-body (aiohttp: "Connection lost")
+        raise ClientGone from None
     if not raw:
         if optional:
             raw = b"{}"
@@ -162,6 +168,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error(400, exc.message, exc.detail)
     except SlowBody as exc:
         resp = error(408, str(exc))
+        resp.force_close()
+        return resp
+    except ClientGone:  # an answer for the access log; the connection is already gone
+        resp = error(400, "the client closed the connection before its body arrived")
         resp.force_close()
         return resp
     except BadCursor as exc:
