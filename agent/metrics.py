@@ -102,6 +102,11 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
     return EngineSample(gauges=gauges, counters=counters, latency_buckets=buckets)
 
 
+def counters_fell(before: Mapping[str, float], after: Mapping[str, float]) -> bool:
+    """A counter below its earlier value: the engine restarted in between."""
+    return any(v < before.get(k, 0.0) for k, v in after.items())
+
+
 class IdleTracker:
     """Idle time of one engine from successive samples. Pure; the clock is injectable."""
 
@@ -126,7 +131,7 @@ class IdleTracker:
             self._baseline = counters
             self._last_activity = now if active else now - self._quiet_before_s
             return active
-        if any(v < self._baseline.get(k, 0.0) for k, v in counters.items()):
+        if counters_fell(self._baseline, counters):
             self.restarts += 1
             # Restarted since the previous scrape: anything it counted is recent.
             active = active or any(v > 0 for v in counters.values())

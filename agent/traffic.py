@@ -17,17 +17,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from agent.metrics import EngineSample
+from agent.metrics import EngineSample, counters_fell
 from llmgw.wire import EngineTraffic
 
 WINDOW_S = 30.0
 REQUESTS = ("vllm:request_success_total", "sglang:num_requests_total")
-IN_FLIGHT = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-)
 CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 CACHE_HITS = "vllm:prefix_cache_hits_total"
 
@@ -66,7 +60,7 @@ class TrafficMeter:
 
     def observe(self, sample: EngineSample) -> None:
         now = self._clock()
-        if self._samples and _fell(self._samples[-1][1], sample):
+        if self._samples and counters_fell(self._samples[-1][1].counters, sample.counters):
             self._samples.clear()  # restarted: its counters began again from zero
         self._samples.append((now, sample))
         # Keep one sample older than the window, so the window is always spanned.
@@ -90,11 +84,7 @@ class TrafficMeter:
         p50 = quantile(0.5, delta)
         return EngineTraffic(
             requests_per_s=round(max(0.0, served) / span, 3),
-            in_flight=int(_sum(last.gauges, IN_FLIGHT)),
+            in_flight=int(sum(last.gauges.values())),  # the gauges kept: running and queued
             p50_latency_s=None if p50 is None else round(p50, 4),
             prefix_hit_rate=round(min(1.0, hits / queries), 4) if queries > 0 else None,
         )
-
-
-def _fell(before: EngineSample, after: EngineSample) -> bool:
-    return any(v < before.counters.get(k, 0.0) for k, v in after.counters.items())

@@ -34,13 +34,14 @@ from llmgw.controller.authorize import RefusalLog, report_refusal
 from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
 from llmgw.controller.endpoints import (
     MAX_WAIT_S,
+    FeedHold,
     Gateways,
     endpoint_of,
     endpoints_since,
     parse_cursor,
 )
 from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
-from llmgw.controller.leadership import Leadership, endpoints_not_yet, not_the_leader
+from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings, split_listen
@@ -72,6 +73,7 @@ REFUSALS = web.AppKey("refusals", RefusalLog)
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
 GATEWAYS = web.AppKey("gateways", Gateways)
+FEED_HOLD = web.AppKey("feed_hold", FeedHold)
 STORE = web.AppKey("store", StateStore)
 LEADERSHIP = web.AppKey("leadership", Leadership)
 
@@ -384,7 +386,8 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 async def summary(request: web.Request) -> web.Response:
-    return json_model(request.app[FLEET].summary())
+    fleet = request.app[FLEET]
+    return json_model(fleet.summary(request.app[GATEWAYS].in_flight(fleet.clock())))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -464,7 +467,7 @@ async def drain_plan(request: web.Request) -> web.Response:
 async def list_endpoints(request: web.Request) -> web.Response:
     """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
     fleet = request.app[FLEET]
-    not_yet = endpoints_not_yet(fleet)  # a new leader, before the agents reported
+    not_yet = request.app[FEED_HOLD].reason()  # a new leader, before the agents reported
     if not_yet is not None:
         return error(503, not_yet)
     since = request.query.get("since", "")
@@ -553,6 +556,8 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
     app[GATEWAYS] = Gateways(fleet)
+    app[FEED_HOLD] = FeedHold(fleet)
+    app[METRICS].gateways = app[GATEWAYS]
     # Leading runs the reconcile loop and the saves; a follower runs neither.
     lead = app[LEADERSHIP] = Leadership(
         settings,

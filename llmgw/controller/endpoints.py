@@ -134,6 +134,53 @@ def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
     return out
 
 
+class FeedHold:
+    """Why a controller that just began to lead (a start, a takeover) does not publish
+    the serving endpoints yet, or None once it may.
+
+    Replicas are durable but where they listen comes from agent reports, which a new
+    leader has not had yet: a full answer now would tell every gateway that nothing
+    serves. So it waits until each node leading a replica in routing has reported,
+    or has turned unreachable (one grace period), and gateways keep routing as they
+    were meanwhile. Once open it stays open for the fleet's run (`fleet.epoch`, new
+    at every start and reload), so a poll does not scan every replica."""
+
+    def __init__(self, fleet: FleetState) -> None:
+        self.fleet = fleet
+        self._open_for: str | None = None  # the fleet run (fleet.epoch) it opened in
+
+    def reason(self) -> str | None:
+        fleet = self.fleet
+        if self._open_for == fleet.epoch:
+            return None
+        why = _waiting_for_reports(fleet)
+        if why is None:
+            self._open_for = fleet.epoch
+        return why
+
+
+def _waiting_for_reports(fleet: FleetState) -> str | None:
+    now = fleet.clock()
+    waiting = set()
+    for rec in fleet.records.values():
+        if rec.state not in (ReplicaState.READY, ReplicaState.DRAINING):
+            continue
+        node = rec.shards[0].node
+        entry = fleet.nodes.get(node)
+        if entry is None or entry.received_at is not None:
+            continue
+        if fleet.state_of(node, now) is not NodeState.UNREACHABLE:
+            waiting.add(node)
+    if not waiting:
+        return None
+    names = ", ".join(sorted(waiting)[:5]) + (" …" if len(waiting) > 5 else "")
+    return (
+        f"this controller began to lead {now - fleet.started_at:.0f} s ago and waits for "
+        f"{len(waiting)} node(s) serving replicas to report ({names}); keep routing as is "
+        "and ask again"
+    )
+
+
 @dataclass
 class GatewaySeen:
     name: str
@@ -164,7 +211,6 @@ class Gateways:
             (rid for rid, n in status.requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
-        self.fleet.note_in_flight(status.name, status.in_flight, now)
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
@@ -176,6 +222,15 @@ class Gateways:
 
     def live(self, now: float) -> list[GatewaySeen]:
         return [g for g in self.seen.values() if now - g.at <= LIVE_S]
+
+    def in_flight(self, now: float) -> dict[str, int]:
+        """Requests in flight per replica, summed over the live gateways (the
+        traffic view counts them when they exceed the engine's own count)."""
+        out: dict[str, int] = {}
+        for g in self.live(now):
+            for rid, n in g.in_flight.items():
+                out[rid] = out.get(rid, 0) + n
+        return out
 
     def views(self) -> list[GatewayView]:
         now = self.fleet.clock()

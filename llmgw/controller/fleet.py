@@ -116,9 +116,6 @@ class FleetState:
         # Replica id -> when a gateway last saw a request for it (monotonic): idleness
         # counts these as well as the engines' own counters, whichever is later.
         self._gateway_activity: dict[str, float] = {}
-        # Gateway name -> (monotonic time, requests in flight per replica): the
-        # traffic view counts a gateway's in-flight when it exceeds the engine's.
-        self._gateway_in_flight: dict[str, tuple[float, dict[str, int]]] = {}
         # Specs of deleted models whose replicas are still stopping (the gateway
         # handshake): their engines keep their assignments until the stop.
         self._retiring: dict[str, ModelSpec] = {}
@@ -207,21 +204,6 @@ class FleetState:
             revision = self._log.append(ChangeKind.REPLICA, replica_id)
             mark = self._stopping[replica_id] = (revision, self.clock())
         return mark or (self._log.revision, self.clock())
-
-    def note_in_flight(self, gateway: str, in_flight: Mapping[str, int], now: float) -> None:
-        """A gateway's requests in flight per replica (soft state, like reports)."""
-        self._gateway_in_flight[gateway] = (now, dict(in_flight))
-
-    def gateway_in_flight(self, now: float, live_s: float = 10.0) -> dict[str, int]:
-        """Requests in flight per replica, summed over gateways heard from within `live_s`."""
-        out: dict[str, int] = {}
-        for gateway, (at, counts) in list(self._gateway_in_flight.items()):
-            if now - at > live_s:
-                del self._gateway_in_flight[gateway]
-                continue
-            for rid, n in counts.items():
-                out[rid] = out.get(rid, 0) + n
-        return out
 
     def note_requests(self, replica_ids: Iterable[str], now: float) -> None:
         """A gateway saw new requests for these replicas (soft state, like reports)."""
@@ -707,7 +689,8 @@ class FleetState:
 
     # -- views ------------------------------------------------------------------------------------
 
-    def summary(self) -> FleetSummary:
+    def summary(self, gateway_in_flight: Mapping[str, int] | None = None) -> FleetSummary:
+        """`gateway_in_flight`: requests the gateways hold per replica (`Gateways.in_flight`)."""
         now = self.clock()
         self.advance_time(now)
         return build_summary(
@@ -719,7 +702,7 @@ class FleetState:
             self.unplaceable_reasons,
             now,
             self.wall(),
-            self.gateway_in_flight(now),
+            gateway_in_flight,
         )
 
     def _row_content(self, name: str, now: float) -> RowContent:

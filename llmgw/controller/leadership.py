@@ -37,7 +37,6 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.stores.base import StateStore
 from llmgw.leader import LEADER_HEADER, NOT_THE_LEADER
-from llmgw.wire import NodeState, ReplicaState
 
 if TYPE_CHECKING:
     from llmgw.controller.stores.postgres import PgLease
@@ -283,36 +282,6 @@ async def _final_save(fleet: FleetState, tries: int = 5) -> None:
                 log.error("final save failed, first sightings of some nodes not stored: %s", exc)
                 return
             await asyncio.sleep(0.2)
-
-
-def endpoints_not_yet(fleet: FleetState) -> str | None:
-    """Why a controller that just began to lead (a start, a takeover) does not publish
-    the serving endpoints yet, or None once it may.
-
-    Replicas are durable but where they listen comes from agent reports, which a new
-    leader has not had yet: a full answer now would tell every gateway that nothing
-    serves. So it waits until each node leading a replica in routing has reported,
-    or has turned unreachable (one grace period), and gateways keep routing as they
-    were meanwhile."""
-    now = fleet.clock()
-    waiting = set()
-    for rec in fleet.records.values():
-        if rec.state not in (ReplicaState.READY, ReplicaState.DRAINING):
-            continue
-        node = rec.shards[0].node
-        entry = fleet.nodes.get(node)
-        if entry is None or entry.received_at is not None:
-            continue
-        if fleet.state_of(node, now) is not NodeState.UNREACHABLE:
-            waiting.add(node)
-    if not waiting:
-        return None
-    names = ", ".join(sorted(waiting)[:5]) + (" …" if len(waiting) > 5 else "")
-    return (
-        f"this controller began to lead {now - fleet.started_at:.0f} s ago and waits for "
-        f"{len(waiting)} node(s) serving replicas to report ({names}); keep routing as is "
-        "and ask again"
-    )
 
 
 def new_holder() -> str:

@@ -12,14 +12,14 @@ models, gateways. Per-node series are opt-in (`--metrics-per-node`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from llmgw.controller.endpoints import Gateways
 from llmgw.controller.fleet import FleetState
 from llmgw.wire import ModelTraffic, NodeState, ReplicaState
 
@@ -27,30 +27,20 @@ GPU_BUCKETS = ("used", "free", "unschedulable", "unhealthy", "unknown")
 # Report handling is a few ms; a store write can take a full fsync.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-__all__ = ["CONTENT_TYPE_LATEST", "ControllerMetrics", "FleetCollector", "gateway_ages"]
-
-
-def gateway_ages(fleet: FleetState, now: float) -> Mapping[str, float]:
-    """Seconds since each gateway's last status post.
-
-    Gateways are tracked by the state owner once the gateway lands
-    (`fleet.gateways`: name -> an object with `seen_at` on the controller clock).
-    Until then this is empty, and so is the metric family.
-    """
-    gateways: Mapping[str, Any] = getattr(fleet, "gateways", None) or {}
-    out = {}
-    for name, gw in gateways.items():
-        seen = getattr(gw, "seen_at", None)
-        if isinstance(seen, int | float):
-            out[name] = max(0.0, now - seen)
-    return out
+__all__ = ["CONTENT_TYPE_LATEST", "ControllerMetrics", "FleetCollector"]
 
 
 class FleetCollector(Collector):
     """Every fleet fact of the summary, computed from the state owner per scrape."""
 
-    def __init__(self, fleet: Callable[[], FleetState | None], per_node: bool = False) -> None:
+    def __init__(
+        self,
+        fleet: Callable[[], FleetState | None],
+        gateways: Callable[[], Gateways | None],
+        per_node: bool = False,
+    ) -> None:
         self._fleet = fleet
+        self._gateways = gateways
         self._per_node = per_node
 
     def describe(self) -> Iterable[Metric]:
@@ -60,7 +50,9 @@ class FleetCollector(Collector):
         fleet = self._fleet()
         if fleet is None:  # before startup or after shutdown
             return
-        s = fleet.summary()
+        gateways = self._gateways()
+        views = gateways.views() if gateways is not None else []
+        s = fleet.summary(gateways.in_flight(fleet.clock()) if gateways is not None else None)
 
         nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=["state"])
         for state in NodeState:
@@ -152,15 +144,14 @@ class FleetCollector(Collector):
             value=len(fleet.drain_blocked),
         )
 
-        ages = gateway_ages(fleet, fleet.clock())
-        yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(ages))
+        yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(views))
         gw_age = GaugeMetricFamily(
             "llmgw_gateway_report_age_seconds",
             "Seconds since a gateway last posted its status.",
             labels=["gateway"],
         )
-        for name, age in sorted(ages.items()):
-            gw_age.add_metric([name], age)
+        for view in views:
+            gw_age.add_metric([view.name], view.age_s)
         yield gw_age
 
         if self._per_node:
@@ -245,7 +236,8 @@ class ControllerMetrics:
     def __init__(self, per_node: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.fleet: FleetState | None = None
-        self.registry.register(FleetCollector(lambda: self.fleet, per_node))
+        self.gateways: Gateways | None = None
+        self.registry.register(FleetCollector(lambda: self.fleet, lambda: self.gateways, per_node))
         r = self.registry
         self.reports = Counter("llmgw_reports", "Agent reports handled.", ["outcome"], registry=r)
         self.report_seconds = Histogram(

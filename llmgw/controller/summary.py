@@ -12,7 +12,7 @@ contribution, and takes it back out before a changed one goes in. A summary of
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -22,6 +22,7 @@ from llmgw.wire import (
     IDLE_AFTER_S,
     AdminFlag,
     AdminInfo,
+    EngineTraffic,
     FabricModelCopies,
     FabricSummary,
     FleetSummary,
@@ -214,40 +215,42 @@ def model_traffic(
     replicas: Mapping[str, ReplicaStatus], gateway_in_flight: Mapping[str, int]
 ) -> list[ModelTraffic]:
     """Per model, what its serving replicas' engines (rank 0) say they served."""
-    by_model: dict[str, list[tuple[float, int, float | None, float | None]]] = defaultdict(list)
+    by_model: dict[str, list[tuple[EngineTraffic, int]]] = defaultdict(list)
     for r in replicas.values():
         lead = r.shards[0] if r.shards else None
         if r.state not in (ReplicaState.READY, ReplicaState.DRAINING):
             continue
         if lead is None or lead.traffic is None:
             continue
-        t = lead.traffic
-        in_flight = max(t.in_flight, gateway_in_flight.get(r.record.id, 0))
-        by_model[r.record.model].append(
-            (t.requests_per_s, in_flight, t.p50_latency_s, t.prefix_hit_rate)
+        in_flight = max(lead.traffic.in_flight, gateway_in_flight.get(r.record.id, 0))
+        by_model[r.record.model].append((lead.traffic, in_flight))
+    out = []
+    for model, rows in sorted(by_model.items()):
+        figures = [t for t, _ in rows]
+        out.append(
+            ModelTraffic(
+                model=model,
+                replicas=len(rows),
+                requests_per_s=round(sum(t.requests_per_s for t in figures), 3),
+                in_flight=sum(n for _, n in rows),
+                p50_latency_s=_weighted(figures, lambda t: t.p50_latency_s),
+                prefix_hit_rate=_weighted(figures, lambda t: t.prefix_hit_rate),
+            )
         )
-    return [
-        ModelTraffic(
-            model=model,
-            replicas=len(rows),
-            requests_per_s=round(sum(r[0] for r in rows), 3),
-            in_flight=sum(r[1] for r in rows),
-            p50_latency_s=_weighted([(r[0], r[2]) for r in rows], 4),
-            prefix_hit_rate=_weighted([(r[0], r[3]) for r in rows], 4),
-        )
-        for model, rows in sorted(by_model.items())
-    ]
+    return out
 
 
-def _weighted(pairs: list[tuple[float, float | None]], digits: int) -> float | None:
+def _weighted(
+    figures: list[EngineTraffic], value: Callable[[EngineTraffic], float | None]
+) -> float | None:
     """Mean of the known values weighted by requests (equal weights when none served)."""
-    known = [(w, v) for w, v in pairs if v is not None]
+    known = [(t.requests_per_s, v) for t in figures if (v := value(t)) is not None]
     if not known:
         return None
     total = sum(w for w, _ in known)
     if total <= 0:
-        return round(sum(v for _, v in known) / len(known), digits)
-    return round(sum(w * v for w, v in known) / total, digits)
+        return round(sum(v for _, v in known) / len(known), 4)
+    return round(sum(w * v for w, v in known) / total, 4)
 
 
 def reason_groups(

@@ -21,6 +21,9 @@ ClientFactory = Callable[..., Awaitable[TestClient]]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+GATEWAY = "gateway-secret"
+
+
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -32,6 +35,7 @@ def settings(tmp_path: Path, **kw: Any) -> ControllerSettings:
             (ADMIN, "alice", Role.ADMIN),
             (READ, "reader", Role.READ),
             (SCRAPE, "prometheus", Role.METRICS),
+            (GATEWAY, "gw", Role.GATEWAY),
         )
     )
     # The test drives reconcile passes itself, so nothing moves between two reads.
@@ -191,6 +195,23 @@ async def test_metrics_equal_the_summary(client: TestClient) -> None:
     assert family(m, "llmgw_gateway_report_age_seconds") == {}
     # No per-node series unless asked for.
     assert not any(n.startswith("llmgw_node_") for n, _ in m)
+
+
+async def test_gateways_and_their_in_flight_show_as_the_summary_counts_them(
+    client: TestClient,
+) -> None:
+    replicas = await (await client.get("/v1/replicas", headers=auth(READ))).json()
+    qwen = next(r for r in replicas if r["model"] == "qwen-7b")
+    status = {"name": "gw-a", "cursor": "", "in_flight": {qwen["id"]: 4}}
+    r = await client.post("/v1/gateways/status", json=status, headers=auth(GATEWAY))
+    assert r.status == 204
+    m = samples(await (await client.get("/metrics", headers=auth(READ))).text())
+    summary = await (await client.get("/v1/summary", headers=auth(READ))).json()
+    assert one(m, "llmgw_gateways") == 1
+    assert set(family(m, "llmgw_gateway_report_age_seconds")) == {frozenset({("gateway", "gw-a")})}
+    (traffic,) = summary["traffic"]
+    assert traffic["in_flight"] == 4  # the gateway holds more than the engine reports
+    assert one(m, "llmgw_model_requests_in_flight", model="qwen-7b") == 4
 
 
 async def test_controller_health_metrics(client: TestClient) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from llmgw.controller.endpoints import Gateways, StopGate, endpoints_since
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.reconcile import Reconciler
-from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec
+from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
 MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_shard=8)
@@ -45,6 +45,10 @@ class Sim:
             rep = report(node, replicas=shards).model_copy(update={"address": f"10.0.0.{i + 1}"})
             self.fleet.ingest(rep)
         self.reconciler.tick()
+
+    def summary(self) -> FleetSummary:
+        """The summary as the controller serves it: with the gateways' in-flight counts."""
+        return self.fleet.summary(self.gateways.in_flight(self.clock()))
 
     def gateway(self, name: str, cursor: str, in_flight: dict[str, int] | None = None) -> None:
         self.gateways.report(GatewayStatus(name=name, cursor=cursor, in_flight=in_flight or {}))
@@ -199,16 +203,16 @@ def test_traffic_per_model_from_engines_and_gateways(tmp_path: Path) -> None:
         "prefix_hit_rate": 0.5,
     }
     sim.step()
-    (traffic,) = sim.fleet.summary().traffic
+    (traffic,) = sim.summary().traffic
     assert (traffic.model, traffic.replicas, traffic.requests_per_s) == ("llama", 2, 6.0)
     assert traffic.in_flight == 2 and traffic.p50_latency_s == 0.2
     assert traffic.prefix_hit_rate == 0.5
     # A gateway that holds more requests in flight than the engine reports wins.
     ids = sorted(sim.fleet.records)
     sim.gateways.report(GatewayStatus(name="gw", cursor="", in_flight={ids[0]: 7}))
-    (traffic,) = sim.fleet.summary().traffic
+    (traffic,) = sim.summary().traffic
     assert traffic.in_flight == 7 + 1
     # ... until it stops reporting.
     sim.clock.advance(11.0)
-    (traffic,) = sim.fleet.summary().traffic
+    (traffic,) = sim.summary().traffic
     assert traffic.in_flight == 2
