@@ -12,12 +12,13 @@ yellow needs attention, red broken, magenta in motion, cyan starting.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # at run time states are compared as words (they are StrEnums):
     # `ctl` renders through this module and must not pay for pydantic's import.
+    from datetime import datetime
+
     from llmgw.wire import NodeRow
 
 
@@ -112,6 +113,8 @@ def percent(fraction: float | None) -> str:
 
 
 def _zoned(at: float, local: bool) -> datetime:
+    from datetime import UTC, datetime  # on first use: `ctl nodes` shows no moments
+
     return datetime.fromtimestamp(at).astimezone() if local else datetime.fromtimestamp(at, UTC)
 
 
@@ -173,14 +176,18 @@ def node_state_parts(
     `cordoned` or `ready` for its grace period: `cordoned (no report)`.
     `age`: the node's report age now, where it is newer than the row's.
     """
-    state, flag = str(row.state), str(row.admin.flag)
-    parts = [(state, style_of(state))]
     unheard = (row.report_age_s if age is AGE_OF_ROW else age) is None
+    return state_parts(str(row.state), str(row.admin.flag), row.admin.drained, unheard)
+
+
+def state_parts(state: str, flag: str, drained: bool, unheard: bool) -> list[tuple[str, str]]:
+    """`node_state_parts` from the four things it reads."""
+    parts = [(state, style_of(state))]
     if state == "unreachable" and flag != "none":
         parts.append((f" ({flag})", STYLE[Meaning.ATTENTION]))
     elif unheard and state != "unreachable":
         parts.append((UNHEARD, STYLE[Meaning.ATTENTION]))
-    elif row.admin.drained and state == "cordoned":
+    elif drained and state == "cordoned":
         parts.append((" (drained)", STYLE[Meaning.MUTED]))
     return parts
 

@@ -84,8 +84,8 @@ def clean(text: str) -> str:
 
 
 class Cell:
-    """One table cell. A plain class: ctl builds 20,000 of them for 2,000 nodes,
-    and a dataclass costs a one-shot its code generation at import."""
+    """A table cell with a style or a sort key; a plain `str` is a cell with neither.
+    A plain class: a dataclass costs a one-shot its code generation at import."""
 
     __slots__ = ("key", "style", "text")
 
@@ -94,10 +94,17 @@ class Cell:
         self.style = style
         self.key = key  # what --sort-by compares (default: the text)
 
-    def sort_key(self) -> tuple[int, Any]:
-        k = self.text if self.key is None else self.key
-        # None (unknown) sorts last
-        return (1, "") if k is None else (0, k)
+
+AnyCell = Cell | str
+
+
+def _style(cell: AnyCell) -> str | None:
+    return None if type(cell) is str else cell.style  # type: ignore[union-attr]
+
+
+def _sort_key(cell: AnyCell) -> tuple[int, Any]:
+    k = cell if type(cell) is str else cell.text if cell.key is None else cell.key  # type: ignore[union-attr]
+    return (1, "") if k is None else (0, k)  # None (unknown) sorts last
 
 
 def paint(text: str, style: str | None, color: bool) -> str:
@@ -108,14 +115,18 @@ def paint(text: str, style: str | None, color: bool) -> str:
 
 
 class Table:
+    """Rows of cells, formatted column by column: `ctl nodes` at 2,000 nodes
+    formats 20,000 cells, so each column is measured, padded and joined by
+    list comprehensions, never cell by cell through a Python method."""
+
     def __init__(self, columns: Sequence[str], right: frozenset[str] = frozenset()) -> None:
         self.columns = list(columns)
-        self.rows: list[list[Cell]] = []
+        self.rows: list[Sequence[AnyCell]] = []
         self.names: list[str] = []  # `-o name` per row ("node/gpu-a01")
         self.right = right  # right-aligned (numeric) columns
 
-    def add(self, name: str, *cells: Cell | str) -> None:
-        self.rows.append([c if isinstance(c, Cell) else Cell(c) for c in cells])
+    def add(self, name: str, *cells: AnyCell) -> None:
+        self.rows.append(cells)
         self.names.append(name)
 
     def sort_by(self, column: str) -> None:
@@ -126,35 +137,44 @@ class Table:
                 f"cannot sort by {column!r}: the columns are {', '.join(self.columns)}"
             )
         i = self.columns.index(wanted)
-        order = sorted(range(len(self.rows)), key=lambda r: self.rows[r][i].sort_key())
+        order = sorted(range(len(self.rows)), key=lambda r: _sort_key(self.rows[r][i]))
         self.rows = [self.rows[r] for r in order]
         self.names = [self.names[r] for r in order]
 
     def format(self, *, headers: bool = True, color: bool = False, width: int | None = None) -> str:
         """Aligned columns; with `width`, the last column is cut (…) to fit it."""
-        lines = [[Cell(c, "bold") for c in self.columns]] if headers else []
+        lines: list[Sequence[AnyCell]] = (
+            [[Cell(c, "bold") for c in self.columns]] if headers else []
+        )
         lines += self.rows
         if not lines:
             return ""
-        widths = [max(len(line[i].text) for line in lines) for i in range(len(self.columns))]
-        out = []
-        for line in lines:
-            parts = []
-            used = 0
-            for i, cell in enumerate(line):
-                last = i == len(line) - 1
-                text = cell.text
-                if last and width is not None and used + len(text) > width:
+        last = len(self.columns) - 1
+        out_columns = []
+        used = 0  # every row's cells before the last are padded to the same widths
+        for i, name in enumerate(self.columns):
+            cells = [line[i] for line in lines]
+            texts = [c if type(c) is str else c.text for c in cells]  # type: ignore[union-attr]
+            if i == last:
+                if width is not None:
                     room = max(width - used, 1)
-                    text = text[: room - 1] + "…" if len(text) > room else text
-                pad = "" if last else " " * (widths[i] - len(text))
-                if self.columns[i] in self.right and not last:
-                    parts.append(pad + paint(text, cell.style, color))
-                else:
-                    parts.append(paint(text, cell.style, color) + pad)
-                used += (len(text) if last else widths[i]) + 3
-            out.append("   ".join(parts).rstrip())
-        return "\n".join(out) + "\n"
+                    texts = [t[: room - 1] + "…" if len(t) > room else t for t in texts]
+                w, right = 0, False  # never padded
+            else:
+                w, right = max(map(len, texts)), name in self.right
+                used += w + 3
+            if color:  # the codes go around the text, not its padding
+                painted = [paint(t, _style(c), True) for t, c in zip(texts, cells, strict=True)]
+                pads = [" " * (w - len(t)) for t in texts]
+                pairs = zip(pads, painted, strict=True)
+                out_columns.append(
+                    [p + t for p, t in pairs] if right else [t + p for p, t in pairs]
+                )
+            else:
+                out_columns.append(
+                    [t.rjust(w) for t in texts] if right else [t.ljust(w) for t in texts]
+                )
+        return "".join("   ".join(row).rstrip() + "\n" for row in zip(*out_columns, strict=True))
 
 
 NUMERIC_COLUMNS = frozenset(
@@ -314,71 +334,93 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
 # -- tables --------------------------------------------------------------------------
 
 
-_STATE_CELLS: dict[tuple[str, str, bool, bool], Cell] = {}
+_STATE_CELLS: dict[tuple[Any, Any, bool, bool], Cell] = {}
 
 
 def node_state(row: NodeRow) -> Cell:
     # A handful of distinct states among thousands of rows: one Cell for each
-    # (ctl nodes at 2,000 rows spent a fifth of its table time here).
-    admin = row.admin
-    key = (str(row.state), str(admin.flag), bool(admin.drained), row.report_age_s is None)
+    # (ctl nodes at 2,000 rows spent a fifth of its table time here). Keys
+    # mix the wire's StrEnums and ctl's plain strings: they hash alike.
+    if isinstance(row, dict):  # a JSON object (ctl)
+        admin = row["admin"]
+        key = (row["state"], admin["flag"], admin["drained"], row["report_age_s"] is None)
+    else:
+        admin = row.admin
+        key = (row.state, admin.flag, admin.drained, row.report_age_s is None)
     cell = _STATE_CELLS.get(key)
     if cell is None:
-        cell = Cell(present.node_state_words(row), present.style_of(key[0]))
+        state, flag, drained, unheard = key
+        words = "".join(w for w, _ in present.state_parts(str(state), str(flag), drained, unheard))
+        cell = Cell(words, present.style_of(str(state)))
         _STATE_CELLS[key] = cell
     return cell
 
 
 def node_reason(row: NodeRow) -> str:
-    admin = row.admin
-    reason = admin.reason or ""
-    if admin.flag == "draining":
-        force_at = getattr(admin, "force_at", None)  # absent from older controllers
+    # Rows are wire models or JSON objects (ctl): the same reading either way.
+    get: Callable[..., Any] = dict.get if isinstance(row, dict) else getattr
+    admin = get(row, "admin")
+    reason = get(admin, "reason") or ""
+    if get(admin, "flag") == "draining":
+        force_at = get(admin, "force_at", None)  # absent from older controllers
         if force_at is not None:
-            when = "forced" if admin.force else present.force_at_words(force_at)
+            when = "forced" if get(admin, "force") else present.force_at_words(force_at)
             reason = f"{reason} ({when})" if reason else when
-    if row.drain_blocked:
-        reason = f"{reason}; waiting: {row.drain_blocked}" if reason else row.drain_blocked
-    if row.gpu_error:
-        reason = f"{reason}; {row.gpu_error}" if reason else row.gpu_error
+    if blocked := get(row, "drain_blocked"):
+        reason = f"{reason}; waiting: {blocked}" if reason else blocked
+    if gpu_error := get(row, "gpu_error"):
+        reason = f"{reason}; {gpu_error}" if reason else gpu_error
     return reason if reason.isprintable() else clean(reason)  # most need no escaping
 
 
 NODE_COLUMNS = ["NODE", "STATE", "GPUS", "USED", "UNHEALTHY", "CLASSES", "FABRICS", "MODELS", "AGE"]
 NODE_WIDE = ["UNKNOWN", "REPLICAS", "BY", "SINCE"]
 
+# Cells shared by many rows: numbers (sorted as numbers), and a clean node's reason.
+_COUNTS = tuple(Cell(str(n), None, n) for n in range(65))
+_UNHEALTHY = tuple(Cell(str(n), "red" if n else "dim", n) for n in range(65))
+
+
+def _count(n: int, cells: tuple[Cell, ...] = _COUNTS) -> Cell:
+    return cells[n] if 0 <= n < len(cells) else Cell(str(n), cells[1].style, n)
+
+
+def _classes(classes: dict[str, int]) -> str:
+    if len(classes) == 1:  # the common node: one kind of card
+        ((cls, n),) = classes.items()
+        return f"{n}x{cls}"
+    return ",".join(f"{n}x{c}" for c, n in sorted(classes.items())) or "-"
+
 
 def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
     table = _table(*NODE_COLUMNS, *(NODE_WIDE if wide else []), "REASON")
     add = table.add
     for row in rows:
-        # ctl's rows are JSON objects (api.View): reading them as dicts skips
-        # a Python-level __getattr__ per field, a third of this loop at 2,000
-        # rows. Wire models (tests, the console's vocabulary checks) by attribute.
+        # ctl's rows are JSON objects, read by item; wire models (tests, the
+        # console's vocabulary checks) by attribute.
         get: Callable[[Any, str], Any] = dict.__getitem__ if isinstance(row, dict) else getattr
-        unhealthy, classes = get(row, "gpus_unhealthy"), get(row, "classes")
-        total, used = get(row, "gpus_total"), get(row, "gpus_used")
-        fabrics, models, age = get(row, "fabrics"), get(row, "models"), get(row, "report_age_s")
-        cells = [
-            Cell(get(row, "name")),
+        name, admin, age = get(row, "name"), get(row, "admin"), get(row, "report_age_s")
+        cells: list[AnyCell] = [
+            name,
             node_state(row),
-            Cell(str(total), None, total),
-            Cell(str(used), None, used),
-            Cell(str(unhealthy), "red" if unhealthy else "dim", unhealthy),
-            Cell(",".join(f"{n}x{c}" for c, n in sorted(classes.items())) or "-"),
-            Cell(",".join(fabrics) or "-"),
-            Cell(str(len(models)), None, len(models)),
+            _count(get(row, "gpus_total")),
+            _count(get(row, "gpus_used")),
+            _count(get(row, "gpus_unhealthy"), _UNHEALTHY),
+            _classes(get(row, "classes")),
+            ",".join(get(row, "fabrics")) or "-",
+            _count(len(get(row, "models"))),
             Cell(duration(age), None, age),
         ]
         if wide:
-            admin = get(row, "admin")
             cells += [
                 _n(get(row, "gpus_unknown"), "yellow"),
-                Cell(str(get(row, "replicas")), key=get(row, "replicas")),
-                Cell(clean(admin.by or "-")),
-                Cell(timestamp(admin.at), key=admin.at),
+                _count(get(row, "replicas")),
+                clean(get(admin, "by") or "-"),
+                Cell(timestamp(get(admin, "at")), key=get(admin, "at")),
             ]
-        add(f"node/{get(row, 'name')}", *cells, node_reason(row))
+        plain = not (get(admin, "reason") or get(row, "drain_blocked") or get(row, "gpu_error"))
+        cells.append("" if plain and get(admin, "flag") != "draining" else node_reason(row))
+        add(f"node/{name}", *cells)
     return table
 
 

@@ -1,13 +1,13 @@
-"""The blocking admin client `ctl` uses: the stdlib's http.client, so a
-one-shot command starts in a few tens of milliseconds (httpx and asyncio cost
-more to import than the whole request). TLS is set up only for https URLs.
+"""The blocking admin client `ctl` uses: a plain HTTP/1.1 connection
+(llmgw.http1), so a one-shot command starts in a few tens of milliseconds
+(httpx and asyncio cost more to import than the whole request, http.client
+half of it). TLS is set up only for https URLs.
 
 It executes the same `llmgw.api` calls as the async `AdminClient`.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 from collections.abc import Sequence
@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from llmgw import api
+from llmgw import api, http1
 from llmgw.api import Call, ControllerError, ControllerUnreachable
 from llmgw.leader import Endpoints, Tries, leader_of
 
@@ -52,7 +52,7 @@ class SyncAdminClient:
             self.headers["Authorization"] = f"Bearer {tok}"
         if user:  # recorded beside the token's identity on cordons and drains
             self.headers["X-LLMGW-User"] = user
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: http1.Connection | None = None
         self._conn_url = ""
 
     def __enter__(self) -> SyncAdminClient:
@@ -94,7 +94,7 @@ class SyncAdminClient:
                 continue
             self.endpoints.answered(url)
             self.base_url = url
-            return self._answer(url, call, status, headers.get("Content-Type", ""), body)
+            return self._answer(url, call, status, headers.get("content-type", ""), body)
         if follower:  # only followers answered: no leader right now
             raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
         assert unreachable is not None
@@ -116,7 +116,7 @@ class SyncAdminClient:
         h_status: int | None
         try:
             h_status, h_headers, h_body = self._exchange(url, api.healthz())
-            h_type = h_headers.get("Content-Type", "")
+            h_type = h_headers.get("content-type", "")
         except ControllerUnreachable:
             h_status, h_type, h_body = None, "", b""
         answered = api.describe_healthz(h_status, h_type, h_body)
@@ -124,46 +124,46 @@ class SyncAdminClient:
             raise api.not_a_controller(url, status, answered)
 
     def _exchange(self, url: str, call: Call[Any]) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers with lower-case names, body) of one request to `url`."""
         body = call.content()
         headers = dict(self.headers)
         if body is not None:
             headers["Content-Type"] = "application/json"
-        prefix = urlsplit(url).path
-        for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
+        target = urlsplit(url).path + call.target()
+        while True:
             conn = self._connection(url)
+            reused = conn.reused
             try:
-                conn.request(call.method, prefix + call.target(), body=body, headers=headers)
-                response = conn.getresponse()
-                data = response.read()
-            except (OSError, http.client.HTTPException) as exc:
+                status, answer_headers, data = conn.request(call.method, target, headers, body)
+            except (OSError, http1.ProtocolError) as exc:
                 self.close()
-                fresh = isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError)
-                if attempt == 1 and fresh:
+                if reused and isinstance(exc, ConnectionError):
+                    # A kept-alive connection the server had closed (or reset) before
+                    # reading the request: once more on a fresh one.
                     continue
                 raise ControllerUnreachable(url, _plain(exc)) from exc
-            if response.getheader("Connection", "").lower() == "close":
-                self.close()
-            return response.status, dict(response.getheaders()), data
-        raise AssertionError("unreachable")
+            return status, answer_headers, data
 
-    def _connection(self, url: str) -> http.client.HTTPConnection:
+    def _connection(self, url: str) -> http1.Connection:
         if self._conn is not None and self._conn_url == url:
             return self._conn
         self.close()
         parts = urlsplit(url)
         host = parts.hostname or "127.0.0.1"
-        conn: http.client.HTTPConnection
+        tls = None
         if parts.scheme == "https":
             from llmgw.tls import client_context  # ssl only for https
 
-            context = client_context(self.ca_file)
-            conn = http.client.HTTPSConnection(
-                host, parts.port, timeout=CONNECT_TIMEOUT_S, context=context
-            )
-        elif parts.scheme == "http":
-            conn = http.client.HTTPConnection(host, parts.port, timeout=CONNECT_TIMEOUT_S)
-        else:
+            tls = client_context(self.ca_file)
+        elif parts.scheme != "http":
             raise ControllerUnreachable(url, ValueError(f"unsupported scheme {parts.scheme!r}"))
+        conn = http1.Connection(
+            host,
+            parts.port or (443 if tls else 80),
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            read_timeout_s=self.read_timeout_s,
+            tls=tls,
+        )
         try:
             conn.connect()
         except OSError as exc:
@@ -172,8 +172,6 @@ class SyncAdminClient:
             if is_verify_failure(exc):  # say which check failed and what to do
                 raise ControllerUnreachable(url, TlsConfigError(verify_hint(url, exc))) from exc
             raise ControllerUnreachable(url, _plain(exc)) from exc
-        if conn.sock is not None:
-            conn.sock.settimeout(self.read_timeout_s)
         self._conn, self._conn_url = conn, url
         return conn
 

@@ -375,10 +375,10 @@ async def forget_node(request: web.Request) -> web.Response:
 
 async def list_nodes(request: web.Request) -> web.Response:
     """Every row; with `?since=CURSOR` (even empty), only what changed after it."""
+    fleet = request.app[FLEET]
     since = request.query.get("since")
-    if since is None:
-        return json_models(request.app[FLEET].rows())
-    return json_model(request.app[FLEET].nodes_since(since))
+    body = fleet.rows_json() if since is None else fleet.nodes_since_json(since)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_node(request: web.Request) -> web.Response:

@@ -29,6 +29,7 @@ from typing import Any
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
+from llmgw.controller.row_json import RowEncodings, delta_json, json_list
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
@@ -124,6 +125,7 @@ class FleetState:
         # Each node's last row content (the fingerprint the NODE changes come
         # from) and its last reply, keyed by the revisions it was built at.
         self._rows: dict[str, RowContent] = {}
+        self._row_json = RowEncodings()  # the same rows, encoded for GET /v1/nodes
         self._replies: dict[str, tuple[tuple[int, int], bytes]] = {}
         # Running sums for the summary, and what each node last put into them.
         self.totals = FleetTotals()
@@ -270,6 +272,7 @@ class FleetState:
         content = self._row_content(name, now)
         if content != self._rows.get(name):
             self._rows[name] = content
+            self._row_json.drop(name)
             self._log.append(ChangeKind.NODE, name)
         d = self._entries[name].digest
         facts = NodeFacts(
@@ -544,6 +547,7 @@ class FleetState:
         self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at.pop(name, None)
         self._rows.pop(name, None)
+        self._row_json.drop(name)
         self._replies.pop(name, None)
         old = self._facts.pop(name, None)
         if old is not None:
@@ -730,18 +734,37 @@ class FleetState:
     def row(self, name: str, now: float | None = None) -> NodeRow:
         entry = self.require(name)
         now = self.clock() if now is None else now
-        age = None if entry.received_at is None else round(now - entry.received_at, 1)
-        return NodeRow.model_validate({**self._row_content(name, now), "report_age_s": age})
+        return NodeRow.model_validate(
+            {**self._row_content(name, now), "report_age_s": _age(entry, now)}
+        )
 
     def rows(self) -> list[NodeRow]:
         now = self.clock()
         return [self.row(name, now) for name in sorted(self._entries)]
+
+    def rows_json(self) -> bytes:
+        """`rows()` as `GET /v1/nodes` sends it: each row's JSON is kept from
+        when it last changed (row_json), so an answer only writes the ages."""
+        now = self.clock()
+        self.advance_time(now)
+        return json_list(self._row_json.rows(sorted(self._entries.items()), self._rows, now))
 
     def nodes_since(self, since: str) -> NodesDelta:
         """The node rows that changed after cursor `since` ("" for all); see `NodesDelta`.
 
         Raises `BadCursor` when `since` is neither empty nor EPOCH.REVISION.
         """
+        delta, names, now = self._delta(since)
+        return delta.model_copy(update={"nodes": [self.row(name, now) for name in names]})
+
+    def nodes_since_json(self, since: str) -> bytes:
+        """`nodes_since(since)` as `GET /v1/nodes?since=` sends it (see `rows_json`)."""
+        delta, names, now = self._delta(since)
+        entries = ((name, self._entries[name]) for name in names)
+        return delta_json(delta, self._row_json.rows(entries, self._rows, now))
+
+    def _delta(self, since: str) -> tuple[NodesDelta, list[str], float]:
+        """The delta after `since` without its rows, the names of those rows, and now."""
         after: int | None = None  # None: a full answer
         if since:
             m = _CURSOR.fullmatch(since)
@@ -759,24 +782,22 @@ class FleetState:
             except HistoryLost:  # not issued by this run, or older than the history kept
                 changes = None
         # By name, like `rows`; the same rounding as `row`.
-        ages = {
-            name: None if (received := entry.received_at) is None else round(now - received, 1)
-            for name, entry in sorted(self._entries.items())
-        }
+        ages = {name: _age(entry, now) for name, entry in sorted(self._entries.items())}
         if changes is None:
-            rows = [self.row(name, now) for name in ages]
+            names = list(ages)
             removed: list[str] = []
         else:
             changed = {c.key for c in changes if c.kind is ChangeKind.NODE}
-            rows = [self.row(name, now) for name in ages if name in changed]
+            names = [name for name in ages if name in changed]
             removed = sorted(changed.difference(ages))
-        return NodesDelta(
+        delta = NodesDelta(
             cursor=f"{self.epoch}.{self._log.revision}",
             full=changes is None,
-            nodes=rows,
+            nodes=[],
             removed=removed,
             report_ages=ages,
         )
+        return delta, names, now
 
     def detail(self, name: str) -> NodeDetail:
         entry = self.require(name)
@@ -824,3 +845,8 @@ class FleetState:
 def rendezvous_port(replica_id: str) -> int:
     """A stable port for a multi-node replica's leader, derived from its id."""
     return 29500 + sum(replica_id.encode()) % 500
+
+
+def _age(entry: NodeEntry, now: float) -> float | None:
+    """A row's report age, to a tenth of a second; None: no report this run."""
+    return None if entry.received_at is None else round(now - entry.received_at, 1)

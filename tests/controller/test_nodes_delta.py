@@ -21,6 +21,8 @@ from llmgw.client import AdminClient
 from llmgw.controller.app import FLEET, create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.fleet import BadCursor, FleetState
+from llmgw.controller.nodes import NodeEntry
+from llmgw.controller.row_json import RowEncodings
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.wire import AdminFlag, ModelSpec, NodeReport, NodeRow, NodesDelta, ReplicaState
@@ -351,6 +353,36 @@ def test_a_malformed_cursor_is_refused(fleet: FleetState, bad: str) -> None:
     assert fleet.nodes_since(cursor).cursor == cursor
 
 
+@pytest.mark.parametrize("age", [0.0, 0.1, 2.25, 59.96, 600.0, 12345.6, 86400.5, 1e9 + 0.3, -0.4])
+def test_an_age_is_encoded_as_pydantic_writes_it(age: float) -> None:
+    entry = NodeEntry("n", 0.0)
+    entry.received_at = 5000.0
+    (encoded,) = RowEncodings().rows([("n", entry)], {"n": fleet_row_content()}, 5000.0 + age)
+    row = NodeRow.model_validate({**fleet_row_content(), "report_age_s": round(age, 1)})
+    assert encoded == row.model_dump_json().encode()
+
+
+def fleet_row_content() -> dict[str, Any]:
+    return {
+        "name": "n",
+        "state": "ready",
+        "admin": {"flag": "none"},
+        "classes": {},
+        "gpus_total": 0,
+        "gpus_used": 0,
+        "gpus_unhealthy": 0,
+        "gpus_unknown": 0,
+        "fabrics": [],
+        "models": [],
+        "replicas": 0,
+    }
+
+
+def test_a_row_whose_text_looks_like_the_age_field_is_encoded_whole(fleet: FleetState) -> None:
+    fleet.set_flag("a", AdminFlag.CORDONED, '"report_age_s":null', "alice")
+    assert fleet.rows_json() == pydantic_list(fleet.rows())
+
+
 # -- over HTTP -------------------------------------------------------------------------------
 
 
@@ -465,6 +497,10 @@ def plain(rows: list[NodeRow]) -> tuple[dict[str, dict[str, Any]], dict[str, flo
     )
 
 
+def pydantic_list(rows: list[NodeRow]) -> bytes:
+    return b"[" + b",".join(r.model_dump_json(by_alias=True).encode() for r in rows) + b"]"
+
+
 async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
     app = create_app(ControllerSettings(state_dir=state_dir, reconcile_interval_s=3600))
     async with TestServer(app) as server:
@@ -477,6 +513,11 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
         async with AdminClient(str(server.make_url(""))) as admin:
 
             async def poll(consumer: Consumer) -> None:
+                # The cached encodings (row_json) are byte for byte what the models write.
+                listed = fleet.rows_json()
+                assert listed == pydantic_list(fleet.rows())
+                since = fleet.nodes_since_json(consumer.cursor)
+                assert since == fleet.nodes_since(consumer.cursor).model_dump_json().encode()
                 consumer.merge(await admin.nodes_since(consumer.cursor))
                 assert (consumer.rows, consumer.ages) == plain(await admin.nodes())
 
