@@ -6,7 +6,7 @@ the leader's URL in the `X-LLMGW-Leader` header. A client is given the list of
 controllers (`--controller A,B` or LLMGW_CONTROLLER="A,B") and keeps an
 `Endpoints`: the controller that answered last is tried first; a "not the
 leader" answer sends it to the named leader; a controller that does not answer
-sends it to the next in the list. Each client's transport (http.client, httpx,
+sends it to the next in the list. Each client's transport (llmgw.http1, httpx,
 aiohttp) asks `Endpoints` where to go and tells it what came back.
 
 Importing this module loads nothing beyond the standard library.
