@@ -547,7 +547,7 @@ class FleetState:
         self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at.pop(name, None)
         self._rows.pop(name, None)
-        self._row_json.drop(name)
+        self._row_json.forget(name)
         self._replies.pop(name, None)
         old = self._facts.pop(name, None)
         if old is not None:
@@ -754,17 +754,26 @@ class FleetState:
 
         Raises `BadCursor` when `since` is neither empty nor EPOCH.REVISION.
         """
-        delta, names, now = self._delta(since)
-        return delta.model_copy(update={"nodes": [self.row(name, now) for name in names]})
+        cursor, full, names, removed, now = self._delta(since)
+        return NodesDelta(
+            cursor=cursor,
+            full=full,
+            nodes=[self.row(name, now) for name in names],
+            removed=removed,
+            # By name, like `rows`; the same rounding as `row`.
+            report_ages={name: _age(e, now) for name, e in sorted(self._entries.items())},
+        )
 
     def nodes_since_json(self, since: str) -> bytes:
         """`nodes_since(since)` as `GET /v1/nodes?since=` sends it (see `rows_json`)."""
-        delta, names, now = self._delta(since)
-        entries = ((name, self._entries[name]) for name in names)
-        return delta_json(delta, self._row_json.rows(entries, self._rows, now))
+        cursor, full, names, removed, now = self._delta(since)
+        encodings = self._row_json
+        rows = encodings.rows(((n, self._entries[n]) for n in names), self._rows, now)
+        ages = encodings.ages(sorted(self._entries.items()), now)
+        return delta_json(cursor, full, rows, removed, ages)
 
-    def _delta(self, since: str) -> tuple[NodesDelta, list[str], float]:
-        """The delta after `since` without its rows, the names of those rows, and now."""
+    def _delta(self, since: str) -> tuple[str, bool, list[str], list[str], float]:
+        """(cursor, full, the rows to send by name, names removed, now) after `since`."""
         after: int | None = None  # None: a full answer
         if since:
             m = _CURSOR.fullmatch(since)
@@ -781,23 +790,12 @@ class FleetState:
                 changes = self._log.since(after)
             except HistoryLost:  # not issued by this run, or older than the history kept
                 changes = None
-        # By name, like `rows`; the same rounding as `row`.
-        ages = {name: _age(entry, now) for name, entry in sorted(self._entries.items())}
+        cursor = f"{self.epoch}.{self._log.revision}"
         if changes is None:
-            names = list(ages)
-            removed: list[str] = []
-        else:
-            changed = {c.key for c in changes if c.kind is ChangeKind.NODE}
-            names = [name for name in ages if name in changed]
-            removed = sorted(changed.difference(ages))
-        delta = NodesDelta(
-            cursor=f"{self.epoch}.{self._log.revision}",
-            full=changes is None,
-            nodes=[],
-            removed=removed,
-            report_ages=ages,
-        )
-        return delta, names, now
+            return cursor, True, sorted(self._entries), [], now
+        changed = {c.key for c in changes if c.kind is ChangeKind.NODE}
+        names = sorted(changed.intersection(self._entries))
+        return cursor, False, names, sorted(changed.difference(self._entries)), now
 
     def detail(self, name: str) -> NodeDetail:
         entry = self.require(name)

@@ -268,6 +268,10 @@ def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: FleetState
     assert fleet.nodes_since(delta.cursor).removed == []
     full = fleet.nodes_since("")
     assert (names(full), full.removed) == (["a", "c"], [])
+    for cursor in (older, newer, "", delta.cursor):  # what the endpoint sends says the same
+        assert (
+            fleet.nodes_since_json(cursor) == fleet.nodes_since(cursor).model_dump_json().encode()
+        )
 
 
 def test_a_cursor_older_than_the_tombstones_kept_gets_a_full_answer(
