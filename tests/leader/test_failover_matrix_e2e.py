@@ -272,11 +272,18 @@ def test_sigkill_of_the_leader_in_steady_state_in_a_burst_and_mid_drain(
     gaps: dict[str, float] = {}
 
     with FailoverWatch(c.urls, nodes=len(NODES)) as watch:
-        # (a) Steady state; a cordon (by ctl, given all three URLs) just before the kill.
+        # (a) Steady state; a cordon just before the kill, by ctl given all three
+        # URLs with a follower's first (it goes to the leader whatever the order).
+        urls = c.url
+        c.url = ",".join(reversed(c.urls))
         c.ctl("cordon", "n6", "--reason", "steady: before the kill")
+        c.url = urls
         ledger.cordons["steady: before the kill"] = "n6"
         old, _, killed_at, takeovers["steady"] = kill_leader(c, watch, "steady")
         gaps["steady"] = watch_through(c, watch, killed_at, "steady")
+        assert old == 0
+        c.ctl("cordon", "n5", "--reason", "steady: the first URL dead")
+        ledger.cordons["steady: the first URL dead"] = "n5"
         assert {r["id"] for r in wait_settled(c)} == ids, "nothing placed again"
         ledger.check(c)
         c.start(old, role="follower")
