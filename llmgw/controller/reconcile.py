@@ -341,6 +341,11 @@ class Reconciler:
                 fleet.remove_replicas(self._stoppable(forced, force=True))
                 if any(rid in fleet.records for rid in forced):
                     continue  # gateways are still letting go of them
+                # Their stand-ins, placed already, are ordinary replicas from now on.
+                stand_ins = [
+                    fleet.records.get(by_replaced[rid].id) for rid in forced if rid in by_replaced
+                ]
+                fleet.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
                 on_node = []
             # Replacements that are ready let their originals go, once the
             # gateways route to the stand-ins and have let go of the originals.

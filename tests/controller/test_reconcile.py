@@ -224,6 +224,27 @@ def test_force_drain_stops_at_once(tmp_path: Path, clock: FakeClock) -> None:
     assert sim.fleet.row("gpu1").admin.drained
 
 
+def test_a_forced_drain_leaves_its_stand_ins_ordinary_replicas(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A stand-in still loading when the drain is forced is kept, and no longer
+    names the original that was stopped (as when a drain completes normally)."""
+    sim = sim_with(tmp_path, clock, n=2)
+    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
+    sim.step()
+    [(original, _, (node,))] = sim.replicas()
+    sim.fleet.set_flag(node, AdminFlag.DRAINING, "swap", "ops")
+    sim.step(ready=False)
+    [stand_in] = [r for r in sim.fleet.records.values() if r.replaces == original]
+    sim.fleet.set_flag(node, AdminFlag.DRAINING, "swap", "ops", force=True)
+    sim.step(ready=False)
+    assert sim.fleet.row(node).admin.drained
+    assert list(sim.fleet.records) == [stand_in.id]
+    assert sim.fleet.records[stand_in.id].replaces is None
+    sim.restart_controller()  # and so it is stored
+    assert sim.fleet.records[stand_in.id].replaces is None
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["running", "after a restart"])
 def test_a_drain_deadline_is_forced_when_due(
     tmp_path: Path, clock: FakeClock, restart: bool

@@ -120,10 +120,8 @@ def settled(c: HaCluster) -> list[dict[str, Any]] | None:
     if models is None or reps is None:
         return None
     declared = {m["spec"]["name"]: m["spec"]["min_replicas"] for m in models}
-    ids = {r["id"] for r in reps}
-    # A stand-in whose original is gone (a forced drain) is an ordinary replica,
-    # though it still names the original.
-    ready = [r for r in reps if r["state"] == "ready" and r.get("replaces") not in ids]
+    # A stand-in is an ordinary replica once its drain is done, forced or not.
+    ready = [r for r in reps if r["state"] == "ready" and not r.get("replaces")]
     if len(ready) != len(reps):
         return None
     counts = active_per_model(reps)
