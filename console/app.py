@@ -24,10 +24,11 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from console.commands import ADMIN_ACTIONS, AdminAction, AdminForm, AdminRequested
+from console.keys import KeyPipeline
 from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
 from console.screens.main import AdminMainScreen, MainScreen
-from console.screens.modals import ConfirmModal, DrainModal
+from console.screens.modals import DrainModal
 from console.state import Connection, FleetView, Link, NodeView, backoff
 from console.widgets.nodes import NodesTable
 from llmgw.api import healthz
@@ -78,6 +79,7 @@ class ConsoleApp(App[None]):
         self._nodes_cursor = ""  # "": the next fetch asks for every node
         # Several controllers: the one that leads (the client follows it) and its epoch.
         self._leader: tuple[str, int | None] | None = None
+        self.keys = KeyPipeline(self)
 
     @property
     def base_url(self) -> str:
@@ -112,6 +114,7 @@ class ConsoleApp(App[None]):
         return MainScreen() if self.readonly_flag else AdminMainScreen()
 
     def on_mount(self) -> None:
+        self.run_worker(self.keys.run(), name="keys", exit_on_error=True)
         self._start_poll()
         if not self.readonly_flag:
             self.run_worker(self._learn_role(), name="whoami", exit_on_error=False)
@@ -143,22 +146,12 @@ class ConsoleApp(App[None]):
             await asyncio.sleep(backoff(attempt, self.refresh_s))
 
     async def on_event(self, event: events.Event) -> None:
-        """While a confirmation is open, every key and paste goes to it, in the
-        order typed; it acts on each at once (ConfirmModal.take_key). Textual
-        would hand each to the focused widget, and focus moves as the modal
-        opens and as a reason is typed: a fast typist's keys overtook each other."""
-        stack = self.screen_stack
-        screen = stack[-1] if stack else None
-        if (
-            isinstance(screen, ConfirmModal)
-            and isinstance(event, events.Key | events.Paste)
-            and not event.is_forwarded
-        ):
-            if isinstance(event, events.Key) and await self._check_bindings(
-                event.key, priority=True
-            ):
-                return  # ctrl+c, ctrl+p and the like
-            screen._forward_event(event)
+        """Keys and pastes go to the key pipeline, which acts on each in the
+        order typed once what the one before started has settled (keys.py)."""
+        if isinstance(event, events.Key | events.Paste) and not event.is_forwarded:
+            if isinstance(event, events.Key):
+                self.app_focus = True  # as Textual does on a key
+            self.keys.put(event)
             return
         await super().on_event(event)
 

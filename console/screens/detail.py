@@ -205,9 +205,10 @@ def title_text(
 
 
 class NodeDetailScreen(NodeScreen):
+    # Priority: acted on as the key is read (see console/keys.py).
     BINDINGS = [
-        Binding("escape", "back", "Back"),
-        Binding("question_mark", "help", "Help"),
+        Binding("escape", "back", "Back", priority=True),
+        Binding("question_mark", "help", "Help", priority=True),
     ]
 
     def __init__(self, name: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
@@ -10,6 +10,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Input
 
+from console.keys import run_widget_binding, type_into
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
@@ -142,9 +143,34 @@ class MainScreen(NodeScreen):
         box.add_class("-active")
         self.set_focus(box)  # now: the next key typed is already for the box
 
+    # The filter box's keys, acted on in place (console/keys.py): the rows
+    # are filtered and focus is back on the table before the next key is read,
+    # so `/ gpu-a09 Enter c` cordons gpu-a09.
+
+    async def take_key(self, event: events.Key) -> bool:
+        if not self.typing():
+            return False  # the table's and the screen's keys are priority bindings
+        box = self.query_one("#filter", Input)
+        if event.key == "enter":
+            self._filter_done()
+        elif event.is_printable and event.character:
+            type_into(box, event.character)
+        elif not await run_widget_binding(box, event.key):
+            return False
+        self._filter_changed()
+        return True
+
+    def take_paste(self, text: str) -> bool:
+        if not self.typing():
+            return False
+        type_into(self.query_one("#filter", Input), " ".join(text.splitlines()))
+        self._filter_changed()
+        return True
+
     @on(Input.Changed, "#filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
-        self.nodes_table.set_filter(event.value.strip())
+    def _filter_changed(self) -> None:
+        # The box as it is now, not as a queued Changed saw it.
+        self.nodes_table.set_filter(self.query_one("#filter", Input).value.strip())
         self._title_nodes()
         self.update_footer()
 

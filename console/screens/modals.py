@@ -15,11 +15,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widget import Widget
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from console.commands import AdminForm
 from console.format import node_state_text, plural, state_text, styled
+from console.keys import run_widget_binding, type_into
 from llmgw.wire import DrainPlan, NodeRow
 
 MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
@@ -66,17 +66,10 @@ class ConfirmModal(ModalScreen[object]):
 
     # -- keys, in the order they were typed ------------------------------------
     #
-    # Textual hands a key to the focused widget's queue and resolves bindings
-    # only when it has bubbled back to the app; when focus moves while keys are
-    # in flight (the modal opening, typing moving focus to the reason box, Tab)
-    # later keys overtake earlier ones. So the app gives every key to this
-    # screen (ConsoleApp.on_event) and this one handler acts on each at once,
-    # in order, for whichever widget has focus now.
-
-    async def on_key(self, event: events.Key) -> None:
-        if await self.take_key(event):
-            event.stop()
-            event.prevent_default()
+    # The app's key pipeline (console/keys.py) calls take_key for every key
+    # while this screen is on top, one at a time: it acts on each at once for
+    # whichever widget has focus now, so typing that moves focus (into the
+    # reason box, Tab) cannot reorder the keys behind it.
 
     async def take_key(self, event: events.Key) -> bool:
         key, focused = event.key, self.focused
@@ -92,7 +85,7 @@ class ConfirmModal(ModalScreen[object]):
             self.action_cancel()  # nothing chosen yet: the safe answer
         elif event.is_printable and event.character and self.type_text(event.character, key):
             pass
-        elif focused is not None and await self._widget_binding(focused, key):
+        elif focused is not None and await run_widget_binding(focused, key):
             pass  # Enter / space on a button or checkbox, editing keys in a box
         else:
             return False
@@ -102,11 +95,10 @@ class ConfirmModal(ModalScreen[object]):
         """Printable text; False: not for this modal (it has no boxes)."""
         return False
 
-    async def _widget_binding(self, widget: Widget, key: str) -> bool:
-        for binding in widget._bindings.key_to_bindings.get(key, ()):
-            if await self.app.run_action(binding.action, widget):
-                return True
-        return False
+    def take_paste(self, text: str) -> bool:
+        # A pasted reason is one line: its lines joined with a space.
+        self.type_text(" ".join(text.splitlines()))
+        return True  # a paste into a modal with no box is dropped
 
     @on(Button.Pressed, "#cancel")
     def _cancel(self) -> None:
@@ -151,20 +143,9 @@ class ReasonModal(ConfirmModal):
             return False  # the checkbox's own binding toggles it
         box = focused if isinstance(focused, Input) else self.query_one("#reason", Input)
         if box is not focused:
-            self.set_focus(box)  # now, not later: the next key may be queued behind this one
-        box._restart_blink()  # as the box does for its own keys: the cursor shows while typing
-        start, end = sorted(box.selection)
-        if start == end:
-            box.insert_text_at_cursor(text)
-        else:
-            box.replace(text, start, end)
+            self.set_focus(box)
+        type_into(box, text)
         return True
-
-    def on_paste(self, event: events.Paste) -> None:
-        # A pasted reason is one line: its lines joined with a space.
-        self.type_text(" ".join(event.text.splitlines()))
-        event.stop()
-        event.prevent_default()
 
     def confirm(self) -> None:
         reason = self.query_one("#reason", Input).value.strip()
@@ -372,10 +353,11 @@ def help_keys(readonly: bool) -> list[tuple[str, str]]:
 class HelpScreen(ModalScreen[None]):
     """Keys of the console as it is now (so read-only help has no c/u/d)."""
 
+    # Priority: acted on as the key is read (see console/keys.py).
     BINDINGS = [
-        Binding("escape", "dismiss", "Close"),
-        Binding("question_mark", "dismiss", "Close", show=False),
-        Binding("q", "dismiss", "Close", show=False),
+        Binding("escape", "dismiss", "Close", priority=True),
+        Binding("question_mark", "dismiss", "Close", show=False, priority=True),
+        Binding("q", "dismiss", "Close", show=False, priority=True),
     ]
 
     def __init__(self, readonly: bool) -> None:

@@ -649,3 +649,33 @@ async def test_a_burst_of_keys_is_taken_in_order(
             Recorded("POST", f"/v1/nodes/{node}/cordon", {"reason": reason})
         ]
         assert app.is_running
+
+
+@pytest.mark.parametrize(
+    ("keys", "cordons"),
+    [
+        # Enter leaves the filter: the `c` behind it is a command, on the one
+        # node the filter left.
+        (["slash", *"gpu-b03", "enter", "c", *"filtered", "enter"], [("gpu-b03", "filtered")]),
+        # The command typed behind a confirmation's Enter reaches the main screen.
+        (
+            [*"c", *"one", "enter", "j", "c", *"two", "enter"],
+            [("gpu-a01", "one"), ("gpu-a02", "two")],
+        ),
+        # Keys behind Enter go to the detail screen it opens.
+        (["enter", "c", *"from the detail", "enter"], [("gpu-a01", "from the detail")]),
+    ],
+)
+async def test_keys_behind_a_screen_or_focus_change_wait_for_it(
+    make_app: MakeApp, faults: Faults, keys: list[str], cordons: list[tuple[str, str]]
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        _burst(app, keys)
+        await until(pilot, lambda: len(faults.mutations) >= len(cordons), "the cordon requests")
+        await pilot.pause(0.2)  # nothing more follows
+        assert faults.mutations == [
+            Recorded("POST", f"/v1/nodes/{node}/cordon", {"reason": reason})
+            for node, reason in cordons
+        ]
+        assert not isinstance(app.screen, CordonModal)

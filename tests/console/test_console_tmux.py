@@ -26,7 +26,7 @@ pytestmark = [
     ),
 ]
 
-NODES = [f"gpu-a{i:02d}" for i in range(1, 9)]
+NODES = [f"gpu-a{i:02d}" for i in range(1, 14)]
 # Every letter that is also a console key (c u d s r q j k g G / ? space),
 # punctuation, digits: any of them taken as a key instead of text shows here.
 REASON = "xid 79: GPU 3 fell off the bus (ticket OPS-1234) q/d/u/c/s/r/j/k/g/G ?!"
@@ -92,7 +92,7 @@ def console(fleet: Controller, tmp_path_factory: pytest.TempPathFactory) -> Iter
     tmux("set-option", "-t", "t", "remain-on-exit", "on")  # a crash stays readable
     try:
         # Admin keys are offered once the controller has said the token may use them.
-        tmux.wait_for(lambda s: "gpu-a08" in s and "Cordon" in s, "the console did not load")
+        tmux.wait_for(lambda s: "gpu-a13" in s and "Cordon" in s, "the console did not load")
         yield tmux
     finally:
         subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True, timeout=10)
@@ -176,6 +176,54 @@ def test_drain_takes_a_burst_reason_too(fleet: Controller, console: Tmux) -> Non
     burst(console, ("d",), ("-l", "drain burst: kernel 6.8"), ("Enter",))
     flag, reason = recorded(fleet, console, "gpu-a08")
     assert flag in ("draining", "cordoned") and reason == "drain burst: kernel 6.8"
+
+
+def test_a_command_typed_right_after_the_filters_enter_is_a_command(
+    fleet: Controller, console: Tmux
+) -> None:
+    # Enter leaves the filter box; the `c` behind it in the same burst opens
+    # cordon on the one node the filter left (it once landed in the filter).
+    burst(console, ("/",), ("-l", "gpu-a09"), ("Enter",), ("c",), ("-l", "filtered"), ("Enter",))
+    assert recorded(fleet, console, "gpu-a09") == ("cordoned", "filtered")
+    console.wait_for(lambda s: "Cordon gpu-a09" not in s, "the modal closed")
+    console("send-keys", "-t", "t", "Escape")  # the filter goes: every node again
+    console.wait_for(lambda s: "gpu-a01" in s and "filter:" not in s, "the filter cleared")
+    time.sleep(0.3)  # the next test starts with `g`: Escape then g would read as alt+g
+
+
+def test_commands_typed_behind_a_confirmation_are_acted_on(
+    fleet: Controller, console: Tmux
+) -> None:
+    # Confirm one cordon, move, cordon the next: all in one write.
+    on_node(console, "gpu-a10")
+    burst(
+        console,
+        ("c",), ("-l", "first of two"), ("Enter",),
+        ("j",), ("c",), ("-l", "second of two"), ("Enter",),
+    )  # fmt: skip
+    assert recorded(fleet, console, "gpu-a10") == ("cordoned", "first of two")
+    assert recorded(fleet, console, "gpu-a11") == ("cordoned", "second of two")
+    # Uncordon confirms with Cancel focused: Tab to Uncordon, Enter; twice.
+    on_node(console, "gpu-a10")
+    burst(console, ("u",), ("Tab",), ("Enter",), ("j",), ("u",), ("Tab",), ("Enter",))
+    for node in ("gpu-a10", "gpu-a11"):
+        deadline = time.monotonic() + 15
+        while fleet.admin("GET", f"/v1/nodes/{node}")["row"]["admin"]["flag"] != "none":
+            assert time.monotonic() < deadline, f"{node} stayed cordoned:\n{console.screen()}"
+            time.sleep(0.1)
+
+
+def test_keys_typed_behind_enter_go_to_the_detail_it_opens(
+    fleet: Controller, console: Tmux
+) -> None:
+    on_node(console, "gpu-a12")
+    burst(console, ("Enter",), ("c",), ("-l", "from the detail"), ("Enter",))
+    assert recorded(fleet, console, "gpu-a12") == ("cordoned", "from the detail")
+    screen = console.wait_for(lambda s: "Cordon gpu-a12" not in s, "the modal closed")
+    assert "gpu-a12" in screen  # still on the detail screen
+    console("send-keys", "-t", "t", "Escape")
+    console.wait_for(lambda s: "gpu-a01" in s, "back on the main screen")
+    time.sleep(0.3)
 
 
 def test_q_in_the_demos_console_takes_every_engine_with_it(tmp_path: Path) -> None:

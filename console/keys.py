@@ -1,0 +1,132 @@
+"""Keys in the order typed, each acted on before the next is read.
+
+Textual hands a key to the focused widget's own message queue and moves on to
+the next one at once. Whatever that key sets in motion (a screen pushed or
+popped, focus moved, a message the app must act on) happens later, while the
+keys typed behind it are already being routed by the state before it. On a
+real terminal a burst arrives in one read, so `/ gpu-a09 Enter c` put the `c`
+into the filter, and the command typed behind a confirmation's Enter went to
+the closing modal.
+
+So the app gives every key and paste to a `KeyPipeline`, which takes them one
+at a time: it waits until what the previous key started has settled (the
+queues it may have posted to are drained, a screen it pushed is mounted),
+then acts on this one in place, as Textual would: priority bindings first,
+then the screen's own `take_key` (text boxes, confirmations), and only keys
+no one took go to the focused widget the ordinary way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+from textual import events
+from textual.app import App
+from textual.message_pump import MessagePump
+from textual.widget import Widget
+from textual.widgets import Input
+
+log = logging.getLogger(__name__)
+
+# How long one key waits for a queue or a new screen before going on anyway:
+# a wedged widget must not swallow every key after it.
+SETTLE_TIMEOUT_S = 2.0
+
+
+@runtime_checkable
+class TakesKeys(Protocol):
+    """A screen that acts on keys itself, in place (no widget queue)."""
+
+    async def take_key(self, event: events.Key) -> bool:
+        """Act on the key now; False: not taken (it goes the ordinary way)."""
+        ...
+
+    def take_paste(self, text: str) -> bool:
+        """Act on pasted text now; False: not taken."""
+        ...
+
+
+class KeyPipeline:
+    def __init__(self, app: App[Any]) -> None:
+        self.app = app
+        self._queue: asyncio.Queue[events.Key | events.Paste] = asyncio.Queue()
+
+    def put(self, event: events.Key | events.Paste) -> None:
+        self._queue.put_nowait(event)
+
+    async def run(self) -> None:
+        """The app's one key consumer (a worker for the app's lifetime)."""
+        while True:
+            event = await self._queue.get()
+            await self._settle()
+            await self._deliver(event)
+
+    async def _settle(self) -> None:
+        """Until what the last key started has happened: a pushed screen is
+        mounted, and messages it posted (a focused widget's, bubbling to its
+        screen, then to the app) have been handled. A screen the app pushes
+        while handling one (node detail) is waited for in the next round."""
+        app = self.app
+        for _ in range(4):
+            screen = app.screen
+            if not screen.is_mounted:
+                await _wait(screen._mounted_event.wait())
+            for pump in (app.focused, screen, app):
+                if pump is not None:
+                    await _round_trip(pump)
+            if app.screen is screen:
+                return
+
+    async def _deliver(self, event: events.Key | events.Paste) -> None:
+        app = self.app
+        screen = app.screen
+        if isinstance(event, events.Paste):
+            if not (isinstance(screen, TakesKeys) and screen.take_paste(event.text)):
+                (app.focused or screen)._forward_event(event)
+            return
+        if await app._check_bindings(event.key, priority=True):
+            return
+        if isinstance(screen, TakesKeys) and await screen.take_key(event):
+            return
+        (app.focused or screen)._forward_event(event)
+
+
+async def _round_trip(pump: MessagePump) -> None:
+    """Wait until `pump` has handled everything queued before now."""
+    if pump._closing or pump._closed:
+        return
+    done = asyncio.Event()
+    if pump.call_later(done.set):
+        await _wait(done.wait())
+
+
+async def _wait(aw: object) -> None:
+    try:
+        await asyncio.wait_for(aw, SETTLE_TIMEOUT_S)  # type: ignore[arg-type]
+    except TimeoutError:
+        log.warning("a key waited %.0f s for the console to settle; going on", SETTLE_TIMEOUT_S)
+
+
+# -- text boxes, edited in place ------------------------------------------------
+
+
+def type_into(box: Input, text: str) -> None:
+    """Insert text at the box's cursor (replacing a selection), as the box
+    does for its own keys; the cursor shows while typing."""
+    box._restart_blink()
+    start, end = sorted(box.selection)
+    if start == end:
+        box.insert_text_at_cursor(text)
+    else:
+        box.replace(text, start, end)
+
+
+async def run_widget_binding(widget: Widget, key: str) -> bool:
+    """The widget's own binding for `key` (editing keys in a box, Enter or
+    space on a button), run now. False: the widget has none."""
+    for binding in widget._bindings.key_to_bindings.get(key, ()):
+        if await widget.app.run_action(binding.action, widget):
+            return True
+    return False
