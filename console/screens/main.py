@@ -15,7 +15,7 @@ from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
 from console.widgets.header import ConnectionBanner, FleetHeader
-from console.widgets.nodes import NodesTable
+from console.widgets.nodes import SORTS, NodesTable
 from console.widgets.summary import (
     FabricsTable,
     IdleTable,
@@ -39,6 +39,11 @@ class MainScreen(NodeScreen):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("s", "sort", "Sort", priority=True),
         Binding("S", "reverse_sort", "Reverse", show=False, priority=True),
+        # k9s: shift+letter sorts by that column; again reverses.
+        *(
+            Binding(sort.letter, f"sort_by('{sort.label}')", show=False, priority=True)
+            for sort in SORTS
+        ),
         Binding("escape", "clear", "Clear", show=False, priority=True),
         Binding("question_mark", "help", "Help", priority=True),
     ]
@@ -200,6 +205,13 @@ class MainScreen(NodeScreen):
 
     def action_reverse_sort(self) -> None:
         self.nodes_table.cycle_sort(reverse=True)
+
+    def action_sort_by(self, label: str) -> None:
+        table = self.nodes_table
+        sort = table.sort_by(label)
+        order = "reversed" if table.reverse else ""
+        hidden = " (column hidden at this width)" if table.columns[label].hidden else ""
+        self.notify(f"Nodes sorted by {sort.title} {order}".rstrip() + hidden, timeout=1.5)
 
     def action_mark(self) -> None:
         table = self.nodes_table

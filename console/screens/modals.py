@@ -8,11 +8,12 @@ pre-check is fetched by the app and handed over.
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
@@ -20,6 +21,7 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 from console.commands import AdminForm
 from console.format import node_state_text, plural, state_text, styled
 from console.keys import run_widget_binding, type_into
+from console.widgets.nodes import SORTS
 from llmgw.wire import DrainPlan, NodeRow
 
 MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
@@ -331,6 +333,7 @@ VIEW_KEYS = [
     ("enter", "node detail (escape goes back)"),
     ("/", "filter nodes (escape clears)"),
     ("s / S", "sort by the next column (every column in turn) / reverse"),
+    ("N T R …", "sort by that column, as below (again: reverse)"),
 ]
 ADMIN_KEYS = [
     ("space", "mark nodes for one action (escape clears marks)"),
@@ -350,6 +353,22 @@ def help_keys(readonly: bool) -> list[tuple[str, str]]:
     return [*VIEW_KEYS, *([] if readonly else ADMIN_KEYS), *APP_KEYS]
 
 
+def sort_letters() -> list[tuple[str, str]]:
+    """k9s' shift+letter: (letter, the column's title) for every column."""
+    return [(sort.letter, sort.title) for sort in SORTS]
+
+
+def _key_grid(rows: list[tuple[str, str]], columns: int = 1) -> Table:
+    """Keys and what they do; long descriptions wrap in their own column."""
+    grid = Table.grid(padding=(0, 2))
+    for _ in range(columns):
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column()
+    for i in range(0, len(rows), columns):
+        grid.add_row(*(cell for pair in rows[i : i + columns] for cell in pair))
+    return grid
+
+
 class HelpScreen(ModalScreen[None]):
     """Keys of the console as it is now (so read-only help has no c/u/d)."""
 
@@ -365,13 +384,8 @@ class HelpScreen(ModalScreen[None]):
         self.readonly = readonly
 
     def compose(self) -> ComposeResult:
-        keys = help_keys(self.readonly)
-        width = max(len(k) for k, _ in keys) + 2  # a gap after the longest key
         text = Text()
-        text.append("Keys\n\n", style="bold")
-        for key, what in keys:
-            text.append(f"  {key:<{width}}", style="bold cyan").append(f"{what}\n")
-        text.append("\nFilter: words all must match name, state, reason, GPU class,\n")
+        text.append("Filter: words all must match name, state, reason, GPU class,\n")
         text.append("fabric or model (e.g. `cordoned ib-a`).\n")
         if self.readonly:
             text.append(
@@ -379,7 +393,12 @@ class HelpScreen(ModalScreen[None]):
             )
         else:
             text.append("Marks (space) make c/u/d act on every marked node.\n")
-        with Vertical(id="dialog"):
+        # Scrolls: at 80x24 the help is taller than the terminal.
+        with VerticalScroll(id="dialog"):
+            yield Static(Text("Keys", style="bold"))
+            yield Static(_key_grid(help_keys(self.readonly)), classes="keys")
+            yield Static(Text("Sort by a column (shift+letter)", style="bold"))
+            yield Static(_key_grid(sort_letters(), columns=4), classes="keys")
             yield Static(text)
             yield Button("Close", id="close", variant="primary")
 

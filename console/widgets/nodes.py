@@ -59,6 +59,7 @@ class SortSpec:
     label: str  # column key it marks
     title: str
     key: Callable[[NodeRow, float | None], Any]  # (row, its current report age)
+    letter: str  # shift+letter sorts by this column, as in k9s (S and G are taken)
 
 
 def _reason_key(row: NodeRow) -> tuple[bool, str]:
@@ -68,18 +69,21 @@ def _reason_key(row: NodeRow) -> tuple[bool, str]:
 
 # One sort per column, in column order: `s` steps through every one shown.
 SORTS: tuple[SortSpec, ...] = (
-    SortSpec("name", "name", lambda r, _: natural(r.name)),
-    SortSpec("state", "state", lambda r, _: (STATE_RANK[r.state], natural(r.name))),
-    SortSpec("reason", "reason", lambda r, _: (_reason_key(r), natural(r.name))),
-    SortSpec("classes", "GPU classes", lambda r, _: (sorted(r.classes), natural(r.name))),
-    SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name))),
+    SortSpec("name", "name", lambda r, _: natural(r.name), "N"),
+    SortSpec("state", "state", lambda r, _: (STATE_RANK[r.state], natural(r.name)), "T"),
+    SortSpec("reason", "reason", lambda r, _: (_reason_key(r), natural(r.name)), "R"),
+    SortSpec("classes", "GPU classes", lambda r, _: (sorted(r.classes), natural(r.name)), "C"),
+    SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name)), "P"),
     SortSpec(
-        "unh", "unhealthy", lambda r, _: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name))
+        "unh",
+        "unhealthy",
+        lambda r, _: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name)),
+        "U",
     ),
-    SortSpec("fabrics", "fabric", lambda r, _: (r.fabrics or ["~"], natural(r.name))),
-    SortSpec("models", "models held", lambda r, _: (-len(r.models), natural(r.name))),
-    SortSpec("repl", "replicas", lambda r, _: (-r.replicas, natural(r.name))),
-    SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name))),
+    SortSpec("fabrics", "fabric", lambda r, _: (r.fabrics or ["~"], natural(r.name)), "F"),
+    SortSpec("models", "models held", lambda r, _: (-len(r.models), natural(r.name)), "M"),
+    SortSpec("repl", "replicas", lambda r, _: (-r.replicas, natural(r.name)), "L"),
+    SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name)), "A"),
 )
 
 # (key, title, width); None width: sized to content. Widths leave room for
@@ -406,6 +410,14 @@ class NodesTable(KeyedTable):
         self.filter_text = text
         self.apply(self.rows_by_name)
 
+    def sort_by(self, label: str) -> SortSpec:
+        """Sort by one column (k9s' shift+letter); again on the same column: reverse."""
+        index = next(i for i, sort in enumerate(SORTS) if sort.label == label)
+        if index == self.sort_index:
+            return self.cycle_sort(reverse=True)
+        self.sort_index, self.reverse = index, False
+        return self._resort()
+
     def cycle_sort(self, reverse: bool = False) -> SortSpec:
         if reverse:
             self.reverse = not self.reverse
@@ -417,6 +429,9 @@ class NodesTable(KeyedTable):
                     break
             self.sort_index = index
             self.reverse = False
+        return self._resort()
+
+    def _resort(self) -> SortSpec:
         sort = SORTS[self.sort_index]
         self._sort_keys = {n: sort.key(r, self.age_of(r)) for n, r in self.rows_by_name.items()}
         self._label_sort_column()

@@ -26,6 +26,7 @@ from console.screens.modals import (
     ForceConfirmModal,
     HelpScreen,
     UncordonModal,
+    sort_letters,
 )
 from console.state import backoff
 from console.widgets.keyed_table import KeyedTable
@@ -351,6 +352,36 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         controller.report(node_report("gpu-a02"))
         await repoll(pilot)
         assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
+
+
+async def test_shift_letter_sorts_by_its_column_as_k9s_does(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        table = nodes(app)
+        await pilot.press("down", "down", "down")  # gpu-a04
+        await pilot.press("A")  # report age: oldest first
+        assert table.columns["age"].label.plain == "AGE▲"
+        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        await pilot.press("A")  # again: reversed
+        assert table.columns["age"].label.plain == "AGE▼"
+        assert table.get_row_at(table.row_count - 1)[1].plain == "gpu-b04"
+        await pilot.press("T")  # state: trouble first, not reversed
+        assert table.columns["state"].label.plain == "STATE▲"
+        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        assert table.cursor_key == "gpu-a04"
+        await pilot.press("N")
+        assert [table.get_row_at(i)[1].plain for i in range(2)] == ["gpu-a01", "gpu-a02"]
+        # In the filter box the same letters are text.
+        await pilot.press("slash", *"PUMA", "escape")
+        assert table.columns["name"].label.plain == "NAME▲"
+
+
+def test_every_sort_has_its_own_letter_and_no_other_key_uses_it() -> None:
+    letters = [sort.letter for sort in SORTS]
+    assert len(set(letters)) == len(SORTS) and all(x.isupper() for x in letters)
+    taken = {"S", "G"}  # reverse, and the cursor to the bottom
+    assert not taken & set(letters)
+    assert [k for k, _ in sort_letters()] == letters  # the help lists them all
 
 
 def test_s_steps_through_every_column() -> None:

@@ -14,7 +14,7 @@ from console_pilot import Clock, SnapCompare, loaded, repoll, until
 from textual.pilot import Pilot
 
 from console.app import ConsoleApp
-from console.screens.modals import DrainModal
+from console.screens.modals import DrainModal, HelpScreen
 
 MakeApp = Callable[..., ConsoleApp]
 
@@ -67,6 +67,16 @@ def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
         await pilot.press("down", "d")
         await until(pilot, lambda: isinstance(app.screen, DrainModal) and app.screen.plan)
         await pilot.press(*"kernel 6.8 upgrade")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_help_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
