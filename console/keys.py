@@ -97,10 +97,6 @@ async def _round_trip(pump: MessagePump) -> None:
     """Wait until `pump` has handled everything queued before now."""
     if pump._closing or pump._closed:
         return
-    # Nothing queued and nothing being handled (the pump marks each message
-    # done after handling it): no need to wait. Most keys find it so.
-    if getattr(pump._message_queue, "_unfinished_tasks", 1) == 0:
-        return
     done = asyncio.Event()
     if pump.call_later(done.set):
         await _wait(done.wait())
