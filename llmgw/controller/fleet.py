@@ -137,6 +137,9 @@ class FleetState:
         self._capacity_at: dict[str, int] = {}  # node -> the version of its last such change
         # (moment a node turns unreachable, node): popped lazily as time passes.
         self._deadlines: list[tuple[float, str]] = []
+        # Times a node turned unreachable, for /metrics: a node that drops out
+        # and comes back within minutes never shows in a sampled gauge.
+        self.turned_unreachable = 0
         # First sightings are written in batches: one fsync per node would stall
         # the loop when a whole fleet registers at once.
         self._unsaved_nodes: dict[str, float] = {}
@@ -147,7 +150,9 @@ class FleetState:
     def reload(self) -> None:
         """Start again from the durable state, as a restart does: a new leader's
         term (another controller may have written the store since this one led)."""
+        turned = self.turned_unreachable  # a counter: it never goes back in one process
         FleetState.__init__(self, self._store, self.settings, clock=self.clock, wall=self.wall)
+        self.turned_unreachable = turned
 
     # -- read-only views of the state ------------------------------------------------
 
@@ -286,6 +291,12 @@ class FleetState:
         )
         old = self._facts.get(name)
         if old != facts:
+            if (
+                facts.state == NodeState.UNREACHABLE
+                and old is not None
+                and old.state != NodeState.UNREACHABLE
+            ):
+                self.turned_unreachable += 1
             self._capacity_moved(name)
             if old is not None:
                 self.totals.remove(old)

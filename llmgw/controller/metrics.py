@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -59,6 +59,11 @@ class FleetCollector(Collector):
             nodes.add_metric([state.value], getattr(s.nodes, state.value))
         yield nodes
         yield GaugeMetricFamily("llmgw_nodes_total", "Nodes known.", value=s.nodes.total)
+        yield CounterMetricFamily(
+            "llmgw_nodes_turned_unreachable",
+            "Times a node turned unreachable (no report within its grace) in this process.",
+            value=fleet.turned_unreachable,
+        )
 
         gpus = GaugeMetricFamily(
             "llmgw_gpus",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,16 @@ async def test_controller_health_metrics(client: TestClient) -> None:
     assert one(m, "llmgw_reports_total", outcome="rejected") == 1
 
 
+async def test_turns_to_unreachable_are_a_counter(client: TestClient) -> None:
+    text = await (await client.get("/metrics", headers=auth(READ))).text()
+    assert "# TYPE llmgw_nodes_turned_unreachable_total counter" in text
+    assert one(samples(text), "llmgw_nodes_turned_unreachable_total") == 0
+    fleet = client.app[FLEET]
+    fleet.turned_unreachable = 3  # counted by FleetState (test_summary)
+    m = samples(await (await client.get("/metrics", headers=auth(READ))).text())
+    assert one(m, "llmgw_nodes_turned_unreachable_total") == 3
+
+
 async def test_metrics_auth(client: TestClient) -> None:
     assert (await client.get("/metrics")).status == 401
     assert (await client.get("/metrics", headers=auth("nope"))).status == 401
@@ -279,17 +290,34 @@ def test_metrics_listen_refuses_a_public_address(tmp_path: Path) -> None:
 
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llmgw.json"
+RULES = DASHBOARD.parents[1] / "prometheus" / "llmgw-rules.yml"
+
+
+async def exported(client: TestClient) -> set[str]:
+    """Every llmgw series name the controller's /metrics has."""
+    text = await (await client.get("/metrics", headers=auth(READ))).text()
+    names = {name for name, _ in samples(text)}
+    # Families declared without a sample now (a p50 before any request) count too.
+    names |= set(re.findall(r"^# TYPE (llmgw_[a-z0-9_]+) ", text, re.M))
+    assert {"llmgw_reports_total", "llmgw_report_seconds_bucket", "llmgw_gpus"} <= names
+    return names
+
+
+async def test_alert_rules_use_only_exported_metrics(client: TestClient) -> None:
+    import yaml
+
+    have = await exported(client)
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    for rule in rules:
+        used = set(re.findall(r"\bllmgw_[a-z0-9_]+", rule["expr"]))
+        assert used, rule["alert"]
+        assert used <= have, f"{rule['alert']}: {sorted(used - have)} not exported"
 
 
 async def test_dashboard_uses_only_exported_metrics(client: TestClient) -> None:
     import json
-    import re
 
-    text = await (await client.get("/metrics", headers=auth(READ))).text()
-    exported = {name for name, _ in samples(text)}
-    # Families declared without a sample now (a p50 before any request) count too.
-    exported |= set(re.findall(r"^# TYPE (llmgw_[a-z0-9_]+) ", text, re.M))
-    assert {"llmgw_reports_total", "llmgw_report_seconds_bucket", "llmgw_gpus"} <= exported
+    exported_names = await exported(client)
     dash = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
@@ -304,4 +332,4 @@ async def test_dashboard_uses_only_exported_metrics(client: TestClient) -> None:
     for expr in exprs:
         used = set(re.findall(r"\bllmgw_[a-z0-9_]+", expr))
         assert used, expr
-        assert used <= exported, f"{expr}: {sorted(used - exported)} not exported"
+        assert used <= exported_names, f"{expr}: {sorted(used - exported_names)} not exported"

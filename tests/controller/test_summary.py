@@ -410,3 +410,22 @@ def test_summary_never_disagrees_with_the_nodes_table(
         if r.state == "ready" and r.gpus_total and r.gpus_unhealthy == 0 and r.gpus_used == 0
     )
     assert sum(f.largest_free_block for f in summary.fabrics) == free_nodes
+
+
+def test_every_turn_to_unreachable_is_counted(fleet: FleetState, clock: FakeClock) -> None:
+    """A node that drops out and comes back between two scrapes shows in the
+    counter, not in the sampled gauge (llmgw_nodes_turned_unreachable)."""
+    fleet.ingest(report("a", interval_s=5))
+    fleet.ingest(report("b", interval_s=5))
+    assert fleet.turned_unreachable == 0
+    for turns in (1, 2):
+        clock.advance(21)  # past 3 intervals + 5 s
+        fleet.ingest(report("b", interval_s=5))  # b keeps reporting
+        assert fleet.summary().nodes.unreachable == 1
+        fleet.summary()  # looking again is not another turn
+        assert fleet.turned_unreachable == turns
+        fleet.ingest(report("a", interval_s=5))  # back
+        assert fleet.summary().nodes.unreachable == 0
+    # A new leader's term (reload) keeps the count: it is a counter.
+    fleet.reload()
+    assert fleet.turned_unreachable == 2
