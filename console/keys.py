@@ -19,7 +19,7 @@ no one took go to the focused widget the ordinary way.
 from __future__ import annotations
 
 import asyncio
-import logging
+from collections.abc import Coroutine
 from typing import Any, Protocol, runtime_checkable
 
 from textual import events
@@ -27,8 +27,6 @@ from textual.app import App
 from textual.message_pump import MessagePump
 from textual.widget import Widget
 from textual.widgets import Input
-
-log = logging.getLogger(__name__)
 
 # How long one key waits for a queue or a new screen before going on anyway:
 # a wedged widget must not swallow every key after it.
@@ -71,11 +69,12 @@ class KeyPipeline:
         app = self.app
         for _ in range(4):
             screen = app.screen
-            if not screen.is_mounted:
-                await _wait(screen._mounted_event.wait())
+            settled = screen.is_mounted or await _wait(screen._mounted_event.wait())
             for pump in (app.focused, screen, app):
                 if pump is not None:
-                    await _round_trip(pump)
+                    settled = await _round_trip(pump) and settled
+            if not settled:  # to Textual's log: stderr would draw over the screen
+                app.log.warning(f"a key waited {SETTLE_TIMEOUT_S:.0f} s to settle; going on")
             if app.screen is screen:
                 return
 
@@ -93,20 +92,21 @@ class KeyPipeline:
         (app.focused or screen)._forward_event(event)
 
 
-async def _round_trip(pump: MessagePump) -> None:
-    """Wait until `pump` has handled everything queued before now."""
+async def _round_trip(pump: MessagePump) -> bool:
+    """Wait until `pump` has handled everything queued before now; False:
+    it did not within SETTLE_TIMEOUT_S."""
     if pump._closing or pump._closed:
-        return
+        return True
     done = asyncio.Event()
-    if pump.call_later(done.set):
-        await _wait(done.wait())
+    return not pump.call_later(done.set) or await _wait(done.wait())
 
 
-async def _wait(aw: object) -> None:
+async def _wait(aw: Coroutine[Any, Any, Any]) -> bool:
     try:
-        await asyncio.wait_for(aw, SETTLE_TIMEOUT_S)  # type: ignore[arg-type]
+        await asyncio.wait_for(aw, SETTLE_TIMEOUT_S)
     except TimeoutError:
-        log.warning("a key waited %.0f s for the console to settle; going on", SETTLE_TIMEOUT_S)
+        return False
+    return True
 
 
 # -- text boxes, edited in place ------------------------------------------------
