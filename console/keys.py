@@ -62,14 +62,15 @@ class KeyPipeline:
             await self._deliver(event)
 
     async def _settle(self) -> None:
-        """Until what the last key started has happened: a pushed screen is
-        mounted, and messages it posted (a focused widget's, bubbling to its
-        screen, then to the app) have been handled. A screen the app pushes
-        while handling one (node detail) is waited for in the next round."""
+        """Until what the last key started has happened: the messages it
+        posted (a focused widget's, bubbling to its screen, then to the app)
+        have been handled, and a screen it pushed is mounted (a new screen
+        handles its queue only once it has composed and mounted). A screen the
+        app pushes while handling one (node detail) is waited for in the next round."""
         app = self.app
         for _ in range(4):
             screen = app.screen
-            settled = screen.is_mounted or await _wait(screen._mounted_event.wait())
+            settled = True
             for pump in (app.focused, screen, app):
                 if pump is not None:
                     settled = await _round_trip(pump) and settled
