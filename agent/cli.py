@@ -26,7 +26,7 @@ from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
-from llmgw.common import DEFAULT_CONTROLLER, UsageError
+from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
 from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeName, NodeReport
 
@@ -38,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
         prog="llmgw agent",
         description="Observe this node (GPUs, fabrics, model weights on disk), run the "
         "engines the controller assigns, and report every few seconds.",
+        epilog=examples(
+            "llmgw agent --controller https://ctl:7460 --enroll-token-file /etc/llmgw/enroll.token "
+            "--storage /mnt/models --fabric ib-a",
+            "llmgw agent --once --json    # what this node would report, then exit",
+        ),
+        formatter_class=HelpWithExamples,
     )
     p.add_argument(
         "--controller",

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from llmgw.client import AdminClient
-from llmgw.common import UsageError
+from llmgw.common import HelpWithExamples, UsageError, examples
 from llmgw.config import resolve
 from llmgw.tls import TlsConfigError
 
@@ -14,7 +14,13 @@ from llmgw.tls import TlsConfigError
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="llmgw console",
-        description="Live fleet console: nodes, GPUs, fabrics, weights; cordon and drain.",
+        description="Live fleet console: nodes, GPUs, fabrics, weights; cordon and drain. "
+        "Press ? in the console for its keys.",
+        epilog=examples(
+            "llmgw console --controller https://ctl:7460 --token-file ~/.config/llmgw/admin.token",
+            "llmgw console --readonly     # look, don't touch",
+        ),
+        formatter_class=HelpWithExamples,
     )
     parser.add_argument(
         "--controller",

@@ -1,9 +1,28 @@
 """Small things every llmgw front end shares: the default controller, the usage
-error, and how an exception is shown in one line."""
+error, examples in --help, and how an exception is shown in one line."""
 
 from __future__ import annotations
 
+import argparse
+
 DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
+
+
+def examples(*commands: str) -> str:
+    """A --help epilog of example command lines (with `HelpWithExamples`)."""
+    return "example:\n" + "\n".join(f"  {c}" for c in commands)
+
+
+class HelpWithExamples(argparse.HelpFormatter):
+    """argparse's help, wrapped to the terminal as usual, except indented lines
+    (the examples), which are kept as written so they can be copied."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text  # (not inside the generator: no zero-argument super there)
+        return "\n".join(
+            indent + line if line.startswith("  ") or not line else fill(line, width, indent)
+            for line in text.splitlines()
+        )
 
 
 class UsageError(Exception):

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from llmgw.common import examples
+
 SHELLS = ("bash", "zsh")
 
 
@@ -88,10 +90,23 @@ def autocomplete() -> None:
     argcomplete.autocomplete(completion_parser())
 
 
+HELP = f"""usage: llmgw completion {{bash,zsh}}
+
+Print the shell code that completes llmgw's commands, flags, and node and
+model names (asked of the controller when Tab is pressed).
+
+{
+    examples(
+        'eval "$(llmgw completion bash)"    # in ~/.bashrc',
+        'eval "$(llmgw completion zsh)"     # in ~/.zshrc, after compinit',
+    )
+}"""
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SHELLS:
         if argv and argv[0] in ("-h", "--help"):
-            print(__doc__)
+            print(HELP)
             return 0
         sys.stderr.write("usage: llmgw completion {bash,zsh}\n")
         return 2

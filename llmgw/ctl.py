@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from llmgw import api, render
 from llmgw.api import ControllerError, ControllerUnreachable, NotAController
-from llmgw.common import DEFAULT_CONTROLLER, UsageError, first_line
+from llmgw.common import DEFAULT_CONTROLLER, UsageError, examples, first_line
 from llmgw.config import Resolved, resolve
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def _sub(
         name,
         help=help,
         description=description or help[0].upper() + help[1:] + ".",
-        epilog="example:\n  " + example.replace("\n", "\n  "),
+        epilog=examples(*example.splitlines()),
         formatter_class=HelpFormatter,
     )
     _common_options(s, top=False)

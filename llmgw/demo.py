@@ -42,6 +42,7 @@ from agent.report import ReportBuilder
 from agent.sample_models import write_model
 from agent.storage import StorageDir, StorageScanner
 from llmgw.client import AdminClient
+from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.app import create_app
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import ModelSpec
@@ -449,6 +450,11 @@ def parser() -> argparse.ArgumentParser:
         prog="llmgw demo",
         description="A simulated fleet on this machine: an embedded controller and "
         "in-process agents with fake GPUs, real storage observation and fake engines.",
+        epilog=examples(
+            "llmgw demo                   # the fleet and its console, in this terminal",
+            "llmgw demo --nodes 200 --headless",
+        ),
+        formatter_class=HelpWithExamples,
     )
     p.add_argument("--nodes", type=int, default=48, help="simulated nodes (default 48)")
     p.add_argument(

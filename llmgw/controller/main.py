@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
@@ -33,6 +34,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw controller",
         description="Aggregate agent reports, keep durable state, place replicas, serve the admin API.",
+        epilog=examples(
+            "llmgw controller --state-dir /var/lib/llmgw --listen 127.0.0.1:7460",
+            "llmgw controller --store postgresql://llmgw@db/llmgw --listen 0.0.0.0:7460 "
+            "--advertise-url https://ctl-a:7460",
+        ),
+        formatter_class=HelpWithExamples,
     )
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
     p.add_argument(
@@ -290,6 +297,10 @@ def migrate(argv: list[str]) -> int:
         prog="llmgw controller migrate",
         description="Copy durable state (cordons, history, models, replicas, backoffs) "
         "from one store to another, empty one. Stop the controller first.",
+        epilog=examples(
+            "llmgw controller migrate --from sqlite:/var/lib/llmgw --to postgresql://llmgw@db/llmgw"
+        ),
+        formatter_class=HelpWithExamples,
     )
     p.add_argument("--from", dest="source", required=True, help="sqlite:DIR or postgresql://...")
     p.add_argument("--to", dest="target", required=True, help="sqlite:DIR or postgresql://...")

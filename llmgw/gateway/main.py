@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.settings import is_loopback, split_listen
 from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.smg import Smg, SmgOptions
@@ -27,6 +28,11 @@ def parser() -> argparse.ArgumentParser:
         prog="llmgw gateway",
         description="The OpenAI-compatible endpoint for every model: SMG, its workers kept "
         "equal to the controller's serving endpoints.",
+        epilog=examples(
+            "llmgw gateway --controller http://ctl:7460 --token-file /etc/llmgw/gateway.token "
+            "--listen 0.0.0.0:8080 --api-key-file /etc/llmgw/client-keys"
+        ),
+        formatter_class=HelpWithExamples,
     )
     p.add_argument(
         "--controller",
@@ -45,12 +51,18 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help=f"client keys, `KEY` or `TENANT KEY` per line (else {ENV_KEY})",
     )
-    p.add_argument("--policy", choices=POLICIES, default="cache_aware")
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="cache_aware",
+        metavar="POLICY",
+        help="SMG's routing policy: " + ", ".join(POLICIES) + " (default: cache_aware)",
+    )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
         "--work-dir", type=Path, help="SMG's worker manifest and log (default: a temp dir)"
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="default: info")
     return p
 
 

@@ -193,6 +193,22 @@ def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> N
     assert result.returncode == 0 and "llmgw ctl drain --dry-run" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "program",
+    ["controller", "controller migrate", "agent", "console", "demo", "gateway", "completion"],
+)
+def test_every_program_help_ends_with_an_example_to_copy(program: str) -> None:
+    result = llmgw(*program.split(), "--help", env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    example = result.stdout.split("example:\n", 1)[1]
+    lines = example.rstrip("\n").splitlines()
+    assert lines and all(line.startswith(("  llmgw ", '  eval "$(llmgw ')) for line in lines)
+    assert program.split()[0] in lines[0]
+    # Prose is wrapped to the terminal; the example lines are kept whole to copy.
+    prose = result.stdout.split("example:\n", 1)[0]
+    assert all(len(line) <= 80 for line in prose.splitlines()), program
+
+
 def setting(view: str, key: str) -> list[str]:
     """VALUE and FROM of one row of `ctl config view`."""
     (line,) = [line for line in view.splitlines() if line.split("   ")[0].strip() == key]
