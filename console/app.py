@@ -149,7 +149,7 @@ class ConsoleApp(App[None]):
         """Keys and pastes go to the key pipeline, which acts on each in the
         order typed once what the one before started has settled (keys.py)."""
         if isinstance(event, events.Key | events.Paste) and not event.is_forwarded:
-            if isinstance(event, events.Key):
+            if isinstance(event, events.Key) and not self.app_focus:
                 self.app_focus = True  # as Textual does on a key
             self.keys.put(event)
             return

@@ -158,7 +158,8 @@ class MainScreen(NodeScreen):
         box = self.query_one("#filter", Input)
         if event.key == "enter":
             self._filter_done()
-        elif event.is_printable and event.character:
+            return True
+        if event.is_printable and event.character:
             type_into(box, event.character)
         elif not await run_widget_binding(box, event.key):
             return False
@@ -174,8 +175,12 @@ class MainScreen(NodeScreen):
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self) -> None:
-        # The box as it is now, not as a queued Changed saw it.
-        self.nodes_table.set_filter(self.query_one("#filter", Input).value.strip())
+        # The box as it is now, not as a queued Changed saw it; the Changed
+        # that follows a key already applied in take_key has nothing to do.
+        text = self.query_one("#filter", Input).value.strip()
+        if text == self.nodes_table.filter_text:
+            return
+        self.nodes_table.set_filter(text)
         self._title_nodes()
         self.update_footer()
 

@@ -333,7 +333,10 @@ VIEW_KEYS = [
     ("enter", "node detail (escape goes back)"),
     ("/", "filter nodes (escape clears)"),
     ("s / S", "sort by the next column (every column in turn) / reverse"),
-    ("N T R …", "sort by that column, as below (again: reverse)"),
+    (
+        " ".join(s.letter for s in SORTS[:3]) + " …",
+        "sort by that column, as below (again: reverse)",
+    ),
 ]
 ADMIN_KEYS = [
     ("space", "mark nodes for one action (escape clears marks)"),
