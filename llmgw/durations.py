@@ -1,0 +1,55 @@
+"""Durations as operators type them: one syntax for ctl and the console.
+
+`30s`, `90m`, `1h`, `1h30m`, `2d` (as kubectl's `--timeout`); a bare number is
+seconds. Anything else is refused with a message that says what would parse,
+never read as something else (`1h` is never 1 minute, `abc` never "no deadline").
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_BARE = re.compile(r"\d+(?:\.\d+)?")
+
+
+class BadDuration(ValueError):
+    def __init__(self, text: str) -> None:
+        shown = text if len(text) <= 20 else text[:20] + "…"
+        super().__init__(
+            f"{shown!r} is not a duration: use a number with a unit, e.g. 30s, 90m, 1h or 1h30m"
+        )
+        self.text = text
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text` (`30s`, `90m`, `1h30m`, or a bare number of seconds)."""
+    raw = text.strip().lower()
+    if _BARE.fullmatch(raw):
+        return float(raw)
+    pos = 0
+    total = 0.0
+    seen: set[str] = set()
+    for m in _PART.finditer(raw):
+        if m.start() != pos or m.group(2) in seen:
+            raise BadDuration(text)
+        seen.add(m.group(2))
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or pos != len(raw):
+        raise BadDuration(text)
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact-enough spelling: `45s`, `1m30s`, `2h`, `1d2h`."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(parts[:2])
