@@ -487,7 +487,14 @@ def gateways(views: Sequence[Any]) -> str:
             Cell(str(g.in_flight), key=g.in_flight),
             Cell(str(g.requests), key=g.requests),
         )
-    return "\nGateways\n" + table.format().rstrip("\n") + "\n"
+    # An endpoint a gateway cannot use is left out of its routing: say which, and why.
+    notes = [
+        f"  gateway/{clean(g.name)} leaves out replica {clean(rid)}: {clean(why)}"
+        for g in views
+        for rid, why in sorted(getattr(g, "rejected", {}).items())
+    ]
+    text = "\nGateways\n" + table.format().rstrip("\n") + "\n"
+    return text + "".join(f"{n}\n" for n in notes)
 
 
 def node_detail(detail: NodeDetail, *, color: bool = False) -> str:

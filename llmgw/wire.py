@@ -10,12 +10,14 @@ controller stamps the time it received a report.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import Counter
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -93,6 +95,49 @@ MAX_DURATION_S = 366 * 86_400.0
 Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
 Bytes = Annotated[int, Field(ge=0, le=2**60)]
 MiB = Annotated[int, Field(ge=0, le=2**40)]
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+ADDRESS_RULE = "a host name or an IP literal (gpu-a01.example.com, 10.0.0.7, fd00::7)"
+
+
+def host_problem(value: str) -> str | None:
+    """Why `value` is not a host name or an IP literal, or None when it is one.
+
+    A host name is dot-separated labels of letters, digits and inner hyphens
+    (1-63 characters each, 253 in all, no empty label, no trailing dot); an IP
+    literal is IPv4 dotted-quad or IPv6 without brackets or zone. Anything else
+    (a space, a slash, a percent sign, a port) would make an engine URL that no
+    gateway can use."""
+    if not value or len(value) > 253:
+        return f"must be {ADDRESS_RULE}: 1 to 253 characters"
+    if ":" in value:
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            return f"must be {ADDRESS_RULE}: {value!r} is not an IPv6 address"
+        return None
+    if _DOTTED_NUMBERS.fullmatch(value):
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            return f"must be {ADDRESS_RULE}: {value!r} is not an IPv4 address"
+        return None
+    if not all(_HOST_LABEL.fullmatch(label) for label in value.split(".")):
+        return f"must be {ADDRESS_RULE}"
+    return None
+
+
+def _host(value: str) -> str:
+    problem = host_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# Where engines on a node are reached: it becomes the host of every engine URL.
+HostAddress = Annotated[str, StringConstraints(max_length=253), AfterValidator(_host)]
 
 
 class Inbound(BaseModel):
@@ -231,7 +276,7 @@ class NodeReport(Inbound):
     boot_id: ShortText
     interval_s: float = Field(gt=0, le=3600)
     uptime_s: Seconds | None = None  # agent uptime, a duration
-    address: ShortText | None = None  # where engines on this node can be reached
+    address: HostAddress | None = None  # where engines on this node can be reached
     gpus: list[GpuReport] = Field(default_factory=list, max_length=256)
     gpu_error: Text | None = None  # why there are no GPUs (no NVML, driver error)
     fabrics: list[FabricName] = Field(default_factory=list, max_length=16)
@@ -571,7 +616,8 @@ class DrainPlan(Outbound):
 
 # -- the gateway (endpoint feed and gateway status) ----------------------------------
 
-GatewayReplicaId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+# Keys a gateway sends are replica ids: no control characters, as everywhere.
+GatewayReplicaId = ReplicaId
 
 
 class Endpoint(Outbound):
@@ -607,6 +653,10 @@ class GatewayStatus(Inbound):
     requests: dict[GatewayReplicaId, Annotated[int, Field(ge=0, le=2**62)]] = Field(
         default_factory=dict, max_length=100_000
     )
+    # Endpoints it leaves out of routing because it cannot use them, and why.
+    rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
+        default_factory=dict, max_length=1024
+    )
 
 
 class GatewayView(Outbound):
@@ -615,6 +665,7 @@ class GatewayView(Outbound):
     age_s: float
     in_flight: int
     requests: int
+    rejected: dict[str, str] = Field(default_factory=dict)  # replica id -> why left out
 
 
 class WhoAmI(Outbound):

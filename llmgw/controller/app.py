@@ -36,6 +36,7 @@ from llmgw.controller.endpoints import (
     MAX_WAIT_S,
     FeedHold,
     Gateways,
+    TooManyGateways,
     endpoint_of,
     endpoints_since,
     parse_cursor,
@@ -485,7 +486,10 @@ async def list_endpoints(request: web.Request) -> web.Response:
 
 async def gateway_status(request: web.Request) -> web.Response:
     body = await parse_body(request, GatewayStatus)
-    request.app[GATEWAYS].report(body)
+    try:
+        request.app[GATEWAYS].report(body, by=who(request))
+    except TooManyGateways as exc:
+        return error(429, str(exc))
     return web.Response(status=204)
 
 

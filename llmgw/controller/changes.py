@@ -32,6 +32,7 @@ class ChangeKind(StrEnum):
     REPLICA = "replica"  # a replica record (added, changed or removed)
     BACKOFF = "backoff"  # a model's crash-loop backoff
     UNPLACEABLE = "unplaceable"  # why a model cannot be placed (or that it now can)
+    LISTENING = "listening"  # where a node's engines listen (its address, rank-0 ports)
 
 
 class Change(NamedTuple):

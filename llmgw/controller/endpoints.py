@@ -32,6 +32,9 @@ from llmgw.wire import (
 )
 
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
+FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
+MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
+MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
 MAX_WAIT_S = 30.0  # the longest long poll
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
@@ -89,7 +92,7 @@ def endpoints_since(fleet: FleetState, since: str) -> EndpointsDelta:
             for c in changes:
                 if c.kind is ChangeKind.REPLICA:
                     changed.add(c.key)
-                elif c.kind in (ChangeKind.NODE, ChangeKind.ASSIGNMENTS):
+                elif c.kind in (ChangeKind.NODE, ChangeKind.ASSIGNMENTS, ChangeKind.LISTENING):
                     changed.update(r.id for r in fleet.replicas_on(c.key))
     endpoints: list[Endpoint] = []
     removed: list[str] = []
@@ -189,36 +192,64 @@ class GatewaySeen:
     in_flight: dict[str, int]
     requests: dict[str, int]
     at: float  # monotonic
+    by: str = ""  # the token's identity that posted it
+    rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
+
+
+class TooManyGateways(Exception):
+    """A status under a new name past the bound: refused, nothing kept."""
 
 
 @dataclass
 class Gateways:
-    """The gateways that report, as last heard (soft state: rebuilt within a second)."""
+    """The gateways that report, as last heard (soft state: rebuilt within a second).
+
+    Everything here is keyed by what a gateway token chooses, so it is bounded:
+    a name silent for FORGET_S is forgotten, one token holds at most
+    MAX_NAMES_PER_TOKEN names (MAX_GATEWAYS in all), and a status keeps entries
+    only for replicas that exist."""
 
     fleet: FleetState
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
 
-    def report(self, status: GatewayStatus) -> None:
+    def report(self, status: GatewayStatus, by: str = "") -> None:
         now = self.fleet.clock()
+        self.expire(now)
+        old = self.seen.get(status.name)
+        if old is None:
+            mine = sum(1 for g in self.seen.values() if g.by == by)
+            if mine >= MAX_NAMES_PER_TOKEN or len(self.seen) >= MAX_GATEWAYS:
+                raise TooManyGateways(
+                    f"too many gateway names ({mine} for this token, {len(self.seen)} in all; "
+                    f"at most {MAX_NAMES_PER_TOKEN} per token, {MAX_GATEWAYS} in all): reuse a "
+                    f"name, or wait: a name is forgotten {FORGET_S:g} s after its last status"
+                )
         try:
             revision = parse_cursor(self.fleet, status.cursor)
         except BadCursor:
             revision = None
-        old = self.seen.get(status.name)
+        records = self.fleet.records
+        requests = {rid: n for rid, n in status.requests.items() if rid in records}
         before = old.requests if old else {}
         # New requests since its last status; a gateway's first status only sets the base.
         self.fleet.note_requests(
-            (rid for rid, n in status.requests.items() if n > before.get(rid, 0 if old else n)),
+            (rid for rid, n in requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
             revision,
-            dict(status.in_flight),
-            dict(status.requests),
+            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            requests,
             now,
+            by,
+            {rid: why for rid, why in status.rejected.items() if rid in records},
         )
+
+    def expire(self, now: float) -> None:
+        for name in [n for n, g in self.seen.items() if now - g.at > FORGET_S]:
+            del self.seen[name]
 
     def live(self, now: float) -> list[GatewaySeen]:
         return [g for g in self.seen.values() if now - g.at <= LIVE_S]
@@ -234,6 +265,7 @@ class Gateways:
 
     def views(self) -> list[GatewayView]:
         now = self.fleet.clock()
+        self.expire(now)
         return [
             GatewayView(
                 name=g.name,
@@ -241,6 +273,7 @@ class Gateways:
                 age_s=round(now - g.at, 1),
                 in_flight=sum(g.in_flight.values()),
                 requests=sum(g.requests.values()),
+                rejected=dict(g.rejected),
             )
             for g in sorted(self.seen.values(), key=lambda g: g.name)
         ]

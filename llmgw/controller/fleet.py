@@ -50,6 +50,7 @@ from llmgw.wire import (
     ReplicaView,
     ReportReply,
     ShardAssignment,
+    ShardState,
 )
 
 
@@ -382,7 +383,10 @@ class FleetState:
             )
         digest = digest_report(report, now, self.assigned_gpus(report.node))
         cards = entry.cards
+        listening = _listening(entry)
         entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        if _listening(entry) != listening:  # an engine restarted on a new port: same id
+            self._log.append(ChangeKind.LISTENING, report.node)
         if entry.cards is not cards:  # kept when equal: a new object is a change
             self._capacity_moved(report.node)
         self._watch(report.node, now)
@@ -849,6 +853,16 @@ class FleetState:
                 )
             )
         return views
+
+
+def _listening(entry: NodeEntry) -> tuple[object, ...]:
+    """What the endpoint feed builds URLs from: the address and each rank 0's port."""
+    ports = sorted(
+        (s.replica_id, s.port or 0, s.state is ShardState.FAILED)
+        for s in entry.shards
+        if s.rank == 0
+    )
+    return (entry.address, *ports)
 
 
 def rendezvous_port(replica_id: str) -> int:

@@ -155,9 +155,16 @@ class FleetCollector(Collector):
             "Seconds since a gateway last posted its status.",
             labels=["gateway"],
         )
+        gw_rejected = GaugeMetricFamily(
+            "llmgw_gateway_rejected_endpoints",
+            "Endpoints a gateway leaves out of routing because it cannot use them.",
+            labels=["gateway"],
+        )
         for view in views:
             gw_age.add_metric([view.name], view.age_s)
+            gw_rejected.add_metric([view.name], len(view.rejected))
         yield gw_age
+        yield gw_rejected
 
         if self._per_node:
             yield from self._nodes(fleet)

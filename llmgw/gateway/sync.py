@@ -20,6 +20,7 @@ from collections.abc import Callable
 import aiohttp
 
 from llmgw.api import error_message
+from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import Explainer
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
@@ -58,6 +59,7 @@ class Follower:
         self.name = name
         self.smg = smg
         self.explainer = Explainer()
+        self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
         self.unserved: dict[str, str] = {}
         self.cursor = ""  # the latest answer's
@@ -112,7 +114,8 @@ class Follower:
 
     def serving_urls(self) -> set[str]:
         """SMG's workers: the serving engines, and an explainer per unserved model."""
-        urls = {e.url for e in self.endpoints.values() if e.state == "serving"}
+        usable = self.entries.usable(self.endpoints.values())
+        urls = {e.url for e in usable if e.state == "serving"}
         return urls | self.explainer.set_unserved(self.unserved)
 
     async def _apply_loop(self) -> None:
@@ -171,12 +174,14 @@ class Follower:
                 for url, rid in by_url.items():
                     in_flight[rid] = load.in_flight.get(url, 0)
                     requests[rid] = load.requests.get(url, 0)
-            body = {
+            body: dict[str, object] = {
                 "name": self.name,
                 "cursor": cursor,
                 "in_flight": in_flight,
                 "requests": requests,
             }
+            if self.entries.rejected:  # only when there are: older controllers refuse it
+                body["rejected"] = dict(self.entries.rejected)
             try:
                 _, status, answer = await aiohttp_request(
                     http, self.controllers, "POST", "/v1/gateways/status", json=body

@@ -41,8 +41,11 @@ def model(name: str, min_replicas: int = 1) -> dict[str, Any]:
 
 
 class Gateway:
-    def __init__(self, cluster: Cluster, *extra: str, name: str = "gw-test") -> None:
+    def __init__(
+        self, cluster: Cluster, *extra: str, name: str = "gw-test", controller: str | None = None
+    ) -> None:
         self.cluster = cluster
+        self.controller = controller or cluster.url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
@@ -55,7 +58,7 @@ class Gateway:
         argv = llmgw(
             "gateway",
             "--controller",
-            self.cluster.url,
+            self.controller,
             "--listen",
             f"127.0.0.1:{self.port}",
             "--name",

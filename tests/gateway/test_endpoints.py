@@ -23,6 +23,7 @@ class Sim:
         self.down: set[str] = set()
         self.idle_s = 0.0  # what every engine says of its idleness
         self.traffic: dict[str, object] | None = None  # what every rank 0 says it served
+        self.port_shift = 0  # engines restarted in place listen on new ports
 
     def step(self) -> None:
         self.clock.advance(1.0)
@@ -36,7 +37,7 @@ class Sim:
                     "rank": a.rank,
                     "state": "ready",
                     "gpus": a.gpus,
-                    "port": 8000 + i,
+                    "port": 8000 + i + self.port_shift,
                     "idle_seconds": self.idle_s,
                     **({"traffic": self.traffic} if self.traffic and a.rank == 0 else {}),
                 }
@@ -73,6 +74,25 @@ def test_feed_gives_urls_then_only_changes(tmp_path: Path) -> None:
         sim.step()
     gone = endpoints_since(sim.fleet, quiet.cursor)
     assert ep.replica_id in gone.removed
+
+
+def test_a_new_port_for_the_same_replica_is_in_the_feed(tmp_path: Path) -> None:
+    """An engine restarted in place keeps its replica id and listens on a new port:
+    the feed must say so, or gateways route to the old port for ever (issue 21)."""
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    sim.step()
+    full = endpoints_since(sim.fleet, "")
+    (ep,) = full.endpoints
+    sim.port_shift = 100
+    sim.step()
+    delta = endpoints_since(sim.fleet, full.cursor)
+    assert [(e.replica_id, e.url) for e in delta.endpoints] == [
+        (ep.replica_id, ep.url.rsplit(":", 1)[0] + f":{int(ep.url.rsplit(':', 1)[1]) + 100}")
+    ]
+    quiet = endpoints_since(sim.fleet, delta.cursor)
+    assert quiet.endpoints == [] and quiet.removed == []
 
 
 def test_a_drain_waits_for_every_live_gateway(tmp_path: Path) -> None:
@@ -216,3 +236,19 @@ def test_traffic_per_model_from_engines_and_gateways(tmp_path: Path) -> None:
     sim.clock.advance(11.0)
     (traffic,) = sim.summary().traffic
     assert traffic.in_flight == 2
+
+
+def test_ctl_status_names_each_endpoint_a_gateway_leaves_out() -> None:
+    from llmgw.render import gateways
+    from llmgw.wire import GatewayView
+
+    view = GatewayView(
+        name="gw-a",
+        cursor="x.1",
+        age_s=0.4,
+        in_flight=0,
+        requests=3,
+        rejected={"bad-1": "the host must be a host name or an IP literal"},
+    )
+    text = gateways([view])
+    assert "gateway/gw-a leaves out replica bad-1: the host must be" in text

@@ -14,6 +14,7 @@ from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.settings import ControllerSettings
 
 AGENT, ADMIN, READ, ENROLL = "agent-secret", "admin-secret", "read-secret", "enroll-secret"
+GATEWAY = "gateway-secret"
 ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
@@ -50,6 +51,7 @@ async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
             (ADMIN, "alice", Role.ADMIN),
             (READ, "reader", Role.READ),
             (ENROLL, "enroll", Role.ENROLL),
+            (GATEWAY, "gw", Role.GATEWAY),
         )
     )
     # No background reconcile: a placement between two views is not the request's doing.
@@ -69,6 +71,8 @@ async def views(client: TestClient) -> Any:
         resp = await client.get(path, headers=auth(ADMIN))
         out[path] = await resp.json()
     out["/v1/summary"].pop("generated_at", None)
+    gateways = await (await client.get("/v1/gateways", headers=auth(ADMIN))).json()
+    out["/v1/gateways"] = [{k: v for k, v in g.items() if k != "age_s"} for g in gateways]
     for row in out["/v1/nodes"]:
         row.pop("report_age_s", None)
         detail = await (await client.get(f"/v1/nodes/{row['name']}", headers=auth(ADMIN))).json()

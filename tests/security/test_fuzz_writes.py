@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.security.conftest import ADMIN, AGENT, ENROLL, auth, report_body, views
+from llmgw.wire import host_problem
+from tests.security.conftest import ADMIN, AGENT, ENROLL, GATEWAY, auth, report_body, views
 
 EXAMPLES = int(os.environ.get("LLMGW_FUZZ_EXAMPLES", "60"))
 
@@ -39,9 +40,10 @@ JSON = st.recursive(
 
 VALID: dict[str, dict[str, Any]] = {
     "report": {
-        **report_body(),
+        **report_body(address="10.0.0.1"),
         "replicas": [{"id": "r1", "model": "m", "state": "ready", "gpus": ["GPU-gpu01-0"]}],
     },
+    "gateway-status": {"name": "gw-1", "cursor": "", "in_flight": {"r1": 0}, "requests": {}},
     "cordon": {"reason": "disk"},
     "drain": {"reason": "disk", "force": False, "force_after_s": 60},
     "uncordon": {},
@@ -50,6 +52,14 @@ VALID: dict[str, dict[str, Any]] = {
     "enroll": {"node": "gpu07"},
     "forget": {},
 }
+# Where engines are reached: it becomes the host of URLs every gateway uses.
+ADDRESSES = st.sampled_from(
+    [" ", "%2e%2e", "host/path", "evil:1/x", "[::1]", "a..b", "n1.", "-x", "1.2.3", "a b", "\x1b"]
+) | st.text(max_size=20)
+# Keys of a gateway's status maps are replica ids: no control characters.
+REPLICA_KEYS = st.sampled_from(["r1", "\x1b[2J", "a\nb", "\x00", "x" * 65, ""]) | st.text(
+    max_size=8
+)
 NODE_NAMES = st.sampled_from(["gpu01", "nope", "a b", "..", "x" * 300, "\u00e9"]) | st.text(
     max_size=12
 )
@@ -89,11 +99,25 @@ def mutated(draw: st.DrawFn, kind: str) -> bytes:
 
 
 @st.composite
+def targeted(draw: st.DrawFn, kind: str) -> bytes:
+    """A valid body with a hostile address, or hostile replica-id keys."""
+    body = json.loads(json.dumps(VALID[kind]))
+    if kind == "report":
+        body["address"] = draw(ADDRESSES)
+    else:
+        field = draw(st.sampled_from(["in_flight", "requests", "rejected"]))
+        value: Any = "why" if field == "rejected" else 1
+        body[field] = {draw(REPLICA_KEYS): value}
+    return json.dumps(body).encode("utf-8", "surrogatepass")
+
+
+@st.composite
 def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
     kind = draw(st.sampled_from([*VALID, "delete-model", "revoke"]))
     node = quote(draw(NODE_NAMES), safe="")
     method, path, token = {
         "report": ("POST", "/v1/agent/report", AGENT),
+        "gateway-status": ("POST", "/v1/gateways/status", GATEWAY),
         "cordon": ("POST", f"/v1/nodes/{node}/cordon", ADMIN),
         "drain": ("POST", f"/v1/nodes/{node}/drain", ADMIN),
         "uncordon": ("POST", f"/v1/nodes/{node}/uncordon", ADMIN),
@@ -106,6 +130,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
     }[kind]
     if kind in ("delete-model", "revoke"):
         body = b""
+    elif kind in ("report", "gateway-status") and draw(st.booleans()):
+        body = draw(targeted(kind))
     else:
         body = draw(
             mutated(kind)
@@ -134,3 +160,9 @@ async def test_write_endpoints_never_5xx_and_errors_change_nothing(
     if resp.status >= 400:
         assert json.loads(text)["error"]
         assert await views(client) == before, (path, body)
+    elif path == "/v1/agent/report":  # taken: its address is a host name or an IP literal
+        address = json.loads(body).get("address")
+        assert address is None or host_problem(address) is None, address
+    elif path == "/v1/gateways/status":  # taken: only the replica ids that exist are kept
+        for g in await (await client.get("/v1/gateways", headers=auth(ADMIN))).json():
+            assert set(g["rejected"]) <= {"r1"}, g
