@@ -1,0 +1,75 @@
+"""The follower's apply against a stand-in SMG whose timing the test sets (issue 24
+item 5): SMG takes 5.2-6.3 s to drop a removed worker, which is no failure; a
+worker it never drops is one, said once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+import pytest
+
+from llmgw.gateway import sync
+from llmgw.gateway.sync import Follower
+
+
+class SlowSmg:
+    """Adds at once; drops a removed worker `remove_after_s` after the manifest changes."""
+
+    def __init__(self, remove_after_s: float) -> None:
+        self.remove_after_s = remove_after_s
+        self.listed: dict[str, float | None] = {}  # url -> when it goes (None: stays)
+        self.started = asyncio.Event()
+        self.started.set()
+
+    def write_workers(self, urls: Iterable[str]) -> None:
+        wanted = set(urls)
+        now = time.monotonic()
+        for u in wanted:
+            self.listed[u] = None
+        for u, gone in self.listed.items():
+            if u not in wanted and gone is None:
+                self.listed[u] = now + self.remove_after_s
+
+    async def workers(self) -> dict[str, bool]:
+        now = time.monotonic()
+        self.listed = {u: g for u, g in self.listed.items() if g is None or g > now}
+        return {u: True for u in self.listed}
+
+
+def follower(smg: SlowSmg) -> Follower:
+    return Follower("http://127.0.0.1:1", None, "gw", smg)  # type: ignore[arg-type]
+
+
+async def test_a_removal_that_takes_six_seconds_is_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    smg = SlowSmg(remove_after_s=6.3)
+    f = follower(smg)
+    await f._apply({"http://a:1", "http://b:1"})
+    caplog.set_level(logging.INFO, logger="llmgw.gateway")
+    t0 = time.monotonic()
+    await f._apply({"http://b:1"})  # raised TimeoutError at 5 s before
+    assert 6.0 < time.monotonic() - t0 < 8
+    assert await smg.workers() == {"http://b:1": True}
+    assert "failing" not in caplog.text
+
+
+async def test_a_removal_that_never_happens_is_said_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync, "REMOVE_TIMEOUT_S", 0.3)
+    smg = SlowSmg(remove_after_s=3600)
+    f = follower(smg)
+    await f._apply({"http://a:1", "http://b:1"})
+    f.endpoints = {}
+    caplog.set_level(logging.INFO, logger="llmgw.gateway")
+    f.changed.set()
+    loop = asyncio.create_task(f._apply_loop())
+    await asyncio.sleep(2.5)  # several tries
+    loop.cancel()
+    failing = [r for r in caplog.records if "failing" in r.getMessage()]
+    assert len(failing) == 1, caplog.text
+    assert "still lists removed workers" in failing[0].getMessage()
