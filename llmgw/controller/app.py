@@ -31,6 +31,7 @@ from llmgw.controller.auth import (
     bearer,
 )
 from llmgw.controller.authorize import RefusalLog, report_refusal
+from llmgw.controller.bodies import HANDLER_ARGS, body_guard
 from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
 from llmgw.controller.endpoints import (
     MAX_WAIT_S,
@@ -537,7 +538,8 @@ ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
 def create_app(settings: ControllerSettings) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[errors_middleware, leader_middleware, auth_middleware(settings)],
+        middlewares=[body_guard, errors_middleware, leader_middleware, auth_middleware(settings)],
+        handler_args=HANDLER_ARGS,
     )
     app[SETTINGS] = settings
     app[METRICS] = ControllerMetrics(per_node=settings.metrics_per_node)
