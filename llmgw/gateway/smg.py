@@ -8,7 +8,12 @@ Facts this relies on (smg 1.13):
   `/v1/models`. So the gateway owns the worker set through one file.
 * `GET /workers` lists what SMG has registered; with any client key set it
   needs a control-plane key, which only this process knows (a fresh random
-  one per start). Client keys are SMG tenant keys (`--tenant-api-key T:K`).
+  one per start). Client keys are SMG tenant keys. Neither is on SMG's command
+  line: SMG runs through `llmgw.gateway.smg_child`, which reads them from a file
+  of mode 0600 in the 0700 work dir. `DELETE /workers/{id}` removes a worker
+  (the gateway removes any it did not put in the manifest).
+* SMG colours its log whether or not it writes to a terminal: its output goes
+  through a pipe here, and smg.log gets it without ANSI escapes.
 * Prometheus metrics are served on `--prometheus-host/--prometheus-port`,
   here a loopback port only this process knows: `smg_worker_requests_active
   {worker=URL}` (in flight) and `smg_worker_requests_total{worker=URL,model}`.
@@ -20,7 +25,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import re
 import secrets
 import socket
 import sys
@@ -33,11 +40,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.gateway.keys import ApiKey
+from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
 
 log = logging.getLogger("llmgw.gateway.smg")
 
 BACKOFF_START_S = 0.5
 BACKOFF_CAP_S = 10.0
+OURS_FOR_S = 120.0  # a URL left the manifest this recently: SMG may still list it
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def free_loopback_port() -> int:
@@ -58,6 +68,13 @@ class SmgOptions:
 
 
 @dataclass(frozen=True)
+class Worker:
+    id: str
+    url: str
+    routable: bool  # healthy and ready
+
+
+@dataclass(frozen=True)
 class WorkerLoad:
     in_flight: dict[str, int]  # worker URL -> requests running
     requests: dict[str, int]  # worker URL -> requests sent, ever (this SMG run)
@@ -69,6 +86,7 @@ class Smg:
     def __init__(self, options: SmgOptions) -> None:
         self.options = options
         self.manifest = options.workdir / "workers.json"
+        self.secrets = options.workdir / "smg-secrets.json"
         self.admin_key = secrets.token_urlsafe(24)
         self.metrics_port = free_loopback_port()
         self.proc: asyncio.subprocess.Process | None = None
@@ -76,6 +94,7 @@ class Smg:
         self.runs = 0
         self._session: aiohttp.ClientSession | None = None
         self._urls: list[str] = []
+        self._ours: dict[str, float] = {}  # URL -> when it left the manifest (inf: in it)
 
     @property
     def base(self) -> str:
@@ -89,8 +108,7 @@ class Smg:
         argv = [
             sys.executable,
             "-m",
-            "smg",
-            "launch",
+            "llmgw.gateway.smg_child",
             "--host",
             o.host,
             "--port",
@@ -107,20 +125,34 @@ class Smg:
             "127.0.0.1",
             "--prometheus-port",
             str(self.metrics_port),
-            "--control-plane-api-keys",
-            f"llmgw:llmgw-gateway:admin:{self.admin_key}",
             "--health-check-interval-secs",
             "2",
             "--log-level",
             o.log_level,
         ]
-        for k in o.keys:
-            argv += ["--tenant-api-key", f"{k.tenant}:{k.key}"]
         return argv + o.extra
+
+    def write_secrets(self) -> None:
+        """The keys SMG needs, where only this user can read them (never on argv)."""
+        write_secrets(
+            self.secrets,
+            [f"llmgw:llmgw-gateway:admin:{self.admin_key}"],
+            [f"{k.tenant}:{k.key}" for k in self.options.keys],
+        )
+
+    def ours(self, url: str) -> bool:
+        """Whether this gateway put `url` in the manifest (now or lately)."""
+        return url in self._ours
 
     def write_workers(self, urls: Iterable[str]) -> None:
         """Replace the manifest atomically: SMG never reads half a file."""
-        self._urls = sorted(set(urls))
+        now = time.monotonic()
+        new = sorted(set(urls))
+        for u in set(self._urls) - set(new):
+            self._ours[u] = now
+        self._ours.update((u, math.inf) for u in new)
+        self._ours = {u: t for u, t in self._ours.items() if now - t < OURS_FOR_S}
+        self._urls = new
         body = {"version": 1, "workers": [{"url": u} for u in self._urls]}
         tmp = self.manifest.with_suffix(".tmp")
         tmp.write_text(json.dumps(body, indent=1))
@@ -129,6 +161,8 @@ class Smg:
     async def run(self) -> None:
         """Keep SMG running: restart with backoff, one log line per outage."""
         self.options.workdir.mkdir(parents=True, exist_ok=True)
+        self.options.workdir.chmod(0o700)  # the secrets file lives here
+        self.write_secrets()
         if not self.manifest.exists():
             self.write_workers([])
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
@@ -138,13 +172,21 @@ class Smg:
                 log_path = self.options.workdir / "smg.log"
                 # In our process group, so that whoever kills the gateway's group
                 # kills SMG with it.
-                with log_path.open("ab") as out:
-                    self.proc = await asyncio.create_subprocess_exec(
-                        *self.argv(), stdout=out, stderr=asyncio.subprocess.STDOUT
-                    )
+                self.proc = await asyncio.create_subprocess_exec(
+                    *self.argv(),
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env={**os.environ, SECRETS_ENV: str(self.secrets)},
+                )
+                assert self.proc.stdout is not None
+                copier = asyncio.create_task(_copy_log(self.proc.stdout, log_path))
                 self.runs += 1
                 t0 = time.monotonic()
-                code = await self._watch(self.proc)
+                try:
+                    code = await self._watch(self.proc)
+                finally:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(copier, 2)
                 self.started.clear()
                 if time.monotonic() - t0 > 30:
                     backoff = BACKOFF_START_S  # it ran well: a new outage
@@ -198,16 +240,30 @@ class Smg:
             raise RuntimeError("SMG is not running")
         return self._session
 
-    async def workers(self) -> dict[str, bool]:
-        """Registered worker URL -> whether SMG routes to it (healthy and ready)."""
+    async def registered(self) -> list[Worker]:
+        """Every worker SMG has registered, whoever put it there."""
         headers = {"Authorization": f"Bearer {self.admin_key}"}
         async with self._http().get(f"{self.base}/workers", headers=headers) as resp:
             resp.raise_for_status()
             body = await resp.json()
-        return {
-            w["url"]: bool(w.get("is_healthy")) and w.get("status", "ready") == "ready"
+        return [
+            Worker(
+                str(w.get("id", "")),
+                w["url"],
+                bool(w.get("is_healthy")) and w.get("status", "ready") == "ready",
+            )
             for w in body.get("workers", [])
-        }
+        ]
+
+    async def workers(self) -> dict[str, bool]:
+        """Registered worker URL -> whether SMG routes to it (healthy and ready)."""
+        return {w.url: w.routable for w in await self.registered()}
+
+    async def remove(self, worker_id: str) -> None:
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        url = f"{self.base}/workers/{worker_id}"
+        async with self._http().delete(url, headers=headers) as resp:
+            resp.raise_for_status()
 
     async def load(self) -> WorkerLoad:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -226,3 +282,19 @@ class Smg:
                 elif s.name == "smg_worker_requests_total":
                     requests[worker] = requests.get(worker, 0) + int(s.value)
         return WorkerLoad(in_flight, requests)
+
+
+async def _copy_log(stream: asyncio.StreamReader, path: Path) -> None:
+    """SMG's output into `path`, line by line, without its ANSI colour escapes."""
+    with path.open("ab") as out:
+        pending = b""
+        while chunk := await stream.read(65536):
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1
+            if cut == 0 and len(pending) < 65536:
+                continue  # an escape may straddle the chunks: wait for the line's end
+            cut = cut or len(pending)
+            out.write(_ANSI.sub(b"", pending[:cut]))
+            out.flush()
+            pending = pending[cut:]
+        out.write(_ANSI.sub(b"", pending))

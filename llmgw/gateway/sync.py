@@ -24,7 +24,7 @@ from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import Explainer
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
-from llmgw.wire import Endpoint, EndpointsDelta
+from llmgw.wire import Endpoint, EndpointsDelta, printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -35,6 +35,7 @@ ADD_TIMEOUT_S = 5.0  # a new worker SMG cannot reach yet must not hold up the re
 # (measured with smg 1.13, fake and vLLM engines alike): a removal waits that
 # long as a matter of course, and only past this bound is it a failure.
 REMOVE_TIMEOUT_S = 20.0
+EVICT_EVERY_S = 1.0  # how often SMG's workers are checked for ones llmgw did not add
 
 
 class Outage:
@@ -75,7 +76,9 @@ class Follower:
         await self.explainer.start()
         try:
             async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
-                await asyncio.gather(self._poll(http), self._apply_loop(), self._status(http))
+                await asyncio.gather(
+                    self._poll(http), self._apply_loop(), self._status(http), self._evict_loop()
+                )
         finally:
             await self.explainer.stop()
 
@@ -162,6 +165,34 @@ class Follower:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    # -- workers llmgw did not put there -------------------------------------------------
+
+    async def _evict_loop(self) -> None:
+        """Remove from SMG any worker this gateway did not put in its manifest: only the
+        controller's endpoints serve through it (one added with a leaked admin key
+        would take a share of every model's requests)."""
+        asked: dict[str, float] = {}  # URL -> when its removal was last asked
+        while True:
+            await asyncio.sleep(EVICT_EVERY_S)
+            if not self.smg.started.is_set():
+                continue
+            try:
+                workers = await self.smg.registered()
+                now = time.monotonic()
+                for w in workers:
+                    if self.smg.ours(w.url) or now - asked.get(w.url, -1e9) < 10:
+                        continue
+                    if w.url not in asked:
+                        log.warning(
+                            "SMG worker %s was not added by llmgw: removing it", printable(w.url)
+                        )
+                    asked[w.url] = now
+                    await self.smg.remove(w.id)
+                listed = {w.url for w in workers}
+                asked = {u: t for u, t in asked.items() if u in listed or now - t < 60}
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                log.debug("checking SMG's workers: %s", exc)
 
     # -- status ---------------------------------------------------------------------------------
 
