@@ -629,6 +629,11 @@ class Endpoint(Outbound):
     state: Literal["serving", "stopping"]
 
 
+# How an `unserved` reason says the model cannot be placed at all (the gateway's
+# answer then promises no replica "yet").
+UNPLACEABLE_PREFIX = "cannot be placed: "
+
+
 class EndpointsDelta(Outbound):
     """Endpoints that changed after `since` (every one when `full`), and ids gone.
 

@@ -22,6 +22,7 @@ from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.fleet import BadCursor, FleetState
 from llmgw.controller.store import ReplicaRecord
 from llmgw.wire import (
+    UNPLACEABLE_PREFIX,
     Endpoint,
     EndpointsDelta,
     GatewayStatus,
@@ -129,11 +130,14 @@ def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
     for name in fleet.models:
         if name in serving:
             continue
-        reason = fleet.unplaceable_reasons.get(name)
+        unplaceable = fleet.unplaceable_reasons.get(name)
         n = starting.get(name, 0)
-        if reason is None and n:
-            reason = f"{n} replica{'s' if n > 1 else ''} starting"
-        out[name] = reason or "no replica is serving yet"
+        if unplaceable is not None:
+            out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
+        elif n:
+            out[name] = f"{n} replica{'s' if n > 1 else ''} starting"
+        else:
+            out[name] = "no replica is serving yet"
     return out
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from llmgw.gateway.smg import free_loopback_port
+from llmgw.wire import UNPLACEABLE_PREFIX
 
 RETRY_AFTER_S = 5
 
@@ -79,11 +80,16 @@ class Explainer:
 
     async def _unavailable(self, request: web.Request) -> web.Response:
         model, why = self._known(request)
-        if why:
+        retry = RETRY_AFTER_S
+        if why.startswith(UNPLACEABLE_PREFIX):
+            message = f"model {model!r} is declared but {why}"
+            code = "model_unplaceable"
+        elif why:
             message = f"model {model!r} is declared but no replica serves it yet: {why}"
-            retry = RETRY_AFTER_S
+            code = "model_not_ready"
         else:
             message = f"model {model!r} is being put in routing; retry"
-            retry = 1
-        body = {"error": {"message": message, "type": "service_unavailable", "code": 503}}
+            code, retry = "model_not_ready", 1
+        # `code` is a string, as in OpenAI's error bodies.
+        body = {"error": {"message": message, "type": "service_unavailable", "code": code}}
         return web.json_response(body, status=503, headers={"Retry-After": str(retry)})

@@ -137,7 +137,10 @@ def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
         unserved = ask("huge", key)
         assert unserved.status_code == 503, unserved.text
         assert unserved.headers["Retry-After"] == "5"
-        assert "no replica serves it yet: needs" in unserved.json()["error"]["message"]
+        error = unserved.json()["error"]
+        # It cannot be placed at all: no promise of a replica "yet" (issue 23 item 12).
+        assert "is declared but cannot be placed: needs" in error["message"], error
+        assert "yet" not in error["message"] and error["code"] == "model_unplaceable"
 
 
 def clear_error(failure: str) -> bool:
