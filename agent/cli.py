@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -312,7 +311,14 @@ def describe(report: NodeReport) -> str:
     return "\n".join(lines)
 
 
-async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
+async def run_agent(
+    args: argparse.Namespace, builder: ReportBuilder, stop: asyncio.Event | None = None
+) -> None:
+    """Report until `stop` is set or the task is cancelled.
+
+    Takes over no signals: that is the entry point's choice (`main`), not a
+    caller's that runs the agent inside its own loop (tests, the demo).
+    """
     engines = make_engines(args, builder)
     token, enrollment = credential_source(args)
     loop = ReportLoop(
@@ -323,11 +329,7 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
         enrollment=enrollment,
         ssl_context=controller_tls(args),
     )
-    stop = asyncio.Event()
-    running = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            running.add_signal_handler(sig, stop.set)
+    stop = stop or asyncio.Event()
     log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
     metrics = None
     if args.metrics_listen:
@@ -356,6 +358,15 @@ async def run_agent(args: argparse.Namespace, builder: ReportBuilder) -> None:
             log.info("agent %s stopped", builder.node)
 
 
+async def run_until_signalled(args: argparse.Namespace, builder: ReportBuilder) -> None:
+    """The entry point's run: SIGTERM and SIGINT stop the agent cleanly."""
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        running.add_signal_handler(sig, stop.set)
+    await run_agent(args, builder, stop)
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
@@ -376,7 +387,7 @@ def main(argv: list[str]) -> int:
             return 0
         credential_source(args)  # a bad token file is a usage error, up front
         controller_tls(args)
-        asyncio.run(run_agent(args, builder))
+        asyncio.run(run_until_signalled(args, builder))
     except UsageError as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2

@@ -79,6 +79,17 @@ def next_delay(interval_s: float, failures: int, rng: random.Random, cap_s: floa
     return ceiling * rng.uniform(0.5, 1.0)
 
 
+def cancel_if_asked() -> None:
+    """End the task if it was cancelled and something it awaited swallowed that.
+
+    A library that catches CancelledError (or turns it into a timeout) would
+    otherwise keep a cancelled loop running for ever.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class ReportLoop:
     def __init__(
         self,
@@ -142,7 +153,10 @@ class ReportLoop:
             self._building = asyncio.ensure_future(asyncio.to_thread(self.builder.build, replicas))
             self._build_started = time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.shield(self._building), self.build_timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the result of a
+            # future that finishes as the task is cancelled, and the cancel is lost.
+            async with asyncio.timeout(self.build_timeout_s):
+                return await asyncio.shield(self._building)
         except TimeoutError:
             took = time.monotonic() - self._build_started
             raise ReportError(
@@ -222,7 +236,9 @@ class ReportLoop:
                     self.builder.interval_s, self.failures, self.rng, self.backoff_cap_s
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
+                cancel_if_asked()
         finally:
             if own:
                 await session.close()

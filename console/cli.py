@@ -8,6 +8,7 @@ import sys
 from llmgw.client import AdminClient
 from llmgw.common import HelpWithExamples, UsageError, examples
 from llmgw.config import resolve
+from llmgw.identity import operator_name
 from llmgw.tls import TlsConfigError
 
 
@@ -72,7 +73,9 @@ def main(argv: list[str]) -> int:
             ca_file=args.ca_file,
             context=args.context,
         )
-        client = AdminClient(where.controllers, where.token, ca_file=where.ca_file)
+        client = AdminClient(
+            where.controllers, where.token, user=operator_name(), ca_file=where.ca_file
+        )
     except (UsageError, TlsConfigError) as exc:
         sys.stderr.write(f"llmgw console: {exc}\n")
         return 2

@@ -877,10 +877,11 @@ def _run(argv: Sequence[str], collecting: bool) -> int:
         if args.command == "config":
             return config_command(args, term)
         resolved = resolve_args(args)
+        from llmgw.identity import operator_name
         from llmgw.sync_client import SyncAdminClient
 
         with SyncAdminClient(
-            resolved.controllers, resolved.token, user=_login(), ca_file=resolved.ca_file
+            resolved.controllers, resolved.token, user=operator_name(), ca_file=resolved.ca_file
         ) as client:
             handler: Callable[[], int] = getattr(Ctl(client, args, term), args.command)
             return handler()
@@ -906,12 +907,3 @@ def _run(argv: Sequence[str], collecting: bool) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
-
-
-def _login() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return "unknown"

@@ -147,7 +147,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_is_a_clean_exit_and_a_down_controller_is_logged_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The CLI entry point, and only it, turns SIGTERM and SIGINT into a clean stop."""
     env = {**os.environ, "LLMGW_AGENT_TOKEN": ""}
     proc = subprocess.Popen(
         [
@@ -174,7 +178,7 @@ def test_sigterm_is_a_clean_exit_and_a_down_controller_is_logged_once(tmp_path: 
     try:
         time.sleep(2.5)  # startup, then several failed tries (backoff from 25 ms)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _out, err = proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:

@@ -1,11 +1,10 @@
-"""The systemd units verify, and each ExecStart parses with llmgw's own CLI parser."""
+"""The systemd units verify, and each one's ExecStart, with each set of its drop-ins and
+the files the README tells the operator to create, parses with llmgw's own CLI parser."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -14,46 +13,62 @@ from pathlib import Path
 import pytest
 
 from llmgw.cli import PROGRAMS
+from tests.deploy.units import (
+    NAMES,
+    README,
+    UNITS,
+    VARIANTS,
+    Service,
+    directives,
+    dropin,
+    load_credentials,
+    operator_files,
+)
 
-UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-NAMES = ["llmgw-agent.service", "llmgw-controller.service", "llmgw-gateway.service"]
 LLMGW = Path(sys.executable).parent / "llmgw"
-
-
-def directives(unit: Path) -> list[tuple[str, str]]:
-    out = []
-    for line in unit.read_text().splitlines():
-        if line and not line.startswith(("#", "[")) and "=" in line:
-            key, _, value = line.partition("=")
-            out.append((key, value))
-    return out
-
-
-def exec_argv(unit: Path) -> list[str]:
-    """ExecStart as the service would run it with an empty EnvironmentFile:
-    `${VAR}` takes the unit's Environment= default, a bare `$VAR` word vanishes."""
-    d = directives(unit)
-    env = dict(v.split("=", 1) for k, v in d if k == "Environment")
-    (cmd,) = [v for k, v in d if k == "ExecStart"]
-    cmd = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], cmd).replace("%d", "/run/credentials/u")
-    return [w for w in shlex.split(cmd) if not re.fullmatch(r"\$\w+", w)]
+CASES = [(unit, dropins) for unit in NAMES for dropins in VARIANTS[unit]]
 
 
 def cli_parser(program: str) -> argparse.ArgumentParser:
     module = importlib.import_module(PROGRAMS[program][0])
-    build = getattr(module, "parser", None) or module.parser
-    parser: argparse.ArgumentParser = build()
+    parser: argparse.ArgumentParser = module.parser()
     return parser
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_exec_start_parses_with_the_llmgw_cli(name: str) -> None:
-    argv = exec_argv(UNITS / name)
+@pytest.mark.parametrize(("name", "dropins"), CASES)
+def test_exec_start_parses_with_the_llmgw_cli(
+    name: str, dropins: tuple[str, ...], tmp_path: Path
+) -> None:
+    etc, creds = tmp_path / "etc", tmp_path / "creds"
+    env_files = operator_files(etc, "https://controller:7460", tls=None)
+    for tls_file in ("tls.crt", "tls.key"):
+        (etc / tls_file).write_text("PEM\n")  # parsed here, read in test_install
+    service = Service(name, dropins)
+    load_credentials(service, etc, creds)
+    argv = service.argv(creds, service.environment(creds, env_files))
     assert argv[0] == "/usr/local/bin/llmgw"
-    program = argv[1]
-    if program not in PROGRAMS:
-        pytest.xfail(f"`llmgw {program}` is not built yet on this branch (issue 12)")
-    cli_parser(program).parse_args(argv[2:])  # exits (SystemExit) on a bad option
+    args = cli_parser(argv[1]).parse_args(argv[2:])  # exits (SystemExit) on a bad option
+    for value in vars(args).values():  # every credential named is one systemd hands over
+        if str(value).startswith(str(creds)):
+            assert Path(str(value)).exists(), f"{name} {dropins}: {value} is not loaded"
+
+
+def test_each_way_to_run_a_unit_is_in_the_readme() -> None:
+    readme = README.read_text()
+    for unit, variants in VARIANTS.items():
+        assert f"deploy/systemd/{unit}" in readme
+        for dropins in variants:
+            for name in dropins:
+                assert f"{unit}.d/{name}" in readme, f"README does not mention {unit}.d/{name}"
+    for path in UNITS.glob("*.service.d/*.conf"):
+        assert path.name in {d for v in VARIANTS[path.parent.name[:-2]] for d in v}, path
+
+
+def test_agent_needs_one_credential_drop_in() -> None:
+    """Without a drop-in the agent has no credential: the unit says so up front."""
+    assert "--token-file" not in Service("llmgw-agent.service").values("ExecStart")[0]
+    for name in ("enroll.conf", "token.conf"):
+        assert "LLMGW_AGENT_CREDENTIAL" in dropin("llmgw-agent.service", name).read_text()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -77,10 +92,13 @@ def test_agent_unit_lets_engines_outlive_an_agent_restart() -> None:
     reason="systemd-analyze not found: install Debian's `systemd` package",
 )
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    # verify checks that ExecStart's binary exists: point it at this checkout's llmgw.
+    """verify reads the drop-ins beside each unit; it checks that ExecStart's binary
+    exists, so the units point at this checkout's llmgw."""
     for name in NAMES:
         text = (UNITS / name).read_text().replace("/usr/local/bin/llmgw", str(LLMGW))
         (tmp_path / name).write_text(text)
+        if (UNITS / f"{name}.d").is_dir():
+            shutil.copytree(UNITS / f"{name}.d", tmp_path / f"{name}.d")
     out = subprocess.run(
         ["systemd-analyze", "verify", *(str(tmp_path / n) for n in NAMES)],
         capture_output=True,
