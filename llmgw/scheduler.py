@@ -40,7 +40,13 @@ Fabrics
     A replica with ``shards > 1`` takes that many distinct nodes in one fabric.
     Nodes in no fabric can host single-shard replicas only. A node in several
     fabrics is a candidate in each. Single-shard placements report ``fabric=None``.
-Weights (a preference, never a filter)
+Spread (a preference, never a filter)
+    A node that already runs a replica of the model (``runs``, and every
+    placement made in the same call) ranks after every node that does not, so
+    that one node's failure, reboot or drain never takes a whole model. Several
+    shards: the fabric where the fewest chosen nodes run one wins, and inside it
+    nodes that run none are taken first. When only such nodes fit, they are used.
+Weights (a preference, never a filter), after spread
     One shard: a node that holds the model's weights beats any node that does
     not. Several shards: the fabric where the most of the chosen nodes hold the
     weights wins (holders beyond ``shards`` add nothing, so the count is capped
@@ -49,12 +55,13 @@ Packing, after weights
     Nodes rank by: not entirely free before entirely free (an entirely free node
     is a free block a multi-node replica may need), then least leftover free
     cards on the node, then least leftover in the class, then name.
-    Fabrics rank by: fewest entirely free nodes consumed, then *best fit* on
+    Fabrics rank by (after spread and weights): fewest entirely free nodes consumed, then *best fit* on
     blocks -- the fabric whose largest free block is smallest after placement,
     so the largest blocks elsewhere stay intact -- then least leftover on the
     chosen nodes, then fabric name, then class.
 Ranks
-    Rank 0 is the best-ranked node (a weight holder when there is one).
+    Rank 0 is the best-ranked node (one running no replica of the model and
+    holding its weights, when there is one).
 Reasons
     An `Unplaceable` says what is missing, in words with numbers, e.g.
     "needs 2 nodes x 8 H100-80GB in one fabric; largest free block: ib-a 1, ib-b 0".
@@ -77,7 +84,6 @@ from collections.abc import (
     Collection,
     Generator,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -119,6 +125,7 @@ class NodeCapacity:
     fabrics: tuple[str, ...] = ()
     schedulable: bool = True  # ready: not cordoned, draining or unreachable
     holds: frozenset[str] = frozenset()  # models whose complete weights the node can read
+    runs: frozenset[str] = frozenset()  # models with a replica (any shard) on the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +304,7 @@ class _BucketKey(NamedTuple):
 class _Rank(NamedTuple):
     """A candidate node for one shard: smaller is better, field by field."""
 
+    runs_model: bool  # already runs a replica of the model: spread first
     not_holder: bool
     entirely_free: bool
     node_leftover: int  # free cards left on the node after the shard
@@ -307,6 +315,7 @@ class _Rank(NamedTuple):
 class _FabricScore(NamedTuple):
     """A fabric's bid for a multi-shard replica: smaller is better, field by field."""
 
+    doubled: int  # chosen nodes that already run a replica of the model
     non_holders: int
     free_nodes_consumed: int
     free_blocks_left: int  # best fit: the fabric left with the smallest largest block wins
@@ -367,6 +376,11 @@ class _Allocation:
         self._free_block: dict[str, int] = defaultdict(int)  # fabric -> entirely free nodes
         self._holders_by_model: dict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, _Scope], frozenset[str]] = {}
+        # Ready nodes running a replica of a model: the snapshot's, then this call's.
+        self._runners_by_model: dict[str, set[str]] = defaultdict(set)
+        self._runners: dict[tuple[str, _Scope], frozenset[str]] = {}
+        # (model, scope, class, GPUs) with no candidate left that runs none of the model.
+        self._spread_spent: set[tuple[str, _Scope, str, int]] = set()
         # Shapes (shards, GPUs per shard, class) that did not fit, with the reason,
         # until cards are taken. Neither depends on the model's name or weights, so
         # 200 models of one shape that cannot fit cost one scan of the fleet, not 200.
@@ -383,6 +397,7 @@ class _Allocation:
     def _add(self, nodes: Iterable[NodeCapacity]) -> None:
         """Index nodes given in name order, each after every node indexed before."""
         self._forget_reasons()
+        self._spread_spent.clear()
         fabrics = set(self._fabrics)
         for cap in nodes:
             if cap.name in self._seen:
@@ -401,6 +416,8 @@ class _Allocation:
             self._ready[node.name] = node
             for model in node.holds:
                 self._holders_by_model[model].add(node.name)
+            for model in cap.runs:
+                self._runners_by_model[model].add(node.name)
             self._enter(node, presorted=True)  # names arrive sorted: append keeps buckets sorted
             fabrics.update(node.fabrics)
             for fabric in node.fabrics or (None,):
@@ -460,6 +477,25 @@ class _Allocation:
             self._holders[model, scope] = cached
         return cached
 
+    def _runners_in(self, model: str, scope: _Scope) -> frozenset[str]:
+        cached = self._runners.get((model, scope))
+        if cached is None:
+            everywhere = self._runners_by_model.get(model, set())
+            if scope is None:
+                cached = frozenset(everywhere)
+            else:
+                cached = frozenset(n for n in everywhere if scope in self._ready[n].fabrics)
+            self._runners[model, scope] = cached
+        return cached
+
+    def _now_runs(self, model: str, names: Iterable[str]) -> None:
+        """A placement made in this call: its nodes run the model from now on."""
+        runners = self._runners_by_model[model]
+        for name in names:
+            runners.add(name)
+            for scope in (None, *self._ready[name].fabrics):
+                self._runners.pop((model, scope), None)
+
     # -- choosing
 
     def _pick(self, scope: _Scope, cls: str, gpus: int, count: int, model: str) -> list[_Rank]:
@@ -472,31 +508,57 @@ class _Allocation:
         if eligible < count:
             return []
 
-        def rank(holder: bool, key: _BucketKey, name: str) -> _Rank:
+        holders = self._holders_in(model, scope)
+        runners = self._runners_in(model, scope)
+
+        def rank(name: str, key: _BucketKey) -> _Rank:
             return _Rank(
-                not holder, key.entirely_free, key.node_free - gpus, key.class_free - gpus, name
+                name in runners,
+                name not in holders,
+                key.entirely_free,
+                key.node_free - gpus,
+                key.class_free - gpus,
+                name,
             )
 
-        def walk() -> Iterator[tuple[_BucketKey, str]]:
-            return ((k, name) for k in keys for name in table[k])
-
-        holders = self._holders_in(model, scope)
-        chosen: list[_Rank] = []
-        if holders:
-            if len(holders) * 4 < eligible:
-                # Few holders: rank them directly rather than walking every bucket.
-                for name in holders:
+        def best(
+            want: int, keep: Callable[[str], bool], among: Collection[str] | None
+        ) -> list[_Rank]:
+            """The ``want`` best-ranked candidates that ``keep`` accepts. ``among``: a
+            set that holds all of them, when one is known; few are ranked directly
+            rather than walking every bucket, many are met early by the walk."""
+            if among is not None and len(among) * 4 < eligible:
+                ranks = []
+                for name in among:
                     key = self._ready[name].keys.get(cls)
-                    if key is not None and key.class_free >= gpus:
-                        chosen.append(rank(True, key, name))
-                chosen = sorted(chosen)[:count]
-            else:
-                # Many holders: walking in rank order meets them early.
-                hits = ((k, n) for k, n in walk() if n in holders)
-                chosen = [rank(True, k, n) for k, n in islice(hits, count)]
-        if len(chosen) < count:
-            rest = ((k, n) for k, n in walk() if n not in holders)
-            chosen += [rank(False, k, n) for k, n in islice(rest, count - len(chosen))]
+                    if key is not None and key.class_free >= gpus and keep(name):
+                        ranks.append(rank(name, key))
+                return sorted(ranks)[:want]
+            walk = (rank(n, k) for k in keys for n in table[k] if keep(n))
+            return list(islice(walk, want))
+
+        smaller = holders if len(holders) < len(runners) else runners
+        # Tiers in rank order, disjoint: spread, then weights; packing orders each
+        # tier. Nodes running the model come last, only when too few others fit.
+        tiers: list[tuple[Callable[[str], bool], Collection[str] | None]] = [
+            (lambda n: n in holders and n not in runners, holders),
+            (lambda n: n not in runners and n not in holders, None),
+            (lambda n: n in runners and n in holders, smaller),
+            (lambda n: n in runners and n not in holders, runners),
+        ]
+        # Once no candidate runs none, none will in this call: capacity only shrinks
+        # and runners only grow. Remembered, so that the replicas of a model on every
+        # node do not each walk every bucket for a node it is not on.
+        spent = (model, scope, cls, gpus)
+        chosen: list[_Rank] = []
+        for i, (keep, among) in enumerate(tiers):
+            if len(chosen) == count:
+                break
+            if i == 2 and not chosen:
+                self._spread_spent.add(spent)
+            if (among is not None and not among) or (i < 2 and spent in self._spread_spent):
+                continue
+            chosen += best(count - len(chosen), keep, among)
         return chosen
 
     def _classes(self, scope: _Scope) -> list[str]:
@@ -532,6 +594,7 @@ class _Allocation:
                     continue
                 consumed = sum(r.entirely_free for r in picked)
                 score = _FabricScore(
+                    doubled=sum(r.runs_model for r in picked),
                     non_holders=sum(r.not_holder for r in picked),
                     free_nodes_consumed=consumed,
                     free_blocks_left=self._free_block[fabric] - consumed,
@@ -562,6 +625,7 @@ class _Allocation:
             ShardPlacement(node=r.name, rank=i, gpus=self._take(r.name, cls, spec.gpus_per_shard))
             for i, r in enumerate(picked)
         )
+        self._now_runs(spec.name, (r.name for r in picked))
         return Placement(model=spec.name, fabric=fabric, shards=shards, gpu_class=cls)
 
     # -- reasons (only on failure, so plain scans are fine)

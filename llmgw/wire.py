@@ -482,6 +482,9 @@ class ModelView(Outbound):
     satisfied: bool
     unplaceable_reason: str | None = None
     last_failure: str | None = None
+    # Distinct nodes under its serving (ready or draining) replicas: ready >= 2 on
+    # 1 node means one node's failure takes the whole model (ctl, the console flag it).
+    nodes: int = 0
 
 
 # -- the fleet summary (a wire contract: fields may be added, never removed) ----

@@ -833,8 +833,11 @@ class FleetState:
     def model_views(self) -> list[ModelView]:
         reasons = self.unplaceable_reasons
         states: dict[str, Counter[ReplicaState]] = defaultdict(Counter)
+        serving_on: dict[str, set[str]] = defaultdict(set)  # nodes under serving replicas
         for status in self.replica_statuses().values():
             states[status.record.model][status.state] += 1
+            if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
+                serving_on[status.record.model].update(status.record.nodes)
         views = []
         for name, spec in sorted(self._models.items()):
             mine = states[name]
@@ -848,6 +851,7 @@ class FleetState:
                     starting=mine[ReplicaState.STARTING],
                     failed=mine[ReplicaState.FAILED],
                     satisfied=ready >= spec.min_replicas,
+                    nodes=len(serving_on[name]),
                     unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
                 )

@@ -113,6 +113,7 @@ def snapshot(
                 fabrics=entry.digest.fabrics,
                 schedulable=name not in excluded and fleet.state_of(name, now) is NodeState.READY,
                 holds=frozenset(holds),
+                runs=frozenset(rec.model for rec in fleet.replicas_on(name)),  # spread
             )
         )
     return out

@@ -32,6 +32,7 @@ class Sim:
         self.gpu_class: dict[str, str] = {}  # nodes whose cards are not the default class
         self.failing: set[str] = set()  # nodes whose engines crash
         self.down: set[str] = set()
+        self.busy: set[str] = set()  # nodes whose every card something else took
         self.fleet = make_fleet(state_dir, clock, backoff_base_s=10.0, **settings)
         self.reconciler = Reconciler(self.fleet)
 
@@ -58,6 +59,8 @@ class Sim:
         storage = [location("/models", self.weights[node])] if node in self.weights else None
         cls = self.gpu_class.get(node)
         gpus = [gpu(node, i, cls) for i in range(8)] if cls else None
+        if node in self.busy:
+            gpus = [gpu(node, i, in_use=True) for i in range(8)]
         self.fleet.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
 
     def step(self, ready: bool = True, seconds: float = 1.0) -> None:
@@ -97,6 +100,35 @@ def sim_serving(tmp_path: Path, clock: FakeClock) -> Sim:
     sim.step()
     sim.step()
     return sim
+
+
+def test_replicas_of_a_model_spread_over_nodes(tmp_path: Path, clock: FakeClock) -> None:
+    """Issue 21: both replicas of a model landed on the first node of an idle fleet."""
+    sim = sim_with(tmp_path, clock)
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    assert sorted(nodes for _, _, nodes in sim.replicas()) == [("gpu1",), ("gpu2",)]
+    sim.step()
+    [view] = sim.fleet.model_views()
+    assert (view.ready, view.nodes) == (2, 2)
+    # A drain's stand-in avoids the node that runs the other replica too.
+    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "BIOS update", "ops")
+    sim.step()
+    stand_in = [nodes for _, s, nodes in sim.replicas() if s is ReplicaState.STARTING]
+    assert stand_in == [("gpu3",)]
+
+
+def test_a_model_view_counts_the_nodes_under_its_serving_replicas(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sim = sim_with(tmp_path, clock, n=1)  # one node: both replicas on it
+    sim.fleet.put_models([MODEL])
+    sim.step()
+    [view] = sim.fleet.model_views()
+    assert (view.ready, view.starting, view.nodes) == (0, 2, 0)  # starting ones serve nothing
+    sim.step()
+    [view] = sim.fleet.model_views()
+    assert (view.ready, view.nodes) == (2, 1)
 
 
 def test_places_the_minimum_and_marks_ready(tmp_path: Path, clock: FakeClock) -> None:
@@ -189,7 +221,7 @@ def test_drain_moves_every_replica_without_dropping_below_minimum(
     victim = sim.replicas()[0][2][0]
     before = {rid for rid, _, nodes in sim.replicas() if victim in nodes}
     sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS update", "ops")
-    sim.step(ready=False)  # stand-ins start; originals keep serving
+    sim.step()  # stand-ins start; originals keep serving
     assert sim.serving() >= 2
     assert all(rid in {r for r, _, _ in sim.replicas()} for rid in before)
     for _ in range(5):
@@ -632,9 +664,8 @@ async def test_a_change_between_slices_is_seen_by_the_next(
         if change == "cordoned":
             sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
         else:  # something outside the controller's knowledge took every card
-            busy = [gpu("gpu2", i, in_use=True) for i in range(8)]
-            sim.fleet.ingest(report("gpu2", gpus=busy))
-            sim.nodes.remove("gpu2")  # and its agent keeps saying so (by not reporting)
+            sim.busy.add("gpu2")  # and its agent keeps saying so
+            sim.report("gpu2")
 
     task = asyncio.create_task(operator())
     await sim.reconciler.run_pass()

@@ -19,6 +19,7 @@ def node(
     fabrics: Iterable[str] = (),
     schedulable: bool = True,
     holds: Iterable[str] = (),
+    runs: Iterable[str] = (),
 ) -> NodeCapacity:
     """A node with ``free`` free cards (H100 unless a class map is given).
 
@@ -33,6 +34,7 @@ def node(
         fabrics=tuple(fabrics),
         schedulable=schedulable,
         holds=frozenset(holds),
+        runs=frozenset(runs),
     )
 
 

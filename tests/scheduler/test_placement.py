@@ -108,6 +108,76 @@ def test_a_node_in_two_fabrics_counts_in_each() -> None:
     assert placed(place(spec(gpus=8, shards=2), nodes)).fabric == "ib-b"
 
 
+# -- spread ---------------------------------------------------------------------------
+
+
+def test_two_replicas_on_an_idle_fleet_land_on_two_nodes() -> None:
+    # Issue 21's repro: min_replicas 2 on four idle nodes with 2 cards each put
+    # both on the first node (packing alone fills a started node first).
+    nodes = [node(f"n{i}", 2) for i in range(4)]
+    fill = placer(nodes)(spec(min_replicas=2), 2)
+    assert [p.nodes for p in fill.placed] == [("n0",), ("n1",)]
+    both = place_many([spec(), spec()], nodes)
+    assert [placed(p).nodes for p in both] == [("n0",), ("n1",)]
+
+
+def test_a_node_running_the_model_ranks_after_one_that_does_not() -> None:
+    # "a" packs better and holds the weights, but already runs a replica.
+    nodes = [node("a", 1, total=8, holds=["m"], runs=["m"]), node("b", 8)]
+    assert placed(place(spec(), nodes)).nodes == ("b",)
+    # A replica of another model on "a" changes nothing.
+    others = [node("a", 1, total=8, holds=["m"], runs=["x"]), node("b", 8)]
+    assert placed(place(spec(), others)).nodes == ("a",)
+
+
+def test_spread_is_a_preference_not_a_filter() -> None:
+    nodes = [node("a", 2, runs=["m"]), node("b", 0, total=8)]
+    assert placed(place(spec(), nodes)).nodes == ("a",)
+    # Among nodes that all run it, weights then packing decide as before.
+    both = [node("a", 8, runs=["m"]), node("b", 2, total=8, runs=["m"], holds=["m"])]
+    assert placed(place(spec(), both)).nodes == ("b",)
+    assert placed(place(spec("other"), both)).nodes == ("b",)
+
+
+def test_a_third_replica_on_two_nodes_doubles_up_by_packing() -> None:
+    nodes = [node("a", 4), node("b", 4)]
+    first, second, third = place_many([spec(), spec(), spec()], nodes)
+    assert (placed(first).nodes, placed(second).nodes) == (("a",), ("b",))
+    assert placed(third).nodes in {("a",), ("b",)}
+
+
+def test_multi_shard_prefers_the_fabric_with_fewest_nodes_running_the_model() -> None:
+    nodes = [
+        # ib-a holds the weights and packs better, but a1 runs a replica already
+        node("a1", 4, total=8, fabrics=["ib-a"], holds=["m"], runs=["m"]),
+        node("a2", 4, total=8, fabrics=["ib-a"], holds=["m"]),
+        node("b1", 8, fabrics=["ib-b"]),
+        node("b2", 8, fabrics=["ib-b"]),
+    ]
+    p = placed(place(spec(gpus=4, shards=2), nodes))
+    assert (p.fabric, p.nodes) == ("ib-b", ("b1", "b2"))
+
+
+def test_within_the_fabric_nodes_running_none_go_first() -> None:
+    nodes = [
+        node("a", 2, total=8, fabrics=["ib"], holds=["m"], runs=["m"]),
+        node("b", 2, total=8, fabrics=["ib"]),
+        node("z", 8, fabrics=["ib"]),
+    ]
+    assert placed(place(spec(gpus=2, shards=2), nodes)).nodes == ("b", "z")
+    # Two whole replicas of a 2-shard model on four nodes: four distinct nodes.
+    four = [node(f"n{i}", 8, fabrics=["ib"]) for i in range(4)]
+    got = place_many([spec(gpus=8, shards=2), spec(gpus=4, shards=2)], four)
+    assert set(placed(got[0]).nodes).isdisjoint(placed(got[1]).nodes)
+
+
+def test_spread_finds_the_few_free_nodes_among_many_running_the_model() -> None:
+    # The index walks buckets for a model running on most nodes: every placement
+    # still skips them, and the answer agrees with the node running none.
+    nodes = [node(f"n{i:03d}", 8, runs=["m"]) for i in range(100)] + [node("z", 8)]
+    assert placed(place(spec(), nodes)).nodes == ("z",)
+
+
 # -- weights --------------------------------------------------------------------------
 
 

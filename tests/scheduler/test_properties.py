@@ -36,7 +36,7 @@ def _subset(items: tuple[str, ...], mask: int) -> tuple[str, ...]:
 
 
 # One node as plain integers: cheap to generate and to shrink.
-# (A100 cards, A100 taken, H100 cards, H100 taken, fabric mask, ready, holds mask)
+# (A100 cards, A100 taken, H100 cards, H100 taken, fabric mask, ready, holds mask, runs mask)
 _taken = st.sampled_from([0, 0, 0, 1, 2, 4, 8])  # mostly free, so that replicas land
 _node_shape = st.tuples(
     st.integers(0, 8),
@@ -46,6 +46,7 @@ _node_shape = st.tuples(
     st.sampled_from([0, 1, 1, 2, 2, 3, 4, 5, 6]),  # at most two fabrics, sometimes none
     st.sampled_from([True, True, True, False]),
     st.integers(0, 7),
+    st.sampled_from([0, 0, 1, 2, 3, 4, 7]),  # models with a replica on the node already
 )
 
 
@@ -70,6 +71,7 @@ def fleets(draw: st.DrawFn, max_nodes: int = 12) -> Fleet:
                 fabrics=_subset(FABRICS, shape[4]),
                 schedulable=shape[5],
                 holds=frozenset(_subset(MODELS, shape[6])),
+                runs=frozenset(_subset(MODELS, shape[7])),
             )
         )
     return Fleet(nodes, frozenset(unusable))
@@ -173,19 +175,92 @@ def test_prefers_weights_when_all_else_is_equal(
 @SETTINGS
 @given(fleets(), specs)
 def test_a_single_shard_lands_on_a_holder_whenever_one_fits(fleet: Fleet, spec: ModelSpec) -> None:
+    # Among the nodes spread allows: those running no replica of the model when one fits.
     spec = spec.model_copy(update={"shards": 1})
-    classes = [spec.gpu_class] if spec.gpu_class else CLASSES
-    holder_fits = any(
-        n.schedulable
-        and spec.name in n.holds
-        and any(len(n.free.get(c, ())) >= spec.gpus_per_shard for c in classes)
-        for n in fleet.nodes
-    )
+    fit = [n for n in fleet.nodes if _fits(n, spec)]
+    allowed = [n for n in fit if spec.name not in n.runs] or fit
     result = place(spec, fleet.nodes)
-    if holder_fits:
+    if any(spec.name in n.holds for n in allowed):
         assert isinstance(result, Placement)
         by_name = {n.name: n for n in fleet.nodes}
         assert spec.name in by_name[result.nodes[0]].holds
+
+
+def _fits(node: NodeCapacity, spec: ModelSpec, cls: str | None = None) -> bool:
+    """Whether a ready node could take one shard of ``spec`` (of class ``cls``, if given)."""
+    classes = [cls] if cls else [spec.gpu_class] if spec.gpu_class else CLASSES
+    return node.schedulable and any(
+        len(node.free.get(c, ())) >= spec.gpus_per_shard for c in classes
+    )
+
+
+# -- spread: a node running a replica of the model ranks after every node that does not ------
+
+
+def _spread_fits(nodes: Sequence[NodeCapacity], spec: ModelSpec) -> bool:
+    """Whether a replica fits on nodes that run none of the model."""
+    fresh = [n for n in nodes if spec.name not in n.runs]
+    if spec.shards == 1:
+        return any(_fits(n, spec) for n in fresh)
+    classes = [spec.gpu_class] if spec.gpu_class else CLASSES
+    return any(
+        sum(fabric in n.fabrics and _fits(n, spec, c) for n in fresh) >= spec.shards
+        for fabric in FABRICS
+        for c in classes
+    )
+
+
+@SETTINGS
+@given(fleets(), specs)
+def test_spread_holds_whenever_a_node_running_none_can_take_it(
+    fleet: Fleet, spec: ModelSpec
+) -> None:
+    result = place(spec, fleet.nodes)
+    if _spread_fits(fleet.nodes, spec):
+        assert isinstance(result, Placement)
+        by_name = {n.name: n for n in fleet.nodes}
+        doubled = [n for n in result.nodes if spec.name in by_name[n].runs]
+        assert not doubled, f"placed on {doubled}, which already run {spec.name}"
+
+
+@SETTINGS
+@given(fleets(), st.lists(specs, min_size=1, max_size=8))
+def test_spread_counts_the_placements_of_the_same_call(
+    fleet: Fleet, requests: list[ModelSpec]
+) -> None:
+    # Replica after replica, each as if the earlier ones were in the snapshot: the
+    # answer of one call equals that of calls one at a time on the updated fleet.
+    nodes = list(fleet.nodes)
+    expected = []
+    for spec in requests:
+        result = place(spec, nodes)
+        expected.append(result)
+        if isinstance(result, Placement):
+            taken = {s.node: set(s.gpus) for s in result.shards}
+            nodes = [
+                replace(
+                    n,
+                    free={
+                        c: tuple(u for u in cards if u not in taken.get(n.name, ()))
+                        for c, cards in n.free.items()
+                    },
+                    runs=n.runs | {spec.name} if n.name in taken else n.runs,
+                )
+                for n in nodes
+            ]
+    assert place_many(requests, fleet.nodes) == expected
+
+
+@SETTINGS
+@given(fleets(), specs)
+def test_spread_is_never_a_filter(fleet: Fleet, spec: ModelSpec) -> None:
+    # What runs where changes which nodes are chosen, never whether a replica fits
+    # nor why not.
+    blind = [replace(n, runs=frozenset()) for n in fleet.nodes]
+    with_runs, without = place(spec, fleet.nodes), place(spec, blind)
+    assert type(with_runs) is type(without)
+    if isinstance(without, Unplaceable):
+        assert with_runs == without
 
 
 @SETTINGS
@@ -234,10 +309,13 @@ def reference(
         total = info[name].total_cards
         return total > 0 and sum(map(len, free[name].values())) >= total
 
-    def rank(spec: ModelSpec, name: str, cls: str) -> tuple[bool, bool, int, int, str]:
+    runs = {name: set(n.runs) for name, n in info.items()}
+
+    def rank(spec: ModelSpec, name: str, cls: str) -> tuple[bool, bool, bool, int, int, str]:
         g = spec.gpus_per_shard
         on_node = sum(map(len, free[name].values()))
         return (
+            spec.name in runs[name],
             spec.name not in info[name].holds,
             entirely_free(name),
             on_node - g,
@@ -259,7 +337,7 @@ def reference(
             ]
             if options:
                 (r, c) = min(options)
-                chosen = (None, c, [r[4]])
+                chosen = (None, c, [r[5]])
         else:
             best = None
             for fabric in sorted({f for n in info.values() for f in n.fabrics}):
@@ -272,19 +350,20 @@ def reference(
                     if len(ranked) < k:
                         continue
                     picked = ranked[:k]
-                    used = sum(r[1] for r in picked)
+                    used = sum(r[2] for r in picked)
                     score = (
                         sum(r[0] for r in picked),
+                        sum(r[1] for r in picked),
                         used,
                         block - used,
-                        sum(r[2] for r in picked),
+                        sum(r[3] for r in picked),
                         fabric,
                         c,
                     )
                     if best is None or score < best[0]:
-                        best = (score, [r[4] for r in picked])
+                        best = (score, [r[5] for r in picked])
             if best is not None:
-                chosen = (best[0][4], best[0][5], best[1])
+                chosen = (best[0][5], best[0][6], best[1])
         if chosen is None:
             out.append(None)
             continue
@@ -292,6 +371,7 @@ def reference(
         shards = []
         for name in names:
             taken, free[name][cls] = free[name][cls][:g], free[name][cls][g:]
+            runs[name].add(spec.name)
             shards.append((name, tuple(taken)))
         out.append((where, cls, tuple(shards)))
     return out
