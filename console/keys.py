@@ -28,6 +28,14 @@ from textual.message_pump import MessagePump
 from textual.widget import Widget
 from textual.widgets import Input
 
+from console.textual_private import (
+    bindings_for,
+    forward_event,
+    is_closing,
+    restart_blink,
+    run_priority_binding,
+)
+
 # How long one key waits for a queue or a new screen before going on anyway:
 # a wedged widget must not swallow every key after it.
 SETTLE_TIMEOUT_S = 2.0
@@ -84,19 +92,19 @@ class KeyPipeline:
         screen = app.screen
         if isinstance(event, events.Paste):
             if not (isinstance(screen, TakesKeys) and screen.take_paste(event.text)):
-                (app.focused or screen)._forward_event(event)
+                forward_event(app.focused or screen, event)
             return
-        if await app._check_bindings(event.key, priority=True):
+        if await run_priority_binding(app, event.key):
             return
         if isinstance(screen, TakesKeys) and await screen.take_key(event):
             return
-        (app.focused or screen)._forward_event(event)
+        forward_event(app.focused or screen, event)
 
 
 async def _round_trip(pump: MessagePump) -> bool:
     """Wait until `pump` has handled everything queued before now; False:
     it did not within SETTLE_TIMEOUT_S."""
-    if pump._closing or pump._closed:
+    if is_closing(pump):
         return True
     done = asyncio.Event()
     return not pump.call_later(done.set) or await _wait(done.wait())
@@ -116,7 +124,7 @@ async def _wait(aw: Coroutine[Any, Any, Any]) -> bool:
 def type_into(box: Input, text: str) -> None:
     """Insert text at the box's cursor (replacing a selection), as the box
     does for its own keys; the cursor shows while typing."""
-    box._restart_blink()
+    restart_blink(box)
     start, end = sorted(box.selection)
     if start == end:
         box.insert_text_at_cursor(text)
@@ -127,7 +135,7 @@ def type_into(box: Input, text: str) -> None:
 async def run_widget_binding(widget: Widget, key: str) -> bool:
     """The widget's own binding for `key` (editing keys in a box, Enter or
     space on a button), run now. False: the widget has none."""
-    for binding in widget._bindings.key_to_bindings.get(key, ()):
+    for binding in bindings_for(widget, key):
         if await widget.app.run_action(binding.action, widget):
             return True
     return False
