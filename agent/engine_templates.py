@@ -23,6 +23,22 @@ Operators add or override templates with a TOML or YAML file
 
     [engines]
     tiny = "my-engine --host {host} --port {port} {source}"   # a bare string is `command`
+
+A table without `command` for a built-in name changes only the fields it gives,
+so the built-in's arguments are kept. `executable` replaces the command's program,
+the words before its first option or `{variable}` (`vllm serve`, `python3`): the
+CPU build of vLLM, whose `vllm` command does not start, say:
+
+    [engines.vllm]
+    executable = "/opt/vllm-cpu/bin/python -m vllm.entrypoints.openai.api_server"
+    env = { VLLM_CPU_OMP_THREADS_BIND = "0-7", NCCL_DEBUG = "WARN" }
+
+`env` sets variables in the engine's environment (values take the same
+`{variables}`); `hung_after_s` is how long an engine may hold requests without
+producing a token before it is declared hung and replaced; `probes = "quiet"`
+(the default) adds `quiet_probes_args`, the engine's own option that keeps the
+agent's and the gateway's `/health` and `/metrics` probes out of its access log
+(about 100 lines a minute otherwise), where the engine has one.
 """
 
 from __future__ import annotations
@@ -33,10 +49,10 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 VARIABLES: frozenset[str] = frozenset(
     {
@@ -60,6 +76,9 @@ _FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 Command = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 UrlPath = Annotated[str, StringConstraints(pattern=r"^/[^\s]*$", max_length=256)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, StringConstraints(max_length=4096)]
+DEFAULT_HUNG_AFTER_S = 60.0
 
 
 class TemplateError(ValueError):
@@ -75,18 +94,37 @@ class EngineTemplate(BaseModel):
     health_path: UrlPath = "/health"
     metrics_path: UrlPath = "/metrics"
     worker_serves_http: bool = False
+    executable: Command | None = None  # replaces the first word of every command
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256)
+    hung_after_s: float = Field(default=DEFAULT_HUNG_AFTER_S, gt=0, le=86400)
+    probes: Literal["quiet", "logged"] = "quiet"
+    quiet_probes_args: Command | None = None  # the engine's option to not log the probes
 
     def command_for(self, rank: int, nnodes: int) -> str:
         if nnodes <= 1:
-            return self.command
-        leader = self.leader_command or self.command
-        return leader if rank == 0 else (self.worker_command or leader)
+            command = self.command
+        else:
+            leader = self.leader_command or self.command
+            command = leader if rank == 0 else (self.worker_command or leader)
+        if self.executable is not None:
+            command = f"{self.executable} {_arguments(command)}"
+        if self.probes == "quiet" and self.quiet_probes_args and self.serves_http(rank):
+            command = f"{command} {self.quiet_probes_args}"
+        return command
 
     def serves_http(self, rank: int) -> bool:
         return rank == 0 or self.worker_serves_http
 
 
-_VLLM = "vllm serve {source} --host {host} --port {port} --tensor-parallel-size {gpus}"
+def _arguments(command: str) -> str:
+    """The command without its program: the words before the first option or {variable}
+    (`vllm serve`, `python3`), which `executable` replaces."""
+    words = shlex.split(command)
+    first = next((i for i, w in enumerate(words) if w.startswith("-") or "{" in w), len(words))
+    return shlex.join(words[max(1, first) :])
+
+
+_VLLM = "vllm serve --model {source} --host {host} --port {port} --tensor-parallel-size {gpus}"
 _VLLM_MULTI = (
     _VLLM + " --pipeline-parallel-size {nnodes} --nnodes {nnodes} --node-rank {rank}"
     " --master-addr {leader_addr} --master-port {rendezvous_port}"
@@ -99,6 +137,7 @@ _SGLANG_MULTI = (
     _SGLANG + " --tp-size {total_gpus} --nnodes {nnodes} --node-rank {rank}"
     " --dist-init-addr {leader_addr}:{rendezvous_port}"
 )
+_QUIET_PROBES = "--disable-access-log-for-endpoints /health,/metrics"
 _FAKE = "{python} -m agent.fake_engine --host {host} --port {port} --model {model}"
 
 BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
@@ -107,12 +146,13 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         command=_VLLM + " --served-model-name {model}",
         leader_command=_VLLM_MULTI + " --served-model-name {model}",
         worker_command=_VLLM_MULTI + " --headless",
+        quiet_probes_args=_QUIET_PROBES,
     ),
     "sglang": EngineTemplate(
         command=_SGLANG + " --tp-size {gpus}",
         leader_command=_SGLANG_MULTI,
     ),
-    "fake": EngineTemplate(command=_FAKE, worker_serves_http=True),
+    "fake": EngineTemplate(command=_FAKE, worker_serves_http=True, quiet_probes_args=_QUIET_PROBES),
 }
 
 
@@ -124,7 +164,10 @@ def render(command: str, values: Mapping[str, str]) -> list[str]:
         raise TemplateError(f"cannot split {command!r} into words: {exc}") from exc
     if not words:
         raise TemplateError("the command is empty")
+    return [_substitute(w, values, command) for w in words]
 
+
+def _substitute(text: str, values: Mapping[str, str], where: str) -> str:
     def sub(m: re.Match[str]) -> str:
         token = m.group(0)
         if token in ("{{", "}}"):
@@ -132,20 +175,25 @@ def render(command: str, values: Mapping[str, str]) -> list[str]:
         name = m.group(1)
         if name not in values:
             known = ", ".join(sorted(VARIABLES))
-            raise TemplateError(f"unknown variable {{{name}}} in {command!r}; known: {known}")
+            raise TemplateError(f"unknown variable {{{name}}} in {where!r}; known: {known}")
         return values[name]
 
-    return [_FIELD.sub(sub, w) for w in words]
+    return _FIELD.sub(sub, text)
+
+
+def render_env(template: EngineTemplate, values: Mapping[str, str]) -> dict[str, str]:
+    """The template's environment, `{variables}` substituted (values are not split)."""
+    return {name: _substitute(value, values, value) for name, value in template.env.items()}
 
 
 def _check(name: str, template: EngineTemplate) -> None:
     dummy = {v: "x" for v in VARIABLES}
-    for cmd in (template.command, template.leader_command, template.worker_command):
-        if cmd is not None:
-            try:
-                render(cmd, dummy)
-            except TemplateError as exc:
-                raise TemplateError(f"engine {name!r}: {exc}") from exc
+    try:
+        for rank, nnodes in ((0, 1), (0, 2), (1, 2)):
+            render(template.command_for(rank, nnodes), dummy)
+        render_env(template, dummy)
+    except TemplateError as exc:
+        raise TemplateError(f"engine {name!r}: {exc}") from exc
 
 
 def coerce_templates(raw: Mapping[str, Any]) -> dict[str, EngineTemplate]:
@@ -159,6 +207,10 @@ def coerce_templates(raw: Mapping[str, Any]) -> dict[str, EngineTemplate]:
                 tpl = spec
             elif isinstance(spec, str):
                 tpl = EngineTemplate(command=spec)
+            elif isinstance(spec, Mapping) and "command" not in spec and name in BUILTIN_TEMPLATES:
+                # Only what it gives changes: the built-in's arguments are kept.
+                base = BUILTIN_TEMPLATES[name].model_dump(exclude_unset=False)
+                tpl = EngineTemplate.model_validate({**base, **dict(spec)})
             elif isinstance(spec, Mapping):
                 tpl = EngineTemplate.model_validate(dict(spec))
             else:

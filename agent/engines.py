@@ -4,16 +4,20 @@
 is missing and stops what is no longer assigned; `reports()` says what runs.
 A background task, started by the first `apply()`, notices exits, escalates
 slow stops to SIGKILL, polls `/health` of starting engines, and checks
-`/health` and scrapes `/metrics` of ready ones (for idleness).
+`/health` and scrapes `/metrics` of ready ones (for idleness and progress).
 
 Lifecycles, per (replica id, rank):
 
     starting --/health 200--> ready
-    starting|ready --process exits--> failed (exit code + log tail); stays
-        failed while assigned, so the controller's backoff decides on restarts
+    starting|ready --process exits--> failed (exit code + the log's cause);
+        stays failed while assigned, so the controller's backoff decides on restarts
     starting --not healthy within the start timeout--> failed (killed)
+    ready --requests in it and token counters still for the template's
+        `hung_after_s`--> failed (killed, "hung"): whatever /health says, since
+        vLLM's API server answers it for an engine core that does nothing
     ready --/health fails `unhealthy_after` checks in a row--> failed (killed):
-        a hung engine holds its GPUs and answers nothing, but has not exited
+        a check that timed out while the agent's own loop ran late, or while
+        the engine's token counters moved, is load, not a failure
     any --unassigned--> stopping --exit--> gone   (SIGTERM, grace, SIGKILL)
 
 Engines run in their own session, outside the agent's process group, and are
@@ -50,8 +54,12 @@ from agent.engine_templates import (
     merged_templates,
     python_executable,
     render,
+    render_env,
 )
+from agent.exit_cause import exit_reason
+from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape
+from agent.progress import ProgressWatch
 from agent.traffic import TrafficMeter
 from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
 
@@ -62,6 +70,8 @@ Key = tuple[str, int]  # (replica id, rank)
 STATE_FILE = "engines.json"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
 MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
+# Why the supervisor killed an engine: the label of llmgw_agent_engine_kills_total.
+KILL_REASONS = ("hung", "unhealthy", "start_timeout")
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Engine:
     reported: bool = False  # a failure is kept until it has been reported once
     health_failures: int = 0  # failed /health checks in a row while ready
     tracker: IdleTracker = field(default_factory=IdleTracker)
+    progress: ProgressWatch = field(default_factory=ProgressWatch)
     meter: TrafficMeter = field(default_factory=TrafficMeter)
 
     @property
@@ -154,6 +165,10 @@ class EngineSupervisor:
         self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
         self.extra_env = dict(extra_env or {})
         self._engines: dict[Key, Engine] = {}
+        # How late the monitor's own sleeps wake, over the last few checks.
+        self.loop_lag = LoopLag(window_s=max(1.0, 2 * scrape_interval_s))
+        # Engines killed by this supervisor, by reason (KILL_REASONS): the agent's /metrics.
+        self.kills: dict[str, int] = dict.fromkeys(KILL_REASONS, 0)
         self._monitor: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._last_scrape = float("-inf")
@@ -206,7 +221,7 @@ class EngineSupervisor:
                         idle_seconds=idle,
                         traffic=eng.meter.traffic() if ready else None,
                         exit_code=eng.exit_code,
-                        error=printable(eng.error[-MAX_ERROR_CHARS:], keep_lines=True)
+                        error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
                         else None,
                     )
@@ -247,20 +262,25 @@ class EngineSupervisor:
             )
         port = free_port()
         try:
-            argv = self._argv(a, template, local_weights, port)
+            values = self._values(a, local_weights, port)
+            # engine_args are separate argv words already: appended as they are, never split.
+            argv = [*render(template.command_for(a.rank, a.nnodes), values), *a.engine_args]
+            template_env = render_env(template, values)
         except (TemplateError, ValueError) as exc:
             return self._failed_to_start(a, template, f"cannot build the engine command: {exc}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{_safe_name(a.replica_id)}-{a.rank}.log"
-        env = {**os.environ, **self.extra_env}
+        env = {**os.environ, **self.extra_env, **template_env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpus)  # UUIDs: stable, unlike indices
         env.update(LLMGW_REPLICA_ID=a.replica_id, LLMGW_RANK=str(a.rank), LLMGW_MODEL=a.model)
         try:
             _rotate(log_path)
             with log_path.open("ab") as logf:
+                shown = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"], **template_env}
                 header = (
                     f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} llmgw agent {self.node}: "
-                    f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {shlex.join(argv)}\n"
+                    + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+                    + f" {shlex.join(argv)}\n"
                 )
                 logf.write(header.encode())
                 logf.flush()
@@ -281,7 +301,7 @@ class EngineSupervisor:
         if ref is None:  # died before we could even read its start time
             code = popen.wait()
             return self._failed_to_start(
-                a, template, _exit_error(describe_exit(code), log_path), code, log_path, port
+                a, template, exit_reason(describe_exit(code), log_path), code, log_path, port
             )
         log.info("started %s/%d (%s) pid %d port %d", a.replica_id, a.rank, a.model, ref.pid, port)
         return Engine(
@@ -296,19 +316,16 @@ class EngineSupervisor:
             popen=popen,
         )
 
-    def _argv(
-        self,
-        a: ShardAssignment,
-        template: EngineTemplate,
-        local_weights: Mapping[str, str],
-        port: int,
-    ) -> list[str]:
+    def _values(
+        self, a: ShardAssignment, local_weights: Mapping[str, str], port: int
+    ) -> dict[str, str]:
+        """What a template's `{variables}` stand for, for this shard."""
         # Weights on this node's disk win: the engine loads them instead of fetching.
         source = local_weights.get(a.model) or local_weights.get(a.source) or a.source
         leader = a.leader_address or (self.address if a.rank == 0 else None)
         if a.nnodes > 1 and leader is None:
             raise ValueError(f"rank {a.rank} of {a.nnodes} has no leader address to join")
-        values = {
+        return {
             "python": python_executable(),
             "source": source,
             "model": a.model,
@@ -323,8 +340,6 @@ class EngineSupervisor:
             "leader_addr": leader or "127.0.0.1",
             "rendezvous_port": str(a.port or DEFAULT_RENDEZVOUS_PORT),
         }
-        # engine_args are separate argv words already: appended as they are, never split.
-        return [*render(template.command_for(a.rank, a.nnodes), values), *a.engine_args]
 
     def _failed_to_start(
         self,
@@ -383,7 +398,7 @@ class EngineSupervisor:
                 else:
                     eng.state = ShardState.FAILED
                     eng.exit_code = code
-                    eng.error = _exit_error(describe_exit(code), eng.log_path)
+                    eng.error = exit_reason(describe_exit(code), eng.log_path)
                     log.warning("engine %s/%d %s", *key, describe_exit(code))
             elif (
                 eng.state is ShardState.STOPPING
@@ -412,7 +427,9 @@ class EngineSupervisor:
                 raise
             except Exception:  # one bad tick must not end supervision
                 log.exception("engine monitor tick failed")
+            slept = time.monotonic()
             await asyncio.sleep(self.poll_interval_s)
+            self.loop_lag.record(time.monotonic() - slept - self.poll_interval_s)
 
     async def _tick(self) -> None:
         self._poll_exits()
@@ -423,7 +440,9 @@ class EngineSupervisor:
         for eng in starting:
             if now - eng.started_mono >= self.start_timeout_s:
                 self._kill_failed(
-                    eng, f"was not healthy {self.start_timeout_s:g}s after starting (start timeout)"
+                    eng,
+                    f"was not healthy {self.start_timeout_s:g}s after starting (start timeout)",
+                    "start_timeout",
                 )
         starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
@@ -465,32 +484,63 @@ class EngineSupervisor:
             return str(exc) or type(exc).__name__
 
     async def _check_ready(self, eng: Engine) -> None:
-        """A ready engine's periodic check: health, then (if healthy) metrics."""
+        """A ready engine's periodic check: metrics (idleness, progress), then health."""
+        checked = time.monotonic()
+        await self._scrape(eng)
+        if eng.state is not ShardState.READY:
+            return
+        assert eng.template is not None
+        stalled = eng.progress.stalled_s()
+        if stalled >= eng.template.hung_after_s:
+            self._kill_failed(
+                eng,
+                f"hung: {eng.progress.work} request(s) in it and no token for {stalled:.0f}s "
+                f"(hung_after_s {eng.template.hung_after_s:g})",
+                "hung",
+            )
+            return
         why = await self._health(eng)
         if eng.state is not ShardState.READY:
             return  # it changed while we waited (exited, or was unassigned)
         if why is None:
             eng.health_failures = 0
-            await self._scrape(eng)
             return
+        if why.startswith("no answer"):
+            late = self.loop_lag.worst_s()
+            if late >= self.health_timeout_s / 4 or eng.progress.moved_since(checked):
+                # The agent's loop ran late, or the engine is working: load, not a hang.
+                log.info(
+                    "engine %s/%d /health %s while busy (agent loop %.2fs late); not counted",
+                    *eng.key, why, late,
+                )  # fmt: skip
+                return
         eng.health_failures += 1
         log.warning(
             "engine %s/%d /health %s (%d of %d)", *eng.key, why, eng.health_failures,
             self.unhealthy_after,
         )  # fmt: skip
         if eng.health_failures >= self.unhealthy_after:
+            # An engine on its way out closes its port first: let its exit speak for it.
+            await asyncio.sleep(min(1.0, 4 * self.poll_interval_s))
+            self._poll_exits()
+            if eng.state is not ShardState.READY:
+                return
             self._kill_failed(
-                eng, f"stopped answering /health: {why}, {eng.health_failures} checks in a row"
+                eng,
+                f"stopped answering /health: {why}, {eng.health_failures} checks in a row",
+                "unhealthy",
             )
 
-    def _kill_failed(self, eng: Engine, why: str) -> None:
+    def _kill_failed(self, eng: Engine, why: str, reason: str) -> None:
         """Declare a live engine failed and kill it: whatever state it is in, it
-        holds GPUs that a replacement will need."""
+        holds GPUs that a replacement will need. `reason` is one of KILL_REASONS."""
         if eng.ref is not None:
             eng.ref.signal_group(signal.SIGKILL)
         eng.state = ShardState.FAILED
         eng.exit_code = None
-        eng.error = _exit_error(f"{why}; killed", eng.log_path)
+        # Our own words are the cause; the log's last lines say how far it got.
+        eng.error = _killed_reason(why, eng.log_path)
+        self.kills[reason] = self.kills.get(reason, 0) + 1
         log.error("engine %s/%d %s; killed", *eng.key, why)
         self._save()
 
@@ -509,6 +559,7 @@ class EngineSupervisor:
         if sample is not None and eng.state is ShardState.READY:
             eng.tracker.observe(sample)
             eng.meter.observe(sample)
+            eng.progress.observe(sample)
 
     # -- the state file ------------------------------------------------------------
 
@@ -563,7 +614,7 @@ class EngineSupervisor:
             elif not rec.stop_requested:
                 eng.state = ShardState.FAILED
                 eng.ref = None
-                eng.error = _exit_error("exited while the agent was not running", log_path)
+                eng.error = exit_reason("exited while the agent was not running", log_path)
                 self._engines[key] = eng
         self._save()
 
@@ -575,12 +626,12 @@ class EngineSupervisor:
         }
 
 
-def _exit_error(what: str, log_path: Path | None) -> str:
-    text = f"engine {what}"
+def _killed_reason(why: str, log_path: Path | None) -> str:
+    text = f"engine {why}; killed"
     if log_path is not None:
-        tail = log_tail(log_path)
-        text += f"; last lines of {log_path}:\n{tail}" if tail else f"; log: {log_path}"
-    return text[-MAX_ERROR_CHARS:]
+        tail = log_tail(log_path, lines=10)
+        text += f"\nlast lines of {log_path}:\n{tail}" if tail else f"\nlog: {log_path}"
+    return text[:MAX_ERROR_CHARS]
 
 
 def _shard_state(value: str) -> ShardState:

@@ -13,7 +13,12 @@ is, in proportion between; vLLM's counters `vllm:prefix_cache_queries_total`
 and `vllm:prefix_cache_hits_total` count prompt tokens looked up and found. Tests and the demo run it where
 there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
 `--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL,
-`--hang-after` keeps the process up but `/health` failing (a hung engine).
+`--hang-after` keeps the process up but `/health` failing; `--stall-after`
+stops generating while `/health` and `/metrics` still answer, as a vLLM whose
+EngineCore is stopped does; `--health-delay` answers `/health` slowly (a busy
+node). Its histograms have vLLM's buckets: end-to-end latency from 0.3 s, time to
+first token fine from 1 ms. Like vLLM's (uvicorn's), it logs every request it
+serves, except the paths given to `--disable-access-log-for-endpoints`.
 `--traffic RATE` makes it serve simulated requests by itself, so that a demo
 fleet has some busy replicas and some idle ones.
 """
@@ -30,11 +35,12 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -51,11 +57,15 @@ class FakeConfig:
     traffic_duration_s: float | None = None  # stop simulated traffic after this long
     seed: int | None = None
     hang_after_s: float | None = None  # then /health answers 500, the process stays up
+    stall_after_s: float | None = None  # then nothing generates; /health still answers 200
+    health_delay_s: float = 0.0  # /health answers after this long
 
 
-# vLLM's latency buckets (from 0.3 s), with finer ones below: fake engines answer fast.
-E2E_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0)
-E2E_BUCKETS_S += (2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+# vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py): e2e starts at 0.3 s.
+E2E_BUCKETS_S: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0)
+E2E_BUCKETS_S += (30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25)
+TTFT_BUCKETS_S += (0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
 class EngineMetrics:
@@ -113,12 +123,25 @@ class EngineMetrics:
             buckets=E2E_BUCKETS_S,
             registry=self.registry,
         ).labels(model)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            buckets=TTFT_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model)
         self.model = model
 
     def finished(
-        self, prompt_tokens: int, generation_tokens: int, reason: str, latency_s: float
+        self,
+        prompt_tokens: int,
+        generation_tokens: int,
+        reason: str,
+        latency_s: float,
+        ttft_s: float | None = None,
     ) -> None:
         self.latency.observe(latency_s)
+        self.ttft.observe(latency_s if ttft_s is None else ttft_s)
         self.success.labels(self.model, reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
@@ -173,6 +196,12 @@ class EngineState:
         hang = self.config.hang_after_s
         return hang is not None and time.monotonic() >= self.ready_at + hang
 
+    async def stall_point(self) -> None:
+        """Where generation stops for good once `--stall-after` has passed."""
+        stall = self.config.stall_after_s
+        if stall is not None and time.monotonic() >= self.ready_at + stall:
+            await asyncio.Event().wait()
+
 
 STATE = web.AppKey("fake_engine_state", EngineState)
 
@@ -182,6 +211,7 @@ async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) ->
     state.metrics.running.inc()
     started = time.monotonic()
     try:
+        await state.stall_point()
         await asyncio.sleep(state.config.latency_s)
     finally:
         state.metrics.running.dec()
@@ -203,6 +233,8 @@ def _first_token_delay(state: EngineState, tokens: list[str]) -> float:
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.config.health_delay_s:
+        await asyncio.sleep(state.config.health_delay_s)
     if not state.loaded:
         return web.Response(status=503, text="loading\n")
     if state.hung:
@@ -286,9 +318,12 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if task is not None:
         state.active.add(task)
     try:
+        await state.stall_point()
         if gen.stream:
             return await gen.stream_to(request, first)
-        await asyncio.sleep(first + state.config.token_interval_s * (max_tokens - 1))
+        await asyncio.sleep(first)
+        gen.first_token_at = time.monotonic()
+        await asyncio.sleep(state.config.token_interval_s * (max_tokens - 1))
         return web.json_response(gen.whole())
     finally:
         state.metrics.running.dec()
@@ -307,11 +342,15 @@ class _Generation:
         self.id = f"{prefix}-fake-{next(state.ids)}"
         self.created = int(time.time())
         self.started = time.monotonic()
+        self.first_token_at: float | None = None
 
     def _done(self) -> None:
         self.state.requests += 1
-        latency_s = time.monotonic() - self.started
-        self.state.metrics.finished(self.prompt_tokens, self.max_tokens, "length", latency_s)
+        now = time.monotonic()
+        ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        self.state.metrics.finished(
+            self.prompt_tokens, self.max_tokens, "length", now - self.started, ttft
+        )
 
     def _usage(self) -> dict[str, int]:
         return {
@@ -361,6 +400,8 @@ class _Generation:
         for i in range(self.max_tokens):
             if i:
                 await asyncio.sleep(interval)
+            else:
+                self.first_token_at = time.monotonic()
             await resp.write(self._chunk(" lorem", None))
         await resp.write(self._chunk(None, "length"))
         self._done()
@@ -409,8 +450,25 @@ async def _traffic_ctx(app: web.Application) -> AsyncIterator[None]:
             await task
 
 
-def make_app(config: FakeConfig) -> web.Application:
-    app = web.Application()
+def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """uvicorn's access-log line for every request, as vLLM prints them."""
+
+    @web.middleware
+    async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resp = await handler(request)
+        if request.path not in quiet:
+            peer = request.remote or "-"
+            print(
+                f'INFO:     {peer} - "{request.method} {request.path_qs} HTTP/1.1" {resp.status}',
+                flush=True,
+            )
+        return resp
+
+    return log_access
+
+
+def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> web.Application:
+    app = web.Application(middlewares=[_access_log(quiet_paths)])
     app[STATE] = EngineState(
         config=config,
         metrics=EngineMetrics(config.model),
@@ -464,6 +522,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--hang-after", type=float, default=None, help="seconds after loading: /health fails"
     )
+    p.add_argument(
+        "--stall-after",
+        type=float,
+        default=None,
+        help="seconds after loading: nothing generates, /health still answers 200",
+    )
+    p.add_argument("--health-delay", type=float, default=0.0, help="seconds /health takes")
+    p.add_argument(
+        "--disable-access-log-for-endpoints",
+        default="",
+        help="comma-separated paths left out of the access log (as vLLM's option)",
+    )
     # Real engines take many more options; accept and ignore unknown ones so a
     # model spec's engine_args written for vLLM do not crash the fake.
     args, unknown = p.parse_known_args(argv)
@@ -488,6 +558,8 @@ async def _run(args: argparse.Namespace) -> int:
         traffic_duration_s=args.traffic_duration,
         seed=args.seed,
         hang_after_s=args.hang_after,
+        stall_after_s=args.stall_after,
+        health_delay_s=args.health_delay,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -497,7 +569,8 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    app = make_app(config)
+    quiet = frozenset(p for p in args.disable_access_log_for_endpoints.split(",") if p)
+    app = make_app(config, quiet)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

@@ -55,9 +55,13 @@ COUNTERS: frozenset[str] = frozenset(
         "vllm:prefix_cache_hits_total",
     }
 )
-# The end-to-end latency histogram, read for the traffic view's p50 (agent/traffic.py).
+# The latency histograms the traffic view's p50 is read from (agent/traffic.py): time
+# to first token has fine buckets (vLLM: from 1 ms); end to end starts at 0.3 s in vLLM.
 LATENCY_BUCKETS: frozenset[str] = frozenset(
     {"vllm:e2e_request_latency_seconds_bucket", "sglang:e2e_request_latency_seconds_bucket"}
+)
+TTFT_BUCKETS: frozenset[str] = frozenset(
+    {"vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket"}
 )
 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # an engine's /metrics is tens of KiB; refuse a flood
@@ -73,6 +77,8 @@ class EngineSample:
     # Cumulative request counts by upper bound (`le`, +Inf included) of the
     # end-to-end latency histogram; empty when the engine exports none.
     latency_buckets: Mapping[float, float] = field(default_factory=dict)
+    # The same for the time-to-first-token histogram.
+    ttft_buckets: Mapping[float, float] = field(default_factory=dict)
 
 
 def parse_engine_metrics(text: str) -> EngineSample | None:
@@ -84,6 +90,7 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
     gauges: dict[str, float] = {}
     counters: dict[str, float] = {}
     buckets: dict[float, float] = {}
+    ttft: dict[float, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -94,12 +101,17 @@ def parse_engine_metrics(text: str) -> EngineSample | None:
                 elif sample.name in LATENCY_BUCKETS:
                     le = float(sample.labels["le"])
                     buckets[le] = buckets.get(le, 0.0) + float(sample.value)
+                elif sample.name in TTFT_BUCKETS:
+                    le = float(sample.labels["le"])
+                    ttft[le] = ttft.get(le, 0.0) + float(sample.value)
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         log.debug("unparseable metrics: %s", exc)
         return None
     if not gauges and not counters:
         return None
-    return EngineSample(gauges=gauges, counters=counters, latency_buckets=buckets)
+    return EngineSample(
+        gauges=gauges, counters=counters, latency_buckets=buckets, ttft_buckets=ttft
+    )
 
 
 def counters_fell(before: Mapping[str, float], after: Mapping[str, float]) -> bool:

@@ -104,6 +104,29 @@ class _ReportCollector(Collector):
             for state, n in sorted(states.items()):
                 engines.add_metric([state], n)
         yield from (present, incomplete, engines)
+        yield from _supervisor_metrics(loop.engines)
+
+
+def _supervisor_metrics(supervisor: object) -> Iterator[Metric]:
+    """Engines the supervisor killed, by reason, and how late its own loop runs."""
+    kills = getattr(supervisor, "kills", None)
+    if isinstance(kills, dict):
+        family = CounterMetricFamily(
+            "llmgw_agent_engine_kills",
+            "Engines the agent killed, by reason (hung: work and no tokens; unhealthy: "
+            "/health failing; start_timeout).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(kills.items()):
+            family.add_metric([reason], n)
+        yield family
+    lag = getattr(supervisor, "loop_lag", None)
+    if lag is not None:
+        yield GaugeMetricFamily(
+            "llmgw_agent_loop_late_seconds",
+            "How late the engine monitor's timers fired, at worst, over its last checks.",
+            value=lag.worst_s(),
+        )
 
 
 class AgentTelemetry:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time states are compared as words (they are StrEnums):
     # `ctl` renders through this module and must not pay for pydantic's import.
@@ -107,6 +107,23 @@ def latency(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
 
 
+def one_line(text: str) -> str:
+    """The first line of a reason: what a table cell shows (the rest is the excerpt)."""
+    return text.strip().split("\n", 1)[0]
+
+
+def p50(traffic: Any) -> str:
+    """A traffic figure's median with its metric: `33ms ttft`; `<300ms e2e` when it is only
+    the first bucket's bound (the engine's histogram says no more)."""
+    text = latency(traffic.p50_latency_s)
+    if traffic.p50_latency_s is None:
+        return text
+    if getattr(traffic, "p50_upper_bound", False):
+        text = "<" + text
+    metric = getattr(traffic, "p50_metric", None)  # absent from older controllers
+    return f"{text} {metric}" if metric else text
+
+
 def percent(fraction: float | None) -> str:
     """A rate in [0, 1] as a percentage: 74%; '-' when unknown."""
     return "-" if fraction is None else f"{fraction * 100:.0f}%"
@@ -149,9 +166,10 @@ NO_REASON = "no reason given by the controller"
 
 
 def short_words(reason: str | None, starting: int = 0) -> str:
-    """Why a model is short, the same in `ctl models`, `ctl status` and the console."""
+    """Why a model is short, the same in `ctl models`, `ctl status` and the console:
+    one line (an engine's failure reason is its cause, then an excerpt of its log)."""
     if reason:
-        return reason
+        return one_line(reason)
     if starting:
         return f"{starting} replica(s) starting"
     return NO_REASON

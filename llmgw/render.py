@@ -307,7 +307,7 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
             str(tr.replicas),
             f"{tr.requests_per_s:.1f}",
             str(tr.in_flight),
-            present.latency(tr.p50_latency_s),
+            present.p50(tr),
             present.percent(tr.prefix_hit_rate),
         )
     section("Traffic", traffic)
@@ -470,7 +470,7 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
         ]
         if wide:
             cells += [Cell(timestamp(r.created_at), key=r.created_at), Cell(r.replaces or "-")]
-        table.add(f"replica/{r.id}", *cells, clean(r.error or ""))
+        table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or "")))
     return table
 
 
@@ -568,9 +568,13 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             str(r.state),
             str(len(r.gpus)),
             duration(r.idle_seconds),
-            clean(r.error or ""),
+            clean(present.one_line(r.error or "")),
         )
     out += section("Replicas", replicas, "none")
+    for r in detail.replicas:  # the cause's excerpt, under the table's one line
+        if r.error and "\n" in r.error.strip():
+            excerpt = r.error.strip().splitlines()[1:]
+            out += f"{b('Why')} {r.id}:\n" + "".join(f"  {clean(ln)}\n" for ln in excerpt)
     history = _table("TIMESTAMP", "ACTION", "USER", "REASON")
     for e in detail.history:
         history.add(e.action, timestamp(e.at), e.action, clean(e.by), clean(e.reason or ""))

@@ -252,6 +252,11 @@ class EngineTraffic(Inbound):
     requests_per_s: float = Field(ge=0, le=10_000_000)
     in_flight: int = Field(ge=0, le=10_000_000)  # running and queued
     p50_latency_s: Seconds | None = None  # None: no request finished in the window
+    # Which histogram p50_latency_s is read from: "ttft" (time to first token, fine
+    # buckets) or "e2e" (end to end; vLLM's buckets start at 0.3 s). None: an older agent (e2e).
+    p50_metric: Literal["ttft", "e2e"] | None = None
+    # The median lies in the first bucket: p50_latency_s is that bucket's bound, not a value.
+    p50_upper_bound: bool = False
     prefix_hit_rate: float | None = Field(default=None, ge=0, le=1)  # None: no prompt seen
 
 
@@ -560,6 +565,8 @@ class ModelTraffic(Outbound):
     in_flight: int
     p50_latency_s: float | None
     prefix_hit_rate: float | None
+    p50_metric: str | None = None  # as EngineTraffic's, when every replica says the same
+    p50_upper_bound: bool = False  # every replica's median was below its first bucket
 
 
 class ReasonGroup(Outbound):

@@ -227,6 +227,8 @@ def model_traffic(
     out = []
     for model, rows in sorted(by_model.items()):
         figures = [t for t, _ in rows]
+        metrics = {t.p50_metric or "e2e" for t in figures if t.p50_latency_s is not None}
+        bounds = [t.p50_upper_bound for t in figures if t.p50_latency_s is not None]
         out.append(
             ModelTraffic(
                 model=model,
@@ -235,6 +237,8 @@ def model_traffic(
                 in_flight=sum(n for _, n in rows),
                 p50_latency_s=_weighted(figures, lambda t: t.p50_latency_s),
                 prefix_hit_rate=_weighted(figures, lambda t: t.prefix_hit_rate),
+                p50_metric=metrics.pop() if len(metrics) == 1 else None,
+                p50_upper_bound=bool(bounds) and all(bounds),
             )
         )
     return out

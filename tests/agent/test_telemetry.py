@@ -76,6 +76,8 @@ async def test_agent_metrics(
         assert m[("llmgw_agent_report_send_seconds_count", frozenset())] >= 2
         assert 0 <= m[("llmgw_agent_seconds_since_last_report", frozenset())] < 5
         assert m[("llmgw_agent_report_failures_total", frozenset({("kind", "unreachable")}))] == 0
+        assert m[("llmgw_agent_engine_kills_total", frozenset({("reason", "hung")}))] == 0
+        assert m[("llmgw_agent_loop_late_seconds", frozenset())] >= 0
         # The controller goes away: failures count up, the age grows.
         await server.close()
         await asyncio.sleep(1.0)

@@ -34,10 +34,17 @@ def sample(served: float, running: float = 0, queries: float = 0, hits: float = 
 
 def test_quantile_interpolates_inside_the_bucket_as_prometheus_does() -> None:
     # 10 requests: 4 under 0.1 s, 6 more under 0.5 s: the 5th sits 1/6 into (0.1, 0.5].
-    assert quantile(0.5, {0.1: 4, 0.5: 10, float("inf"): 10}) == pytest.approx(0.1 + 0.4 / 6)
+    found = quantile(0.5, {0.1: 4, 0.5: 10, float("inf"): 10})
+    assert found is not None and found[0] == pytest.approx(0.1 + 0.4 / 6) and not found[1]
     assert quantile(0.5, {0.1: 0, float("inf"): 0}) is None
-    assert quantile(0.5, {0.1: 0, 1.0: 0, float("inf"): 3}) == 1.0  # open top bucket
+    assert quantile(0.5, {0.1: 0, 1.0: 0, float("inf"): 3}) == (1.0, False)  # open top bucket
     assert quantile(0.5, {}) is None
+
+
+def test_a_median_below_the_first_bucket_is_a_bound_not_a_value() -> None:
+    # vLLM's e2e buckets start at 0.3 s: 10 requests of 33 ms all land in (0, 0.3].
+    # Interpolating would say 150 ms for any of them; the bound is all we know.
+    assert quantile(0.5, {0.3: 10, 0.5: 10, float("inf"): 10}) == (0.3, True)
 
 
 def test_rates_over_the_window_and_a_restart_starts_it_again() -> None:
@@ -53,7 +60,8 @@ def test_rates_over_the_window_and_a_restart_starts_it_again() -> None:
     assert t is not None
     assert t.requests_per_s == 5.0 and t.in_flight == 3
     assert t.prefix_hit_rate == 0.75
-    assert t.p50_latency_s == pytest.approx(0.05, abs=1e-3)  # all 50 new ones under 0.1 s
+    # All 50 new ones under the first bound, 0.1 s: that bound, marked as one.
+    assert (t.p50_latency_s, t.p50_upper_bound, t.p50_metric) == (0.1, True, "e2e")
     # Quiet for a whole window: the rate falls to 0, latency and hit rate unknown.
     for _ in range(4):
         clock.t += 10
@@ -77,7 +85,8 @@ def test_the_fake_engines_metrics_body_reads_as_vllms() -> None:
     assert parsed is not None
     assert parsed.counters["vllm:request_success_total"] == 4
     assert parsed.counters["vllm:prefix_cache_hits_total"] == 16
-    assert parsed.latency_buckets[float("inf")] == 4 and parsed.latency_buckets[0.025] == 1
+    assert parsed.latency_buckets[float("inf")] == 4 and parsed.latency_buckets[0.3] == 4
+    assert parsed.ttft_buckets[0.02] == 1 and parsed.ttft_buckets[0.04] == 3
     clock = Clock()
     meter = TrafficMeter(clock)
     meter.observe(EngineSample(counters={"vllm:request_success_total": 0}))
@@ -85,4 +94,6 @@ def test_the_fake_engines_metrics_body_reads_as_vllms() -> None:
     meter.observe(parsed)
     t = meter.traffic()
     assert t is not None and t.requests_per_s == 1.0 and t.prefix_hit_rate == 0.25
-    assert t.p50_latency_s is not None and 0.025 < t.p50_latency_s <= 0.05
+    # From the fine time-to-first-token histogram, not e2e's first bucket (0.15 s before).
+    assert t.p50_metric == "ttft" and not t.p50_upper_bound
+    assert t.p50_latency_s is not None and 0.02 < t.p50_latency_s <= 0.04

@@ -49,7 +49,8 @@ def test_render_rejects_unknown_variables_and_bad_quoting() -> None:
 def test_vllm_single_node() -> None:
     tpl = BUILTIN_TEMPLATES["vllm"]
     argv = render(tpl.command_for(rank=0, nnodes=1), VALUES)
-    assert argv[:3] == ["vllm", "serve", "/models/org/m v2"]
+    # --model, not the positional: the CPU build's api_server module takes only the option.
+    assert argv[:4] == ["vllm", "serve", "--model", "/models/org/m v2"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
     assert argv[argv.index("--served-model-name") + 1] == "org/m"
     assert argv[argv.index("--port") + 1] == "8001"

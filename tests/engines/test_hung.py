@@ -1,0 +1,130 @@
+"""Hung means work and no tokens, whatever /health says; a slow /health on a busy node
+is not hung (issue 24, findings 1 and 2). Real fake-engine processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiohttp
+
+from agent.engines import EngineSupervisor
+from agent.telemetry import _supervisor_metrics
+from llmgw.wire import ReplicaReport, ShardState
+
+from .conftest import SupervisorFactory, assignment, pid_alive, wait_for
+
+
+def only(sup: EngineSupervisor) -> ReplicaReport:
+    (rep,) = sup.reports()
+    return rep
+
+
+def state_of(sup: EngineSupervisor) -> ShardState | None:
+    reps = sup.reports()
+    return reps[0].state if reps else None
+
+
+def pid_of(sup: EngineSupervisor) -> int:
+    (entry,) = sup.debug_state().values()
+    pid = entry["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+async def _health_status(port: int | None) -> int:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/health") as r:
+        return r.status
+
+
+async def test_engine_with_work_and_no_tokens_is_hung_though_health_answers(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # As a vLLM whose EngineCore is SIGSTOPped: /health 200, /metrics answers, nothing moves.
+    sup = make_supervisor(templates={"fake": {"hung_after_s": 1.0}})
+    await sup.apply([assignment(engine_args=["--load-seconds", "0", "--stall-after", "0"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    port, pid = only(sup).port, pid_of(sup)
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        stuck = asyncio.create_task(s.post(url, json={"prompt": "hi", "max_tokens": 2}))
+        try:
+            assert await _health_status(port) == 200, "the fake must keep /health at 200"
+            await wait_for(lambda: state_of(sup) is ShardState.FAILED, 10, "declared hung")
+        finally:
+            stuck.cancel()
+            with contextlib.suppress(BaseException):
+                await stuck
+    rep = only(sup)
+    assert rep.error is not None
+    assert rep.error.startswith("engine hung: 1 request(s) in it and no token for"), rep.error
+    assert sup.kills["hung"] == 1
+    await wait_for(lambda: not pid_alive(pid), what="the hung engine killed")
+    # Counted by reason in the agent's /metrics.
+    (kills, _late) = _supervisor_metrics(sup)
+    counted = {s.labels["reason"]: s.value for s in kills.samples if s.name.endswith("_total")}
+    assert counted == {"hung": 1, "unhealthy": 0, "start_timeout": 0}
+
+
+async def test_idle_engine_is_never_hung(make_supervisor: SupervisorFactory) -> None:
+    # No work, no tokens: idle, not hung (the stall only shows with a request in it).
+    sup = make_supervisor(templates={"fake": {"hung_after_s": 0.3}})
+    await sup.apply([assignment(engine_args=["--load-seconds", "0", "--stall-after", "0"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    await asyncio.sleep(1.5)
+    assert state_of(sup) is ShardState.READY
+    assert sup.kills["hung"] == 0
+
+
+async def _ready_then_slow_health(sup: EngineSupervisor, *extra: str) -> None:
+    """Ready with a patient check, then checks that time out before /health answers."""
+    args = ["--load-seconds", "0", "--health-delay", "0.8", *extra]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, 10, "ready")
+    sup.health_timeout_s = 0.3
+
+
+async def test_slow_health_of_an_engine_making_progress_is_not_a_failure(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # A busy node: /health answers after its timeout, but tokens keep coming.
+    sup = make_supervisor(health_timeout_s=2.0, unhealthy_after=2)
+    await _ready_then_slow_health(sup, "--traffic", "40", "--seed", "1")
+    await asyncio.sleep(3.0)
+    assert state_of(sup) is ShardState.READY, only(sup).error
+    assert sup.kills["unhealthy"] == 0
+
+
+async def test_slow_health_while_the_agent_runs_late_is_not_a_failure(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor(health_timeout_s=2.0, unhealthy_after=2)
+    await _ready_then_slow_health(sup)
+
+    async def overloaded_node() -> None:  # the agent's loop blocked, as on a loaded node
+        while True:
+            time.sleep(0.4)  # noqa: ASYNC251 (blocking on purpose: a late loop)
+            await asyncio.sleep(0.05)
+
+    hog = asyncio.create_task(overloaded_node())
+    try:
+        await asyncio.sleep(4.0)
+        assert sup.loop_lag.worst_s() >= 0.3, "the monitor measures its own lateness"
+    finally:
+        hog.cancel()
+    assert state_of(sup) is ShardState.READY, only(sup).error
+    assert sup.kills["unhealthy"] == 0
+
+
+async def test_slow_health_of_an_idle_engine_on_time_still_fails(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # The control: no lateness, no progress, no answer in time: that is a failure.
+    sup = make_supervisor(health_timeout_s=2.0, unhealthy_after=2)
+    await _ready_then_slow_health(sup)
+    pid = pid_of(sup)
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, 10, "unhealthy")
+    assert "stopped answering /health: no answer within 0.3s" in (only(sup).error or "")
+    assert sup.kills["unhealthy"] == 1
+    await wait_for(lambda: not pid_alive(pid), what="killed")
