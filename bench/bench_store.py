@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.controller.store import ReplicaRecord, ShardRecord, Store
+from llmgw.controller.records import ReplicaRecord, ShardRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.stores.postgres import PostgresStore, take_lease
+from llmgw.controller.stores.sqlite import Store
 from llmgw.wire import AdminFlag, AdminInfo, ReplicaState
 
 

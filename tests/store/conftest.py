@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from llmgw.controller.store import Store
 from llmgw.controller.stores.base import StateStore
+from llmgw.controller.stores.sqlite import Store
 
 StoreFactory = Callable[[], StateStore]
 

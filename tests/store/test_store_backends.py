@@ -9,16 +9,10 @@ import time
 import psycopg
 import pytest
 
-from llmgw.controller.store import (
-    SCHEMA_VERSION,
-    Backoff,
-    Fenced,
-    ReplicaRecord,
-    ShardRecord,
-    StateError,
-    StoreUnavailable,
-)
-from llmgw.controller.stores.postgres import PG_SCHEMA_VERSION, PgLease, PostgresStore, take_lease
+from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord
+from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
+from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
+from llmgw.controller.stores.schema import SCHEMA_VERSION
 from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, ReplicaState
 from tests.store.conftest import StoreFactory
 
@@ -106,7 +100,7 @@ def test_node_credentials_survive_a_reopen_and_revoke(open_store: StoreFactory) 
 def test_dump_and_load_copy_everything(
     open_store: StoreFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from llmgw.controller.store import Store
+    from llmgw.controller.stores.sqlite import Store
 
     store = open_store()
     store.add_nodes([("n1", 1.0)])
@@ -133,7 +127,7 @@ def test_a_schema_newer_than_the_code_is_refused(open_store: StoreFactory, backe
     if backend == "sqlite":
         import sqlite3
 
-        from llmgw.controller.store import Store
+        from llmgw.controller.stores.sqlite import Store
 
         path = store.path  # type: ignore[attr-defined]
         db = sqlite3.connect(path)
@@ -145,9 +139,7 @@ def test_a_schema_newer_than_the_code_is_refused(open_store: StoreFactory, backe
     else:
         url = store.url  # type: ignore[attr-defined]
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO schema_version(version) VALUES (%s)", (PG_SCHEMA_VERSION + 1,)
-            )
+            conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (SCHEMA_VERSION + 1,))
         with pytest.raises(StateError, match="newer than this controller knows"):
             PostgresStore(url)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmgw.controller.store import StateError, Store
+from llmgw.controller.store_errors import StateError
 from llmgw.controller.stores.base import StateStore
+from llmgw.controller.stores.sqlite import Store
 
 if TYPE_CHECKING:
     from llmgw.controller.settings import ControllerSettings

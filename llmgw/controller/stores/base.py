@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmgw.controller.store import SCHEMA_VERSION, Backoff, ReplicaRecord
+from llmgw.controller.records import Backoff, ReplicaRecord, StateDump
 from llmgw.wire import AdminEvent, AdminInfo, ModelSpec
 
-__all__ = ["SCHEMA_VERSION", "StateDump", "StateStore"]
-
-
-@dataclass
-class StateDump:
-    """Everything durable, in a form either backend can load (for `migrate`)."""
-
-    nodes: dict[str, float] = field(default_factory=dict)
-    admin: dict[str, AdminInfo] = field(default_factory=dict)
-    events: list[AdminEvent] = field(default_factory=list)  # oldest first
-    models: dict[str, tuple[ModelSpec, float]] = field(default_factory=dict)
-    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
-    backoffs: dict[str, Backoff] = field(default_factory=dict)
-
-    def empty(self) -> bool:
-        return not (
-            self.nodes or self.admin or self.events or self.models or self.replicas or self.backoffs
-        )
+__all__ = ["StateDump", "StateStore"]
 
 
 class StateStore(Protocol):

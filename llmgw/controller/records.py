@@ -1,0 +1,65 @@
+"""The controller's durable records, as the store keeps them and the controller reads
+them: replicas with their shards, per-model failure backoff, and a whole-state dump
+(what `llmgw controller migrate` copies). Plain values: no I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from llmgw.wire import AdminEvent, AdminInfo, ModelSpec, ReplicaState
+
+__all__ = ["Backoff", "ReplicaRecord", "ShardRecord", "StateDump"]
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    node: str
+    rank: int
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    id: str
+    model: str
+    state: ReplicaState
+    shards: tuple[ShardRecord, ...]
+    created_at: float
+    error: str | None = None
+    replaces: str | None = None  # drain: the replica this one stands in for
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(s.gpus) for s in self.shards)
+
+    def with_state(self, state: ReplicaState, error: str | None = None) -> ReplicaRecord:
+        return replace(self, state=state, error=error if error is not None else self.error)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    model: str
+    failures: int
+    retry_at: float  # unix time
+    last_failure: str | None
+
+
+@dataclass
+class StateDump:
+    """Everything durable, in a form either backend can load (for `migrate`)."""
+
+    nodes: dict[str, float] = field(default_factory=dict)
+    admin: dict[str, AdminInfo] = field(default_factory=dict)
+    events: list[AdminEvent] = field(default_factory=list)  # oldest first
+    models: dict[str, tuple[ModelSpec, float]] = field(default_factory=dict)
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    backoffs: dict[str, Backoff] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (
+            self.nodes or self.admin or self.events or self.models or self.replicas or self.backoffs
+        )

@@ -1,0 +1,71 @@
+"""The one schema of both backends: a numbered list of migrations, applied in order.
+
+Types are ones both dialects read the same way (SQLite maps DOUBLE PRECISION to
+REAL, BIGINT to INTEGER); the one word they spell differently, an auto-numbered
+key, is `{serial}`. Every step is safe on a database that already has part of it,
+because the databases made before this list had diverged: SQLite files at version 1
+have no `writer` table (PostgreSQL's version 1 does), SQLite files from before
+versions existed (0) may lack `force_at`, and `agent_credentials` was made on
+first use. `AddColumn` is an ALTER that is skipped when the column exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "Step"]
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    table: str
+    column: str
+    type: str
+
+
+Step = str | AddColumn
+
+# MIGRATIONS[v - 1]: the steps from version v - 1 to v.
+MIGRATIONS: list[list[Step]] = [
+    # 1: the fleet's records.
+    [
+        "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY,"
+        " first_seen DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS node_admin (name TEXT PRIMARY KEY, flag TEXT NOT NULL,"
+        " reason TEXT, by TEXT, at DOUBLE PRECISION, drained INTEGER NOT NULL DEFAULT 0,"
+        " force INTEGER NOT NULL DEFAULT 0, force_at DOUBLE PRECISION)",
+        "CREATE TABLE IF NOT EXISTS admin_events (id {serial}, node TEXT NOT NULL,"
+        " action TEXT NOT NULL, reason TEXT, by TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,"
+        " force_at DOUBLE PRECISION)",
+        "CREATE INDEX IF NOT EXISTS admin_events_node ON admin_events(node, id)",
+        "CREATE TABLE IF NOT EXISTS models (name TEXT PRIMARY KEY, spec TEXT NOT NULL,"
+        " updated_at DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL,"
+        " state TEXT NOT NULL, shards TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,"
+        " error TEXT, replaces TEXT)",
+        "CREATE TABLE IF NOT EXISTS model_backoff (model TEXT PRIMARY KEY,"
+        " failures INTEGER NOT NULL, retry_at DOUBLE PRECISION NOT NULL, last_failure TEXT)",
+        # Drain deadlines came after the first SQLite files.
+        AddColumn("node_admin", "force_at", "DOUBLE PRECISION"),
+        AddColumn("admin_events", "force_at", "DOUBLE PRECISION"),
+    ],
+    # 2: who writes (PostgreSQL's lease: the epoch, the holder, until when in the
+    # server's clock) and the node credentials enrollment issues (only SHA-256 kept).
+    [
+        "CREATE TABLE IF NOT EXISTS writer (id INTEGER PRIMARY KEY CHECK (id = 1),"
+        " epoch BIGINT NOT NULL, url TEXT)",
+        "INSERT INTO writer(id, epoch, url) VALUES (1, 0, NULL) ON CONFLICT DO NOTHING",
+        AddColumn("writer", "holder", "TEXT"),
+        AddColumn("writer", "expires_at", "TIMESTAMPTZ"),
+        "CREATE TABLE IF NOT EXISTS agent_credentials (node TEXT PRIMARY KEY,"
+        " digest TEXT NOT NULL UNIQUE, issued_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL)",
+    ],
+    # 3: the last committed revision: one more with every write transaction, so a
+    # database can be compared with a record of it kept elsewhere.
+    [
+        "CREATE TABLE IF NOT EXISTS store_revision (id INTEGER PRIMARY KEY CHECK (id = 1),"
+        " revision BIGINT NOT NULL)",
+        "INSERT INTO store_revision(id, revision) VALUES (1, 0) ON CONFLICT DO NOTHING",
+    ],
+]
+SCHEMA_VERSION = len(MIGRATIONS)

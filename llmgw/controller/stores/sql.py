@@ -1,0 +1,414 @@
+"""Every query and row mapping of the store, written once and run by both backends.
+
+A backend (stores/sqlite.py, stores/postgres.py) gives a connection, how to begin
+and commit a write transaction (and what its failures mean), and how to read; this
+module gives the rest. Queries are written with `?` placeholders; `Dialect.sql`
+turns them into the driver's style, the one place that differs between the two.
+Both dialects accept `INSERT … ON CONFLICT … DO UPDATE`, so upserts are one text.
+
+Every write transaction also moves the store's revision by one (`store_revision`),
+in the same transaction: what the marker beside a SQLite file is compared with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar, Protocol
+
+from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord, StateDump
+from llmgw.controller.store_errors import StateError
+from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
+from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec, ReplicaState
+
+__all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Session", "SqlStore", "migrate"]
+
+Row = Mapping[str, Any]
+Params = Sequence[object]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    placeholder: str
+    serial: str  # an auto-numbered primary key that never reuses a number
+    column_exists: str  # (table, column) -> a row when the column exists
+
+    def sql(self, query: str) -> str:
+        """`query` with this driver's placeholders (no query here has a literal ? or %)."""
+        if self.placeholder == "?":
+            return query
+        return _converted(query, self.placeholder)
+
+
+@cache
+def _converted(query: str, placeholder: str) -> str:
+    return query.replace("?", placeholder)
+
+
+SQLITE = Dialect(
+    "sqlite",
+    placeholder="?",
+    serial="INTEGER PRIMARY KEY AUTOINCREMENT",
+    column_exists="SELECT 1 FROM pragma_table_info(?) WHERE name = ?",
+)
+POSTGRESQL = Dialect(
+    "postgresql",
+    placeholder="%s",
+    serial="BIGSERIAL PRIMARY KEY",
+    column_exists="SELECT 1 FROM information_schema.columns"
+    " WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?",
+)
+
+
+class _Cursor(Protocol):
+    rowcount: int
+
+    def execute(self, query: str, params: Params = ..., /) -> Any: ...
+    def executemany(self, query: str, params: Iterable[Params], /) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+class _Connection(Protocol):
+    def cursor(self) -> Any: ...
+
+
+class Session:
+    """One connection, spoken in its dialect (DB-API cursors: sqlite3 and psycopg alike)."""
+
+    def __init__(self, conn: _Connection, dialect: Dialect) -> None:
+        self._conn = conn
+        self.dialect = dialect
+
+    def run(self, query: str, params: Params = ()) -> int:
+        """Execute one statement; how many rows it changed."""
+        cur: _Cursor = self._conn.cursor()
+        try:
+            cur.execute(self.dialect.sql(query), params)
+            return cur.rowcount
+        finally:
+            cur.close()
+
+    def run_many(self, query: str, rows: Iterable[Params]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        cur: _Cursor = self._conn.cursor()
+        try:
+            cur.executemany(self.dialect.sql(query), rows)
+        finally:
+            cur.close()
+
+    def rows(self, query: str, params: Params = ()) -> list[Row]:
+        cur: _Cursor = self._conn.cursor()
+        try:
+            cur.execute(self.dialect.sql(query), params)
+            return cur.fetchall()
+        finally:
+            cur.close()
+
+
+def migrate(s: Session, where: str) -> int:
+    """Bring the schema to SCHEMA_VERSION (inside the caller's transaction); refuse a
+    newer one. `where` names the store for a person. Returns the version found."""
+    s.run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    found = s.rows("SELECT max(version) AS v FROM schema_version")
+    version = int((found[0]["v"] if found else None) or 0)
+    if version > SCHEMA_VERSION:
+        raise StateError(
+            f"{where} has schema version {version}, newer than this controller knows "
+            f"({SCHEMA_VERSION}): it was written by a newer llmgw; run that version "
+            "(or newer) instead"
+        )
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        for step in MIGRATIONS[v - 1]:
+            if isinstance(step, AddColumn):
+                if not s.rows(s.dialect.column_exists, (step.table, step.column)):
+                    s.run(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}")
+            else:
+                s.run(step.format(serial=s.dialect.serial))
+        s.run("INSERT INTO schema_version(version) VALUES (?)", (v,))
+    return version
+
+
+# -- queries ----------------------------------------------------------------------
+
+_NODE_ADD = "INSERT INTO nodes(name, first_seen) VALUES (?, ?) ON CONFLICT DO NOTHING"
+_ADMIN_UPSERT = (
+    "INSERT INTO node_admin(name, flag, reason, by, at, drained, force, force_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+    " flag=excluded.flag, reason=excluded.reason, by=excluded.by, at=excluded.at,"
+    " drained=excluded.drained, force=excluded.force, force_at=excluded.force_at"
+)
+_EVENT_ADD = (
+    "INSERT INTO admin_events(node, action, reason, by, at, force_at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_MODEL_UPSERT = (
+    "INSERT INTO models(name, spec, updated_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET spec=excluded.spec, updated_at=excluded.updated_at"
+)
+_REPLICA_UPSERT = (
+    "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    " model=excluded.model, state=excluded.state, shards=excluded.shards,"
+    " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces"
+)
+_BACKOFF_UPSERT = (
+    "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (model) DO UPDATE SET failures=excluded.failures,"
+    " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
+)
+_REVISION_BUMP = "UPDATE store_revision SET revision = revision + 1 WHERE id = 1"
+REVISION = "SELECT revision FROM store_revision WHERE id = 1"
+
+
+class SqlStore:
+    """The `StateStore` methods over a backend's `_transaction` and `_read`.
+    Every method is one transaction."""
+
+    dialect: ClassVar[Dialect]
+    epoch: int
+    # The revision of the last write this store committed (or found at open).
+    revision = 0
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """Begin, yield, commit; a failure to store is `StoreUnavailable`."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def _read(self, query: str, params: Params = ()) -> list[Row]:
+        raise NotImplementedError
+
+    def _committed(self, revision: int) -> None:
+        """Told after each write is committed (SQLite moves its marker)."""
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._transaction() as s:
+            yield s
+            s.run(_REVISION_BUMP)
+            revision = int(s.rows(REVISION)[0]["revision"])
+        self.revision = revision
+        self._committed(revision)
+
+    # -- everything, for `migrate` -----------------------------------------------------
+
+    def dump(self) -> StateDump:
+        return StateDump(
+            nodes=self.known_nodes(),
+            admin=self.admin(),
+            events=[_event(r) for r in self._read("SELECT * FROM admin_events ORDER BY id")],
+            models={
+                r["name"]: (ModelSpec.model_validate_json(r["spec"]), r["updated_at"])
+                for r in self._read("SELECT * FROM models")
+            },
+            replicas=self.replicas(),
+            backoffs=self.backoffs(),
+        )
+
+    def load(self, state: StateDump) -> None:
+        """Write a dump into this (empty) store in one transaction."""
+        with self._tx() as s:
+            s.run_many(_NODE_ADD, state.nodes.items())
+            s.run_many(_ADMIN_UPSERT, [_admin_row(n, i) for n, i in state.admin.items()])
+            s.run_many(
+                _EVENT_ADD,
+                [(e.node, e.action, e.reason, e.by, e.at, e.force_at) for e in state.events],
+            )
+            s.run_many(
+                _MODEL_UPSERT,
+                [(spec.name, spec.model_dump_json(), at) for spec, at in state.models.values()],
+            )
+            s.run_many(_REPLICA_UPSERT, [replica_row(r) for r in state.replicas.values()])
+            s.run_many(_BACKOFF_UPSERT, [_backoff_row(b) for b in state.backoffs.values()])
+
+    # -- nodes --------------------------------------------------------------------------
+
+    def known_nodes(self) -> dict[str, float]:
+        return {r["name"]: r["first_seen"] for r in self._read("SELECT * FROM nodes")}
+
+    def add_nodes(self, nodes: Iterable[tuple[str, float]]) -> None:
+        with self._tx() as s:
+            s.run_many(_NODE_ADD, nodes)
+
+    def forget_node(self, name: str, replica_ids: Iterable[str], *, by: str, at: float) -> None:
+        """Forget a node in one transaction: its name, admin flag and the given
+        replicas go; the event stays in its history."""
+        with self._tx() as s:
+            s.run("DELETE FROM nodes WHERE name = ?", (name,))
+            s.run("DELETE FROM node_admin WHERE name = ?", (name,))
+            s.run_many("DELETE FROM replicas WHERE id = ?", [(i,) for i in replica_ids])
+            s.run(_EVENT_ADD, (name, "forget", None, by, at, None))
+
+    # -- admin flags ----------------------------------------------------------------------
+
+    def admin(self) -> dict[str, AdminInfo]:
+        return {r["name"]: admin_from_row(r) for r in self._read("SELECT * FROM node_admin")}
+
+    def set_admin(
+        self,
+        name: str,
+        info: AdminInfo,
+        *,
+        action: str,
+        by: str,
+        at: float,
+        first_seen: float | None = None,
+    ) -> None:
+        """Set (or clear, for flag NONE) a node's admin flag and log the event.
+
+        `first_seen`: the node is not saved yet; it is saved in the same
+        transaction, so a cordoned node is known after any crash."""
+        with self._tx() as s:
+            if first_seen is not None:
+                s.run(_NODE_ADD, (name, first_seen))
+            if info.flag is AdminFlag.NONE:
+                s.run("DELETE FROM node_admin WHERE name = ?", (name,))
+            else:
+                s.run(_ADMIN_UPSERT, _admin_row(name, info))
+            s.run(_EVENT_ADD, (name, action, info.reason, by, at, info.force_at))
+
+    def history(self, name: str, limit: int = 50) -> list[AdminEvent]:
+        rows = self._read(
+            "SELECT * FROM admin_events WHERE node = ? ORDER BY id DESC LIMIT ?", (name, limit)
+        )
+        return [_event(r) for r in rows]
+
+    # -- models ---------------------------------------------------------------------------
+
+    def models(self) -> dict[str, ModelSpec]:
+        return {
+            r["name"]: ModelSpec.model_validate_json(r["spec"])
+            for r in self._read("SELECT name, spec FROM models ORDER BY name")
+        }
+
+    def put_models(self, specs: Iterable[ModelSpec], at: float) -> None:
+        with self._tx() as s:
+            s.run_many(_MODEL_UPSERT, [(spec.name, spec.model_dump_json(), at) for spec in specs])
+
+    def delete_model(self, name: str) -> bool:
+        with self._tx() as s:
+            deleted = s.run("DELETE FROM models WHERE name = ?", (name,)) > 0
+            s.run("DELETE FROM model_backoff WHERE model = ?", (name,))
+        return deleted
+
+    # -- replicas -------------------------------------------------------------------------
+
+    def replicas(self) -> dict[str, ReplicaRecord]:
+        return {
+            r["id"]: replica_from_row(r) for r in self._read("SELECT * FROM replicas ORDER BY id")
+        }
+
+    def put_replicas(self, records: Iterable[ReplicaRecord]) -> None:
+        with self._tx() as s:
+            s.run_many(_REPLICA_UPSERT, [replica_row(r) for r in records])
+
+    def delete_replicas(self, ids: Iterable[str]) -> None:
+        with self._tx() as s:
+            s.run_many("DELETE FROM replicas WHERE id = ?", [(i,) for i in ids])
+
+    # -- backoff --------------------------------------------------------------------------
+
+    def backoffs(self) -> dict[str, Backoff]:
+        return {
+            r["model"]: Backoff(r["model"], r["failures"], r["retry_at"], r["last_failure"])
+            for r in self._read("SELECT * FROM model_backoff")
+        }
+
+    def put_backoff(self, b: Backoff) -> None:
+        with self._tx() as s:
+            s.run(_BACKOFF_UPSERT, _backoff_row(b))
+
+    def clear_backoff(self, model: str) -> None:
+        with self._tx() as s:
+            s.run("DELETE FROM model_backoff WHERE model = ?", (model,))
+
+    # -- node credentials (issued by enrollment; only their SHA-256 is kept) ----------------
+
+    def credentials(self) -> dict[str, tuple[str, float, str]]:
+        """node -> (digest, issued_at, by)."""
+        return {
+            r["node"]: (r["digest"], r["issued_at"], r["by"])
+            for r in self._read("SELECT * FROM agent_credentials")
+        }
+
+    def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
+        with self._tx() as s:
+            s.run(
+                "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES (?, ?, ?, ?)",
+                (node, digest, at, by),
+            )
+
+    def delete_credential(self, node: str) -> bool:
+        with self._tx() as s:
+            return s.run("DELETE FROM agent_credentials WHERE node = ?", (node,)) > 0
+
+
+# -- rows -----------------------------------------------------------------------------
+
+
+def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
+    return (
+        name,
+        info.flag.value,
+        info.reason,
+        info.by,
+        info.at,
+        int(info.drained),
+        int(info.force),
+        info.force_at,
+    )
+
+
+def admin_from_row(r: Row) -> AdminInfo:
+    return AdminInfo(
+        flag=AdminFlag(r["flag"]),
+        reason=r["reason"],
+        by=r["by"],
+        at=r["at"],
+        drained=bool(r["drained"]),
+        force=bool(r["force"]),
+        force_at=r["force_at"],
+    )
+
+
+def _backoff_row(b: Backoff) -> tuple[object, ...]:
+    return (b.model, b.failures, b.retry_at, b.last_failure)
+
+
+def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
+    shards = json.dumps(
+        [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
+    )
+    return (rec.id, rec.model, rec.state.value, shards, rec.created_at, rec.error, rec.replaces)
+
+
+def replica_from_row(r: Row) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=r["id"],
+        model=r["model"],
+        state=ReplicaState(r["state"]),
+        shards=tuple(
+            ShardRecord(node=s["node"], rank=s["rank"], gpus=tuple(s["gpus"]))
+            for s in json.loads(r["shards"])
+        ),
+        created_at=r["created_at"],
+        error=r["error"],
+        replaces=r["replaces"],
+    )
+
+
+def _event(r: Row) -> AdminEvent:
+    return AdminEvent(
+        node=r["node"],
+        action=r["action"],
+        reason=r["reason"],
+        by=r["by"],
+        at=r["at"],
+        force_at=r["force_at"],
+    )
