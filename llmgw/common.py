@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from llmgw.errors import UsageError as UsageError  # re-exported: its old home
+
 DEFAULT_CONTROLLER = "http://127.0.0.1:7460"
 
 
@@ -23,10 +25,6 @@ class HelpWithExamples(argparse.HelpFormatter):
             indent + line if line.startswith("  ") or not line else fill(line, width, indent)
             for line in text.splitlines()
         )
-
-
-class UsageError(Exception):
-    """The user asked for something that cannot be done as asked (exit 2)."""
 
 
 def first_line(exc: BaseException) -> str:

@@ -22,15 +22,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from llmgw import api, render
-from llmgw.api import ControllerError, ControllerUnreachable, NotAController
-from llmgw.common import DEFAULT_CONTROLLER, UsageError, examples, first_line
+from llmgw.common import DEFAULT_CONTROLLER, examples
 from llmgw.config import Resolved, resolve
+from llmgw.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ClientError,
+    ControllerError,
+    NotAController,
+    UsageError,
+    advice,
+    explain,
+)
 
 if TYPE_CHECKING:
     from llmgw.sync_client import SyncAdminClient
     from llmgw.wire import ModelSpec, NodeRow
 
-EXIT_OK, EXIT_CONTROLLER, EXIT_USAGE = 0, 1, 2
+EXIT_CONTROLLER = EXIT_FAILED
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
 OUTPUTS = ("table", "json", "yaml", "wide", "name")
 WATCHED = ("status", "nodes", "models", "replicas")
@@ -835,21 +845,6 @@ def resolve_args(args: argparse.Namespace) -> Resolved:
     )
 
 
-# -- errors as people read them ------------------------------------------------------
-
-
-def explain(exc: ControllerError) -> str:
-    """The controller's message, plus what to do about a token problem."""
-    if exc.status == 401:
-        return (
-            f"{exc.message}; pass a token with --token, LLMGW_TOKEN, --token-file, "
-            "or a context's token-file (llmgw ctl config view shows which is used)"
-        )
-    if exc.status == 403:
-        return f"{exc.message}; use a token of that kind (--token, LLMGW_TOKEN or --token-file)"
-    return exc.message
-
-
 def main(argv: Sequence[str]) -> int:
     import gc
 
@@ -884,23 +879,9 @@ def _run(argv: Sequence[str], collecting: bool) -> int:
         ) as client:
             handler: Callable[[], int] = getattr(Ctl(client, args, term), args.command)
             return handler()
-    except UsageError as exc:
-        print(f"llmgw ctl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as exc:  # TlsConfigError: a CA file that cannot be used
-        if type(exc).__name__ != "TlsConfigError":
-            raise
-        print(f"llmgw ctl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ControllerUnreachable as exc:
-        print(
-            f"llmgw ctl: cannot reach the controller at {exc.url}: {first_line(exc.cause)}",
-            file=sys.stderr,
-        )
-        return EXIT_CONTROLLER
-    except ControllerError as exc:
+    except ClientError as exc:
         print(f"llmgw ctl: {explain(exc)}", file=sys.stderr)
-        return EXIT_CONTROLLER
+        return advice(exc).exit_code
     except BrokenPipeError:  # `ctl nodes | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
