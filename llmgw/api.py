@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from llmgw.wire import (
         DrainPlan,
         FleetSummary,
+        GatewayView,
         ModelSpec,
         ModelView,
         NodeDetail,
@@ -239,6 +240,42 @@ def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
 
 def delete_model(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/models/{seg(name)}", parse=_none)
+
+
+def gateways() -> Call[list[GatewayView]]:
+    return Call("GET", "/v1/gateways", parse=_list_of("GatewayView"), typed=True)
+
+
+def credentials() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/credentials")
+
+
+def revoke_credential(node: str) -> Call[Any]:
+    return Call("DELETE", f"/v1/credentials/{seg(node)}")
+
+
+def forget_node(node: str) -> Call[dict[str, Any]]:
+    return Call("POST", f"/v1/nodes/{seg(node)}/forget", {})
+
+
+# -- the agent's and the gateway's calls (sent over aiohttp: llmgw.leader) ----------
+
+
+def agent_report() -> Call[Any]:
+    """The body is the NodeReport's JSON, made by the agent (it sends bytes)."""
+    return Call("POST", "/v1/agent/report")
+
+
+def enroll() -> Call[Any]:
+    return Call("POST", "/v1/agent/enroll")
+
+
+def endpoints_since(cursor: str, wait_s: float) -> Call[Any]:
+    return Call("GET", "/v1/endpoints", params={"since": cursor, "wait": f"{wait_s:g}"})
+
+
+def gateway_status() -> Call[Any]:
+    return Call("POST", "/v1/gateways/status")
 
 
 def error_message(body: bytes, reason: str) -> str:

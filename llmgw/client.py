@@ -137,11 +137,7 @@ class AdminClient:
         return await self.run(api.replicas())
 
     async def gateways(self) -> list[GatewayView]:
-        from pydantic import TypeAdapter
-
-        return await self.run(
-            api.Call("GET", "/v1/gateways", parse=TypeAdapter(list[GatewayView]).validate_json)
-        )
+        return await self.run(api.gateways())
 
     async def whoami(self) -> WhoAmI:
         """The token's name and role, so a front end offers only what it may do."""
@@ -178,13 +174,13 @@ class AdminClient:
         await self.run(api.delete_model(name))
 
     async def credentials(self) -> list[dict[str, Any]]:
-        return list(await self.run(api.Call("GET", "/v1/credentials")))
+        return await self.run(api.credentials())
 
     async def revoke_credential(self, node: str) -> Any:
-        return await self.run(api.Call("DELETE", f"/v1/credentials/{api.seg(node)}"))
+        return await self.run(api.revoke_credential(node))
 
     async def forget_node(self, node: str) -> dict[str, Any]:
-        return dict(await self.run(api.Call("POST", f"/v1/nodes/{api.seg(node)}/forget", body={})))
+        return await self.run(api.forget_node(node))
 
     # -- plumbing -------------------------------------------------------------
 
