@@ -95,3 +95,14 @@ def test_the_parser_is_built_for_the_command_asked_and_argparse_is_left_alone() 
 def test_help_and_unknown_commands_see_every_command(argv: list[str]) -> None:
     (sub,) = [a for a in parser(argv)._actions if isinstance(a, argparse._SubParsersAction)]
     assert len(sub.choices) == 12
+
+
+def test_escaping_and_colours_are_written_once() -> None:
+    """One escaping function for wire and tables; colours named by meaning in
+    llmgw.present, never by colour in render (its ANSI code table aside)."""
+    from llmgw import render, wire
+    from llmgw.common import printable
+
+    assert render.clean is printable and wire.printable is printable
+    after_the_codes = (ROOT / "llmgw" / "render.py").read_text().split("def paint(", 1)[1]
+    assert not re.findall(r"\"(?:green|yellow|red|magenta|cyan|dim)\"", after_the_codes)
