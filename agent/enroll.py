@@ -16,10 +16,11 @@ from pathlib import Path
 import aiohttp
 
 from agent.loop import ReportError, connection_error
+from llmgw import api
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
 
 CREDENTIAL_FILE = "credential"
-ENROLL_PATH = "/v1/agent/enroll"
+ENROLL_PATH = api.enroll().path
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,14 @@ import aiohttp
 from pydantic import ValidationError
 
 from agent.report import ReportBuilder
+from llmgw import api
 from llmgw.leader import Endpoints, aiohttp_request, leader_of, split_urls
 from llmgw.tls import is_verify_failure, verify_hint
 from llmgw.wire import NodeReport, ReplicaReport, ReportReply, ShardAssignment
 
 log = logging.getLogger(__name__)
 
-REPORT_PATH = "/v1/agent/report"
+REPORT_PATH = api.agent_report().path  # the catalogue (llmgw.api) names every path
 BACKOFF_CAP_S = 30.0
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from llmgw.errors import BadAnswer, ClientError, ControllerUnreachable, advice, error_class
 from llmgw.wire import FleetSummary, NodeDetail, NodeRow, NodesDelta
 
 
@@ -65,19 +66,17 @@ class Connection:
 
 
 def next_step(conn: Connection) -> str:
-    """What the operator can do about a broken link, in one sentence."""
-    if conn.status == 401:
-        return (
-            "The controller wants a valid token: pass it with --token or set LLMGW_TOKEN"
-            " (a read token is enough to look)."
-        )
-    if conn.status == 403:
-        return "This token may not read the fleet: use a read or admin token (--token)."
+    """What the operator can do about a broken link, in one sentence: the hint
+    `llmgw ctl` gives for the same error (llmgw.errors.ADVICE)."""
+    error: type[ClientError]
     if conn.link == Link.LOST:
-        return "Check that `llmgw controller` runs and --controller points at it."
-    if conn.status is not None and conn.status >= 500:
-        return "The controller is failing; its log says why."
-    return "This console may not match the controller's version."
+        error = ControllerUnreachable
+    elif conn.status is None:  # the controller answered 2xx with something unreadable
+        error = BadAnswer
+    else:
+        error = error_class(conn.status)
+    hint = advice(error).hint or "The controller's message says why."
+    return hint[0].upper() + hint[1:] + ("" if hint.endswith(".") else ".")
 
 
 def backoff(failures: int, base: float, cap: float = 30.0) -> float:

@@ -18,12 +18,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 from llmgw.common import DEFAULT_CONTROLLER, first_line
+from llmgw.errors import ControllerError as ControllerError  # the clients' names, re-exported
+from llmgw.errors import ControllerUnreachable as ControllerUnreachable
+from llmgw.errors import NoLeader, NotAController, controller_error
 from llmgw.leader import normalize, split_urls
 
 if TYPE_CHECKING:
     from llmgw.wire import (
         DrainPlan,
         FleetSummary,
+        GatewayView,
         ModelSpec,
         ModelView,
         NodeDetail,
@@ -34,29 +38,6 @@ if TYPE_CHECKING:
     )
 
 T = TypeVar("T")
-
-
-class ControllerError(Exception):
-    """The controller answered with an error; `message` is its own words."""
-
-    def __init__(self, status: int, message: str, url: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.url = url
-
-
-class ControllerUnreachable(Exception):
-    """No answer at all: connection refused, DNS, timeout."""
-
-    def __init__(self, url: str, cause: Exception) -> None:
-        super().__init__(f"cannot reach the controller at {url}: {first_line(cause)}")
-        self.url = url
-        self.cause = cause
-
-
-class NotAController(ControllerError):
-    """Something answered at the URL, but not an llmgw controller."""
 
 
 normalize_url = normalize  # `host:port` means `http://host:port`; no trailing slash
@@ -261,6 +242,42 @@ def delete_model(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/models/{seg(name)}", parse=_none)
 
 
+def gateways() -> Call[list[GatewayView]]:
+    return Call("GET", "/v1/gateways", parse=_list_of("GatewayView"), typed=True)
+
+
+def credentials() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/credentials")
+
+
+def revoke_credential(node: str) -> Call[Any]:
+    return Call("DELETE", f"/v1/credentials/{seg(node)}")
+
+
+def forget_node(node: str) -> Call[dict[str, Any]]:
+    return Call("POST", f"/v1/nodes/{seg(node)}/forget", {})
+
+
+# -- the agent's and the gateway's calls (sent over aiohttp: llmgw.leader) ----------
+
+
+def agent_report() -> Call[Any]:
+    """The body is the NodeReport's JSON, made by the agent (it sends bytes)."""
+    return Call("POST", "/v1/agent/report")
+
+
+def enroll() -> Call[Any]:
+    return Call("POST", "/v1/agent/enroll")
+
+
+def endpoints_since(cursor: str, wait_s: float) -> Call[Any]:
+    return Call("GET", "/v1/endpoints", params={"since": cursor, "wait": f"{wait_s:g}"})
+
+
+def gateway_status() -> Call[Any]:
+    return Call("POST", "/v1/gateways/status")
+
+
 def error_message(body: bytes, reason: str) -> str:
     """The controller's own words from an error answer."""
     try:
@@ -280,6 +297,16 @@ def error_message(body: bytes, reason: str) -> str:
     return body.decode("utf-8", "replace").strip()
 
 
+def refusal(status: int, body: bytes, reason: str, url: str) -> ControllerError:
+    """The client error for an error answer (its class chosen by status)."""
+    return controller_error(status, error_message(body, reason), url)
+
+
+def may_not_be_a_controller(status: int, content_type: str, body: bytes) -> bool:
+    """An error answer that a wrong URL could give: ask /healthz before blaming the call."""
+    return status in (404, 405) or not is_llmgw_error(body, content_type)
+
+
 def is_llmgw_error(body: bytes, content_type: str) -> bool:
     """Every controller error is a JSON object with an `error` field."""
     if "json" not in content_type:
@@ -291,9 +318,9 @@ def is_llmgw_error(body: bytes, content_type: str) -> bool:
     return isinstance(data, dict) and "error" in data
 
 
-def no_leader(tried: list[str], path: str) -> ControllerError:
+def no_leader(tried: list[str], path: str) -> NoLeader:
     """Only followers answered: a failover is under way (or the store is away)."""
-    return ControllerError(
+    return NoLeader(
         503,
         f"not the leader: no controller leads right now (asked {', '.join(tried)}); a "
         "failover takes up to the lease TTL (8 s by default): try again in a few seconds",

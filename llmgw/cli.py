@@ -13,17 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from llmgw import __version__
-
-# subcommand -> (module, help)
-PROGRAMS: dict[str, tuple[str, str]] = {
-    "controller": ("llmgw.controller.main", "run the controller (aggregates reports, admin API)"),
-    "agent": ("agent.cli", "run the node agent (observes GPUs, fabrics, weights; runs engines)"),
-    "console": ("console.cli", "open the live fleet console"),
-    "ctl": ("llmgw.ctl", "one-shot commands: status, nodes, cordon, drain, apply, ..."),
-    "demo": ("llmgw.demo", "a whole simulated fleet on this machine"),
-    "completion": ("llmgw.completion", "print shell completion: llmgw completion bash|zsh"),
-    "gateway": ("llmgw.gateway.main", "the OpenAI-compatible endpoint (SMG) following placement"),
-}
+from llmgw.programs import PROGRAMS
 
 USAGE = "usage: llmgw {" + ",".join(PROGRAMS) + "} [options]\n"
 

@@ -26,8 +26,9 @@ from llmgw.api import (
     controller_urls,
 )
 from llmgw.common import DEFAULT_CONTROLLER, first_line
-from llmgw.leader import Endpoints, Tries, leader_of
-from llmgw.tls import TlsConfigError, client_context, is_verify_failure, verify_hint
+from llmgw.errors import TlsConfigError, TlsRefused
+from llmgw.leader import Endpoints, Following
+from llmgw.tls import client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
     DrainPlan,
     FleetSummary,
@@ -136,11 +137,7 @@ class AdminClient:
         return await self.run(api.replicas())
 
     async def gateways(self) -> list[GatewayView]:
-        from pydantic import TypeAdapter
-
-        return await self.run(
-            api.Call("GET", "/v1/gateways", parse=TypeAdapter(list[GatewayView]).validate_json)
-        )
+        return await self.run(api.gateways())
 
     async def whoami(self) -> WhoAmI:
         """The token's name and role, so a front end offers only what it may do."""
@@ -177,70 +174,56 @@ class AdminClient:
         await self.run(api.delete_model(name))
 
     async def credentials(self) -> list[dict[str, Any]]:
-        return list(await self.run(api.Call("GET", "/v1/credentials")))
+        return await self.run(api.credentials())
 
     async def revoke_credential(self, node: str) -> Any:
-        return await self.run(api.Call("DELETE", f"/v1/credentials/{api.seg(node)}"))
+        return await self.run(api.revoke_credential(node))
 
     async def forget_node(self, node: str) -> dict[str, Any]:
-        return dict(await self.run(api.Call("POST", f"/v1/nodes/{api.seg(node)}/forget", body={})))
+        return await self.run(api.forget_node(node))
 
     # -- plumbing -------------------------------------------------------------
 
     async def run(self, call: Call[T]) -> T:
-        """One call; transport failures and error statuses become our exceptions."""
-        response = await self._send(call)
-        if response.status_code >= 400:
-            content_type = response.headers.get("content-type", "")
-            if response.status_code in (404, 405) or not api.is_llmgw_error(
-                response.content, content_type
-            ):
-                await self._check_is_controller(response.status_code)
-            raise ControllerError(
-                response.status_code,
-                api.error_message(response.content, response.reason_phrase),
-                f"{self.base_url}{call.path}",
-            )
+        """One call; transport failures and error statuses become llmgw.errors."""
+        url, response = await self._send(call)
+        status, body = response.status_code, response.content
+        if status >= 400:
+            if api.may_not_be_a_controller(status, response.headers.get("content-type", ""), body):
+                await self._check_is_controller(url, status)
+            raise api.refusal(status, body, response.reason_phrase, url + call.path)
         try:
-            return call.parse(response.content)
-        except ValueError:
-            await self._check_is_controller(response.status_code)
+            return call.parse(body)
+        except ValueError:  # (the console shows a ValidationError as "not understood")
+            await self._check_is_controller(url, status)
             raise
 
-    async def _check_is_controller(self, status: int) -> None:
+    async def _check_is_controller(self, url: str, status: int) -> None:
         h_status: int | None
         try:
-            h = await self._send(api.healthz())
+            h = await self._send_to(url, api.healthz())
             h_status, h_type, h_body = h.status_code, h.headers.get("content-type", ""), h.content
         except ControllerUnreachable:
             h_status, h_type, h_body = None, "", b""
         answered = api.describe_healthz(h_status, h_type, h_body)
         if answered is not None:
-            raise api.not_a_controller(self.base_url, status, answered)
+            raise api.not_a_controller(url, status, answered)
 
-    async def _send(self, call: Call[Any]) -> httpx.Response:
-        """The leader's answer: a follower's "not the leader" sends the call on to the
-        leader it names, a controller that does not answer to the next URL."""
-        tries = Tries(self.endpoints)
-        unreachable: ControllerUnreachable | None = None
-        follower: httpx.Response | None = None
-        while (url := tries.next()) is not None:
+    async def _send(self, call: Call[Any]) -> tuple[str, httpx.Response]:
+        """The leader's answer and its URL (llmgw.leader.Following)."""
+        follow = Following(self.endpoints)
+        while (url := follow.next()) is not None:
             try:
                 response = await self._send_to(url, call)
             except ControllerUnreachable as exc:
-                unreachable = unreachable or exc
+                follow.unreachable(exc)
                 continue
-            redirected, leader = leader_of(response.status_code, response.headers, response.content)
-            if redirected:
-                follower = response
-                tries.redirect(leader)
-                continue
-            self.endpoints.answered(url)
-            return response
-        if follower is not None:  # only followers answered: no leader right now
-            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
-        assert unreachable is not None
-        raise unreachable
+            if follow.answered(url, response.status_code, response.headers, response.content):
+                return url, response
+        if follow.follower is not None:  # only followers answered: no leader right now
+            raise api.no_leader(follow.tried(), call.path)
+        assert isinstance(follow.failure, ControllerUnreachable)
+        raise follow.failure
 
     async def _send_to(self, url: str, call: Call[Any]) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if call.body is not None else None
@@ -254,7 +237,7 @@ class AdminClient:
             )
         except httpx.TransportError as exc:
             if is_verify_failure(exc):
-                raise ControllerUnreachable(url, TlsConfigError(verify_hint(url, exc))) from exc
+                raise TlsRefused(url, TlsConfigError(verify_hint(url, exc))) from exc
             raise ControllerUnreachable(url, exc) from exc
 
 

@@ -56,7 +56,7 @@ def _names(kind: str) -> Callable[..., list[str]]:
 def completion_parser() -> argparse.ArgumentParser:
     """`llmgw` as one parser: ctl in full, the other programs by name."""
     from llmgw import ctl
-    from llmgw.cli import PROGRAMS
+    from llmgw.programs import PROGRAMS
 
     top = argparse.ArgumentParser(prog="llmgw")
     sub = top.add_subparsers(dest="program")

@@ -119,6 +119,52 @@ class Tries:
             self.queue.insert(0, leader)
 
 
+class Following:
+    """One call's way to the leader, free of I/O: every client's loop is
+
+        follow = Following(endpoints)
+        while (url := follow.next()) is not None:
+            try: status, headers, body = <send the call to url>
+            except <no answer> as exc: follow.unreachable(exc); continue
+            if follow.answered(url, status, headers, body): return <that answer>
+        <follow.follower: only followers answered; else raise follow.failure>
+
+    A follower's "not the leader" sends the call on to the leader it names; a
+    controller that does not answer, to the next URL. The transports (llmgw.http1,
+    httpx, aiohttp) only send and receive.
+    """
+
+    def __init__(self, endpoints: Endpoints) -> None:
+        self.endpoints = endpoints
+        self._tries = Tries(endpoints)
+        self.failure: BaseException | None = None  # the first "no answer"
+        # The last follower's answer (url, status, body): when nothing else answered,
+        # a failover is under way.
+        self.follower: tuple[str, int, bytes] | None = None
+
+    def next(self) -> str | None:
+        """The next URL to send the call to; None: every try is spent."""
+        return self._tries.next()
+
+    def unreachable(self, error: BaseException) -> None:
+        self.failure = self.failure or error
+
+    def answered(self, url: str, status: int, headers: Mapping[str, str], body: bytes) -> bool:
+        """True: this is the leader's (or the only controller's) answer, and `url` is
+        tried first from now on. False: a follower's; go on with `next()`."""
+        redirected, leader = leader_of(status, headers, body)
+        if redirected:
+            self.follower = (url, status, body)
+            self._tries.redirect(leader)
+            return False
+        self.endpoints.answered(url)
+        return True
+
+    def tried(self) -> list[str]:
+        """The URLs asked, each once, in order."""
+        return list(dict.fromkeys(self._tries.tried))
+
+
 async def aiohttp_request(
     session: aiohttp.ClientSession,
     endpoints: Endpoints,
@@ -132,25 +178,18 @@ async def aiohttp_request(
     error (aiohttp.ClientError or TimeoutError)."""
     import aiohttp
 
-    tries = Tries(endpoints)
-    failure: BaseException | None = None
-    follower: tuple[str, int, bytes] | None = None
-    while (url := tries.next()) is not None:
+    follow = Following(endpoints)
+    while (url := follow.next()) is not None:
         try:
             async with session.request(method, url + path, **kwargs) as resp:
                 body = await resp.read()
                 status, headers = resp.status, resp.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
-            failure = failure or exc
+            follow.unreachable(exc)
             continue
-        redirected, leader = leader_of(status, headers, body)
-        if redirected:
-            follower = (url, status, body)
-            tries.redirect(leader)
-            continue
-        endpoints.answered(url)
-        return url, status, body
-    if follower is not None:
-        return follower
-    assert failure is not None
-    raise failure
+        if follow.answered(url, status, headers, body):
+            return url, status, body
+    if follow.follower is not None:
+        return follow.follower
+    assert follow.failure is not None
+    raise follow.failure

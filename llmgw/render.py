@@ -14,6 +14,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from llmgw import present
+from llmgw.common import printable
 
 if TYPE_CHECKING:
     from llmgw.wire import (
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
 # One vocabulary with the console: durations, zoned timestamps, state words and colours.
 duration = present.duration
 timestamp = present.timestamp
+# Styles by meaning, defined once (llmgw.present); `paint` turns them into ANSI codes.
+FINE = present.STYLE[present.Meaning.FINE]
+ATTENTION = present.STYLE[present.Meaning.ATTENTION]
+BROKEN = present.STYLE[present.Meaning.BROKEN]
+MOVING = present.STYLE[present.Meaning.MOVING]
+STARTING = present.STYLE[present.Meaning.STARTING]
+MUTED = present.STYLE[present.Meaning.MUTED]
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
@@ -70,17 +78,9 @@ _ANSI = {
     "cyan": "36",
 }
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def clean(text: str) -> str:
-    """Free text on one line, with control characters shown, never obeyed."""
-
-    def escape(m: re.Match[str]) -> str:
-        ch = m.group()
-        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}")
-
-    return _CONTROL.sub(escape, text)
+# Free text on one line, control characters shown, never obeyed (the one escaping
+# function: llmgw.common.printable; `clean` is its name in the tables).
+clean = printable
 
 
 class Cell:
@@ -210,7 +210,7 @@ def _table(*columns: str) -> Table:
 
 
 def _n(value: int, style: str | None = None) -> Cell:
-    return Cell(str(value), style if value else "dim", key=value)
+    return Cell(str(value), style if value else MUTED, key=value)
 
 
 def _age(seconds: float | None) -> Cell:
@@ -220,9 +220,10 @@ def _age(seconds: float | None) -> Cell:
 # -- the fleet summary -------------------------------------------------------------
 
 
-def _counts(pairs: Iterable[tuple[str, int, str]], color: bool) -> str:
+def _counts(pairs: Iterable[tuple[str, int]], color: bool) -> str:
+    """`3 ready, 1 cordoned`: each count in its state's colour (none when zero)."""
     return ", ".join(
-        paint(f"{n} {label}", style if n else "dim", color) for label, n, style in pairs
+        paint(f"{n} {label}", present.style_of(label) if n else MUTED, color) for label, n in pairs
     )
 
 
@@ -237,10 +238,10 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         f"{b('Nodes')}     {n.total} total: "
         + _counts(
             [
-                ("ready", n.ready, "green"),
-                ("cordoned", n.cordoned, "yellow"),
-                ("draining", n.draining, "magenta"),
-                ("unreachable", n.unreachable, "red"),
+                ("ready", n.ready),
+                ("cordoned", n.cordoned),
+                ("draining", n.draining),
+                ("unreachable", n.unreachable),
             ],
             color,
         )
@@ -248,16 +249,16 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         f"{b('Replicas')}  "
         + _counts(
             [
-                ("ready", r.ready, "green"),
-                ("starting", r.starting, "cyan"),
-                ("draining", r.draining, "magenta"),
-                ("failed", r.failed, "red"),
+                ("ready", r.ready),
+                ("starting", r.starting),
+                ("draining", r.draining),
+                ("failed", r.failed),
             ],
             color,
         )
         + "\n",
         f"{b('Models')}    {m.total} declared: "
-        + _counts([("satisfied", m.satisfied, "green"), ("short", m.short, "red")], color)
+        + _counts([("satisfied", m.satisfied), ("short", m.short)], color)
         + "\n",
     ]
 
@@ -265,7 +266,7 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         if table.rows:
             parts.append(f"\n{b(title)}\n" + table.format(color=color))
         elif empty:
-            parts.append("\n" + paint(f"{title:<10}{empty}", "dim", color) + "\n")
+            parts.append("\n" + paint(f"{title:<10}{empty}", MUTED, color) + "\n")
 
     gpus = _table("CLASS", "TOTAL", "USED", "FREE", "UNSCHED", "UNHEALTHY", "UNKNOWN")
     for g in summary.gpus:
@@ -274,10 +275,10 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
             g.gpu_class,
             str(g.total),
             str(g.used),
-            _n(g.free, "green"),
-            _n(g.unschedulable, "yellow"),
-            _n(g.unhealthy, "red"),
-            _n(g.unknown, "yellow"),
+            _n(g.free, FINE),
+            _n(g.unschedulable, ATTENTION),
+            _n(g.unhealthy, BROKEN),
+            _n(g.unknown, ATTENTION),
         )
     section("GPUs", gpus, "none reported")
 
@@ -289,14 +290,14 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
             str(f.nodes),
             str(f.nodes_with_weights),
             str(f.models_present),
-            Cell(str(f.largest_free_block), "green" if f.largest_free_block else "red"),
+            Cell(str(f.largest_free_block), FINE if f.largest_free_block else BROKEN),
         )
     section("Fabrics", fabrics, "none reported")
 
     unplaceable = _table("MODEL", "WHY")
     for name in summary.unplaceable:
         reason = present.short_words(summary.unplaceable_reasons.get(name))
-        unplaceable.add(name, Cell(name, "red"), clean(reason))
+        unplaceable.add(name, Cell(name, BROKEN), clean(reason))
     section("Unplaceable", unplaceable)
 
     traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
@@ -378,7 +379,7 @@ NODE_WIDE = ["UNKNOWN", "REPLICAS", "BY", "SINCE"]
 
 # Cells shared by many rows: numbers (sorted as numbers), and a clean node's reason.
 _COUNTS = tuple(Cell(str(n), None, n) for n in range(65))
-_UNHEALTHY = tuple(Cell(str(n), "red" if n else "dim", n) for n in range(65))
+_UNHEALTHY = tuple(Cell(str(n), BROKEN if n else MUTED, n) for n in range(65))
 
 
 def _count(n: int, cells: tuple[Cell, ...] = _COUNTS) -> Cell:
@@ -413,7 +414,7 @@ def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
         ]
         if wide:
             cells += [
-                _n(get(row, "gpus_unknown"), "yellow"),
+                _n(get(row, "gpus_unknown"), ATTENTION),
                 _count(get(row, "replicas")),
                 clean(get(admin, "by") or "-"),
                 Cell(timestamp(get(admin, "at")), key=get(admin, "at")),
@@ -430,10 +431,10 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
     for m in models:
         s = m.spec
         if m.satisfied:
-            status_cell = Cell("satisfied", "green")
+            status_cell = Cell("satisfied", FINE)
         else:
             why = present.short_words(m.unplaceable_reason, m.starting)
-            status_cell = Cell(f"short: {clean(why)}", "red")
+            status_cell = Cell(f"short: {clean(why)}", BROKEN)
         cells = [
             Cell(s.name),
             Cell(str(m.ready), key=m.ready),
@@ -452,9 +453,6 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
     return table
 
 
-REPLICA_STYLE = {"ready": "green", "starting": "cyan", "draining": "magenta", "failed": "red"}
-
-
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
     extra = ["CREATED", "REPLACES"] if wide else []
     table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE", *extra, "ERROR")
@@ -462,7 +460,7 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
         cells = [
             Cell(r.id),
             Cell(r.model),
-            Cell(str(r.state), REPLICA_STYLE.get(str(r.state))),
+            Cell(str(r.state), present.style_of(str(r.state))),
             Cell(hostlist(s.node for s in r.shards)),
             Cell(str(r.gpus), key=r.gpus),
             Cell(getattr(r, "url", None) or "-"),
@@ -539,7 +537,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             str(g.index),
             g.uuid,
             g.gpu_class,
-            Cell(str(g.health), {"healthy": "green", "unhealthy": "red"}.get(str(g.health))),
+            Cell(str(g.health), present.style_of(str(g.health))),
             "yes" if g.in_use else "no",
             _memory(g),
             clean(g.health_reason or ""),
@@ -590,7 +588,7 @@ def _memory(g: GpuReport) -> str:
 def drain_plan(plan: DrainPlan, *, color: bool = False) -> str:
     lines = [f"Draining {hostlist(plan.nodes)} moves {plan.replicas_to_move} replica(s)."]
     for impact in plan.impacts:
-        style = {"ok": "green", "below_minimum": "yellow"}.get(impact.verdict, "red")
+        style = present.style_of(str(impact.verdict)) or BROKEN
         line = (
             f"  {paint(f'{impact.verdict:<14}', style, color)} {impact.model}: "
             f"{impact.replicas_on_nodes} to move, {impact.replaceable} can be placed elsewhere, "

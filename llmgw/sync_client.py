@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from llmgw import api, http1
-from llmgw.api import Call, ControllerError, ControllerUnreachable
-from llmgw.leader import Endpoints, Tries, leader_of
+from llmgw.api import Call
+from llmgw.common import first_line
+from llmgw.errors import BadAnswer, ControllerUnreachable, TlsRefused, UsageError
+from llmgw.leader import Endpoints, Following
 
 T = TypeVar("T")
 
@@ -74,42 +76,35 @@ class SyncAdminClient:
     # -- executing calls ------------------------------------------------------
 
     def __call__(self, call: Call[T]) -> T:
-        """Run one call: its typed answer, or ControllerError / ControllerUnreachable.
+        """Run one call: its typed answer, or a ClientError (llmgw.errors).
 
         Several controllers: a follower's "not the leader" sends the call to the
         leader it names; one that does not answer, to the next URL (llmgw.leader)."""
-        tries = Tries(self.endpoints)
-        unreachable: ControllerUnreachable | None = None
-        follower = False
-        while (url := tries.next()) is not None:
+        follow = Following(self.endpoints)
+        while (url := follow.next()) is not None:
             try:
                 status, headers, body = self._exchange(url, call)
             except ControllerUnreachable as exc:
-                unreachable = unreachable or exc
+                follow.unreachable(exc)
                 continue
-            redirected, leader = leader_of(status, headers, body)
-            if redirected:
-                follower = True
-                tries.redirect(leader)
-                continue
-            self.endpoints.answered(url)
-            self.base_url = url
-            return self._answer(url, call, status, headers.get("content-type", ""), body)
-        if follower:  # only followers answered: no leader right now
-            raise api.no_leader(list(dict.fromkeys(tries.tried)), call.path)
-        assert unreachable is not None
-        raise unreachable
+            if follow.answered(url, status, headers, body):
+                self.base_url = url
+                return self._answer(url, call, status, headers.get("content-type", ""), body)
+        if follow.follower is not None:  # only followers answered: no leader right now
+            raise api.no_leader(follow.tried(), call.path)
+        assert isinstance(follow.failure, ControllerUnreachable)
+        raise follow.failure
 
     def _answer(self, url: str, call: Call[T], status: int, content_type: str, body: bytes) -> T:
         if status >= 400:
-            if status in (404, 405) or not api.is_llmgw_error(body, content_type):
+            if api.may_not_be_a_controller(status, content_type, body):
                 self._check_is_controller(url, status)
-            raise ControllerError(status, api.error_message(body, str(status)), url + call.path)
+            raise api.refusal(status, body, str(status), url + call.path)
         try:
             return api.view(body) if call.typed else call.parse(body)
-        except ValueError:  # json and pydantic errors: the answer is not ours
+        except ValueError as exc:  # json and pydantic errors: the answer is not ours
             self._check_is_controller(url, status)
-            raise
+            raise BadAnswer(url + call.path, first_line(exc)) from exc
 
     def _check_is_controller(self, url: str, status: int) -> None:
         """Raise NotAController unless GET /healthz says this is an llmgw controller."""
@@ -156,7 +151,9 @@ class SyncAdminClient:
 
             tls = client_context(self.ca_file)
         elif parts.scheme != "http":
-            raise ControllerUnreachable(url, ValueError(f"unsupported scheme {parts.scheme!r}"))
+            raise UsageError(
+                f"--controller {url}: the scheme must be http:// or https://, not {parts.scheme}://"
+            )
         conn = http1.Connection(
             host,
             parts.port or (443 if tls else 80),
@@ -167,10 +164,11 @@ class SyncAdminClient:
         try:
             conn.connect()
         except OSError as exc:
-            from llmgw.tls import TlsConfigError, is_verify_failure, verify_hint
+            from llmgw.errors import TlsConfigError
+            from llmgw.tls import is_verify_failure, verify_hint
 
             if is_verify_failure(exc):  # say which check failed and what to do
-                raise ControllerUnreachable(url, TlsConfigError(verify_hint(url, exc))) from exc
+                raise TlsRefused(url, TlsConfigError(verify_hint(url, exc))) from exc
             raise ControllerUnreachable(url, _plain(exc)) from exc
         self._conn, self._conn_url = conn, url
         return conn

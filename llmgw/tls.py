@@ -13,11 +13,9 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llmgw.errors import TlsConfigError
+
 CA_ENV = "LLMGW_CA_FILE"
-
-
-class TlsConfigError(ValueError):
-    pass
 
 
 def ca_file(explicit: Path | str | None = None) -> Path | None:

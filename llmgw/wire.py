@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from llmgw.common import printable as printable  # (re-exported: the agent's import)
+
 # -- text rules ------------------------------------------------------------------
 
 # C0 controls, DEL and C1 controls: what moves a terminal's cursor or starts an
@@ -40,19 +42,6 @@ PATTERN_MESSAGES = {
     NO_CONTROL_PATTERN: "control characters (newline, escape, ...) are not allowed here",
     LINES_ONLY_PATTERN: "control characters other than tab and newline are not allowed here",
 }
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str, *, keep_lines: bool = False) -> str:
-    """`text` with control characters shown as escapes (`\\x1b`, `\\n`), safe to print.
-
-    Use it for anything a report or a request put there before it reaches a
-    terminal: a forged newline or an escape sequence then shows as text.
-    With `keep_lines`, tab and newline stay (for multi-line error text).
-    """
-    pattern = _CONTROL_BUT_LINES if keep_lines else _CONTROL
-    return pattern.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _text(min_length: int | None = None, max_length: int = 256, **kw: Any) -> Any:

@@ -42,13 +42,14 @@ from llmgw.controller.endpoints import (
     endpoints_since,
     parse_cursor,
 )
-from llmgw.controller.fleet import BadCursor, FleetState, UnknownModel, UnknownNode
+from llmgw.controller.fleet import FleetState
 from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
+from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -121,21 +122,6 @@ def _message(e: Any) -> str:
     return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
 
 
-class ClientGone(Exception):
-    """The client went away before its body arrived: nobody is left to answer."""
-
-
-class SlowBody(Exception):
-    """A body dribbled slower than the body timeout allows: 408, and the connection closes."""
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, detail: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail
-
-
 async def parse_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
     """Read and validate a JSON body; any failure is a 400 that names the field.
 
@@ -148,6 +134,8 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raise SlowBody(f"the request body did not arrive within {timeout:g} s") from None
     except ConnectionResetError:  # closed or reset mid-body (aiohttp: "Connection lost")
         raise ClientGone from None
+    except web.HTTPRequestEntityTooLarge:
+        raise TooLarge(request.app[SETTINGS].max_body_bytes) from None
     if not raw:
         if optional:
             raw = b"{}"
@@ -166,29 +154,18 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Each error carries its status and message (llmgw.errors)."""
     try:
         return await handler(request)
-    except BadRequest as exc:
-        return error(400, exc.message, exc.detail)
-    except SlowBody as exc:
-        resp = error(408, str(exc))
-        resp.force_close()
+    except ServerError as exc:
+        resp = error(exc.status, exc.message, exc.detail)
+        if exc.close:
+            resp.force_close()
         return resp
-    except ClientGone:  # an answer for the access log; the connection is already gone
-        resp = error(400, "the client closed the connection before its body arrived")
-        resp.force_close()
-        return resp
-    except BadCursor as exc:
-        return error(400, str(exc))
-    except (UnknownNode, UnknownModel) as exc:
-        return error(404, str(exc))
     except Fenced as exc:  # a deposed leader's write: nothing stored, here is the leader
         return not_the_leader(exc.leader, str(exc))
     except StoreUnavailable as exc:  # nothing was stored, nothing changed
         return error(503, str(exc))
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SETTINGS].max_body_bytes
-        return error(413, f"request body too large: the limit is {limit} bytes")
     except web.HTTPException as exc:
         if exc.status >= 400:
             return error(exc.status, exc.reason)

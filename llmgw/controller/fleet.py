@@ -34,6 +34,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
+from llmgw.errors import BadCursor, UnknownModel, UnknownNode
 from llmgw.present import timestamp
 from llmgw.wire import (
     AdminFlag,
@@ -52,29 +53,6 @@ from llmgw.wire import (
     ShardAssignment,
     ShardState,
 )
-
-
-class UnknownNode(LookupError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no node named {name!r} has ever reported to this controller")
-        self.name = name
-
-
-class UnknownModel(LookupError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no model named {name!r} is declared")
-        self.name = name
-
-
-class BadCursor(ValueError):
-    def __init__(self, cursor: str) -> None:
-        shown = cursor if len(cursor) <= 40 else cursor[:40] + "…"
-        super().__init__(
-            "`since` must be the cursor from an earlier answer (EPOCH.REVISION, e.g."
-            f" 9f2c01ab.42), or empty for every node; got {shown!r}"
-        )
-        self.cursor = cursor
-
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 

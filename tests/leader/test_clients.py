@@ -16,7 +16,7 @@ from agent.loop import ReportLoop
 from llmgw import api
 from llmgw.client import AdminClient
 from llmgw.controller.leadership import not_the_leader
-from llmgw.leader import Endpoints, Tries, leader_of, split_urls
+from llmgw.leader import Endpoints, Following, Tries, leader_of, split_urls
 from llmgw.sync_client import SyncAdminClient
 from llmgw.wire import AdminFlag, NodeReport, NodeState, ReportReply
 from tests.agent.test_loop import builder
@@ -102,6 +102,30 @@ def test_the_url_list() -> None:
     tries.redirect("http://a")  # and c named a: a is tried again (the lease moved)
     assert [tries.next(), tries.next(), tries.next()] == ["http://a", "http://b", None]
     assert ends.order() == ["http://a", "http://b", "http://c"]
+
+
+FOLLOWER = b'{"error": "not the leader", "leader": "http://c"}'
+
+
+def test_following_the_leader_needs_no_io() -> None:
+    """The one loop every transport drives: told what came back, it says where next."""
+    ends = Endpoints(["a", "b", "c"])
+    follow = Following(ends)
+    assert follow.next() == "http://a"
+    refused = ConnectionRefusedError("a is down")
+    follow.unreachable(refused)
+    assert follow.next() == "http://b"
+    assert not follow.answered("http://b", 503, {}, FOLLOWER)  # b follows c: c next
+    assert follow.next() == "http://c"
+    assert follow.answered("http://c", 404, {}, b'{"error": "no node"}'), "an answer is an answer"
+    assert ends.current == "http://c" and follow.tried() == ["http://a", "http://b", "http://c"]
+    assert follow.failure is refused and follow.follower == ("http://b", 503, FOLLOWER)
+
+    nobody = Following(Endpoints(["a", "b"]))  # every one a follower naming nobody
+    while (url := nobody.next()) is not None:
+        assert not nobody.answered(url, 503, {}, b'{"error": "not the leader", "leader": null}')
+    assert nobody.follower is not None and nobody.failure is None
+    assert nobody.tried() == ["http://a", "http://b"]
 
 
 async def test_ctl_follows_the_named_leader_past_a_dead_url(servers: tuple[Server, Server]) -> None:

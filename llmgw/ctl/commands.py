@@ -1,0 +1,218 @@
+"""One method per ctl command: what it asks the controller and what it prints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from llmgw import api, render
+from llmgw.ctl.output import Output, Terminal
+from llmgw.ctl.watch import wait_drained, watch, watch_nodes
+from llmgw.errors import EXIT_FAILED, EXIT_OK, ControllerError, NotAController, UsageError, explain
+
+if TYPE_CHECKING:
+    from llmgw.sync_client import SyncAdminClient
+    from llmgw.wire import NodeRow
+
+
+class Ctl:
+    def __init__(self, client: SyncAdminClient, args: argparse.Namespace, term: Terminal) -> None:
+        self.client = client
+        self.args = args
+        self.term = term
+        self.out = Output(term, args)
+
+    def _read(
+        self, call: api.Call[Any], table: Callable[[Any], render.Table], *, plain: bool = False
+    ) -> int:
+        """`plain`: the table reads the answer's JSON objects by item, not as api.Views
+        (`ctl nodes` at 2,000 rows: a View per object costs more than the reading)."""
+        if self.args.output in ("json", "yaml"):
+            data = self.client.json(call)
+            self.out.data(self._filter_json(data))
+            return EXIT_OK
+        fetch = self.client.json if plain else self.client
+        if getattr(self.args, "watch", False):
+            return watch(self.out, self.args.interval, lambda: self.out.table(table(fetch(call))))
+        self.term.write(self.out.table(table(fetch(call))))
+        return EXIT_OK
+
+    def _filter_json(self, data: Any) -> Any:
+        state = getattr(self.args, "state", None)
+        if state and isinstance(data, list):
+            return [r for r in data if r.get("state") == state]
+        return data
+
+    # -- reads
+
+    def status(self) -> int:
+        if self.args.output in ("json", "yaml"):
+            self.out.data(self.client.json(api.summary_json()))
+            return EXIT_OK
+        if self.args.output != "table":
+            raise UsageError("status prints a summary: -o json or -o yaml, or no -o")
+
+        def draw() -> str:
+            text = render.status(
+                self.client(api.summary()), self.client.base_url, color=self.term.color
+            )
+            gateways: list[Any] = self.client(api.gateways())
+            return text + render.gateways(gateways)
+
+        if self.args.watch:
+            return watch(self.out, self.args.interval, draw)
+        self.term.write(draw())
+        return EXIT_OK
+
+    def nodes(self) -> int:
+        wide = self.args.output == "wide"
+
+        def table(rows: list[Any]) -> render.Table:
+            return render.nodes_table(self._only(rows), wide=wide)
+
+        if self.args.watch and self.args.output not in ("json", "yaml"):
+            return watch_nodes(self.client, self.out, table, self.args.interval)
+        return self._read(api.nodes(), table, plain=True)
+
+    def _only(self, rows: list[NodeRow]) -> list[NodeRow]:
+        if self.args.state:  # rows are JSON objects: plain, or api.View
+            rows = [r for r in rows if r["state"] == self.args.state]  # type: ignore[index]
+        return rows
+
+    def node(self) -> int:
+        if self.args.name == "forget" and self.args.target:
+            reply = self.client.json(api.forget_node(self.args.target))
+            revoked = "; its credential is revoked" if reply.get("credential_revoked") else ""
+            self.term.write(f"node {self.args.target} forgotten{revoked}\n")
+            return EXIT_OK
+        if self.args.output in ("json", "yaml"):
+            self.out.data(self.client.json(api.node(self.args.name)))
+            return EXIT_OK
+        detail = self.client(api.node(self.args.name))
+        if self.args.output == "name":
+            self.term.write(f"node/{detail.row.name}\n")
+            return EXIT_OK
+        self.term.write(render.node_detail(detail, color=self.term.color))
+        return EXIT_OK
+
+    def credentials(self) -> int:
+        if self.args.action == "revoke":
+            if not self.args.nodes:
+                raise UsageError("credentials revoke needs at least one NODE")
+            for node in self.args.nodes:
+                self.client.json(api.revoke_credential(node))
+                self.term.write(f"{node}: revoked\n")
+            return EXIT_OK
+        creds = self.client.json(api.credentials())
+        if self.args.output in ("json", "yaml"):
+            self.out.data(creds)
+            return EXIT_OK
+        for c in creds:
+            when = render.timestamp(c.get("issued_at"))
+            self.term.write(f"{c['node']:<32} {c['source']:<9} {when:<20} {c.get('by') or '-'}\n")
+        return EXIT_OK
+
+    def models(self) -> int:
+        wide = self.args.output == "wide"
+        return self._read(api.models(), lambda ms: render.models_table(ms, wide=wide))
+
+    def replicas(self) -> int:
+        wide = self.args.output == "wide"
+        return self._read(api.replicas(), lambda rs: render.replicas_table(rs, wide=wide))
+
+    # -- writes
+
+    def cordon(self) -> int:
+        reason = self.args.reason.strip()
+        before = {r.name: r for r in self.client(api.nodes())}
+        code = EXIT_OK
+        for node in self.args.nodes:
+            try:
+                self.client(api.cordon(node, reason))
+            except ControllerError as exc:
+                if isinstance(exc, NotAController):
+                    raise
+                self._fail(node, exc)
+                code = EXIT_FAILED
+                continue
+            old = before.get(node)
+            if old is not None and old.admin.flag != "none" and old.admin.reason != reason:
+                was = render.clean(old.admin.reason or "")
+                self.term.write(
+                    f"{node} cordoned; reason replaced: {was!r} -> {render.clean(reason)!r}\n"
+                )
+            else:
+                self.term.write(f"{node} cordoned\n")
+        return code
+
+    def uncordon(self) -> int:
+        return self._each(self.args.nodes, api.uncordon, "uncordoned")
+
+    def drain(self) -> int:
+        a = self.args
+        if a.dry_run:
+            if a.output in ("json", "yaml"):
+                data = self.client.json(api.drain_plan_json(a.nodes))
+                self.out.data(data)
+                short = [i for i in data.get("impacts", []) if i.get("verdict") == "below_minimum"]
+            else:
+                plan = self.client(api.drain_plan(a.nodes))
+                self.term.write(render.drain_plan(plan, color=self.term.color))
+                short = [i for i in plan.impacts if i.verdict == "below_minimum"]
+            return EXIT_FAILED if short else EXIT_OK
+        if a.force and not a.yes:
+            plan = self.client(api.drain_plan(a.nodes))
+            below = [i for i in plan.impacts if i.verdict == "below_minimum"]
+            if below:
+                self.term.write(render.drain_plan(plan, color=self.term.color))
+                raise UsageError(
+                    "--force would drop "
+                    + ", ".join(f"{i.model} below its minimum ({i.min_replicas})" for i in below)
+                    + "; add --yes to go ahead anyway"
+                )
+        code = self._each(
+            a.nodes,
+            lambda n: api.drain(n, a.reason.strip(), force=a.force, force_after_s=a.force_after),
+            "draining",
+        )
+        if code == EXIT_OK and a.wait:
+            limit_s = 600.0 if a.timeout is None else a.timeout
+            return wait_drained(self.client, self.out, a.nodes, limit_s)
+        return code
+
+    def apply(self) -> int:
+        from llmgw.ctl.modelfile import apply_warnings, load_specs
+
+        specs = load_specs(self.args.file)
+        for v in self.client(api.apply_models(specs)):
+            self.term.write(
+                f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
+            )
+        for warning in apply_warnings(specs, self.client.json(api.summary_json())):
+            print(f"llmgw ctl: warning: {warning}", file=sys.stderr)
+        return EXIT_OK
+
+    def delete(self) -> int:
+        self.client(api.delete_model(self.args.name))
+        self.term.write(f"model {self.args.name} deleted; its replicas are being stopped\n")
+        return EXIT_OK
+
+    def _each(self, nodes: list[str], call: Callable[[str], api.Call[Any]], done: str) -> int:
+        """Apply to every node; report each failure and go on with the others."""
+        code = EXIT_OK
+        for node in nodes:
+            try:
+                self.client(call(node))
+            except ControllerError as exc:
+                if isinstance(exc, NotAController):
+                    raise
+                self._fail(node, exc)
+                code = EXIT_FAILED
+            else:
+                self.term.write(f"{node} {done}\n")
+        return code
+
+    def _fail(self, node: str, exc: ControllerError) -> None:
+        print(f"llmgw ctl: {node}: {explain(exc)}", file=sys.stderr)

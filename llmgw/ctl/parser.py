@@ -1,0 +1,357 @@
+"""ctl's command line: argparse, with connection and output options accepted
+before or after the command, and usage errors as one plain line (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from llmgw.common import DEFAULT_CONTROLLER, examples
+from llmgw.errors import EXIT_USAGE
+
+NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
+OUTPUTS = ("table", "json", "yaml", "wide", "name")
+COMMANDS = (
+    "status",
+    "nodes",
+    "node",
+    "credentials",
+    "cordon",
+    "uncordon",
+    "drain",
+    "apply",
+    "models",
+    "replicas",
+    "delete",
+    "config",
+)
+# Options before the command that take a value (the word after them is not the command).
+_VALUED = frozenset(
+    {"--controller", "--token", "--token-file", "--ca-file", "--context", "-o", "--output"}
+)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each option; examples (the epilog) kept as written."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24) -> None:
+        # argparse builds a formatter per add_argument, each asking shutil for
+        # the terminal size: one ask, and no shutil import, for a one-shot.
+        if not _HELP_WIDTH:
+            _HELP_WIDTH.append(max(terminal_columns() - 2, 11))  # as argparse's default
+        super().__init__(prog, indent_increment, max_help_position, width=_HELP_WIDTH[0])
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # No "(default: None)" / "(default: False)" noise, and no default for
+        # options that do not have one.
+        if action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
+_HELP_WIDTH: list[int] = []  # one ask per process
+
+
+def terminal_columns() -> int:
+    """shutil.get_terminal_size's columns (COLUMNS, else the terminal, else 80),
+    without importing shutil (and with it bz2, lzma and zlib)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", 0))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            columns = 0
+    return columns or 80
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one plain line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: {message} (see {self.prog} --help)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """Connection and output options: accepted before or after the subcommand.
+
+    The subcommand's copy uses SUPPRESS as its default so that a value given
+    before the subcommand is not overwritten by the subcommand's default.
+    """
+    d: Any = None if top else argparse.SUPPRESS
+    g = p.add_argument_group("connection and output (before or after the command)")
+    g.add_argument(
+        "--controller",
+        metavar="URL[,URL]",
+        default=d,
+        help=f"controller URL(s); no scheme means http:// (env LLMGW_CONTROLLER, "
+        f"else the context, else {DEFAULT_CONTROLLER})",
+    )
+    g.add_argument("--token", default=d, help="bearer token (env LLMGW_TOKEN)")
+    g.add_argument(
+        "--token-file",
+        default=d,
+        metavar="FILE",
+        help="file holding the token (env LLMGW_TOKEN_FILE)",
+    )
+    g.add_argument(
+        "--ca-file", default=d, metavar="FILE", help="CA bundle for https (env LLMGW_CA_FILE)"
+    )
+    g.add_argument("--context", default=d, help="context from the config file (env LLMGW_CONTEXT)")
+    g.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default=d,
+        help="output format of reads: table (the default), json, yaml, wide, name",
+    )
+    g.add_argument(
+        "--json",
+        dest="output",
+        action="store_const",
+        const="json",
+        default=d,
+        help="the same as -o json",
+    )
+    g.add_argument(
+        "--no-headers", action="store_true", default=d, help="tables without the header line"
+    )
+
+
+def _sub(
+    sub: Any, name: str, help: str, example: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    s: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=description or help[0].upper() + help[1:] + ".",
+        epilog=examples(*example.splitlines()),
+        formatter_class=HelpFormatter,
+    )
+    _common_options(s, top=False)
+    return s
+
+
+def _table_options(s: argparse.ArgumentParser, *, watch: bool = True) -> None:
+    s.add_argument("--sort-by", metavar="COLUMN", help="sort rows by this column (e.g. AGE)")
+    if watch:
+        _watch_options(s)
+
+
+def _watch_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="keep watching: redraw in place on a terminal, append changes when piped; Ctrl-C ends",
+    )
+    s.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="seconds between polls with -w"
+    )
+
+
+DESCRIPTION = "One-shot commands for an llmgw fleet."
+EPILOG = (
+    "exit codes: 0 done; 1 the controller refused or could not be reached, or "
+    "drain --dry-run found a model falling below its minimum; 2 usage error\n\n"
+    "example:\n  llmgw ctl --controller http://ctl-1:7460 status"
+)
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command `argv` names (the first word that is not an option or its value);
+    None when there is none or it is not one of ctl's (argparse then says so)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--":
+            return None
+        elif word.startswith("-"):
+            skip = word in _VALUED
+        else:
+            return word if word in COMMANDS else None
+    return None
+
+
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """ctl's parser; given `argv`, built for the command it names only."""
+    p = Parser(
+        prog="llmgw ctl", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter
+    )
+    return populate(p, command_of(argv) if argv is not None else None)
+
+
+def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.ArgumentParser:
+    """ctl's options and commands on `p` (its own parser, or `llmgw completion`'s).
+
+    With `only`, that command alone: a one-shot builds one subparser, not fifteen
+    (argparse asks gettext for its words once per parser, each a search of the disk).
+    """
+    _common_options(p, top=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    wanted = (lambda name: name == only) if only else (lambda name: True)
+
+    if wanted("status"):
+        s = _sub(sub, "status", "the fleet summary", "llmgw ctl status -w")
+        _watch_options(s)
+
+    if wanted("nodes"):
+        s = _sub(
+            sub,
+            "nodes",
+            "every node with its state and reason",
+            "llmgw ctl nodes --state cordoned -o wide --sort-by AGE",
+        )
+        s.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
+        _table_options(s)
+
+    if wanted("node"):
+        s = _sub(
+            sub,
+            "node",
+            "one node in detail: GPUs, storage, replicas, history; `node forget NAME` forgets it",
+            "llmgw ctl node gpu-a01 -o json\nllmgw ctl node forget gpu-a01",
+        )
+        s.add_argument("name", metavar="NODE", help="the node, or `forget`")
+        s.add_argument(
+            "target", nargs="?", metavar="NAME", help="with `forget`: the node to forget"
+        )
+
+    if wanted("credentials"):
+        s = _sub(
+            sub,
+            "credentials",
+            "node credentials: list them, or revoke NODE's",
+            "llmgw ctl credentials list\nllmgw ctl credentials revoke gpu-a01",
+        )
+        s.add_argument("action", choices=["list", "revoke"])
+        s.add_argument("nodes", nargs="*", metavar="NODE")
+
+    if wanted("cordon"):
+        s = _sub(
+            sub,
+            "cordon",
+            "place no new replicas on these nodes",
+            'llmgw ctl cordon gpu-a03 gpu-a07 --reason "xid 79"',
+        )
+        s.add_argument("nodes", nargs="+", metavar="NODE")
+        s.add_argument("--reason", required=True, help="why (recorded with who and when)")
+
+    if wanted("uncordon"):
+        s = _sub(
+            sub, "uncordon", "let these nodes take new replicas again", "llmgw ctl uncordon gpu-a03"
+        )
+        s.add_argument("nodes", nargs="+", metavar="NODE")
+
+    if wanted("drain"):
+        s = _sub(
+            sub,
+            "drain",
+            "move replicas off these nodes, then leave them cordoned",
+            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 900',
+        )
+        s.add_argument("nodes", nargs="+", metavar="NODE")
+        s.add_argument("--reason", help="why (required unless --dry-run)")
+        s.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="only say what draining would do to each model; exit 1 if one falls below its minimum",
+        )
+        s.add_argument(
+            "--force", action="store_true", help="stop replicas without waiting for replacements"
+        )
+        s.add_argument(
+            "--force-after",
+            type=float,
+            metavar="S",
+            help="the controller forces the drain this many seconds from now",
+        )
+        s.add_argument(
+            "--yes",
+            action="store_true",
+            help="with --force: go ahead even if a model falls below its minimum",
+        )
+        s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
+        s.add_argument(
+            "--timeout", type=float, metavar="S", help="seconds --wait waits (default 600)"
+        )
+
+    if wanted("apply"):
+        s = _sub(
+            sub,
+            "apply",
+            "declare models from a YAML or TOML file",
+            "llmgw ctl apply -f models.yaml\ncat models.yaml | llmgw ctl apply -f -",
+        )
+        s.add_argument(
+            "-f",
+            "--file",
+            required=True,
+            metavar="FILE",
+            help="the file; - reads standard input (YAML)",
+        )
+
+    if wanted("models"):
+        s = _sub(sub, "models", "declared models with ready/minimum", "llmgw ctl models -o wide")
+        _table_options(s)
+
+    if wanted("replicas"):
+        s = _sub(
+            sub,
+            "replicas",
+            "every replica with its state and idleness",
+            "llmgw ctl replicas --sort-by IDLE",
+        )
+        _table_options(s)
+
+    if wanted("delete"):
+        s = _sub(
+            sub,
+            "delete",
+            "delete a declared object",
+            "llmgw ctl delete model meta-llama/Llama-3.1-8B-Instruct",
+        )
+        s.add_argument("kind", choices=["model"], help="what to delete")
+        s.add_argument("name", metavar="NAME")
+
+    if wanted("config"):
+        s = _sub(
+            sub,
+            "config",
+            "contexts in the config file ($XDG_CONFIG_HOME/llmgw/config.toml)",
+            "llmgw ctl config get-contexts\nllmgw ctl config use-context prod\nllmgw ctl config view",
+        )
+        cs = s.add_subparsers(
+            dest="config_command", required=True, metavar="ACTION", parser_class=Parser
+        )
+        for action, text, example in (
+            (
+                "get-contexts",
+                "list the contexts; * marks the current one",
+                "llmgw ctl config get-contexts",
+            ),
+            ("use-context", "make NAME the current context", "llmgw ctl config use-context prod"),
+            (
+                "view",
+                "each setting in effect and where it came from",
+                "LLMGW_CONTEXT=demo llmgw ctl config view",
+            ),
+        ):
+            c = cs.add_parser(
+                action,
+                help=text,
+                description=text[0].upper() + text[1:] + ".",
+                epilog=f"example:\n  {example}",
+                formatter_class=HelpFormatter,
+            )
+            _common_options(c, top=False)
+            if action == "use-context":
+                c.add_argument("name", metavar="NAME")
+    return p

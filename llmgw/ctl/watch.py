@@ -1,0 +1,106 @@
+"""The commands that keep running: `-w` redraws (or, piped, appends what
+changed) until Ctrl-C; `drain --wait` follows a drain until it is done."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from llmgw import api, render
+from llmgw.ctl.output import Output
+from llmgw.errors import EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from llmgw.sync_client import SyncAdminClient
+    from llmgw.wire import NodeRow
+
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def watch(out: Output, interval_s: float, draw: Callable[[], str]) -> int:
+    """Redraw in place on a terminal; when piped, print again only what changed."""
+    last = ""
+    try:
+        while True:
+            text = draw()
+            if out.term.tty:
+                out.term.write(CLEAR + text)
+            elif text != last:
+                out.term.write(("\n" if last else "") + text)
+            last = text
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def watch_nodes(
+    client: SyncAdminClient,
+    out: Output,
+    table: Callable[[list[Any]], render.Table],
+    interval_s: float,
+) -> int:
+    """`nodes -w` over `GET /v1/nodes?since=`: only changed rows cross the wire.
+
+    On a terminal the table is redrawn (ages tick); when piped, the first
+    table is printed whole and then each changed row on its own line, as
+    `kubectl get -w` does.
+    """
+    rows: dict[str, Any] = {}  # name -> api.View of a NodeRow
+    cursor = ""
+    first = True
+    try:
+        while True:
+            delta = client(api.nodes_since(cursor))
+            cursor = delta.cursor
+            if delta.full:
+                rows = {}
+            for row in delta.nodes:
+                rows[row.name] = row
+            for name in delta.removed:
+                rows.pop(name, None)
+            for name, age in delta.report_ages.items():
+                if name in rows:
+                    rows[name] = api.View({**rows[name], "report_age_s": age})
+            ordered = [rows[n] for n in sorted(rows)]
+            if out.term.tty:
+                out.term.write(CLEAR + out.table(table(ordered)))
+            elif first or delta.full:
+                out.term.write(out.table(table(ordered)))
+            elif delta.nodes:
+                changed = [rows[r.name] for r in delta.nodes]
+                out.term.write(out.table(table(changed), headers=False))
+            first = False
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s: float) -> int:
+    """One progress line (rewritten on a terminal), then one summary."""
+    from llmgw.drain_progress import DrainProgress
+
+    term = out.term
+    progress = DrainProgress(nodes)
+    started = time.monotonic()
+    cursor = ""
+    rows: dict[str, NodeRow] = {}
+    last = ""
+    while True:
+        delta = client(api.nodes_since(cursor))
+        cursor = delta.cursor
+        rows.update({r.name: r for r in delta.nodes if r.name in progress.wanted})
+        line = progress.line(rows)
+        if term.tty:
+            term.write("\r\x1b[K" + line)
+        elif line != last:
+            term.write(line + "\n")
+        last = line
+        elapsed = time.monotonic() - started
+        if progress.done(rows):
+            term.write(("\n" if term.tty else "") + progress.summary(rows, elapsed))
+            return EXIT_OK
+        if elapsed >= limit_s:
+            term.write(("\n" if term.tty else "") + progress.timed_out(rows, limit_s))
+            return EXIT_FAILED
+        time.sleep(min(1.0, max(limit_s - elapsed, 0.05)))
