@@ -288,10 +288,12 @@ def small_reports() -> list[NodeReport]:
 
 SMALL_MODELS = [
     ModelSpec(name=LLAMA, source=LLAMA, min_replicas=2, gpus_per_shard=8, gpu_class=H100),
-    ModelSpec(name=QWEN, source=QWEN, min_replicas=2, gpus_per_shard=1, gpu_class=H100),
+    # One replica: a second would spread onto a whole free H100 node (spread ranks
+    # before packing) and leave DeepSeek no four-node block.
+    ModelSpec(name=QWEN, source=QWEN, min_replicas=1, gpus_per_shard=1, gpu_class=H100),
     ModelSpec(name=MIXTRAL, source=MIXTRAL, min_replicas=2, gpus_per_shard=4, gpu_class=A100),
     ModelSpec(name=EMBED, source=EMBED, min_replicas=1, gpus_per_shard=1, gpu_class=L40S),
-    # No fabric has four whole free H100 nodes: unplaceable, with the real reason.
+    # Takes four whole H100 nodes, which leaves Llama (one whole node) unplaceable.
     ModelSpec(name=DEEPSEEK, source=DEEPSEEK, min_replicas=1, gpus_per_shard=8, shards=4),
 ]
 # How long each engine has been idle, in the order the controller assigns them.
