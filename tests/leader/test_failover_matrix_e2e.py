@@ -44,7 +44,8 @@ pytestmark = pytest.mark.slow
 
 NODES = [f"n{i}" for i in range(1, 7)]  # 2 fake H100s each: 12 GPUs
 CONTROLLER_ARGS = ("--reconcile-interval", "0.2")
-# After packing: "big" fills two nodes, "small" one more, and three stay free:
+# After placement: "big" spreads over two nodes, "small" (one replica: a second
+# would spread onto a node of its own) takes one more, and three stay free:
 # two for the stand-ins of (c), one where a stand-in placed twice would go. "big"
 # loads slowly, so a stand-in placed just before a kill is still loading when the
 # next leader takes over (about 3 s later).
@@ -59,7 +60,7 @@ BIG = {
 SMALL = {
     "name": "small",
     "source": "org/small",
-    "min_replicas": 2,
+    "min_replicas": 1,
     "gpus_per_shard": 1,
     "engine": "fake",
     "engine_args": ["--load-seconds", "0.2", "--host", "127.0.0.1"],
