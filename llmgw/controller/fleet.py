@@ -58,6 +58,9 @@ _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 
 # A node row's content: every `NodeRow` field except the report age.
 RowContent = dict[str, Any]
+# Who the admin history names for what llmgw decides by itself (a drain done or
+# forced, a cordon for a failed card), never an operator's name.
+BY_LLMGW = "llmgw"
 _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
 _CAPACITY_VERSIONS = itertools.count(1)
 
@@ -473,7 +476,7 @@ class FleetState:
         info = AdminInfo(
             flag=AdminFlag.CORDONED, reason=old.reason, by=old.by, at=old.at, drained=True
         )
-        self._set_admin(name, info, action="drained", by="controller", at=self.wall())
+        self._set_admin(name, info, action="drained", by=BY_LLMGW, at=self.wall())
 
     def force_drain(self, name: str, why: str) -> None:
         """A drain's deadline passed: stop its replicas now (the reconcile loop does)."""
@@ -481,7 +484,7 @@ class FleetState:
         if old.flag is not AdminFlag.DRAINING or old.force:
             return
         info = old.model_copy(update={"force": True})
-        self._set_admin(name, info, action=f"drain forced ({why})", by="controller", at=self.wall())
+        self._set_admin(name, info, action=f"drain forced ({why})", by=BY_LLMGW, at=self.wall())
 
     def due_drains(self, wall: float) -> list[str]:
         """Draining nodes whose deadline has passed and that are not forced yet."""

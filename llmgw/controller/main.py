@@ -130,6 +130,13 @@ def parser() -> argparse.ArgumentParser:
         help="seconds unreachable before its replicas move",
     )
     p.add_argument(
+        "--no-cordon-on-gpu-fault",
+        dest="cordon_on_gpu_fault",
+        action="store_false",
+        help="leave a node with a failed card schedulable (its replicas on that card "
+        "are still replaced elsewhere)",
+    )
+    p.add_argument(
         "--backoff-base",
         type=float,
         default=5.0,
@@ -247,6 +254,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         tokens=tokens,
         grace_intervals=args.grace_intervals,
         replace_after_s=args.replace_after,
+        cordon_on_gpu_fault=args.cordon_on_gpu_fault,
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         reconcile_interval_s=args.reconcile_interval,

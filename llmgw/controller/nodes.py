@@ -37,6 +37,19 @@ class CardCounts(NamedTuple):
         return self.total - self.used - self.unhealthy - self.unknown
 
 
+class CardFault(NamedTuple):
+    """A card the agent reports unhealthy: fatal until the agent sees it reset."""
+
+    uuid: str
+    gpu_index: int  # as nvidia-smi numbers it
+    reason: str
+
+    def describe(self) -> str:
+        """`GPU 3 (GPU-3f2a…): fatal Xid 79 (...)`: the index an operator sees in
+        nvidia-smi, enough of the UUID to tell the card apart, and why."""
+        return f"GPU {self.gpu_index} ({self.uuid[:8]}…): {self.reason}"
+
+
 class ShardDigest(NamedTuple):
     replica_id: str
     rank: int
@@ -148,6 +161,8 @@ class NodeEntry:
     shards: tuple[ShardDigest, ...] = ()
     # (uuid, class, healthy and idle per the agent): what placement hands out
     cards: tuple[tuple[str, str, bool], ...] = ()
+    # Cards the agent reports unhealthy (a fatal fault): (uuid, index, reason).
+    faults: tuple[CardFault, ...] = ()
     interval_s: float = 5.0
     address: str | None = None
     gpu_error: str | None = None
@@ -166,6 +181,13 @@ class NodeEntry:
         )
         if cards != self.cards:
             self.cards = cards
+        faults = tuple(
+            CardFault(g.uuid, g.index, g.health_reason or "unhealthy")
+            for g in report.gpus
+            if g.health is _UNHEALTHY
+        )
+        if faults != self.faults:
+            self.faults = faults
         self.interval_s, self.address, self.gpu_error = (
             report.interval_s,
             report.address,

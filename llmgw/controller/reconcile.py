@@ -10,7 +10,8 @@ Every tick, from the fleet's current facts:
 3. Drains: each replica on a draining node gets a replacement placed elsewhere
    first; when the replacement is ready the old one is stopped. A node with
    nothing left ends up cordoned and marked drained. A forced drain stops the
-   replicas at once.
+   replicas at once. A replica on a card that failed is replaced the same way,
+   and the card's node is cordoned (`llmgw.controller.faults`).
 4. Every model keeps ready + starting >= its minimum; what cannot be placed
    says why.
 
@@ -48,6 +49,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from llmgw.controller.endpoints import StopGate
+from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
@@ -214,6 +216,9 @@ class Reconciler:
         # at which something else was seen to move capacity.
         self._expected = -1
         self._moved_at = 0
+        self._cordons = FaultCordons()
+        # Why a stand-in for a replica on a failed card cannot be placed, as last logged.
+        self._fault_blocked: dict[str, str] = {}
 
     def _stoppable(self, ids: list[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
@@ -258,17 +263,22 @@ class Reconciler:
         now, wall = fleet.clock(), fleet.wall()
         fleet.advance_time(now)
         statuses = fleet.replica_statuses()
-        self._record_transitions(statuses, wall)
+        faults = card_faults(fleet)
+        self._record_transitions(statuses, wall, faults)
         self._replace_lost(now)
         self._retire_deleted()
-        self._cancel_stopped_drains()
+        self._cancel_stopped_drains(faults)
         self._drain(now, wall)
+        self._cordons.cordon(fleet, faults)
+        self._replace_faulted(faults, now, wall)
         yield
         yield from self._fill_shortfalls(place_until)
 
     # -- 1. what the agents report ---------------------------------------------------
 
-    def _record_transitions(self, statuses: dict[str, ReplicaStatus], wall: float) -> None:
+    def _record_transitions(
+        self, statuses: dict[str, ReplicaStatus], wall: float, faults: Faults
+    ) -> None:
         fleet = self.fleet
         became_ready = [
             s.record.with_state(ReplicaState.READY)
@@ -280,8 +290,11 @@ class Reconciler:
             fleet.clear_backoff(rec.model)
         failed = [s for s in statuses.values() if s.state is ReplicaState.FAILED]
         for s in failed:
-            fleet.back_off(s.record.model, s.error or "engine failed", wall)
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
+            # An engine that died with its card is not the spec's fault: it is
+            # replaced at once, without backing the model off.
+            if fault_under(s.record, faults) is None:
+                fleet.back_off(s.record.model, s.error or "engine failed", wall)
         fleet.remove_replicas(s.record.id for s in failed)
 
     # -- 2. nodes gone for good ------------------------------------------------------------
@@ -306,15 +319,18 @@ class Reconciler:
 
     # -- 3. drains ---------------------------------------------------------------------------
 
-    def _cancel_stopped_drains(self) -> None:
-        """An operator uncordoned (or re-cordoned) a draining node: its replicas
-        stay, and stand-ins that are not serving yet are withdrawn."""
+    def _cancel_stopped_drains(self, faults: Faults) -> None:
+        """An operator uncordoned (or re-cordoned) a draining node, or a failed
+        card reads healthy again: its replicas stay, and stand-ins that are not
+        serving yet are withdrawn."""
         fleet = self.fleet
         draining = {n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING}
         stale = [
             r
             for r in fleet.records.values()
-            if r.state is ReplicaState.DRAINING and not draining.intersection(r.nodes)
+            if r.state is ReplicaState.DRAINING
+            and not draining.intersection(r.nodes)
+            and fault_under(r, faults) is None
         ]
         if not stale:
             return
@@ -324,7 +340,8 @@ class Reconciler:
         fleet.put_replicas(
             replace(r, replaces=None) for r in stand_ins if r.state is ReplicaState.READY
         )
-        fleet.put_replicas(r.with_state(ReplicaState.READY) for r in stale)
+        # A draining replica's own error only ever says why it moves (a card fault).
+        fleet.put_replicas(replace(r, state=ReplicaState.READY, error=None) for r in stale)
 
     def _drain(self, now: float, wall: float) -> None:
         fleet = self.fleet
@@ -380,15 +397,75 @@ class Reconciler:
             ]
             fleet.set_drain_blocked(node, self._place_replacements(needing, draining, now, wall))
 
+    def _replace_faulted(self, faults: Faults, now: float, wall: float) -> None:
+        """Replicas on a failed card move as a drain moves them: a stand-in placed
+        elsewhere (off the failed card's node), serving when ready, then the
+        original stopped once the gateways have let go of it. One not serving
+        yet just stops; the minimums place it again. Replicas on a draining node
+        are the drain's."""
+        fleet = self.fleet
+        if not faults:
+            self._fault_blocked.clear()
+            return
+        draining = sorted(n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING)
+        by_replaced = {r.replaces: r for r in fleet.records.values() if r.replaces}
+        hit = [
+            (r, f)
+            for r in list(fleet.records.values())
+            if not set(draining).intersection(r.nodes) and (f := fault_under(r, faults))
+        ]
+        if not hit:
+            self._fault_blocked.clear()
+            return
+        starting = [r.id for r, _ in hit if r.state is ReplicaState.STARTING]
+        if starting:
+            log.warning("stopping %d starting replica(s) on failed cards", len(starting))
+            fleet.remove_replicas(starting)
+        moving = [(r, f) for r, f in hit if r.state in (ReplicaState.READY, ReplicaState.DRAINING)]
+        fleet.put_replicas(
+            r.with_state(ReplicaState.DRAINING, f"card fault: {f.describe()}")
+            for r, f in moving
+            if r.state is ReplicaState.READY
+        )
+        done = self._stoppable(
+            [
+                r.id
+                for r, _ in moving
+                if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
+            ]
+        )
+        fleet.remove_replicas(done)
+        fleet.put_replicas(
+            replace(rep, replaces=None)
+            for rid in done
+            if (rep := fleet.records.get(by_replaced[rid].id)) is not None
+        )
+        needing = [
+            fleet.records[r.id]
+            for r, _ in moving
+            if r.id not in by_replaced
+            and r.id in fleet.records
+            and r.model in fleet.models
+            and not fleet.backing_off(r.model, wall)
+        ]
+        excluded = [*draining, *faults]
+        why = self._place_replacements(needing, excluded, now, wall) or ""
+        blocked = {r.id: why for r in needing if why}
+        for rid, reason in blocked.items():
+            if self._fault_blocked.get(rid) != reason:
+                log.warning("no stand-in for %s (on a failed card): %s", rid, reason)
+        self._fault_blocked = blocked
+
     def _place_replacements(
-        self, originals: list[ReplicaRecord], draining: list[str], now: float, wall: float
+        self, originals: list[ReplicaRecord], excluded: list[str], now: float, wall: float
     ) -> str | None:
-        """Place a stand-in for each original; say why when one cannot be placed."""
+        """Place a stand-in for each original, off the `excluded` nodes; say why
+        when one cannot be placed."""
         if not originals:
             return None
         fleet = self.fleet
         results = place_many(
-            [fleet.models[r.model] for r in originals], snapshot(fleet, now, draining)
+            [fleet.models[r.model] for r in originals], snapshot(fleet, now, excluded)
         )
         placed, reasons = [], []
         for original, result in zip(originals, results, strict=True):

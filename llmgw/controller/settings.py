@@ -23,6 +23,8 @@ class ControllerSettings:
     grace_extra_s: float = 5.0
     # Replicas on a node unreachable this long are replaced elsewhere.
     replace_after_s: float = 300.0
+    # A fatal card fault cordons its node (by llmgw); replicas on the card move either way.
+    cordon_on_gpu_fault: bool = True
     # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0

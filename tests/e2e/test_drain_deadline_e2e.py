@@ -77,7 +77,7 @@ def wait_forced(c: Cluster) -> dict[str, Any]:
 def assert_forced_by_deadline(c: Cluster, detail: dict[str, Any], force_at: float) -> None:
     events = {e["action"]: e for e in detail["history"]}
     forced = events["drain forced (deadline)"]
-    assert forced["by"] == "controller"
+    assert forced["by"] == "llmgw"
     assert forced["at"] >= force_at  # not early
     assert events["drain"]["force_at"] == force_at
     wait_until(lambda: not c.engine_pids(), timeout=20, what="the engine to stop")

@@ -337,7 +337,7 @@ def test_sigkill_of_the_leader_in_steady_state_in_a_burst_and_mid_drain(
 
     events = {n: {e["action"]: e for e in d["history"]} for n, d in details.items()}
     deadline = events[forced]["drain forced (deadline)"]
-    assert deadline["by"] == "controller" and deadline["at"] >= force_at > killed_wall
+    assert deadline["by"] == "llmgw" and deadline["at"] >= force_at > killed_wall
     assert events[forced]["drain"]["force_at"] == force_at
     assert "drain forced (deadline)" not in events[moved]
     assert events[moved]["drained"]["at"] > killed_wall, "completed by the new leader"
