@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from agent.enroll import Enroller, read_credential
-from agent.fake_gpus import FakeGpus, parse_fake_spec
+from agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
 from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
@@ -93,8 +93,10 @@ def parser() -> argparse.ArgumentParser:
         "--fake-gpus",
         action="append",
         default=[],
-        metavar="COUNTxCLASS[,unhealthy=I,J]",
-        help="simulate GPUs instead of NVML, e.g. 8xH100-80GB,unhealthy=3 (repeatable)",
+        metavar="COUNTxCLASS[,unhealthy=I,J] | @FILE",
+        help="simulate GPUs instead of NVML, e.g. 8xH100-80GB,unhealthy=3 (repeatable); "
+        "@FILE reads the specs, one per line, from FILE at every scan, so a card can fail "
+        "while the agent runs",
     )
     p.add_argument(
         "--ignore-xids",
@@ -212,7 +214,12 @@ def _xids(text: str) -> frozenset[int]:
 
 def make_gpus(args: argparse.Namespace) -> GpuSource:
     if args.fake_gpus:
+        files = [spec for spec in args.fake_gpus if spec.startswith("@")]
+        if files and len(args.fake_gpus) > 1:
+            raise UsageError("--fake-gpus @FILE: give the file alone (one spec per line in it)")
         try:
+            if files:
+                return FakeGpuFile(args.node, Path(files[0][1:]))
             groups = [parse_fake_spec(spec) for spec in args.fake_gpus]
         except ValueError as exc:
             raise UsageError(str(exc)) from exc

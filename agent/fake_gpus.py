@@ -5,13 +5,17 @@ Kept apart from `agent.gpus`, the only module that touches NVML.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agent.gpus import GpuScan
 from llmgw.wire import GpuHealth, GpuReport
+
+log = logging.getLogger("agent.fake_gpus")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,61 @@ class FakeGpus:
                 )
             )
         return GpuScan(gpus)
+
+    def close(self) -> None:
+        return None
+
+
+def read_fake_file(path: Path) -> list[FakeGroup]:
+    """A fake-GPU file: one `--fake-gpus` spec per line; blank lines and `#`
+    comments are skipped. ValueError (naming the file and line) when it is not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--fake-gpus @{path}: cannot read it: {exc}") from exc
+    groups = []
+    for number, line in enumerate(text.splitlines(), 1):
+        spec = line.split("#", 1)[0].strip()
+        if spec:
+            try:
+                groups.append(parse_fake_spec(spec))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from exc
+    if not groups:
+        raise ValueError(f"--fake-gpus @{path}: no spec in it (one per line, e.g. 8xH100-80GB)")
+    return groups
+
+
+class FakeGpuFile:
+    """`--fake-gpus @FILE`: simulated cards whose spec is read from FILE at every
+    scan, so a test or a demo can fail a card (`unhealthy=3`) while the agent
+    runs. A file that turns unreadable or invalid keeps the last good cards and
+    is said once, until it reads well again. A card keeps its UUID across
+    rewrites (UUIDs derive from the node and the card's index)."""
+
+    def __init__(
+        self, node: str, path: Path, busy: Callable[[], Iterable[str]] | None = None
+    ) -> None:
+        self.node, self.path, self.busy = node, path, busy
+        self._groups = read_fake_file(path)  # the first reading must be good
+        self._cards = FakeGpus(node, self._groups, busy=busy)
+        self._problem: str | None = None
+
+    def scan(self) -> GpuScan:
+        try:
+            groups = read_fake_file(self.path)
+        except ValueError as exc:
+            if str(exc) != self._problem:
+                log.warning("%s; keeping the cards read before", exc)
+                self._problem = str(exc)
+        else:
+            if self._problem is not None:
+                log.info("--fake-gpus @%s reads well again", self.path)
+                self._problem = None
+            if groups != self._groups:
+                self._groups = groups
+                self._cards = FakeGpus(self.node, groups, busy=self.busy)
+        return self._cards.scan()
 
     def close(self) -> None:
         return None

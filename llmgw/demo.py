@@ -15,6 +15,10 @@ The storage is real files (small but valid safetensors), classified through a
 simulated mount table per node, exactly as on a real node. A few model specs
 with the `fake` engine are declared, so replicas start as fake engine
 processes once the controller places them; one spec cannot be placed.
+
+Cards: the broken ones are there from the start (their nodes cordoned by llmgw at
+once), and three minutes in (`--fail-card-after`) a card under a serving engine
+fails, so the console shows its replica replaced elsewhere and its node cordoned.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ log = logging.getLogger("llmgw.demo")
 
 FABRICS = ("ib-a", "ib-b", "ib-c")
 REPORT_INTERVAL_S = 2.0
+FAIL_CARD_AFTER_S = 180.0
 SIMULATED_QUIET_S = 15 * 60.0  # engines without traffic: quiet this long before the demo
 
 
@@ -225,6 +230,7 @@ class DemoAgent:
     node: DemoNode
     loop: ReportLoop
     engines: Engines | None
+    gpus: FakeGpus
 
 
 def make_agent(
@@ -239,9 +245,10 @@ def make_agent(
         live = ("starting", "ready", "stopping")
         return {g for r in supervisor.reports() if str(r.state) in live for g in r.gpus}
 
+    gpus = FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus], busy=assigned)
     builder = ReportBuilder(
         node=node.name,
-        gpus=FakeGpus(node.name, [parse_fake_spec(s) for s in node.gpus], busy=assigned),
+        gpus=gpus,
         storage=StorageScanner(node.storage, node.mountinfo or Path("/nonexistent")),
         interval_s=interval_s,
         fabrics=[node.fabric],
@@ -265,7 +272,33 @@ def make_agent(
         )
         builder.engines = list(supervisor.templates)
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
-    return DemoAgent(node, loop, supervisor)
+    return DemoAgent(node, loop, supervisor, gpus)
+
+
+async def fail_a_card(agents: Sequence[DemoAgent], after_s: float, stop: asyncio.Event) -> None:
+    """A few minutes in, a card under a serving engine fails (as a fatal Xid would):
+    the console then shows its replica replaced elsewhere and its node cordoned."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), after_s)
+        return
+    while not stop.is_set():
+        for agent in agents:
+            ready = (
+                [r for r in agent.engines.reports() if r.state.value == "ready" and r.gpus]
+                if agent.engines
+                else []
+            )
+            if ready:
+                card = ready[0].gpus[0]
+                agent.gpus.unhealthy.add(card)
+                log.warning(
+                    "demo: card %s of %s fails now (simulated): its replica %s moves",
+                    card,
+                    agent.node.name,
+                    ready[0].id,
+                )
+                return
+        await asyncio.sleep(1.0)
 
 
 async def _stop_engines(agents: Sequence[DemoAgent]) -> None:
@@ -404,6 +437,8 @@ async def run_demo(
                 await client.apply_models(demo_specs())
             gateway_url, gateway_tasks = _start_gateway(url, root)
             tasks += [*gateway_tasks, asyncio.create_task(routed_traffic(gateway_url, stop))]
+            if args.fail_card_after > 0:
+                tasks.append(asyncio.create_task(fail_a_card(agents, args.fail_card_after, stop)))
         print(banner(url, fleet, root, headless=args.headless), flush=True)
         if gateway_url is not None:
             print(gateway_banner(gateway_url), flush=True)
@@ -467,6 +502,14 @@ def parser() -> argparse.ArgumentParser:
         "--interval", type=float, default=REPORT_INTERVAL_S, help="agent report interval"
     )
     p.add_argument("--no-engines", action="store_true", help="declare no models, run no engines")
+    p.add_argument(
+        "--fail-card-after",
+        type=float,
+        default=FAIL_CARD_AFTER_S,
+        metavar="SECONDS",
+        help="fail a card under a serving engine this long after the start, to show its "
+        "replacement and the cordon (0: never; default %(default)s)",
+    )
     p.add_argument("--state-dir", type=Path, help="keep state and disks here (default: a temp dir)")
     return p
 

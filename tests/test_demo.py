@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -338,3 +339,41 @@ async def test_demo_gateway_routes_to_the_demo_engines(
         await until(demo_traffic_routed, within=60)
     stop.set()
     assert await asyncio.wait_for(task, 30) == 0
+
+
+@pytest.mark.slow
+async def test_a_card_fails_a_few_minutes_in_and_its_replica_moves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The demo shows fault handling: a card under a serving engine fails, the node
+    is cordoned by llmgw naming the card, and its replica is replaced elsewhere."""
+    stop = asyncio.Event()
+    urls: list[str] = []
+    caplog.set_level(logging.WARNING, "llmgw.demo")
+    demo = args(nodes=6, no_engines=False, state_dir=tmp_path, fail_card_after=1.0)
+    task = asyncio.create_task(run_demo(demo, stop, urls.append))
+    try:
+        said: list[str] = []
+
+        async def failed() -> bool:
+            said[:] = [r.getMessage() for r in caplog.records if "fails now" in r.getMessage()]
+            return bool(said)
+
+        await until(failed, within=60)
+        words = said[0].split()
+        card, node, replica = words[2], words[4], words[-2]
+        async with AdminClient(urls[0]) as client:
+
+            async def cordoned_and_moved() -> bool:
+                row = (await client.node(node)).row
+                if row.admin.by != "llmgw" or card[:8] not in (row.admin.reason or ""):
+                    return False
+                replicas = {r.id: r for r in await client.replicas()}
+                moving = replicas.get(replica)
+                stand_in = [r for r in replicas.values() if r.replaces == replica]
+                return moving is None or (moving.state == "draining" and bool(stand_in))
+
+            await until(cordoned_and_moved, within=60)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
