@@ -240,8 +240,11 @@ def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
     (smg_pid,) = [int(p) for p in children]
     os.kill(smg_pid, signal.SIGKILL)
     gw.wait_serving("chat")  # a new SMG, with the same workers
+    # The gateway sees SMG answer on its next probe (0.1 s), which may come after
+    # the request above was served.
+    wait_until(lambda: "SMG is back" in gw.log.read_text(), timeout=10, what="SMG is back")
     log = gw.log.read_text()
-    assert log.count("SMG exited") == 1 and "SMG is back" in log, log
+    assert log.count("SMG exited") == 1 and log.count("SMG is back") == 1, log
 
 
 def test_routed_traffic_shows_per_model_in_the_summary_and_ctl(cluster: Cluster) -> None:
