@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.procs import Cluster  # noqa: E402
-from tests.gateway.gwprocs import Gateway, Load, wait_cluster_ready  # noqa: E402
+from tests.e2e.procs import Cluster
+from tests.gateway.gwprocs import Gateway, Load, wait_cluster_ready
 
 NODES = ["gpu1", "gpu2", "gpu3"]
 POLL_S = 0.05
@@ -108,7 +108,9 @@ def main() -> int:
                     index = next(g["index"] for g in detail["gpus"] if g["uuid"] == uuid)
                     t0 = time.monotonic()
                     spec_file(files[node], index)
-                    until(lambda node=node: c.get(f"/v1/nodes/{node}")["row"]["state"] == "cordoned")
+                    until(
+                        lambda node=node: c.get(f"/v1/nodes/{node}")["row"]["state"] == "cordoned"
+                    )
                     cordons.append(time.monotonic() - t0)
 
                     def stand_in_ready(victim: dict[str, Any] = victim) -> bool:
@@ -120,16 +122,20 @@ def main() -> int:
                     until(stand_in_ready)
                     serving.append(time.monotonic() - t0)
                     until(
-                        lambda victim=victim: victim["id"]
-                        not in {e["replica_id"] for e in c.get("/v1/endpoints")["endpoints"]}
-                        and victim["id"] not in {r["id"] for r in of(c, "chat")}
+                        lambda victim=victim: (
+                            victim["id"]
+                            not in {e["replica_id"] for e in c.get("/v1/endpoints")["endpoints"]}
+                            and victim["id"] not in {r["id"] for r in of(c, "chat")}
+                        )
                     )
                     gone.append(time.monotonic() - t0)
                     spec_file(files[node])
                     c.ctl("uncordon", node)
                     until(
-                        lambda: len([r for r in of(c, "chat") if r["state"] == "ready"]) == 2
-                        and all(r["replaces"] is None for r in of(c, "chat"))
+                        lambda: (
+                            len([r for r in of(c, "chat") if r["state"] == "ready"]) == 2
+                            and all(r["replaces"] is None for r in of(c, "chat"))
+                        )
                     )
             finally:
                 load.stop()

@@ -370,6 +370,19 @@ class ModelSpec(Inbound):
     engine_args: list[Annotated[str, _text(max_length=1024)]] = Field(
         default_factory=list, max_length=256
     )
+    # A rollout of a changed spec: at most this many replicas above the desired
+    # count at once, and at most this many ready replicas below it.
+    max_surge: int = Field(default=1, ge=0, le=10_000)
+    max_unavailable: int = Field(default=0, ge=0, le=10_000)
+
+    @model_validator(mode="after")
+    def _a_rollout_can_move(self) -> ModelSpec:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(
+                "max_surge and max_unavailable cannot both be 0: a rollout could neither "
+                "add a new replica nor stop an old one"
+            )
+        return self
 
 
 class ModelSpecList(Inbound):
@@ -466,6 +479,33 @@ class ReplicaView(Outbound):
     error: str | None = None
     replaces: str | None = None  # the replica this one stands in for (drain)
     url: str | None = None  # its rank-0 engine, while in routing (the gateway's endpoint)
+    revision: int = 0  # the model's revision it runs
+
+
+class ModelRevision(Outbound):
+    """One revision of a model: the spec its engines were started with, and why."""
+
+    revision: int
+    at: float  # unix time, controller clock
+    by: str
+    change: str  # e.g. "engine_args: --load-seconds 5 -> --load-seconds 6"
+    spec: ModelSpec
+
+
+class RolloutState(StrEnum):
+    COMPLETE = "complete"  # every replica runs the current revision
+    PROGRESSING = "progressing"
+    WAITING = "waiting"  # no room for a new replica: `message` says why
+    STALLED = "stalled"  # a replica of the new revision failed: no more old ones stop
+
+
+class RolloutView(Outbound):
+    revision: int
+    state: RolloutState
+    desired: int
+    updated: int  # ready replicas of the current revision
+    outdated: int  # replicas of older revisions still running
+    message: str | None = None
 
 
 class ModelView(Outbound):
@@ -479,6 +519,7 @@ class ModelView(Outbound):
     # Distinct nodes under its serving (ready or draining) replicas: ready >= 2 on
     # 1 node means one node's failure takes the whole model (ctl, the console flag it).
     nodes: int = 0
+    rollout: RolloutView | None = None
 
 
 # -- the fleet summary (a wire contract: fields may be added, never removed) ----

@@ -425,7 +425,7 @@ async def put_models(request: web.Request) -> web.Response:
     if dupes:
         raise BadRequest(f"model names must be unique; repeated: {', '.join(dupes)}")
     fleet = request.app[FLEET]
-    fleet.put_models(body.models)
+    fleet.put_models(body.models, who(request))
     applied = set(names)
     return json_models([v for v in fleet.model_views() if v.spec.name in applied])
 

@@ -29,6 +29,7 @@ from typing import Any
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
+from llmgw.controller.revisions import SEEDED, Revisions, describe_change, same_engine
 from llmgw.controller.row_json import RowEncodings, delta_json, json_list
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
@@ -40,6 +41,7 @@ from llmgw.wire import (
     AdminFlag,
     AdminInfo,
     FleetSummary,
+    ModelRevision,
     ModelSpec,
     ModelView,
     NodeDetail,
@@ -50,6 +52,8 @@ from llmgw.wire import (
     ReplicaState,
     ReplicaView,
     ReportReply,
+    RolloutState,
+    RolloutView,
     ShardAssignment,
     ShardState,
 )
@@ -90,6 +94,9 @@ class FleetState:
         self._models: dict[str, ModelSpec] = store.models()
         self._records: dict[str, ReplicaRecord] = store.replicas()
         self._backoffs: dict[str, Backoff] = store.backoffs()
+        self._revisions = Revisions(store.revisions())
+        # Decided by the reconcile loop: a rollout that waits or stalled, and why.
+        self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
@@ -401,7 +408,7 @@ class FleetState:
     def assignments_for(self, node: str) -> list[ShardAssignment]:
         out = []
         for rec in self._by_node.get(node, ()):
-            spec = self._models.get(rec.model) or self._retiring.get(rec.model)
+            spec = self.spec_of(rec)
             if spec is None or rec.state is ReplicaState.FAILED:
                 continue
             leader = rec.shards[0].node
@@ -557,9 +564,67 @@ class FleetState:
 
     # -- models, backoffs, unplaceable reasons ---------------------------------------------
 
-    def put_models(self, specs: Iterable[ModelSpec]) -> None:
+    # -- revisions: what each replica's engine runs ------------------------------------------
+
+    def model_revision(self, model: str) -> int:
+        """The model's current revision (0: declared before revisions, never changed since)."""
+        return self._revisions.current(model)
+
+    def model_revisions(self, model: str) -> list[ModelRevision]:
+        if model not in self._models:
+            raise UnknownModel(model)
+        return self._revisions.history(model)
+
+    def spec_of(self, rec: ReplicaRecord) -> ModelSpec | None:
+        """The spec a replica's engine was started with: its revision's (a replica from
+        before revisions runs revision 1, the spec as it was then), else the model's."""
+        kept = self._revisions.spec(rec.model, rec.revision or 1)
+        return kept or self._models.get(rec.model) or self._retiring.get(rec.model)
+
+    def up_to_date(self, rec: ReplicaRecord) -> bool:
+        """Whether the replica runs what its model's spec asks the engine for now."""
+        spec, running = self._models.get(rec.model), self.spec_of(rec)
+        return spec is None or running is None or same_engine(spec, running)
+
+    def rollout_note(self, model: str) -> tuple[RolloutState, str] | None:
+        return self._rollout_notes.get(model)
+
+    def set_rollout_note(self, model: str, note: tuple[RolloutState, str] | None) -> None:
+        """Why a rollout waits or stalled (None: it does neither); the reconcile loop's."""
+        if self._rollout_notes.get(model) == note:
+            return
+        if note is None:
+            self._rollout_notes.pop(model, None)
+        else:
+            self._rollout_notes[model] = note
+        self._log.append(ChangeKind.MODEL, model)
+
+    def _new_revisions(self, specs: list[ModelSpec], by: str, at: float) -> list[ModelRevision]:
+        """The revisions applying `specs` creates: one per spec whose engine fields
+        change (and a first one for a new model). A model declared before revisions
+        were kept first gets revision 1 for the spec it had, which its replicas run."""
+        out = []
+        for spec in specs:
+            old = self._models.get(spec.name)
+            current = self._revisions.current(spec.name)
+            if old is not None and current == 0:
+                out.append(ModelRevision(revision=1, at=at, by=BY_LLMGW, change=SEEDED, spec=old))
+                current = 1
+            if old is None or current == 0 or not same_engine(old, spec):
+                change = describe_change(old, spec)
+                out.append(
+                    ModelRevision(revision=current + 1, at=at, by=by, change=change, spec=spec)
+                )
+        return out
+
+    def put_models(self, specs: Iterable[ModelSpec], by: str = BY_LLMGW) -> None:
         specs = list(specs)
-        self._store.put_models(specs, self.wall())
+        at = self.wall()
+        revisions = self._new_revisions(specs, by, at)
+        self._store.put_models(specs, at, revisions)
+        self._revisions.add(revisions)
+        for rev in revisions:
+            self._rollout_notes.pop(rev.spec.name, None)  # a new revision: a new rollout
         for spec in specs:
             self._models[spec.name] = spec
             self._log.append(ChangeKind.MODEL, spec.name)
@@ -575,8 +640,10 @@ class FleetState:
     def delete_model(self, name: str) -> None:
         if name not in self._models:
             raise UnknownModel(name)
-        self._store.delete_model(name)  # its backoff goes with it
+        self._store.delete_model(name)  # its backoff and revisions go with it
         spec = self._models.pop(name)
+        self._revisions.forget(name)
+        self._rollout_notes.pop(name, None)
         self._log.append(ChangeKind.MODEL, name)
         self._capacity_version = next(_CAPACITY_VERSIONS)
         if self._backoffs.pop(name, None) is not None:
@@ -815,10 +882,17 @@ class FleetState:
         reasons = self.unplaceable_reasons
         states: dict[str, Counter[ReplicaState]] = defaultdict(Counter)
         serving_on: dict[str, set[str]] = defaultdict(set)  # nodes under serving replicas
+        updated: Counter[str] = Counter()  # ready replicas of the current revision
+        outdated: Counter[str] = Counter()  # live replicas of an older one
         for status in self.replica_statuses().values():
-            states[status.record.model][status.state] += 1
+            rec = status.record
+            states[rec.model][status.state] += 1
             if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
-                serving_on[status.record.model].update(status.record.nodes)
+                serving_on[rec.model].update(rec.nodes)
+            if status.state is not ReplicaState.FAILED and not self.up_to_date(rec):
+                outdated[rec.model] += 1
+            elif status.state is ReplicaState.READY:
+                updated[rec.model] += 1
         views = []
         for name, spec in sorted(self._models.items()):
             mine = states[name]
@@ -835,9 +909,28 @@ class FleetState:
                     nodes=len(serving_on[name]),
                     unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
+                    rollout=self._rollout_view(spec, updated[name], outdated[name]),
                 )
             )
         return views
+
+    def _rollout_view(self, spec: ModelSpec, updated: int, outdated: int) -> RolloutView:
+        desired = spec.min_replicas
+        note = self._rollout_notes.get(spec.name)
+        if outdated == 0 and updated >= desired:
+            state, message = RolloutState.COMPLETE, None
+        elif note is not None:
+            state, message = note
+        else:
+            state, message = RolloutState.PROGRESSING, None
+        return RolloutView(
+            revision=self.model_revision(spec.name),
+            state=state,
+            desired=desired,
+            updated=updated,
+            outdated=outdated,
+            message=message,
+        )
 
 
 def _listening(entry: NodeEntry) -> tuple[object, ...]:

@@ -52,6 +52,7 @@ from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.replicas import ReplicaStatus
+from llmgw.controller.rollout import plan_rollout
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
 from llmgw.scheduler import (
     Fill,
@@ -62,7 +63,7 @@ from llmgw.scheduler import (
     placer_in_steps,
     plan_drain,
 )
-from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState
+from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState, RolloutState
 
 log = logging.getLogger("llmgw.reconcile")
 
@@ -72,6 +73,8 @@ log = logging.getLogger("llmgw.reconcile")
 ATTEMPTS_PER_PASS = 256
 ATTEMPTS_PER_SLICE = 32
 SLICE_S = 0.002
+# Characters of a failed new replica's error a stalled rollout shows.
+STALL_TAIL = 200
 # Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
 NODES_PER_STEP = 200
 # Wall time a pass (in `run`) spends placing before it leaves the rest to the
@@ -127,7 +130,7 @@ def new_replica_id(model: str) -> str:
 
 
 def record_from(
-    placement: Placement, created_at: float, replaces: str | None = None
+    placement: Placement, created_at: float, revision: int, replaces: str | None = None
 ) -> ReplicaRecord:
     return ReplicaRecord(
         id=new_replica_id(placement.model),
@@ -136,6 +139,7 @@ def record_from(
         shards=tuple(ShardRecord(s.node, s.rank, s.gpus) for s in placement.shards),
         created_at=created_at,
         replaces=replaces,
+        revision=revision,
     )
 
 
@@ -271,6 +275,7 @@ class Reconciler:
         self._drain(now, wall)
         self._cordons.cordon(fleet, faults)
         self._replace_faulted(faults, now, wall)
+        self._roll(faults, now, wall)
         yield
         yield from self._fill_shortfalls(place_until)
 
@@ -288,9 +293,16 @@ class Reconciler:
         fleet.put_replicas(became_ready)
         for rec in became_ready:
             fleet.clear_backoff(rec.model)
+            note = fleet.rollout_note(rec.model)
+            if note is not None and note[0] is RolloutState.STALLED and fleet.up_to_date(rec):
+                fleet.set_rollout_note(rec.model, None)  # the new revision serves after all
         failed = [s for s in statuses.values() if s.state is ReplicaState.FAILED]
+        rolling = {r.model for r in fleet.records.values() if not fleet.up_to_date(r)}
         for s in failed:
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
+            if s.record.model in rolling and fleet.up_to_date(s.record):
+                tail = (s.error or "engine failed")[-STALL_TAIL:]
+                fleet.set_rollout_note(s.record.model, (RolloutState.STALLED, tail))
             # An engine that died with its card is not the spec's fault: it is
             # replaced at once, without backing the model off.
             if fault_under(s.record, faults) is None:
@@ -331,6 +343,7 @@ class Reconciler:
             if r.state is ReplicaState.DRAINING
             and not draining.intersection(r.nodes)
             and fault_under(r, faults) is None
+            and fleet.up_to_date(r)  # an old one leaves for a rollout (`_roll`)
         ]
         if not stale:
             return
@@ -412,7 +425,10 @@ class Reconciler:
         hit = [
             (r, f)
             for r in list(fleet.records.values())
-            if not set(draining).intersection(r.nodes) and (f := fault_under(r, faults))
+            if not set(draining).intersection(r.nodes)
+            and (f := fault_under(r, faults))
+            # One leaving for a rollout needs no stand-in: the rollout replaces it.
+            and not (r.state is ReplicaState.DRAINING and not fleet.up_to_date(r))
         ]
         if not hit:
             self._fault_blocked.clear()
@@ -456,6 +472,78 @@ class Reconciler:
                 log.warning("no stand-in for %s (on a failed card): %s", rid, reason)
         self._fault_blocked = blocked
 
+    # -- 4. rollouts -----------------------------------------------------------------------
+
+    def _roll(self, faults: Faults, now: float, wall: float) -> None:
+        """Models with replicas of an older revision: place new ones and let old
+        ones go, as `llmgw.controller.rollout` says, and say why one waits."""
+        fleet = self.fleet
+        draining = {n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING}
+        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
+        for r in fleet.records.values():
+            # A replica with a stand-in (a drain, a fault) counts as its stand-in.
+            if (
+                r.model in fleet.models
+                and r.state is not ReplicaState.FAILED
+                and r.id not in replaced
+            ):
+                by_model[r.model].append(r)
+        for name in sorted(by_model):
+            if all(fleet.up_to_date(r) for r in by_model[name]):
+                if (note := fleet.rollout_note(name)) and note[0] is RolloutState.WAITING:
+                    fleet.set_rollout_note(name, None)
+                continue
+            spec, revision = fleet.models[name], fleet.model_revision(name)
+            new, old, leaving = [], [], []
+            for r in by_model[name]:
+                if fleet.up_to_date(r):
+                    new.append(r)
+                elif (
+                    r.state is ReplicaState.DRAINING
+                    and not draining.intersection(r.nodes)
+                    and fault_under(r, faults) is None
+                ):
+                    leaving.append(r.id)
+                else:
+                    old.append(r)
+            stopped = self._stoppable(leaving)
+            fleet.remove_replicas(stopped)
+            note = fleet.rollout_note(name)
+            stalled = note is not None and note[0] is RolloutState.STALLED
+            plan = plan_rollout(spec, new, old, len(leaving) - len(stopped), stalled=stalled)
+            going = set(plan.leave)
+            why = f"rollout: replaced by revision {revision}"
+            fleet.remove_replicas(
+                r.id for r in old if r.id in going and r.state is ReplicaState.STARTING
+            )
+            fleet.put_replicas(
+                r.with_state(ReplicaState.DRAINING, why)
+                for r in old
+                if r.id in going and r.state is ReplicaState.READY
+            )
+            if plan.leave:
+                log.info("rollout of %s to revision %d: %s leave", name, revision, plan.leave)
+            if not plan.place or fleet.backing_off(name, wall):
+                continue
+            results = place_many([spec] * plan.place, snapshot(fleet, now, [*draining, *faults]))
+            placed = [record_from(p, wall, revision) for p in results if isinstance(p, Placement)]
+            fleet.put_replicas(placed)
+            if placed:
+                log.info(
+                    "rollout of %s to revision %d: placed %s",
+                    name,
+                    revision,
+                    ", ".join(r.id for r in placed),
+                )
+            unplaceable = [p for p in results if not isinstance(p, Placement)]
+            if stalled:
+                continue
+            if unplaceable:
+                fleet.set_rollout_note(name, (RolloutState.WAITING, unplaceable[0].reason))
+            elif note is not None:
+                fleet.set_rollout_note(name, None)
+
     def _place_replacements(
         self, originals: list[ReplicaRecord], excluded: list[str], now: float, wall: float
     ) -> str | None:
@@ -470,7 +558,8 @@ class Reconciler:
         placed, reasons = [], []
         for original, result in zip(originals, results, strict=True):
             if isinstance(result, Placement):
-                placed.append(record_from(result, wall, replaces=original.id))
+                revision = fleet.model_revision(original.model)
+                placed.append(record_from(result, wall, revision, replaces=original.id))
             else:
                 reasons.append(f"{original.model}: {result.reason}")
         fleet.put_replicas(placed)
@@ -533,7 +622,8 @@ class Reconciler:
                     used = len(fill.placed) + (fill.unplaceable is not None)
                     slice_left, attempts_left = slice_left - used, attempts_left - used
                     good = [p for p in fill.placed if not stale or self._still_free(p, now)]
-                    placed.extend(record_from(p, wall) for p in good)
+                    revision = fleet.model_revision(spec.name)
+                    placed.extend(record_from(p, wall, revision) for p in good)
                     if good:
                         started.add(spec.name)
                     if len(good) < len(fill.placed):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from llmgw.wire import AdminEvent, AdminInfo, ModelSpec, ReplicaState
+from llmgw.wire import AdminEvent, AdminInfo, ModelRevision, ModelSpec, ReplicaState
 
 __all__ = ["Backoff", "ReplicaRecord", "ShardRecord", "StateDump"]
 
@@ -27,6 +27,7 @@ class ReplicaRecord:
     created_at: float
     error: str | None = None
     replaces: str | None = None  # drain: the replica this one stands in for
+    revision: int = 0  # the model's revision it was placed at (0: from before revisions)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -58,8 +59,15 @@ class StateDump:
     models: dict[str, tuple[ModelSpec, float]] = field(default_factory=dict)
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     backoffs: dict[str, Backoff] = field(default_factory=dict)
+    revisions: dict[str, list[ModelRevision]] = field(default_factory=dict)  # oldest first
 
     def empty(self) -> bool:
         return not (
-            self.nodes or self.admin or self.events or self.models or self.replicas or self.backoffs
+            self.nodes
+            or self.admin
+            or self.events
+            or self.models
+            or self.replicas
+            or self.backoffs
+            or self.revisions
         )

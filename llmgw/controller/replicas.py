@@ -74,4 +74,5 @@ def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:
         created_at=rec.created_at,
         error=status.error,
         replaces=rec.replaces,
+        revision=rec.revision or 1,
     )

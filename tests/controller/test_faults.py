@@ -7,51 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fleet_factories import FakeClock, gpu, report
-from test_reconcile import MODEL, Sim
+from fleet_factories import FakeClock
+from loading_sim import LoadingSim as FaultSim
+from test_reconcile import MODEL
 
 from llmgw.controller.fleet import BY_LLMGW
 from llmgw.wire import AdminFlag, ReplicaState
 
 XID = "fatal Xid 79 (GPU has fallen off the bus): reset the GPU or reboot the node"
-
-
-class FaultSim(Sim):
-    """The reconcile tests' fleet, whose cards can fail (`health`: node -> index ->
-    (health, reason)), and whose engines report starting once, then ready."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.health: dict[str, dict[int, tuple[str, str]]] = {}
-        self.loaded: set[str] = set()  # replicas whose engine has reported once
-
-    def report(self, node: str, ready: bool = True) -> None:
-        bad = self.health.get(node, {})
-        dead = {f"GPU-{node}-{i}" for i, (h, _) in bad.items() if h == "unhealthy"}
-        shards = []
-        for a in self.fleet.assignments_for(node):
-            died = node in self.failing and bool(dead & set(a.gpus))
-            state = "failed" if died else ("ready" if a.replica_id in self.loaded else "starting")
-            self.loaded.add(a.replica_id)
-            shards.append(
-                {
-                    "id": a.replica_id,
-                    "model": a.model,
-                    "rank": a.rank,
-                    "state": state,
-                    "gpus": a.gpus,
-                    "idle_seconds": 0.0,
-                    "error": "CUDA error: an illegal memory access" if died else None,
-                }
-            )
-        gpus = [
-            gpu(node, i, health=bad[i][0], reason=bad[i][1]) if i in bad else gpu(node, i)
-            for i in range(8)
-        ]
-        self.fleet.ingest(report(node, gpus=gpus, replicas=shards))
-
-    def on(self, node: str) -> list[tuple[str, ReplicaState]]:
-        return sorted((r.id, r.state) for r in self.fleet.records.values() if node in r.nodes)
 
 
 def serving_sim(tmp_path: Path, clock: FakeClock, **settings: object) -> FaultSim:

@@ -449,6 +449,12 @@ def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: Fake
     sim.fleet.put_models(
         [MODEL.model_copy(update={"min_replicas": 1, "source": "elsewhere/llama"})]
     )
+    # A changed source is rolled out: the engine keeps what it was started with
+    # until a replica of the new revision takes its place (this one never reported
+    # ready, so it serves nothing and goes at once).
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    assert assignment["source"] == MODEL.source
+    sim.reconciler.tick()
     [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == "elsewhere/llama"
     sim.fleet.delete_model("llama")

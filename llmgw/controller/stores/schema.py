@@ -67,5 +67,13 @@ MIGRATIONS: list[list[Step]] = [
         " revision BIGINT NOT NULL)",
         "INSERT INTO store_revision(id, revision) VALUES (1, 0) ON CONFLICT DO NOTHING",
     ],
+    # 4: rollouts: each model's revisions (the spec its engines were started with,
+    # who changed it and what), and the revision each replica runs.
+    [
+        "CREATE TABLE IF NOT EXISTS model_revisions (model TEXT NOT NULL,"
+        " revision INTEGER NOT NULL, at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL,"
+        " change TEXT NOT NULL, spec TEXT NOT NULL, PRIMARY KEY (model, revision))",
+        AddColumn("replicas", "revision", "INTEGER"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

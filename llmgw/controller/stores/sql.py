@@ -20,9 +20,10 @@ from functools import cache
 from typing import Any, ClassVar, Protocol
 
 from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord, StateDump
+from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.store_errors import StateError
 from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
-from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelSpec, ReplicaState
+from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelRevision, ModelSpec, ReplicaState
 
 __all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Session", "SqlStore", "migrate"]
 
@@ -151,11 +152,18 @@ _MODEL_UPSERT = (
     "INSERT INTO models(name, spec, updated_at) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET spec=excluded.spec, updated_at=excluded.updated_at"
 )
+_REVISION_ADD = (
+    "INSERT INTO model_revisions(model, revision, at, by, change, spec)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (model, revision) DO NOTHING"
+)
+# Revisions kept per model: the newest KEPT.
+_REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
-    "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
-    " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces"
+    " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
+    " revision=excluded.revision"
 )
 _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
@@ -209,6 +217,7 @@ class SqlStore:
             },
             replicas=self.replicas(),
             backoffs=self.backoffs(),
+            revisions=self.revisions(),
         )
 
     def load(self, state: StateDump) -> None:
@@ -226,6 +235,9 @@ class SqlStore:
             )
             s.run_many(_REPLICA_UPSERT, [replica_row(r) for r in state.replicas.values()])
             s.run_many(_BACKOFF_UPSERT, [_backoff_row(b) for b in state.backoffs.values()])
+            s.run_many(
+                _REVISION_ADD, [_revision_row(r) for rs in state.revisions.values() for r in rs]
+            )
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -287,14 +299,37 @@ class SqlStore:
             for r in self._read("SELECT name, spec FROM models ORDER BY name")
         }
 
-    def put_models(self, specs: Iterable[ModelSpec], at: float) -> None:
+    def put_models(
+        self, specs: Iterable[ModelSpec], at: float, revisions: Iterable[ModelRevision] = ()
+    ) -> None:
+        """The specs, and the revisions they create, in one transaction."""
+        revisions = list(revisions)
         with self._tx() as s:
             s.run_many(_MODEL_UPSERT, [(spec.name, spec.model_dump_json(), at) for spec in specs])
+            s.run_many(_REVISION_ADD, [_revision_row(r) for r in revisions])
+            s.run_many(
+                _REVISIONS_TRIM, [(r.spec.name, r.revision - KEPT_REVISIONS) for r in revisions]
+            )
+
+    def revisions(self) -> dict[str, list[ModelRevision]]:
+        out: dict[str, list[ModelRevision]] = {}
+        for r in self._read("SELECT * FROM model_revisions ORDER BY model, revision"):
+            out.setdefault(r["model"], []).append(
+                ModelRevision(
+                    revision=r["revision"],
+                    at=r["at"],
+                    by=r["by"],
+                    change=r["change"],
+                    spec=ModelSpec.model_validate_json(r["spec"]),
+                )
+            )
+        return out
 
     def delete_model(self, name: str) -> bool:
         with self._tx() as s:
             deleted = s.run("DELETE FROM models WHERE name = ?", (name,)) > 0
             s.run("DELETE FROM model_backoff WHERE model = ?", (name,))
+            s.run("DELETE FROM model_revisions WHERE model = ?", (name,))
         return deleted
 
     # -- replicas -------------------------------------------------------------------------
@@ -385,7 +420,20 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
     shards = json.dumps(
         [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
     )
-    return (rec.id, rec.model, rec.state.value, shards, rec.created_at, rec.error, rec.replaces)
+    return (
+        rec.id,
+        rec.model,
+        rec.state.value,
+        shards,
+        rec.created_at,
+        rec.error,
+        rec.replaces,
+        rec.revision,
+    )
+
+
+def _revision_row(r: ModelRevision) -> tuple[object, ...]:
+    return (r.spec.name, r.revision, r.at, r.by, r.change, r.spec.model_dump_json())
 
 
 def replica_from_row(r: Row) -> ReplicaRecord:
@@ -400,6 +448,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         created_at=r["created_at"],
         error=r["error"],
         replaces=r["replaces"],
+        revision=r["revision"] or 0,
     )
 
 
