@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         DrainPlan,
         FleetSummary,
         GatewayView,
+        ModelRevision,
         ModelSpec,
         ModelView,
         NodeDetail,
@@ -236,6 +237,17 @@ def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
 def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
     body = {"models": [s.model_dump(mode="json") for s in specs]}
     return Call("POST", "/v1/models", body, parse=_list_of("ModelView"), typed=True)
+
+
+def model_revisions(name: str) -> Call[list[ModelRevision]]:
+    return Call(
+        "GET", f"/v1/models/{seg(name)}/revisions", parse=_list_of("ModelRevision"), typed=True
+    )
+
+
+def undo_rollout(name: str, to_revision: int | None = None) -> Call[ModelView]:
+    body = {"to_revision": to_revision}
+    return Call("POST", f"/v1/models/{seg(name)}/undo", body, parse=_one("ModelView"), typed=True)
 
 
 def delete_model(name: str) -> Call[None]:

@@ -175,6 +175,34 @@ def short_words(reason: str | None, starting: int = 0) -> str:
     return NO_REASON
 
 
+def rollout_words(rollout: Any) -> tuple[str, Meaning] | None:
+    """A rollout in progress, the same in `ctl models` and `ctl rollout status`:
+    `updating 1/2`, `rollout waiting: <why>`, `rollout stalled: <error tail>`;
+    None when there is none (complete, or a controller from before rollouts)."""
+    if rollout is None or rollout.state == "complete":
+        return None
+    if rollout.state == "progressing" and not rollout.outdated:
+        return None  # every replica is current: a model short of ready ones, not a rollout
+    if rollout.state == "stalled":
+        return f"rollout stalled: {one_line(rollout.message or '')}", Meaning.BROKEN
+    progress = f"updating {rollout.updated}/{rollout.desired}"
+    if rollout.state == "waiting":
+        return f"{progress}, waiting: {one_line(rollout.message or '')}", Meaning.ATTENTION
+    return progress, Meaning.MOVING
+
+
+def model_words(m: Any) -> tuple[str, Meaning]:
+    """A model's one-word state and why (a `ModelView`, or ctl's view of one)."""
+    rolling = rollout_words(getattr(m, "rollout", None))
+    if rolling is not None:
+        return rolling
+    if not m.satisfied:
+        return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
+    if m.ready >= 2 and getattr(m, "nodes", 0) == 1:
+        return "satisfied, all on one node", Meaning.ATTENTION
+    return "satisfied", Meaning.FINE
+
+
 # -- node state ------------------------------------------------------------------
 
 

@@ -426,15 +426,12 @@ def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
 
 
 def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
-    extra = ["STARTING", "FAILED", "SOURCE"] if wide else []
+    extra = ["STARTING", "FAILED", "REV", "SOURCE"] if wide else []
     table = _table("MODEL", "READY", "MIN", "SHAPE", "CLASS", "ENGINE", *extra, "STATUS")
     for m in models:
         s = m.spec
-        if m.satisfied:
-            status_cell = Cell("satisfied", FINE)
-        else:
-            why = present.short_words(m.unplaceable_reason, m.starting)
-            status_cell = Cell(f"short: {clean(why)}", BROKEN)
+        words, meaning = present.model_words(m)
+        status_cell = Cell(clean(words), present.STYLE[meaning])
         cells = [
             Cell(s.name),
             Cell(str(m.ready), key=m.ready),
@@ -447,14 +444,47 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
             cells += [
                 Cell(str(m.starting), key=m.starting),
                 Cell(str(m.failed), key=m.failed),
+                _revision(getattr(m, "rollout", None)),
                 Cell(clean(s.source)),
             ]
         table.add(f"model/{s.name}", *cells, status_cell)
     return table
 
 
+def rollout_line(m: Any) -> str:
+    """`ctl rollout status`: one line on where a model's rollout stands."""
+    name, rollout = m.spec.name, getattr(m, "rollout", None)
+    if rollout is None:
+        return f"model {name}: this controller keeps no revisions (upgrade it for rollouts)"
+    rev = f"revision {rollout.revision}"
+    if rollout.state == "complete":
+        return f"model {name}: {rev} rolled out: {rollout.updated} of {rollout.desired} ready"
+    words, _ = present.model_words(m)
+    old = f"; {rollout.outdated} of an older revision still running" if rollout.outdated else ""
+    return f"model {name}: {words} to {rev}{old}"
+
+
+def revisions_table(revisions: Sequence[Any]) -> Table:
+    """`ctl rollout history`: each kept revision, when, by whom, what changed."""
+    table = _table("REVISION", "WHEN", "BY", "CHANGE")
+    for r in revisions:
+        table.add(
+            f"revision/{r.revision}",
+            Cell(str(r.revision), key=r.revision),
+            Cell(timestamp(r.at), key=r.at),
+            Cell(clean(r.by)),
+            clean(r.change),
+        )
+    return table
+
+
+def _revision(rollout: Any) -> Cell:
+    revision = rollout.revision if rollout is not None else None
+    return Cell(str(revision) if revision else "-", key=revision or 0)
+
+
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
-    extra = ["CREATED", "REPLACES"] if wide else []
+    extra = ["CREATED", "REPLACES", "REV"] if wide else []
     table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE", *extra, "ERROR")
     for r in replicas:
         cells = [
@@ -467,7 +497,12 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
             _age(r.idle_seconds),
         ]
         if wide:
-            cells += [Cell(timestamp(r.created_at), key=r.created_at), Cell(r.replaces or "-")]
+            revision = getattr(r, "revision", 0)
+            cells += [
+                Cell(timestamp(r.created_at), key=r.created_at),
+                Cell(r.replaces or "-"),
+                Cell(str(revision) if revision else "-", key=revision),
+            ]
         table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or "")))
     return table
 

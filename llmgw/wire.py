@@ -385,6 +385,12 @@ class ModelSpec(Inbound):
         return self
 
 
+class RolloutUndo(Inbound):
+    """`POST /v1/models/{name}/undo`: back to what revision N ran (None: the one before)."""
+
+    to_revision: int | None = Field(default=None, ge=1)
+
+
 class ModelSpecList(Inbound):
     models: list[ModelSpec] = Field(max_length=10_000)
 

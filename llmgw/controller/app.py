@@ -63,6 +63,7 @@ from llmgw.wire import (
     ModelSpecList,
     NodeReport,
     ReasonRequest,
+    RolloutUndo,
     printable,
 )
 
@@ -430,6 +431,18 @@ async def put_models(request: web.Request) -> web.Response:
     return json_models([v for v in fleet.model_views() if v.spec.name in applied])
 
 
+async def model_revisions(request: web.Request) -> web.Response:
+    return json_models(request.app[FLEET].model_revisions(request.match_info["name"]))
+
+
+async def undo_rollout(request: web.Request) -> web.Response:
+    body = await parse_body(request, RolloutUndo)
+    fleet = request.app[FLEET]
+    name = request.match_info["name"]
+    fleet.undo(name, body.to_revision, who(request))
+    return json_model(next(v for v in fleet.model_views() if v.spec.name == name))
+
+
 async def delete_model(request: web.Request) -> web.Response:
     request.app[FLEET].delete_model(request.match_info["name"])
     return web.Response(status=204)
@@ -498,6 +511,8 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/nodes/{name}/drain", drain, ADMIN_ROLES),
     ("POST", "/v1/models", put_models, ADMIN_ROLES),
     ("DELETE", "/v1/models/{name}", delete_model, ADMIN_ROLES),
+    ("GET", "/v1/models/{name}/revisions", model_revisions, READ_ROLES),
+    ("POST", "/v1/models/{name}/undo", undo_rollout, ADMIN_ROLES),
     ("POST", "/v1/agent/enroll", agent_enroll, ENROLL_ROLES),
     ("GET", "/v1/credentials", list_credentials, ADMIN_ROLES),
     ("DELETE", "/v1/credentials/{node}", revoke_credential, ADMIN_ROLES),

@@ -29,13 +29,19 @@ from typing import Any
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
-from llmgw.controller.revisions import SEEDED, Revisions, describe_change, same_engine
+from llmgw.controller.revisions import (
+    ENGINE_FIELDS,
+    SEEDED,
+    Revisions,
+    describe_change,
+    same_engine,
+)
 from llmgw.controller.row_json import RowEncodings, delta_json, json_list
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
-from llmgw.errors import BadCursor, UnknownModel, UnknownNode
+from llmgw.errors import BadCursor, BadRequest, UnknownModel, UnknownNode
 from llmgw.present import timestamp
 from llmgw.wire import (
     AdminFlag,
@@ -617,10 +623,49 @@ class FleetState:
                 )
         return out
 
-    def put_models(self, specs: Iterable[ModelSpec], by: str = BY_LLMGW) -> None:
+    def undo(self, model: str, to_revision: int | None, by: str) -> None:
+        """Apply again what an earlier revision's engines ran (`ctl rollout undo`):
+        the current spec with that revision's engine fields, as a new revision.
+        Counts and policy stay as they are now, as `kubectl rollout undo` keeps
+        the replica count."""
+        spec = self._models.get(model)
+        if spec is None:
+            raise UnknownModel(model)
+        current = self._revisions.current(model)
+        kept = [r for r in self._revisions.history(model) if r.revision < current]
+        if to_revision is None:
+            if not kept:
+                raise BadRequest(f"{model} has no earlier revision to go back to")
+            target = kept[-1]
+        else:
+            found = [r for r in kept if r.revision == to_revision]
+            if not found:
+                have = ", ".join(str(r.revision) for r in kept) or "none"
+                raise BadRequest(
+                    f"revision {to_revision} of {model} is not an earlier revision kept "
+                    f"(current {current}; earlier kept: {have})"
+                )
+            target = found[0]
+        fields = {f: getattr(target.spec, f) for f in ENGINE_FIELDS}
+        back = spec.model_copy(update=fields)
+        if same_engine(back, spec):
+            raise BadRequest(
+                f"{model} already runs what revision {target.revision} ran: nothing to undo"
+            )
+        self.put_models([back], by, why=f"undo to revision {target.revision}")
+
+    def put_models(
+        self, specs: Iterable[ModelSpec], by: str = BY_LLMGW, *, why: str | None = None
+    ) -> None:
+        """Declare specs. `why`: said before each new revision's change (an undo)."""
         specs = list(specs)
         at = self.wall()
         revisions = self._new_revisions(specs, by, at)
+        if why is not None:
+            revisions = [
+                r.model_copy(update={"change": f"{why}: {r.change}"}) if r.change != SEEDED else r
+                for r in revisions
+            ]
         self._store.put_models(specs, at, revisions)
         self._revisions.add(revisions)
         for rev in revisions:

@@ -33,6 +33,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--reason must not be empty (it is recorded with who and when)")
     if args.command in ("cordon", "uncordon", "drain") and len(set(args.nodes)) != len(args.nodes):
         raise UsageError("a node is named twice")
+    if args.command == "rollout":
+        if args.action != "status" and (args.wait or args.timeout is not None):
+            raise UsageError("--wait and --timeout apply to `rollout status`")
+        if args.timeout is not None and not args.wait:
+            raise UsageError("--timeout applies to --wait; add --wait or drop --timeout")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError("--timeout must be a positive duration")
+        if args.to_revision is not None and args.action != "undo":
+            raise UsageError("--to-revision applies to `rollout undo`")
+        if args.to_revision is not None and args.to_revision < 1:
+            raise UsageError("--to-revision must be 1 or more")
+        if args.action != "history" and args.output not in ("table", "json", "yaml"):
+            raise UsageError(f"rollout {args.action} prints one line: -o json or -o yaml, or no -o")
     writes = ("cordon", "uncordon", "apply", "delete")
     if args.command in writes and args.output != "table":
         raise UsageError(f"-o/--json applies to reads; {args.command} prints one line per change")

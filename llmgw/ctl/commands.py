@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw import api, render
 from llmgw.ctl.output import Output, Terminal
-from llmgw.ctl.watch import wait_drained, watch, watch_nodes
+from llmgw.ctl.watch import (
+    model_view,
+    rollout_done,
+    wait_drained,
+    wait_rollout,
+    watch,
+    watch_nodes,
+)
 from llmgw.errors import EXIT_FAILED, EXIT_OK, ControllerError, NotAController, UsageError, explain
 
 if TYPE_CHECKING:
@@ -121,6 +128,33 @@ class Ctl:
     def replicas(self) -> int:
         wide = self.args.output == "wide"
         return self._read(api.replicas(), lambda rs: render.replicas_table(rs, wide=wide))
+
+    def rollout(self) -> int:
+        a = self.args
+        if a.action == "history":
+            call = api.model_revisions(a.model)
+            return self._read(call, render.revisions_table)
+        if a.action == "undo":
+            view = self.client(api.undo_rollout(a.model, a.to_revision))
+            now = view.rollout.revision if view.rollout is not None else "?"
+            if a.output in ("json", "yaml"):
+                self.out.data(dict(view))
+                return EXIT_OK
+            self.term.write(
+                f"model {a.model}: rolling back"
+                + (f" to what revision {a.to_revision} ran" if a.to_revision else "")
+                + f" (now revision {now})\n"
+            )
+            return EXIT_OK
+        if a.wait:
+            limit_s = 600.0 if a.timeout is None else a.timeout
+            return wait_rollout(self.client, self.out, a.model, limit_s, a.interval)
+        view = model_view(self.client, a.model)
+        if a.output in ("json", "yaml"):
+            self.out.data(dict(view.rollout) if view.rollout is not None else None)
+        else:
+            self.term.write(render.rollout_line(view) + "\n")
+        return EXIT_OK if rollout_done(view) else EXIT_FAILED
 
     # -- writes
 

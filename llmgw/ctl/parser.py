@@ -24,6 +24,7 @@ COMMANDS = (
     "drain",
     "apply",
     "models",
+    "rollout",
     "replicas",
     "delete",
     "config",
@@ -180,6 +181,15 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _duration(text: str) -> float:
+    from llmgw.durations import BadDuration, parse_duration
+
+    try:
+        return parse_duration(text)
+    except BadDuration as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """ctl's parser; given `argv`, built for the command it names only."""
     p = Parser(
@@ -301,6 +311,36 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
     if wanted("models"):
         s = _sub(sub, "models", "declared models with ready/minimum", "llmgw ctl models -o wide")
         _table_options(s)
+
+    if wanted("rollout"):
+        s = _sub(
+            sub,
+            "rollout",
+            "a model's rollout of a changed spec: its status, its revisions, or go back",
+            "llmgw ctl rollout status meta-llama/Llama-3.1-8B-Instruct --wait --timeout 10m\n"
+            "llmgw ctl rollout history meta-llama/Llama-3.1-8B-Instruct\n"
+            "llmgw ctl rollout undo meta-llama/Llama-3.1-8B-Instruct --to-revision 2",
+        )
+        s.add_argument("action", choices=["status", "history", "undo"])
+        s.add_argument("model", metavar="MODEL")
+        s.add_argument(
+            "--wait",
+            action="store_true",
+            help="status: follow the rollout until it is done (exit 0) or stalls (exit 1)",
+        )
+        s.add_argument(
+            "--timeout",
+            type=_duration,
+            metavar="DURATION",
+            help="status --wait: give up after this long (30s, 10m, 1h; default 10m)",
+        )
+        s.add_argument(
+            "--to-revision",
+            type=int,
+            metavar="N",
+            help="undo: back to what revision N ran (default: the one before)",
+        )
+        s.add_argument("--interval", type=float, default=1.0, metavar="S", help=argparse.SUPPRESS)
 
     if wanted("replicas"):
         s = _sub(

@@ -1,5 +1,6 @@
 """The commands that keep running: `-w` redraws (or, piped, appends what
-changed) until Ctrl-C; `drain --wait` follows a drain until it is done."""
+changed) until Ctrl-C; `drain --wait` follows a drain until it is done;
+`rollout status --wait` a rollout until it is done or stalls."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw import api, render
 from llmgw.ctl.output import Output
-from llmgw.errors import EXIT_FAILED, EXIT_OK
+from llmgw.errors import EXIT_FAILED, EXIT_OK, UnknownModel
 
 if TYPE_CHECKING:
     from llmgw.sync_client import SyncAdminClient
@@ -104,3 +105,42 @@ def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s
             term.write(("\n" if term.tty else "") + progress.timed_out(rows, limit_s))
             return EXIT_FAILED
         time.sleep(min(1.0, max(limit_s - elapsed, 0.05)))
+
+
+def model_view(client: SyncAdminClient, name: str) -> Any:
+    """One model's view (an api.View of a ModelView)."""
+    for view in client(api.models()):
+        if view.spec.name == name:
+            return view
+    raise UnknownModel(name)
+
+
+def rollout_done(view: Any) -> bool:
+    rollout = getattr(view, "rollout", None)
+    return rollout is None or rollout.state == "complete"
+
+
+def wait_rollout(
+    client: SyncAdminClient, out: Output, name: str, limit_s: float, interval_s: float
+) -> int:
+    """A line each time the rollout moves, as `kubectl rollout status`; exit 0 once
+    every replica runs the current revision and is ready, 1 when it stalls or the
+    time is up."""
+    term = out.term
+    started = time.monotonic()
+    last = ""
+    while True:
+        view = model_view(client, name)
+        line = render.rollout_line(view)
+        if line != last:
+            term.write(line + "\n")
+        last = line
+        if rollout_done(view):
+            return EXIT_OK
+        if view.rollout.state == "stalled":
+            return EXIT_FAILED
+        elapsed = time.monotonic() - started
+        if elapsed >= limit_s:
+            term.write(f"timed out after {render.duration(limit_s)}: {line}\n")
+            return EXIT_FAILED
+        time.sleep(min(interval_s, max(limit_s - elapsed, 0.05)))
