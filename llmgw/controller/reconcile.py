@@ -73,8 +73,9 @@ log = logging.getLogger("llmgw.reconcile")
 ATTEMPTS_PER_PASS = 256
 ATTEMPTS_PER_SLICE = 32
 SLICE_S = 0.002
-# Characters of a failed new replica's error a stalled rollout shows.
-STALL_TAIL = 200
+# Characters of a failed new replica's error a stalled rollout keeps (its first
+# line says why: the engine's exit and cause; then the excerpt of its log).
+STALL_MESSAGE_MAX = 4096
 # Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
 NODES_PER_STEP = 200
 # Wall time a pass (in `run`) spends placing before it leaves the rest to the
@@ -301,8 +302,8 @@ class Reconciler:
         for s in failed:
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
             if s.record.model in rolling and fleet.up_to_date(s.record):
-                tail = (s.error or "engine failed")[-STALL_TAIL:]
-                fleet.set_rollout_note(s.record.model, (RolloutState.STALLED, tail))
+                why = (s.error or "engine failed")[:STALL_MESSAGE_MAX]
+                fleet.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
             # An engine that died with its card is not the spec's fault: it is
             # replaced at once, without backing the model off.
             if fault_under(s.record, faults) is None:
