@@ -26,6 +26,7 @@ from llmgw.leader import normalize, split_urls
 if TYPE_CHECKING:
     from llmgw.wire import (
         DrainPlan,
+        EventList,
         FleetSummary,
         GatewayView,
         ModelRevision,
@@ -252,6 +253,13 @@ def undo_rollout(name: str, to_revision: int | None = None) -> Call[ModelView]:
 
 def delete_model(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/models/{seg(name)}", parse=_none)
+
+
+def events(since: int = 0, obj: str | None = None) -> Call[EventList]:
+    params = {"since": str(since)}
+    if obj is not None:
+        params["for"] = obj
+    return Call("GET", "/v1/events", params=params, parse=_one("EventList"), typed=True)
 
 
 def gateways() -> Call[list[GatewayView]]:

@@ -9,6 +9,7 @@ Free text (reasons, errors) is escaped so it cannot move the cursor or split a r
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
@@ -475,6 +476,19 @@ def revisions_table(revisions: Sequence[Any]) -> Table:
             Cell(clean(r.by)),
             clean(r.change),
         )
+    return table
+
+
+def events_table(events: Sequence[Any], *, wide: bool = False) -> Table:
+    """`ctl events`: oldest first, as `kubectl get events`."""
+    now = time.time()
+    extra = ["TIME", "ID"] if wide else []
+    table = _table("AGE", "REASON", "OBJECT", *extra, "MESSAGE")
+    for e in events:
+        cells = [_age(max(now - e.at, 0.0)), Cell(str(e.reason)), Cell(clean(e.object))]
+        if wide:
+            cells += [Cell(timestamp(e.at), key=e.at), Cell(str(e.id), key=e.id)]
+        table.add(f"event/{e.id}", *cells, clean(e.message))
     return table
 
 

@@ -385,6 +385,36 @@ class ModelSpec(Inbound):
         return self
 
 
+class EventReason(StrEnum):
+    """Why the controller did something by itself (`ctl events`, `/metrics`)."""
+
+    PLACED = "Placed"  # replicas placed for a model short of its minimum
+    STAND_IN = "StandIn"  # a stand-in placed for a replica that must move (drain, fault)
+    MOVED = "Moved"  # a moved replica stopped once its stand-in served
+    ROLLOUT = "RolloutStep"  # a rollout placed a new replica or let an old one go
+    ROLLOUT_STALLED = "RolloutStalled"
+    DRAIN_FORCED = "DrainForced"  # a drain's deadline passed
+    DRAINED = "Drained"
+    GPU_FAULT = "GpuFault"  # a node cordoned for a failed card
+    BACK_OFF = "BackOff"  # a model's replica failed: its next placement waits
+    NODE_LOST = "NodeLost"  # replicas of a node unreachable too long, replaced
+    UNPLACEABLE = "Unplaceable"  # a model short of its minimum that cannot be placed
+    STOPPED = "Stopped"  # replicas of a deleted model stopped
+
+
+class EventView(Outbound):
+    id: int  # increasing, durable: `GET /v1/events?since=ID` answers the ones after it
+    at: float  # unix time, controller clock
+    object: str  # node/NAME, model/NAME or replica/ID
+    reason: EventReason
+    message: str
+
+
+class EventList(Outbound):
+    events: list[EventView]  # oldest first
+    cursor: int  # the newest id answered (or `since` when none): pass it back as since=
+
+
 class RolloutUndo(Inbound):
     """`POST /v1/models/{name}/undo`: back to what revision N ran (None: the one before)."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -361,6 +362,20 @@ async def list_nodes(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+_EVENT_OBJECT = re.compile(r"(node|model)/.{1,512}")
+
+
+async def list_events(request: web.Request) -> web.Response:
+    """What the controller decided by itself; `?since=ID` for the ones after an
+    id, `?for=node/NAME` or `?for=model/NAME` for one object's."""
+    since, obj = request.query.get("since", "0"), request.query.get("for")
+    if not since.isdigit() or len(since) > 18:
+        raise BadRequest(f"since must be an event id (a whole number), got {since[:40]!r}")
+    if obj is not None and not _EVENT_OBJECT.fullmatch(obj):
+        raise BadRequest(f"for must be node/NAME or model/NAME, got {obj[:60]!r}")
+    return json_model(request.app[FLEET].events(int(since), obj))
+
+
 async def get_node(request: web.Request) -> web.Response:
     return json_model(request.app[FLEET].detail(request.match_info["name"]))
 
@@ -521,6 +536,7 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("GET", "/v1/endpoints", list_endpoints, ENDPOINT_READERS),
     ("POST", "/v1/gateways/status", gateway_status, GATEWAY_ROLES),
     ("GET", "/v1/gateways", list_gateways, READ_ROLES),
+    ("GET", "/v1/events", list_events, READ_ROLES),
     ("GET", "/v1/whoami", whoami, frozenset(Role)),
 ]
 # "METHOD /path/{template}" -> roles allowed; routes not listed (healthz) are public.

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from llmgw.controller.fleet import BY_LLMGW, FleetState
 from llmgw.controller.nodes import CardFault
 from llmgw.controller.store import ReplicaRecord
-from llmgw.wire import AdminFlag
+from llmgw.wire import AdminFlag, EventReason
 
 log = logging.getLogger("llmgw.faults")
 
@@ -78,13 +78,15 @@ class FaultCordons:
                 (cards[u] for u in now_failed - self._acted.get(node, frozenset())),
                 key=lambda f: f.gpu_index,
             )
-            if (
-                new
-                and fleet.settings.cordon_on_gpu_fault
-                # Cordoned or draining already: the operator's reason stays.
-                and fleet.admin_info(node).flag is AdminFlag.NONE
-            ):
+            if new:
                 reason = cordon_reason(new)
-                log.warning("cordoning %s: %s", node, reason)
-                fleet.set_flag(node, AdminFlag.CORDONED, reason, BY_LLMGW)
+                if not fleet.settings.cordon_on_gpu_fault:
+                    done = "not cordoned (--no-cordon-on-gpu-fault)"
+                elif fleet.admin_info(node).flag is not AdminFlag.NONE:
+                    done = "cordoned already: its reason stays"  # the operator's words
+                else:
+                    log.warning("cordoning %s: %s", node, reason)
+                    fleet.set_flag(node, AdminFlag.CORDONED, reason, BY_LLMGW)
+                    done = "cordoned"
+                fleet.event(f"node/{node}", EventReason.GPU_FAULT, f"{reason}: {done}")
             self._acted[node] = now_failed  # after the cordon: a failed write is tried again

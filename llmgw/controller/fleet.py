@@ -27,6 +27,9 @@ from types import MappingProxyType
 from typing import Any
 
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
+from llmgw.controller.events import KEEP as EVENTS_KEPT
+from llmgw.controller.events import KEEP_S as EVENTS_KEPT_S
+from llmgw.controller.events import Events
 from llmgw.controller.nodes import NodeEntry, ShardDigest, digest_report, node_state
 from llmgw.controller.replicas import ReplicaStatus, replica_status, replica_view
 from llmgw.controller.revisions import (
@@ -46,6 +49,8 @@ from llmgw.present import timestamp
 from llmgw.wire import (
     AdminFlag,
     AdminInfo,
+    EventList,
+    EventReason,
     FleetSummary,
     ModelRevision,
     ModelSpec,
@@ -101,6 +106,7 @@ class FleetState:
         self._records: dict[str, ReplicaRecord] = store.replicas()
         self._backoffs: dict[str, Backoff] = store.backoffs()
         self._revisions = Revisions(store.revisions())
+        self._events = Events(store.events(EVENTS_KEPT))
         # Decided by the reconcile loop: a rollout that waits or stalled, and why.
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
@@ -145,9 +151,12 @@ class FleetState:
     def reload(self) -> None:
         """Start again from the durable state, as a restart does: a new leader's
         term (another controller may have written the store since this one led)."""
-        turned = self.turned_unreachable  # a counter: it never goes back in one process
+        # Counters never go back in one process.
+        turned, counts = self.turned_unreachable, self._events.counts
+        self.flush_events()  # this term's last, before the next term reads them
         FleetState.__init__(self, self._store, self.settings, clock=self.clock, wall=self.wall)
         self.turned_unreachable = turned
+        self._events.counts = counts
 
     # -- read-only views of the state ------------------------------------------------
 
@@ -312,10 +321,40 @@ class FleetState:
                 self._refresh(name, now)
 
     def flush(self) -> None:
-        """Write first sightings of nodes (called every second and at shutdown)."""
+        """Write first sightings of nodes and the events since the last flush
+        (called every second and at shutdown)."""
         if self._unsaved_nodes:
             self._store.add_nodes(self._unsaved_nodes.items())
             self._unsaved_nodes.clear()
+        self.flush_events()
+
+    # -- events: what the controller decided by itself ----------------------------------------
+
+    def event(self, obj: str, reason: EventReason, message: str) -> None:
+        """Record a decision the controller took by itself (`llmgw.controller.events`)."""
+        self._events.add(self.wall(), obj, reason, message)
+
+    def events(self, after: int = 0, obj: str | None = None) -> EventList:
+        found = self._events.since(after, obj)
+        return EventList(events=found, cursor=found[-1].id if found else after)
+
+    @property
+    def event_counts(self) -> Mapping[EventReason, int]:
+        return self._events.counts
+
+    def flush_events(self) -> None:
+        unsaved = self._events.unsaved()
+        if not unsaved:
+            return
+        oldest = self.wall() - EVENTS_KEPT_S
+        try:
+            self._store.add_events(
+                unsaved, keep_after_id=unsaved[-1].id - EVENTS_KEPT, keep_after=oldest
+            )
+        except Exception:
+            self._events.put_back(unsaved)
+            raise
+        self._events.forget_before(oldest)
 
     def close(self) -> None:
         """The final save, then the store is closed."""
@@ -490,6 +529,7 @@ class FleetState:
             flag=AdminFlag.CORDONED, reason=old.reason, by=old.by, at=old.at, drained=True
         )
         self._set_admin(name, info, action="drained", by=BY_LLMGW, at=self.wall())
+        self.event(f"node/{name}", EventReason.DRAINED, "every replica moved: cordoned, drained")
 
     def force_drain(self, name: str, why: str) -> None:
         """A drain's deadline passed: stop its replicas now (the reconcile loop does)."""
@@ -498,6 +538,11 @@ class FleetState:
             return
         info = old.model_copy(update={"force": True})
         self._set_admin(name, info, action=f"drain forced ({why})", by=BY_LLMGW, at=self.wall())
+        self.event(
+            f"node/{name}",
+            EventReason.DRAIN_FORCED,
+            f"drain forced ({why}): its replicas stop without waiting for stand-ins",
+        )
 
     def due_drains(self, wall: float) -> list[str]:
         """Draining nodes whose deadline has passed and that are not forced yet."""
@@ -723,6 +768,12 @@ class FleetState:
         self._store.put_backoff(backoff)
         self._backoffs[model] = backoff
         self._log.append(ChangeKind.BACKOFF, model)
+        self.event(
+            f"model/{model}",
+            EventReason.BACK_OFF,
+            f"a replica failed (failure {failures}): next placement in {delay:g}s: "
+            + why.strip().split("\n", 1)[0],
+        )
         return backoff
 
     def clear_backoff(self, model: str) -> None:
@@ -735,6 +786,8 @@ class FleetState:
         """Why `model` cannot be placed (None: it can, or needs nothing)."""
         if self._unplaceable.get(model) == reason:
             return
+        if reason is not None and model not in self._unplaceable:  # not each new number
+            self.event(f"model/{model}", EventReason.UNPLACEABLE, reason)
         if reason is None:
             del self._unplaceable[model]
         else:

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.controller.endpoints import Gateways
 from llmgw.controller.fleet import FleetState
-from llmgw.wire import ModelTraffic, NodeState, ReplicaState
+from llmgw.wire import EventReason, ModelTraffic, NodeState, ReplicaState
 
 GPU_BUCKETS = ("used", "free", "unschedulable", "unhealthy", "unknown")
 # Report handling is a few ms; a store write can take a full fsync.
@@ -64,6 +64,15 @@ class FleetCollector(Collector):
             "Times a node turned unreachable (no report within its grace) in this process.",
             value=fleet.turned_unreachable,
         )
+        events = CounterMetricFamily(
+            "llmgw_events",
+            "Decisions the controller took by itself (GET /v1/events), by reason, in this process.",
+            labels=["reason"],
+        )
+        counts = fleet.event_counts
+        for reason in EventReason:
+            events.add_metric([reason.value], counts.get(reason, 0))
+        yield events
 
         gpus = GaugeMetricFamily(
             "llmgw_gpus",

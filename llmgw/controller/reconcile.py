@@ -44,7 +44,7 @@ import re
 import secrets
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -63,7 +63,15 @@ from llmgw.scheduler import (
     placer_in_steps,
     plan_drain,
 )
-from llmgw.wire import AdminFlag, DrainPlan, ModelSpec, NodeState, ReplicaState, RolloutState
+from llmgw.wire import (
+    AdminFlag,
+    DrainPlan,
+    EventReason,
+    ModelSpec,
+    NodeState,
+    ReplicaState,
+    RolloutState,
+)
 
 log = logging.getLogger("llmgw.reconcile")
 
@@ -123,6 +131,13 @@ def snapshot(
             )
         )
     return out
+
+
+def _placed_words(records: list[ReplicaRecord]) -> str:
+    """`placed 2 replica(s): a-1f on gpu1, a-2e on gpu2,gpu3`, at most ten named."""
+    named = ", ".join(f"{r.id} on {','.join(r.nodes)}" for r in records[:10])
+    more = f" and {len(records) - 10} more" if len(records) > 10 else ""
+    return f"placed {len(records)} replica(s): {named}{more}"
 
 
 def new_replica_id(model: str) -> str:
@@ -303,6 +318,15 @@ class Reconciler:
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
             if s.record.model in rolling and fleet.up_to_date(s.record):
                 why = (s.error or "engine failed")[:STALL_MESSAGE_MAX]
+                note = fleet.rollout_note(s.record.model)
+                if note is None or note[0] is not RolloutState.STALLED:
+                    cause = why.strip().split("\n", 1)[0]
+                    fleet.event(
+                        f"model/{s.record.model}",
+                        EventReason.ROLLOUT_STALLED,
+                        f"revision {s.record.revision}: {s.record.id} failed, no more old "
+                        f"replicas stop: {cause}",
+                    )
                 fleet.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
             # An engine that died with its card is not the spec's fault: it is
             # replaced at once, without backing the model off.
@@ -319,16 +343,37 @@ class Reconciler:
             name for name, entry in fleet.nodes.items() if now > fleet.unreachable_at(entry) + limit
         }
         doomed = [r.id for r in fleet.records.values() if lost.intersection(r.nodes)]
+        gone_from = {
+            node: {r.id for r in fleet.records.values() if node in r.nodes} for node in lost
+        }
         if doomed:
             log.warning(
                 "replacing %d replica(s) on unreachable nodes %s", len(doomed), sorted(lost)
             )
             fleet.remove_replicas(doomed)
+            for node in sorted(lost):
+                on_node = [rid for rid in doomed if rid in gone_from.get(node, ())]
+                if on_node:
+                    fleet.event(
+                        f"node/{node}",
+                        EventReason.NODE_LOST,
+                        f"unreachable for more than {limit:g}s: replicas {', '.join(on_node)} "
+                        "replaced elsewhere",
+                    )
 
     def _retire_deleted(self) -> None:
         """Replicas of deleted models stop once the gateways have let go of them."""
         fleet = self.fleet
-        fleet.remove_replicas(self._stoppable(fleet.retired_replicas()))
+        retired = {rid: fleet.records[rid].model for rid in fleet.retired_replicas()}
+        stopped = self._stoppable(list(retired))
+        fleet.remove_replicas(stopped)
+        by_model: dict[str, list[str]] = defaultdict(list)
+        for rid in stopped:
+            by_model[retired[rid]].append(rid)
+        for model, ids in sorted(by_model.items()):
+            fleet.event(
+                f"model/{model}", EventReason.STOPPED, f"model deleted: {', '.join(ids)} stopped"
+            )
 
     # -- 3. drains ---------------------------------------------------------------------------
 
@@ -389,6 +434,7 @@ class Reconciler:
                 ]
             )
             fleet.remove_replicas(done)
+            self._moved(done, by_replaced, f"drain of {node}")
             # Their stand-ins are ordinary replicas from now on.
             stand_ins = [fleet.records.get(by_replaced[rid].id) for rid in done]
             fleet.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
@@ -409,7 +455,9 @@ class Reconciler:
                 and r.model in fleet.models
                 and not fleet.backing_off(r.model, wall)
             ]
-            fleet.set_drain_blocked(node, self._place_replacements(needing, draining, now, wall))
+            fleet.set_drain_blocked(
+                node, self._place_replacements(needing, draining, now, wall, f"drain of {node}")
+            )
 
     def _replace_faulted(self, faults: Faults, now: float, wall: float) -> None:
         """Replicas on a failed card move as a drain moves them: a stand-in placed
@@ -452,6 +500,7 @@ class Reconciler:
             ]
         )
         fleet.remove_replicas(done)
+        self._moved(done, by_replaced, "a failed card")
         fleet.put_replicas(
             replace(rep, replaces=None)
             for rid in done
@@ -466,7 +515,13 @@ class Reconciler:
             and not fleet.backing_off(r.model, wall)
         ]
         excluded = [*draining, *faults]
-        why = self._place_replacements(needing, excluded, now, wall) or ""
+        cause = {r.id: f"{f.describe()} on {r.shards[0].node}" for r, f in moving}
+        why = ""
+        for rec in needing:
+            why = (
+                self._place_replacements([rec], excluded, now, wall, f"card fault: {cause[rec.id]}")
+                or why
+            )
         blocked = {r.id: why for r in needing if why}
         for rid, reason in blocked.items():
             if self._fault_blocked.get(rid) != reason:
@@ -525,6 +580,18 @@ class Reconciler:
             )
             if plan.leave:
                 log.info("rollout of %s to revision %d: %s leave", name, revision, plan.leave)
+                fleet.event(
+                    f"model/{name}",
+                    EventReason.ROLLOUT,
+                    f"revision {revision}: {', '.join(plan.leave)} of an older revision "
+                    "out of routing, to stop",
+                )
+            if stopped:
+                fleet.event(
+                    f"model/{name}",
+                    EventReason.ROLLOUT,
+                    f"revision {revision}: {', '.join(stopped)} stopped",
+                )
             if not plan.place or fleet.backing_off(name, wall):
                 continue
             results = place_many([spec] * plan.place, snapshot(fleet, now, [*draining, *faults]))
@@ -537,16 +604,43 @@ class Reconciler:
                     revision,
                     ", ".join(r.id for r in placed),
                 )
+                fleet.event(
+                    f"model/{name}",
+                    EventReason.ROLLOUT,
+                    f"revision {revision}: {_placed_words(placed)}",
+                )
             unplaceable = [p for p in results if not isinstance(p, Placement)]
             if stalled:
                 continue
             if unplaceable:
-                fleet.set_rollout_note(name, (RolloutState.WAITING, unplaceable[0].reason))
+                waiting = (RolloutState.WAITING, unplaceable[0].reason)
+                if note != waiting and (note is None or note[0] is not RolloutState.WAITING):
+                    fleet.event(
+                        f"model/{name}",
+                        EventReason.ROLLOUT,
+                        f"revision {revision}: waiting: {unplaceable[0].reason}",
+                    )
+                fleet.set_rollout_note(name, waiting)
             elif note is not None:
                 fleet.set_rollout_note(name, None)
 
+    def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
+        """Events: originals stopped once their stand-ins served."""
+        for rid in done:
+            stand_in = by_replaced[rid]
+            self.fleet.event(
+                f"model/{stand_in.model}",
+                EventReason.MOVED,
+                f"{rid} stopped ({why}): {stand_in.id} serves in its place",
+            )
+
     def _place_replacements(
-        self, originals: list[ReplicaRecord], excluded: list[str], now: float, wall: float
+        self,
+        originals: list[ReplicaRecord],
+        excluded: list[str],
+        now: float,
+        wall: float,
+        cause: str,
     ) -> str | None:
         """Place a stand-in for each original, off the `excluded` nodes; say why
         when one cannot be placed."""
@@ -560,7 +654,14 @@ class Reconciler:
         for original, result in zip(originals, results, strict=True):
             if isinstance(result, Placement):
                 revision = fleet.model_revision(original.model)
-                placed.append(record_from(result, wall, revision, replaces=original.id))
+                stand_in = record_from(result, wall, revision, replaces=original.id)
+                placed.append(stand_in)
+                fleet.event(
+                    f"model/{original.model}",
+                    EventReason.STAND_IN,
+                    f"{stand_in.id} placed on {', '.join(stand_in.nodes)} to stand in for "
+                    f"{original.id} ({cause})",
+                )
             else:
                 reasons.append(f"{original.model}: {result.reason}")
         fleet.put_replicas(placed)
@@ -648,6 +749,11 @@ class Reconciler:
                         wants[0] = _Want(spec, missing - len(fill.placed))
                         settled.append((spec.name, None))
                 fleet.put_replicas(placed)
+                by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
+                for rec in placed:
+                    by_model[rec.model].append(rec)
+                for name, recs in by_model.items():
+                    fleet.event(f"model/{name}", EventReason.PLACED, _placed_words(recs))
                 for name, why in settled:
                     fleet.set_unplaceable(name, why)
                 if placed:

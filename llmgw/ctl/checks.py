@@ -46,6 +46,14 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--to-revision must be 1 or more")
         if args.action != "history" and args.output not in ("table", "json", "yaml"):
             raise UsageError(f"rollout {args.action} prints one line: -o json or -o yaml, or no -o")
+    if args.command == "events":
+        obj = args.object
+        if obj is not None and (
+            not obj.startswith(("node/", "model/")) or obj.endswith("/") or len(obj) > 512
+        ):
+            raise UsageError(f"--for wants node/NAME or model/NAME, got {obj!r}")
+        if args.output in ("wide", "name") and args.watch:
+            raise UsageError("events -w prints the table; -o json or yaml print each event")
     writes = ("cordon", "uncordon", "apply", "delete")
     if args.command in writes and args.output != "table":
         raise UsageError(f"-o/--json applies to reads; {args.command} prints one line per change")

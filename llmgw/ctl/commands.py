@@ -15,6 +15,7 @@ from llmgw.ctl.watch import (
     wait_drained,
     wait_rollout,
     watch,
+    watch_events,
     watch_nodes,
 )
 from llmgw.errors import EXIT_FAILED, EXIT_OK, ControllerError, NotAController, UsageError, explain
@@ -155,6 +156,18 @@ class Ctl:
         else:
             self.term.write(render.rollout_line(view) + "\n")
         return EXIT_OK if rollout_done(view) else EXIT_FAILED
+
+    def events(self) -> int:
+        a = self.args
+        wide = a.output == "wide"
+        if a.watch:
+            return watch_events(self.client, self.out, a.object, a.interval, wide=wide)
+        if a.output in ("json", "yaml"):
+            self.out.data(self.client.json(api.events(0, a.object))["events"])
+            return EXIT_OK
+        found = self.client(api.events(0, a.object))
+        self.term.write(self.out.table(render.events_table(found.events, wide=wide)))
+        return EXIT_OK
 
     # -- writes
 

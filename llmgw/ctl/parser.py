@@ -26,6 +26,7 @@ COMMANDS = (
     "models",
     "rollout",
     "replicas",
+    "events",
     "delete",
     "config",
 )
@@ -350,6 +351,22 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             "llmgw ctl replicas --sort-by IDLE",
         )
         _table_options(s)
+
+    if wanted("events"):
+        s = _sub(
+            sub,
+            "events",
+            "what the controller decided by itself (placed, stand-in, rollout, fault, ...)",
+            "llmgw ctl events --for model/meta-llama/Llama-3.1-8B-Instruct\n"
+            "llmgw ctl events --for node/gpu-a03 -w",
+        )
+        s.add_argument(
+            "--for",
+            dest="object",
+            metavar="KIND/NAME",
+            help="only the events of node/NAME or model/NAME",
+        )
+        _watch_options(s)
 
     if wanted("delete"):
         s = _sub(

@@ -144,3 +144,28 @@ def wait_rollout(
             term.write(f"timed out after {render.duration(limit_s)}: {line}\n")
             return EXIT_FAILED
         time.sleep(min(interval_s, max(limit_s - elapsed, 0.05)))
+
+
+def watch_events(
+    client: SyncAdminClient, out: Output, obj: str | None, interval_s: float, *, wide: bool
+) -> int:
+    """`events -w`, as `kubectl get events -w`: the events kept, then each new one
+    as it comes (only new ones cross the wire: `since=` the last id seen)."""
+    cursor, first = 0, True
+    try:
+        while True:
+            if out.args.output in ("json", "yaml"):
+                found = client.json(api.events(cursor, obj))
+                for event in found["events"]:
+                    out.data(event)
+                cursor = found["cursor"]
+            else:
+                got = client(api.events(cursor, obj))
+                if got.events or first:
+                    table = render.events_table(got.events, wide=wide)
+                    out.term.write(out.table(table, headers=first))
+                cursor = got.cursor
+            first = False
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return EXIT_OK

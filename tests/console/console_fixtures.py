@@ -288,9 +288,10 @@ def small_reports() -> list[NodeReport]:
 
 SMALL_MODELS = [
     ModelSpec(name=LLAMA, source=LLAMA, min_replicas=2, gpus_per_shard=8, gpu_class=H100),
-    # One replica: a second would spread onto a whole free H100 node (spread ranks
-    # before packing) and leave DeepSeek no four-node block.
-    ModelSpec(name=QWEN, source=QWEN, min_replicas=1, gpus_per_shard=1, gpu_class=H100),
+    # On the L40S nodes: on an H100 node it would take a whole free one (gpu-a06,
+    # the only part-used one, is cordoned for its failed cards) and leave DeepSeek
+    # no four-node block.
+    ModelSpec(name=QWEN, source=QWEN, min_replicas=1, gpus_per_shard=1, gpu_class=L40S),
     ModelSpec(name=MIXTRAL, source=MIXTRAL, min_replicas=2, gpus_per_shard=4, gpu_class=A100),
     ModelSpec(name=EMBED, source=EMBED, min_replicas=1, gpus_per_shard=1, gpu_class=L40S),
     # Takes four whole H100 nodes, which leaves Llama (one whole node) unplaceable.

@@ -310,8 +310,9 @@ async def test_filter_like_k9s(make_app: MakeApp) -> None:
         app = await loaded(pilot)
         await pilot.press("slash", *"cordoned")
         table = nodes(app)
-        # gpu-a03 is cordoned; gpu-b04 is unreachable but keeps its cordon flag.
-        assert set(table.shown) == {"gpu-a03", "gpu-b04"}
+        # gpu-a03 is cordoned, gpu-a06 by llmgw for its failed cards; gpu-b04 is
+        # unreachable but keeps its cordon flag.
+        assert set(table.shown) == {"gpu-a03", "gpu-a06", "gpu-b04"}
         await pilot.press("enter")
         assert app.screen.focused is table
         await pilot.press("slash", "ctrl+u", *"ib-b 4/8")  # words must all match
@@ -332,7 +333,9 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         assert table.get_row_at(0)[1].plain == "gpu-b04"
         assert table.cursor_key == "gpu-a04"
         await pilot.press("s")  # reason: nodes with one first, alphabetically
-        assert [table.get_row_at(i)[1].plain for i in range(2)] == ["gpu-b04", "gpu-a03"]
+        # "card fault: …" (llmgw cordoned gpu-a06), "PSU swap …", "RMA: …"
+        reasons = [table.get_row_at(i)[1].plain for i in range(3)]
+        assert reasons == ["gpu-a06", "gpu-b04", "gpu-a03"]
         await pilot.press("s", "s")  # GPU classes, then GPUs used, most first
         assert table.get_row_at(0)[1].plain in {"gpu-a01", "gpu-a02", "gpu-a05"}
         await pilot.press("S")  # reversed

@@ -66,6 +66,7 @@ ENDPOINTS = [
     ("POST", "/v1/nodes/gpu01/uncordon", "{}", {ADMIN}),
     ("POST", "/v1/nodes/gpu01/drain", '{"reason": "x"}', {ADMIN}),
     ("POST", "/v1/models", '{"models": []}', {ADMIN}),
+    ("GET", "/v1/events", None, {AGENT, ADMIN, READ}),
 ]
 
 
@@ -306,3 +307,43 @@ async def test_healthz_names_the_role_epoch_and_url(client: TestClient) -> None:
     body = await (await client.get("/healthz")).json()
     assert body["ok"] is True and body["role"] == "leader" and body["epoch"] == 1
     assert body["leader"].startswith("http://")
+
+
+async def test_rollout_history_and_undo_over_http(client: TestClient) -> None:
+    spec = {"name": "org/m", "source": "org/m", "engine_args": ["--a"]}
+    for args in (["--a"], ["--b"], ["--b"]):  # the third changes nothing the engine sees
+        body = {"models": [{**spec, "engine_args": args}]}
+        assert (await client.post("/v1/models", json=body, headers=auth(ADMIN))).status == 200
+    path = "/v1/models/org%2Fm"
+    revs = await (await client.get(f"{path}/revisions", headers=auth(READ))).json()
+    assert [(r["revision"], r["by"], r["change"]) for r in revs] == [
+        (1, "alice", "created"),
+        (2, "alice", "engine_args: --a -> --b"),
+    ]
+    refused = await client.post(f"{path}/undo", json={}, headers=auth(READ))
+    assert refused.status == 403
+    bad = await client.post(f"{path}/undo", json={"to_revision": 9}, headers=auth(ADMIN))
+    assert bad.status == 400
+    assert "revision 9 of org/m is not an earlier revision kept" in (await bad.json())["error"]
+    for body in ({"to_revision": 0}, {"to_revision": "x"}, {"extra": 1}):
+        r = await client.post(f"{path}/undo", json=body, headers=auth(ADMIN))
+        assert r.status == 400, body
+    undone = await client.post(f"{path}/undo", json={}, headers=auth(ADMIN))
+    assert undone.status == 200, await undone.text()
+    view = await undone.json()
+    assert view["rollout"]["revision"] == 3 and view["spec"]["engine_args"] == ["--a"]
+    revs = await (await client.get(f"{path}/revisions", headers=auth(READ))).json()
+    assert revs[-1]["change"] == "undo to revision 1: engine_args: --b -> --a"
+    again = await client.post(f"{path}/undo", json={"to_revision": 1}, headers=auth(ADMIN))
+    assert again.status == 400 and "nothing to undo" in (await again.json())["error"]
+    missing = await client.get("/v1/models/nope/revisions", headers=auth(READ))
+    assert missing.status == 404
+
+
+async def test_events_answer_since_and_for_and_refuse_bad_ones(client: TestClient) -> None:
+    for query in ("since=abc", "since=-1", "for=replica/x", "for=node/", "since=1e9"):
+        r = await client.get(f"/v1/events?{query}", headers=auth(READ))
+        assert r.status == 400, query
+        assert "error" in await r.json()
+    r = await client.get("/v1/events?since=0&for=node/gpu01", headers=auth(READ))
+    assert r.status == 200 and await r.json() == {"events": [], "cursor": 0}

@@ -16,6 +16,7 @@ from llmgw.controller.app import FLEET, create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.settings import ControllerSettings
+from llmgw.wire import EventReason
 
 AGENT, ADMIN, READ, SCRAPE = "agent-secret", "admin-secret", "read-secret", "metrics-secret"
 ClientFactory = Callable[..., Awaitable[TestClient]]
@@ -334,3 +335,13 @@ async def test_dashboard_uses_only_exported_metrics(client: TestClient) -> None:
         used = set(re.findall(r"\bllmgw_[a-z0-9_]+", expr))
         assert used, expr
         assert used <= exported_names, f"{expr}: {sorted(used - exported_names)} not exported"
+
+
+async def test_events_are_counted_by_reason(client: TestClient) -> None:
+    """The fleet built above placed replicas and found a model that cannot fit."""
+    m = samples(await (await client.get("/metrics", headers=auth(SCRAPE))).text())
+    counted = family(m, "llmgw_events_total")
+    assert len(counted) == len(EventReason)  # every reason, zero or not
+    assert one(m, "llmgw_events_total", reason="Placed") >= 1
+    assert one(m, "llmgw_events_total", reason="Unplaceable") == 1  # "huge", once
+    assert one(m, "llmgw_events_total", reason="GpuFault") == 1  # a1's Xid 79 card

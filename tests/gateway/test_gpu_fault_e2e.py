@@ -93,6 +93,12 @@ def test_a_card_failing_under_traffic_moves_its_replica_and_fails_no_request(
     assert admin["reason"].startswith(f"card fault: GPU {index} ({uuid[:8]}…)"), admin
     assert "simulated fault" in admin["reason"], admin
     assert [e["action"] for e in detail["history"] if e["by"] == "llmgw"] == ["cordon"]
+    # And why, as events: the fault on the node, the stand-in and the move on the model.
+    on_node = c.ctl("events", "--for", f"node/{node}")
+    assert "GpuFault" in on_node and f"GPU {index} ({uuid[:8]}…)" in on_node, on_node
+    on_model = c.ctl("events", "--for", "model/chat")
+    assert "StandIn" in on_model and "Moved" in on_model, on_model
+    assert f"to stand in for {victim['id']} (card fault: GPU {index}" in on_model, on_model
     # The card recovers: the node stays cordoned until an operator says otherwise.
     write_spec(specs[node], "2xH100-80GB")
     wait_until(

@@ -75,5 +75,11 @@ MIGRATIONS: list[list[Step]] = [
         " change TEXT NOT NULL, spec TEXT NOT NULL, PRIMARY KEY (model, revision))",
         AddColumn("replicas", "revision", "INTEGER"),
     ],
+    # 5: events: what the controller decided by itself (ids given by the controller,
+    # one writer at a time, so they increase across restarts and failovers).
+    [
+        "CREATE TABLE IF NOT EXISTS events (id BIGINT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,"
+        " object TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL)",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -23,7 +23,15 @@ from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord, StateD
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.store_errors import StateError
 from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
-from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelRevision, ModelSpec, ReplicaState
+from llmgw.wire import (
+    AdminEvent,
+    AdminFlag,
+    AdminInfo,
+    EventView,
+    ModelRevision,
+    ModelSpec,
+    ReplicaState,
+)
 
 __all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Session", "SqlStore", "migrate"]
 
@@ -331,6 +339,30 @@ class SqlStore:
             s.run("DELETE FROM model_backoff WHERE model = ?", (name,))
             s.run("DELETE FROM model_revisions WHERE model = ?", (name,))
         return deleted
+
+    # -- events ---------------------------------------------------------------------------
+
+    def events(self, limit: int) -> list[EventView]:
+        """The newest `limit` events, oldest first."""
+        rows = self._read("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
+        return [
+            EventView(
+                id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
+            )
+            for r in reversed(rows)
+        ]
+
+    def add_events(
+        self, events: Iterable[EventView], *, keep_after_id: int, keep_after: float
+    ) -> None:
+        """Write events and drop those beyond what is kept (by count and by age)."""
+        with self._tx() as s:
+            s.run_many(
+                "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO NOTHING",
+                [(e.id, e.at, e.object, e.reason.value, e.message) for e in events],
+            )
+            s.run("DELETE FROM events WHERE id <= ? OR at < ?", (keep_after_id, keep_after))
 
     # -- replicas -------------------------------------------------------------------------
 
