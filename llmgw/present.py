@@ -200,6 +200,14 @@ def model_words(m: Any) -> tuple[str, Meaning]:
         return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
     if m.ready >= 2 and getattr(m, "nodes", 0) == 1:
         return "satisfied, all on one node", Meaning.ATTENTION
+    scaling = getattr(m, "scaling", None)
+    if scaling:  # autoscaled: where demand puts it, and why
+        desired = getattr(m, "desired", m.ready)
+        if m.ready < desired:
+            return f"scaling up {m.ready} -> {desired}: {scaling}", Meaning.ATTENTION
+        if m.ready > desired:
+            return f"scaling down {m.ready} -> {desired}: {scaling}", Meaning.FINE
+        return f"satisfied: {scaling}", Meaning.FINE
     return "satisfied", Meaning.FINE
 
 

@@ -194,6 +194,8 @@ NUMERIC_COLUMNS = frozenset(
         "IDLE",
         "READY",
         "MIN",
+        "DESIRED",
+        "MAX",
         "AGE",
         "REPLICAS",
         "STARTING",
@@ -428,7 +430,9 @@ def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
 
 def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
     extra = ["STARTING", "FAILED", "REV", "SOURCE"] if wide else []
-    table = _table("MODEL", "READY", "MIN", "SHAPE", "CLASS", "ENGINE", *extra, "STATUS")
+    table = _table(
+        "MODEL", "READY", "MIN", "DESIRED", "MAX", "SHAPE", "CLASS", "ENGINE", *extra, "STATUS"
+    )
     for m in models:
         s = m.spec
         words, meaning = present.model_words(m)
@@ -437,6 +441,8 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
             Cell(s.name),
             Cell(str(m.ready), key=m.ready),
             Cell(str(s.min_replicas), key=s.min_replicas),
+            _replica_count(getattr(m, "desired", None)),
+            _replica_count(getattr(s, "max_replicas", None) or s.min_replicas),
             Cell(f"{s.shards}x{s.gpus_per_shard}", key=s.shards * s.gpus_per_shard),
             Cell(s.gpu_class or "any"),
             Cell(s.engine),
@@ -450,6 +456,11 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
             ]
         table.add(f"model/{s.name}", *cells, status_cell)
     return table
+
+
+def _replica_count(n: int | None) -> Cell:
+    """A count an older controller may not send: `-` then."""
+    return Cell("-", key=-1) if n is None else Cell(str(n), key=n)
 
 
 def rollout_line(m: Any) -> str:

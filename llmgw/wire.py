@@ -374,6 +374,16 @@ class ModelSpec(Inbound):
     # count at once, and at most this many ready replicas below it.
     max_surge: int = Field(default=1, ge=0, le=10_000)
     max_unavailable: int = Field(default=0, ge=0, le=10_000)
+    # Demand (`llmgw.controller.autoscale`): between min_replicas and max_replicas
+    # (None: min_replicas, no autoscaling), aiming at target_in_flight requests in
+    # flight per replica; down one replica at a time, each after the demand has
+    # stayed lower for scale_down_after_s (unloading throws the KV cache away).
+    max_replicas: int | None = Field(default=None, ge=0, le=10_000)
+    target_in_flight: int = Field(default=8, ge=1, le=1_000_000)
+    scale_down_after_s: Annotated[float, Strict()] = Field(
+        default=600.0, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
 
     @model_validator(mode="after")
     def _a_rollout_can_move(self) -> ModelSpec:
@@ -382,7 +392,21 @@ class ModelSpec(Inbound):
                 "max_surge and max_unavailable cannot both be 0: a rollout could neither "
                 "add a new replica nor stop an old one"
             )
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas "
+                f"({self.min_replicas}): raise max_replicas, or leave it out for a fixed count"
+            )
         return self
+
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas demand may ask for (min_replicas without autoscaling)."""
+        return self.min_replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.most_replicas > self.min_replicas
 
 
 class EventReason(StrEnum):
@@ -400,6 +424,8 @@ class EventReason(StrEnum):
     NODE_LOST = "NodeLost"  # replicas of a node unreachable too long, replaced
     UNPLACEABLE = "Unplaceable"  # a model short of its minimum that cannot be placed
     STOPPED = "Stopped"  # replicas of a deleted model stopped
+    SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
+    SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
 
 
 class EventView(Outbound):
@@ -556,6 +582,12 @@ class ModelView(Outbound):
     # 1 node means one node's failure takes the whole model (ctl, the console flag it).
     nodes: int = 0
     rollout: RolloutView | None = None
+    # Demand: the replicas it should have now (min_replicas without autoscaling),
+    # its requests in flight (smoothed, as the autoscaler reads them) and why the
+    # count is what it is (`in flight 12, target 4 -> 3`; a scale-up that waits).
+    desired: int = 0
+    in_flight: float = 0.0
+    scaling: str | None = None
 
 
 # -- the fleet summary (a wire contract: fields may be added, never removed) ----

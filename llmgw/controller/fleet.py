@@ -109,6 +109,9 @@ class FleetState:
         self._events = Events(store.events(EVENTS_KEPT))
         # Decided by the reconcile loop: a rollout that waits or stalled, and why.
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
+        # Decided by the reconcile loop: each autoscaled model's desired replicas,
+        # its requests in flight as the autoscaler read them, and why.
+        self._scaling: dict[str, tuple[int, float, str]] = {}
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
@@ -650,6 +653,30 @@ class FleetState:
             self._rollout_notes[model] = note
         self._log.append(ChangeKind.MODEL, model)
 
+    def desired_replicas(self, model: str) -> int:
+        """How many replicas `model` should have now: what demand asked for, within
+        its spec's bounds (which may have moved since), else its minimum."""
+        spec = self._models[model]
+        scaling = self._scaling.get(model)
+        if scaling is None:
+            return spec.min_replicas
+        return min(max(scaling[0], spec.min_replicas), spec.most_replicas)
+
+    def scaling(self, model: str) -> tuple[int, float, str] | None:
+        return self._scaling.get(model)
+
+    def set_scaling(self, model: str, desired: int, in_flight: float, why: str) -> None:
+        """The autoscaler's answer for `model` (the reconcile loop's, each pass);
+        a change of the desired count is a change of the model's view."""
+        old = self._scaling.get(model)
+        self._scaling[model] = (desired, in_flight, why)
+        if old is None or old[0] != desired:
+            self._log.append(ChangeKind.MODEL, model)
+
+    def forget_scaling(self, keep: Iterable[str]) -> None:
+        for model in self._scaling.keys() - set(keep):
+            del self._scaling[model]
+
     def _new_revisions(self, specs: list[ModelSpec], by: str, at: float) -> list[ModelRevision]:
         """The revisions applying `specs` creates: one per spec whose engine fields
         change (and a first one for a new model). A model declared before revisions
@@ -997,6 +1024,14 @@ class FleetState:
             # A draining replica still answers until its stand-in is ready.
             ready = mine[ReplicaState.READY] + mine[ReplicaState.DRAINING]
             backoff = self._backoffs.get(name)
+            desired = self.desired_replicas(name)
+            scaling = self._scaling.get(name)
+            why = scaling[2] if scaling is not None and spec.autoscaled else None
+            live = ready + mine[ReplicaState.STARTING]
+            if why is not None and desired > live and ready >= spec.min_replicas:
+                waits = reasons.get(name)
+                if waits is not None:
+                    why = f"{why}; scale-up waits: {waits}"
             views.append(
                 ModelView(
                     spec=spec,
@@ -1008,12 +1043,15 @@ class FleetState:
                     unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
                     rollout=self._rollout_view(spec, updated[name], outdated[name]),
+                    desired=desired,
+                    in_flight=round(scaling[1], 2) if scaling is not None else 0.0,
+                    scaling=why,
                 )
             )
         return views
 
     def _rollout_view(self, spec: ModelSpec, updated: int, outdated: int) -> RolloutView:
-        desired = spec.min_replicas
+        desired = self.desired_replicas(spec.name)
         note = self._rollout_notes.get(spec.name)
         if outdated == 0 and updated >= desired:
             state, message = RolloutState.COMPLETE, None

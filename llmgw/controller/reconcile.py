@@ -12,8 +12,12 @@ Every tick, from the fleet's current facts:
    nothing left ends up cordoned and marked drained. A forced drain stops the
    replicas at once. A replica on a card that failed is replaced the same way,
    and the card's node is cordoned (`llmgw.controller.faults`).
-4. Every model keeps ready + starting >= its minimum; what cannot be placed
-   says why.
+4. Rollouts (`llmgw.controller.rollout`), then demand
+   (`llmgw.controller.autoscale`): each model's desired count follows its
+   requests in flight; one replica above it at a time leaves through the stop
+   handshake.
+5. Every model keeps ready + starting >= its desired count; what cannot be
+   placed says why.
 
 The work of a pass is bounded whatever the specs say (a spec may ask for
 10,000 replicas): a model that did not fit is tried again only once the
@@ -48,6 +52,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
+from llmgw.controller.autoscale import Autoscaler
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
 from llmgw.controller.fleet import FleetState
@@ -237,6 +242,7 @@ class Reconciler:
         self._expected = -1
         self._moved_at = 0
         self._cordons = FaultCordons()
+        self._autoscaler = Autoscaler()
         # Why a stand-in for a replica on a failed card cannot be placed, as last logged.
         self._fault_blocked: dict[str, str] = {}
 
@@ -292,6 +298,7 @@ class Reconciler:
         self._cordons.cordon(fleet, faults)
         self._replace_faulted(faults, now, wall)
         self._roll(faults, now, wall)
+        self._scale(faults, now)
         yield
         yield from self._fill_shortfalls(place_until)
 
@@ -390,6 +397,7 @@ class Reconciler:
             and not draining.intersection(r.nodes)
             and fault_under(r, faults) is None
             and fleet.up_to_date(r)  # an old one leaves for a rollout (`_roll`)
+            and r.leaving is None  # one leaves for a scale-down (`_scale`)
         ]
         if not stale:
             return
@@ -452,6 +460,7 @@ class Reconciler:
                 r
                 for r in on_node
                 if r.id not in by_replaced
+                and r.leaving is None  # leaving for a scale-down: no stand-in
                 and r.model in fleet.models
                 and not fleet.backing_off(r.model, wall)
             ]
@@ -476,8 +485,10 @@ class Reconciler:
             for r in list(fleet.records.values())
             if not set(draining).intersection(r.nodes)
             and (f := fault_under(r, faults))
-            # One leaving for a rollout needs no stand-in: the rollout replaces it.
+            # One leaving for a rollout needs no stand-in: the rollout replaces it;
+            # nor one leaving for a scale-down.
             and not (r.state is ReplicaState.DRAINING and not fleet.up_to_date(r))
+            and r.leaving is None
         ]
         if not hit:
             self._fault_blocked.clear()
@@ -543,6 +554,7 @@ class Reconciler:
                 r.model in fleet.models
                 and r.state is not ReplicaState.FAILED
                 and r.id not in replaced
+                and r.leaving is None  # a scale-down's (`_scale`)
             ):
                 by_model[r.model].append(r)
         for name in sorted(by_model):
@@ -567,7 +579,14 @@ class Reconciler:
             fleet.remove_replicas(stopped)
             note = fleet.rollout_note(name)
             stalled = note is not None and note[0] is RolloutState.STALLED
-            plan = plan_rollout(spec, new, old, len(leaving) - len(stopped), stalled=stalled)
+            plan = plan_rollout(
+                spec,
+                fleet.desired_replicas(name),
+                new,
+                old,
+                len(leaving) - len(stopped),
+                stalled=stalled,
+            )
             going = set(plan.leave)
             why = f"rollout: replaced by revision {revision}"
             fleet.remove_replicas(
@@ -623,6 +642,105 @@ class Reconciler:
                 fleet.set_rollout_note(name, waiting)
             elif note is not None:
                 fleet.set_rollout_note(name, None)
+
+    # -- 5. demand ---------------------------------------------------------------------------
+
+    def _scale(self, faults: Faults, now: float) -> None:
+        """Each model's desired count from its requests in flight (`autoscale`);
+        above it, one replica at a time leaves through the stop handshake: one
+        starting first (it serves nothing), else the least busy, newest first
+        (its KV cache is the coldest). Not while the model rolls out (the
+        rollout owns its counts) or while a stand-in of its is pending. A
+        leaving replica is taken back when the count rises before it stopped."""
+        fleet = self.fleet
+        gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
+        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        live: dict[str, list[ReplicaStatus]] = defaultdict(list)
+        # Read again: the steps before this one may have moved replicas.
+        for s in fleet.replica_statuses().values():
+            if s.state is not ReplicaState.FAILED:
+                live[s.record.model].append(s)
+        self._autoscaler.forget(set(fleet.models))
+        fleet.forget_scaling(fleet.models)
+        for name, spec in sorted(fleet.models.items()):
+            mine = live.get(name, [])
+            staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
+            in_flight = sum(
+                s.in_flight(gateways) or 0 for s in staying if s.state is ReplicaState.READY
+            )
+            decision = self._autoscaler.decide(spec, in_flight, len(staying), now)
+            before = fleet.desired_replicas(name)
+            fleet.set_scaling(name, decision.desired, decision.in_flight, decision.why)
+            if decision.changed:
+                reason = EventReason.SCALED_UP if decision.changed > 0 else EventReason.SCALED_DOWN
+                fleet.event(
+                    f"model/{name}", reason, f"{before} -> {decision.desired}: {decision.why}"
+                )
+            self._scale_down(name, mine, replaced, faults, gateways)
+
+    def _scale_down(
+        self,
+        name: str,
+        mine: list[ReplicaStatus],
+        replaced: set[str],
+        faults: Faults,
+        gateways: Mapping[str, int],
+    ) -> None:
+        fleet = self.fleet
+        desired = fleet.desired_replicas(name)
+        leaving = [s.record for s in mine if s.record.leaving is not None]
+        staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
+        if leaving and len(staying) < desired:  # demand came back before they stopped
+            back = leaving[: desired - len(staying)]
+            fleet.put_replicas(
+                replace(r, state=ReplicaState.READY, leaving=None, error=None) for r in back
+            )
+            fleet.event(
+                f"model/{name}",
+                EventReason.SCALED_UP,
+                f"{', '.join(r.id for r in back)} back in routing: wanted again",
+            )
+            leaving = [r for r in leaving if r not in back]
+        stopped = self._stoppable([r.id for r in leaving])
+        if stopped:
+            fleet.remove_replicas(stopped)
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{', '.join(stopped)} stopped")
+        excess = len(staying) - desired
+        if (
+            excess <= 0
+            or leaving  # one at a time
+            or any(s.record.replaces is not None for s in staying)  # a stand-in is pending
+            or not all(fleet.up_to_date(s.record) for s in mine)  # a rollout owns the counts
+            or any(fault_under(s.record, faults) is not None for s in staying)
+        ):
+            return
+        pick = min(
+            staying,
+            key=lambda s: (
+                s.state is not ReplicaState.STARTING,
+                s.in_flight(gateways) or 0,
+                -s.record.created_at,
+                s.record.id,
+            ),
+        ).record
+        why = f"scale down to {desired}: {self._why_scaled(name)}"
+        if pick.state is ReplicaState.STARTING:
+            fleet.remove_replicas([pick.id])
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped ({why})")
+            return
+        fleet.put_replicas([replace(pick, state=ReplicaState.DRAINING, leaving=why, error=why)])
+        fleet.event(
+            f"model/{name}",
+            EventReason.SCALED_DOWN,
+            f"{pick.id} out of routing, to stop once the gateways let go ({why})",
+        )
+        if self._stoppable([pick.id]):  # no gateway to wait for
+            fleet.remove_replicas([pick.id])
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped")
+
+    def _why_scaled(self, name: str) -> str:
+        scaling = self.fleet.scaling(name)
+        return "fixed count" if scaling is None else scaling[2].split(" (", 1)[0]
 
     def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
         """Events: originals stopped once their stand-ins served."""
@@ -832,8 +950,9 @@ class Reconciler:
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         active: dict[str, int] = defaultdict(int)
         for r in fleet.records.values():
-            # A draining replica and its stand-in are one replica between them.
-            if r.state is not ReplicaState.FAILED and r.id not in replaced:
+            # A draining replica and its stand-in are one replica between them; one
+            # leaving for a scale-down is gone already (`_scale` takes it back first).
+            if r.state is not ReplicaState.FAILED and r.id not in replaced and r.leaving is None:
                 active[r.model] += 1
         for gone in self._did_not_fit.keys() - fleet.models.keys():
             del self._did_not_fit[gone]
@@ -849,7 +968,7 @@ class Reconciler:
             if name in done:
                 continue
             spec = fleet.models[name]
-            missing = spec.min_replicas - active[name]
+            missing = fleet.desired_replicas(name) - active[name]
             if missing <= 0:
                 fleet.set_unplaceable(name, None)
                 self._did_not_fit.pop(name, None)

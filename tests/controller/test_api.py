@@ -186,6 +186,34 @@ BAD_REQUESTS = [
         "repeated",
     ),
     ("unknown model delete", "DELETE", "/v1/models/nope", None, ADMIN, 404, "nope"),
+    (
+        "max below min",
+        "POST",
+        "/v1/models",
+        '{"models": [{"name": "m", "source": "s", "min_replicas": 3, "max_replicas": 2}]}',
+        ADMIN,
+        400,
+        "max_replicas (2) is below min_replicas (3)",
+    ),
+    *(
+        (
+            f"autoscaling {field} {bad}",
+            "POST",
+            "/v1/models",
+            f'{{"models": [{{"name": "m", "source": "s", "{field}": {bad}}}]}}',
+            ADMIN,
+            400,
+            field,
+        )
+        for field, bad in (
+            ("target_in_flight", "0"),
+            ("target_in_flight", "2.5"),
+            ("scale_down_after_s", "-1"),
+            ("scale_down_after_s", '"600"'),
+            ("priority", "1e9"),
+            ("max_replicas", "true"),
+        )
+    ),
 ]
 
 

@@ -77,8 +77,8 @@ def test_a_bad_sort_column_lists_the_valid_ones(fleet: Controller) -> None:
 
 def test_models_table_exact(fleet: Controller) -> None:
     assert ok(ctl(fleet.url, "models")) == (
-        "MODEL      READY   MIN   SHAPE   CLASS   ENGINE   STATUS\n"
-        "org/tiny       0     0   1x1     any     vllm     satisfied\n"
+        "MODEL      READY   MIN   DESIRED   MAX   SHAPE   CLASS   ENGINE   STATUS\n"
+        "org/tiny       0     0         0     0   1x1     any     vllm     satisfied\n"
     )
     assert ok(ctl(fleet.url, "replicas")) == ""  # no rows: nothing, not a bare header
 
