@@ -426,6 +426,7 @@ class EventReason(StrEnum):
     STOPPED = "Stopped"  # replicas of a deleted model stopped
     SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
+    RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
 
 
 class EventView(Outbound):

@@ -1009,8 +1009,11 @@ class FleetState:
         serving_on: dict[str, set[str]] = defaultdict(set)  # nodes under serving replicas
         updated: Counter[str] = Counter()  # ready replicas of the current revision
         outdated: Counter[str] = Counter()  # live replicas of an older one
+        leaving: dict[str, Counter[str]] = defaultdict(Counter)  # why the loop stops them
         for status in self.replica_statuses().values():
             rec = status.record
+            if rec.leaving is not None:
+                leaving[rec.model][rec.leaving.split(":", 1)[0]] += 1
             states[rec.model][status.state] += 1
             if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
                 serving_on[rec.model].update(rec.nodes)
@@ -1032,6 +1035,9 @@ class FleetState:
                 waits = reasons.get(name)
                 if waits is not None:
                     why = f"{why}; scale-up waits: {waits}"
+            going = "; ".join(f"{n} leaving ({what})" for what, n in sorted(leaving[name].items()))
+            if going:
+                why = f"{why}; {going}" if why else going
             views.append(
                 ModelView(
                     spec=spec,

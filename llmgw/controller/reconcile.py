@@ -47,7 +47,7 @@ import logging
 import re
 import secrets
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
@@ -56,6 +56,7 @@ from llmgw.controller.autoscale import Autoscaler
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
 from llmgw.controller.fleet import FleetState
+from llmgw.controller.reclaim import RECLAIMED, Candidate, choose
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.rollout import plan_rollout
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
@@ -69,6 +70,7 @@ from llmgw.scheduler import (
     plan_drain,
 )
 from llmgw.wire import (
+    IDLE_AFTER_S,
     AdminFlag,
     DrainPlan,
     EventReason,
@@ -299,6 +301,7 @@ class Reconciler:
         self._replace_faulted(faults, now, wall)
         self._roll(faults, now, wall)
         self._scale(faults, now)
+        self._reclaim(faults, now)
         yield
         yield from self._fill_shortfalls(place_until)
 
@@ -690,8 +693,10 @@ class Reconciler:
         desired = fleet.desired_replicas(name)
         leaving = [s.record for s in mine if s.record.leaving is not None]
         staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
-        if leaving and len(staying) < desired:  # demand came back before they stopped
-            back = leaving[: desired - len(staying)]
+        # Demand came back before they stopped (a reclaimed one stays reclaimed).
+        undone = [r for r in leaving if not r.leaving or not r.leaving.startswith(RECLAIMED)]
+        if undone and len(staying) < desired:
+            back = undone[: desired - len(staying)]
             fleet.put_replicas(
                 replace(r, state=ReplicaState.READY, leaving=None, error=None) for r in back
             )
@@ -737,6 +742,81 @@ class Reconciler:
         if self._stoppable([pick.id]):  # no gateway to wait for
             fleet.remove_replicas([pick.id])
             fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped")
+
+    def _reclaim(self, faults: Faults, now: float) -> None:
+        """Room for the highest-priority model short of its minimum that cannot
+        be placed, from lower-priority models above theirs (`reclaim`): the
+        chosen replicas leave as a scale-down's do; it is placed when they stop."""
+        fleet = self.fleet
+        wall = fleet.wall()
+        statuses = [
+            s for s in fleet.replica_statuses().values() if s.state is not ReplicaState.FAILED
+        ]
+        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        staying: Counter[str] = Counter(
+            s.record.model
+            for s in statuses
+            if s.record.leaving is None and s.record.id not in replaced
+        )
+        pending = {
+            s.record.leaving for s in statuses if (s.record.leaving or "").startswith(RECLAIMED)
+        }
+        short = sorted(
+            (
+                spec
+                for name, spec in fleet.models.items()
+                if staying[name] < spec.min_replicas
+                and name in fleet.unplaceable_reasons
+                and not fleet.backing_off(name, wall)
+            ),
+            key=lambda spec: (-spec.priority, spec.name),
+        )
+        if not short or any(f"{RECLAIMED} {short[0].name} " in p for p in pending if p):
+            return  # nothing to do, or its room is on its way
+        spec = short[0]
+        gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
+        candidates = [
+            Candidate(
+                s.record,
+                fleet.models[s.record.model],
+                s.state is ReplicaState.READY
+                and s.idle_since is not None
+                and now - s.idle_since >= IDLE_AFTER_S,
+                s.in_flight(gateways) or 0,
+            )
+            for s in statuses
+            if s.record.model in fleet.models
+            and fleet.models[s.record.model].priority < spec.priority
+            and s.record.leaving is None
+            and s.record.replaces is None
+            and s.record.id not in replaced
+            and s.state in (ReplicaState.READY, ReplicaState.STARTING)
+        ]
+        if not candidates:
+            return
+        draining = [n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING]
+        cards = {uuid: cls for entry in fleet.nodes.values() for uuid, cls, _ in entry.cards}
+        nodes = snapshot(fleet, now, [*draining, *faults])
+        picked = choose(spec, candidates, staying, nodes, cards)
+        if not picked:
+            return
+        why = f"{RECLAIMED} {spec.name} (priority {spec.priority})"
+        for rec in picked:
+            fleet.event(
+                f"model/{rec.model}",
+                EventReason.RECLAIMED,
+                f"{rec.id} out of routing, to stop: {why}, short of its minimum",
+            )
+        fleet.put_replicas(
+            replace(r, state=ReplicaState.DRAINING, leaving=why, error=why) for r in picked
+        )
+        fleet.event(
+            f"model/{spec.name}",
+            EventReason.RECLAIMED,
+            f"room for a replica: {', '.join(f'{r.id} ({r.model})' for r in picked)} to stop",
+        )
+        stopped = self._stoppable([r.id for r in picked])
+        fleet.remove_replicas(stopped)
 
     def _why_scaled(self, name: str) -> str:
         scaling = self.fleet.scaling(name)
@@ -961,6 +1041,16 @@ class Reconciler:
         if self._resume is not None:
             name, after = self._resume
             first = (bisect.bisect_right if after else bisect.bisect_left)(names, name)
+        # While a model is short and cannot be placed, lower-priority models do
+        # not grow above their minimum: the room reclaimed for it goes to it.
+        starving = max(
+            (
+                spec.priority
+                for name, spec in fleet.models.items()
+                if active[name] < spec.min_replicas and name in fleet.unplaceable_reasons
+            ),
+            default=None,
+        )
         version = fleet.capacity_version
         wants: deque[_Want] = deque()
         refresh: list[_Want] = []  # did not fit, and only this loop has moved capacity since
@@ -969,6 +1059,8 @@ class Reconciler:
                 continue
             spec = fleet.models[name]
             missing = fleet.desired_replicas(name) - active[name]
+            if starving is not None and spec.priority < starving:
+                missing = min(missing, spec.min_replicas - active[name])
             if missing <= 0:
                 fleet.set_unplaceable(name, None)
                 self._did_not_fit.pop(name, None)

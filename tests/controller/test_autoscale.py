@@ -279,3 +279,67 @@ class _Holding:
 
     def ready_to_stop(self, ids: list[str], *, force: bool = False) -> list[str]:
         return []
+
+
+# -- reclaim by priority -----------------------------------------------------------------
+
+LOW = ModelSpec(
+    name="low",
+    source="org/low",
+    min_replicas=1,
+    max_replicas=2,
+    target_in_flight=2,
+    scale_down_after_s=600,
+    gpus_per_shard=8,
+)
+HIGH = ModelSpec(name="high", source="org/high", min_replicas=1, gpus_per_shard=8, priority=10)
+
+
+def full_of_low(tmp_path: Path, low: ModelSpec = LOW) -> DemandSim:
+    """Two nodes of 8 cards, both taken by `low` (scaled to 2 by its load)."""
+    sim = DemandSim(tmp_path, FakeClock(), ["gpu1", "gpu2"])
+    for node in sim.nodes:
+        sim.report(node)
+    sim.fleet.put_models([low], "alice")
+    sim.load["low"] = 8
+    for _ in range(6):
+        sim.step()
+    assert len(sim.fleet.records) == 2
+    return sim
+
+
+def test_a_short_higher_priority_model_reclaims_a_replica_above_a_lower_ones_minimum(
+    tmp_path: Path,
+) -> None:
+    sim = full_of_low(tmp_path)
+    sim.fleet.put_models([LOW, HIGH], "alice")
+    for _ in range(8):
+        sim.step()
+    models = {r.model for r in sim.fleet.records.values()}
+    assert models == {"low", "high"}, sim.fleet.records
+    [view] = [v for v in sim.fleet.model_views() if v.spec.name == "high"]
+    assert view.satisfied
+    low_events = [e.message for e in sim.fleet.events(0, "model/low").events]
+    assert any("reclaimed for high (priority 10)" in m for m in low_events), low_events
+    # The lower model keeps its minimum, and does not take the room back while
+    # its demand still asks for 2: there is none.
+    for _ in range(10):
+        sim.step()
+    assert sorted(r.model for r in sim.fleet.records.values()) == ["high", "low"]
+
+
+def test_never_below_a_lower_models_minimum_nor_for_equal_priority(tmp_path: Path) -> None:
+    at_min = LOW.model_copy(update={"min_replicas": 2})
+    sim = full_of_low(tmp_path, at_min)
+    sim.fleet.put_models([at_min, HIGH], "alice")
+    for _ in range(8):
+        sim.step()
+    assert {r.model for r in sim.fleet.records.values()} == {"low"}
+    assert "high" in sim.fleet.unplaceable_reasons
+
+    sim = full_of_low(tmp_path / "equal")
+    same = HIGH.model_copy(update={"priority": 0})
+    sim.fleet.put_models([LOW, same], "alice")
+    for _ in range(8):
+        sim.step()
+    assert {r.model for r in sim.fleet.records.values()} == {"low"}
