@@ -201,6 +201,10 @@ def model_words(m: Any) -> tuple[str, Meaning]:
     if m.ready >= 2 and getattr(m, "nodes", 0) == 1:
         return "satisfied, all on one node", Meaning.ATTENTION
     scaling = getattr(m, "scaling", None)
+    if scaling and scaling.startswith("waking"):
+        return scaling, Meaning.ATTENTION
+    if scaling and scaling.startswith("asleep") and m.ready == 0:
+        return scaling, Meaning.MUTED
     if scaling:  # autoscaled: where demand puts it, and why
         desired = getattr(m, "desired", m.ready)
         if m.ready < desired:

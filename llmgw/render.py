@@ -204,6 +204,8 @@ NUMERIC_COLUMNS = frozenset(
         "IN FLIGHT",
         "P50",
         "CACHE HIT",
+        "WAKING FOR",
+        "HELD",
     }
 )
 
@@ -302,6 +304,11 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         reason = present.short_words(summary.unplaceable_reasons.get(name))
         unplaceable.add(name, Cell(name, BROKEN), clean(reason))
     section("Unplaceable", unplaceable)
+
+    waking = _table("MODEL", "WAKING FOR", "HELD")
+    for w in getattr(summary, "waking", None) or []:  # absent from older controllers
+        waking.add(w.model, Cell(w.model, ATTENTION), duration(w.seconds), str(w.held))
+    section("Waking (from zero replicas)", waking)
 
     traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
     for tr in getattr(summary, "traffic", None) or []:  # absent from older controllers

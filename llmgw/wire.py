@@ -678,6 +678,12 @@ class ReasonGroup(Outbound):
     nodes: list[str]
 
 
+class WakingModel(Outbound):
+    model: str
+    seconds: float  # since the first held request woke it
+    held: int  # requests the gateways hold for it
+
+
 class FleetSummary(Outbound):
     nodes: NodeCounts
     gpus: list[GpuClassCounts]
@@ -693,6 +699,8 @@ class FleetSummary(Outbound):
     traffic: list[ModelTraffic] = Field(default_factory=list)  # models with figures, by name
     # engine -> reachable nodes whose agent can run it (agents that say so)
     engines: dict[str, int] = Field(default_factory=dict)
+    # Models woken from zero replicas that none serves yet, by name.
+    waking: list[WakingModel] = Field(default_factory=list)
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes
@@ -741,6 +749,10 @@ class Endpoint(Outbound):
 # How an `unserved` reason says the model cannot be placed at all (the gateway's
 # answer then promises no replica "yet").
 UNPLACEABLE_PREFIX = "cannot be placed: "
+# How an `unserved` reason says the model sleeps at zero replicas (or is waking
+# from it): a gateway holds its requests until a replica serves, rather than
+# answering 503 (`llmgw.gateway.explain`).
+ASLEEP_PREFIX = "asleep: "
 
 
 class EndpointsDelta(Outbound):
@@ -770,6 +782,10 @@ class GatewayStatus(Inbound):
     # Endpoints it leaves out of routing because it cannot use them, and why.
     rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
         default_factory=dict, max_length=1024
+    )
+    # Requests it holds per model asleep at zero replicas, waiting for one to wake.
+    held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict, max_length=10_000
     )
 
 

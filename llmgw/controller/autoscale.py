@@ -22,9 +22,10 @@ The rules (Kubernetes' HPA has the same shape: no window up, a long one down):
   for the spec's `scale_down_after_s`; any rise in between starts the wait again.
   The gap between the two rules is what keeps noise around a target from
   flapping.
-- `min_replicas: 0` with `max_replicas >= 1` keeps one replica for now: until
-  the gateway can hold a request while a replica wakes, a model at zero could
-  not be woken.
+- `min_replicas: 0` with `max_replicas >= 1` sleeps at zero replicas once its
+  last one has been unused that long, and wakes at its first request: the
+  gateways hold requests for a model asleep and count them with the ones in
+  flight (`GatewayStatus.held`), so one held request asks for one replica.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ DOWN_AT = 0.9
 
 class Decision(NamedTuple):
     desired: int
-    in_flight: float  # the window's mean
-    why: str  # `in flight 12, target 4 -> 3`
+    in_flight: float  # the window's mean, held requests included
+    why: str  # `in flight 12, target 4 -> 3`; `waking for 4s: 2 held`; `asleep: ...`
     changed: int = 0  # +1 up, -1 down, 0 the same (an event when not 0)
+    woke_at: float | None = None  # woken from zero and not serving yet: since when
+    held: int = 0  # requests the gateways hold for it
 
 
 @dataclass
@@ -54,22 +57,28 @@ class _Model:
     desired: int
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, in flight)
     lower_since: float | None = None  # since when a lower count would do
-
-
-def floor_of(spec: ModelSpec) -> int:
-    """The fewest replicas demand may leave (see the module docstring for 0)."""
-    return max(spec.min_replicas, 1) if spec.most_replicas >= 1 else 0
+    woke_at: float | None = None  # when a held request woke it from zero
 
 
 class Autoscaler:
     def __init__(self) -> None:
         self._models: dict[str, _Model] = {}
 
-    def decide(self, spec: ModelSpec, in_flight: float, current: int, now: float) -> Decision:
+    def decide(
+        self,
+        spec: ModelSpec,
+        in_flight: float,
+        current: int,
+        now: float,
+        *,
+        held: int = 0,
+        serving: int = 0,
+    ) -> Decision:
         """The desired count of `spec`'s replicas at `now` (monotonic), given the
-        requests in flight on its serving replicas and how many it has (`current`:
-        live replicas, used once, when the model is first seen)."""
-        low, high = floor_of(spec), spec.most_replicas
+        requests in flight on its serving replicas, those the gateways hold for
+        it, how many replicas it has (`current`: live ones, used once, when the
+        model is first seen) and how many serve."""
+        low, high = spec.min_replicas, spec.most_replicas
         if not spec.autoscaled:
             self._models.pop(spec.name, None)
             return Decision(spec.min_replicas, in_flight, "fixed count")
@@ -77,15 +86,19 @@ class Autoscaler:
         if m is None:
             m = self._models[spec.name] = _Model(desired=min(max(current, low), high))
         m.desired = min(max(m.desired, low), high)  # the spec's bounds may have moved
-        m.samples.append((now, in_flight))
+        m.samples.append((now, in_flight + held))
         while m.samples[0][0] < now - WINDOW_S:
             m.samples.popleft()
         mean = sum(n for _, n in m.samples) / len(m.samples)
         target = spec.target_in_flight
         up = min(max(math.ceil(mean / target), low), high)
         down = min(max(math.ceil(mean / (target * DOWN_AT)), low), high)
+        if held and up < 1 <= high:
+            up = 1  # a held request wakes the model whatever the window says
         changed = 0
         if up > m.desired:
+            if m.desired == 0:
+                m.woke_at = now
             m.desired, m.lower_since, changed = up, None, 1
         elif down < m.desired:
             if m.lower_since is None:
@@ -94,11 +107,17 @@ class Autoscaler:
                 m.desired, m.lower_since, changed = m.desired - 1, now, -1
         else:
             m.lower_since = None
+        if serving or m.desired == 0:
+            m.woke_at = None
         why = f"in flight {mean:.3g}, target {target} -> {m.desired}"
-        if m.lower_since is not None and changed == 0:
+        if m.woke_at is not None:
+            why = f"waking for {now - m.woke_at:.0f}s: {held} request(s) held"
+        elif m.desired == 0:
+            why = "asleep: woken by its first request"
+        elif m.lower_since is not None and changed == 0:
             left = spec.scale_down_after_s - (now - m.lower_since)
             why += f" (down to {m.desired - 1} in {max(left, 0):.0f}s if it stays low)"
-        return Decision(m.desired, mean, why, changed)
+        return Decision(m.desired, mean, why, changed, m.woke_at, held)
 
     def forget(self, keep: set[str]) -> None:
         """Drop the memory of models no longer declared."""

@@ -22,6 +22,7 @@ from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.fleet import BadCursor, FleetState
 from llmgw.controller.store import ReplicaRecord
 from llmgw.wire import (
+    ASLEEP_PREFIX,
     UNPLACEABLE_PREFIX,
     Endpoint,
     EndpointsDelta,
@@ -132,8 +133,12 @@ def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
             continue
         unplaceable = fleet.unplaceable_reasons.get(name)
         n = starting.get(name, 0)
+        spec = fleet.models[name]
         if unplaceable is not None:
             out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
+        elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
+            waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
+            out[name] = f"{ASLEEP_PREFIX}{waking or 'woken by its first request'}"
         elif n:
             out[name] = f"{n} replica{'s' if n > 1 else ''} starting"
         else:
@@ -198,6 +203,7 @@ class GatewaySeen:
     at: float  # monotonic
     by: str = ""  # the token's identity that posted it
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
+    held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
 
 
 class TooManyGateways(Exception):
@@ -249,6 +255,7 @@ class Gateways:
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
+            {m: n for m, n in status.held.items() if n and m in self.fleet.models},
         )
 
     def expire(self, now: float) -> None:
@@ -265,6 +272,14 @@ class Gateways:
         for g in self.live(now):
             for rid, n in g.in_flight.items():
                 out[rid] = out.get(rid, 0) + n
+        return out
+
+    def held(self, now: float) -> dict[str, int]:
+        """Requests the live gateways hold per model asleep, waiting for it to wake."""
+        out: dict[str, int] = {}
+        for g in self.live(now):
+            for model, n in g.held.items():
+                out[model] = out.get(model, 0) + n
         return out
 
     def views(self) -> list[GatewayView]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from llmgw.controller.autoscale import Decision
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.events import KEEP as EVENTS_KEPT
 from llmgw.controller.events import KEEP_S as EVENTS_KEPT_S
@@ -67,6 +68,7 @@ from llmgw.wire import (
     RolloutView,
     ShardAssignment,
     ShardState,
+    WakingModel,
 )
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
@@ -111,7 +113,7 @@ class FleetState:
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
         # Decided by the reconcile loop: each autoscaled model's desired replicas,
         # its requests in flight as the autoscaler read them, and why.
-        self._scaling: dict[str, tuple[int, float, str]] = {}
+        self._scaling: dict[str, Decision] = {}
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
@@ -660,17 +662,17 @@ class FleetState:
         scaling = self._scaling.get(model)
         if scaling is None:
             return spec.min_replicas
-        return min(max(scaling[0], spec.min_replicas), spec.most_replicas)
+        return min(max(scaling.desired, spec.min_replicas), spec.most_replicas)
 
-    def scaling(self, model: str) -> tuple[int, float, str] | None:
+    def scaling(self, model: str) -> Decision | None:
         return self._scaling.get(model)
 
-    def set_scaling(self, model: str, desired: int, in_flight: float, why: str) -> None:
+    def set_scaling(self, model: str, decision: Decision) -> None:
         """The autoscaler's answer for `model` (the reconcile loop's, each pass);
         a change of the desired count is a change of the model's view."""
         old = self._scaling.get(model)
-        self._scaling[model] = (desired, in_flight, why)
-        if old is None or old[0] != desired:
+        self._scaling[model] = decision
+        if old is None or old.desired != decision.desired:
             self._log.append(ChangeKind.MODEL, model)
 
     def forget_scaling(self, keep: Iterable[str]) -> None:
@@ -895,7 +897,14 @@ class FleetState:
             now,
             self.wall(),
             gateway_in_flight,
-        )
+        ).model_copy(update={"waking": self._waking(now)})
+
+    def _waking(self, now: float) -> list[WakingModel]:
+        return [
+            WakingModel(model=name, seconds=round(now - d.woke_at, 1), held=d.held)
+            for name, d in sorted(self._scaling.items())
+            if d.woke_at is not None
+        ]
 
     def _row_content(self, name: str, now: float) -> RowContent:
         """Everything a node's row shows except the report age. The row is built
@@ -1029,7 +1038,7 @@ class FleetState:
             backoff = self._backoffs.get(name)
             desired = self.desired_replicas(name)
             scaling = self._scaling.get(name)
-            why = scaling[2] if scaling is not None and spec.autoscaled else None
+            why = scaling.why if scaling is not None and spec.autoscaled else None
             live = ready + mine[ReplicaState.STARTING]
             if why is not None and desired > live and ready >= spec.min_replicas:
                 waits = reasons.get(name)
@@ -1050,7 +1059,7 @@ class FleetState:
                     last_failure=backoff.last_failure if backoff else None,
                     rollout=self._rollout_view(spec, updated[name], outdated[name]),
                     desired=desired,
-                    in_flight=round(scaling[1], 2) if scaling is not None else 0.0,
+                    in_flight=round(scaling.in_flight, 2) if scaling is not None else 0.0,
                     scaling=why,
                 )
             )

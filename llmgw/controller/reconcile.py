@@ -657,6 +657,7 @@ class Reconciler:
         leaving replica is taken back when the count rises before it stopped."""
         fleet = self.fleet
         gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
+        held = self.gate.gateways.held(now) if self.gate is not None else {}
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         live: dict[str, list[ReplicaStatus]] = defaultdict(list)
         # Read again: the steps before this one may have moved replicas.
@@ -668,12 +669,13 @@ class Reconciler:
         for name, spec in sorted(fleet.models.items()):
             mine = live.get(name, [])
             staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
-            in_flight = sum(
-                s.in_flight(gateways) or 0 for s in staying if s.state is ReplicaState.READY
+            ready = [s for s in staying if s.state is ReplicaState.READY]
+            in_flight = sum(s.in_flight(gateways) or 0 for s in ready)
+            decision = self._autoscaler.decide(
+                spec, in_flight, len(staying), now, held=held.get(name, 0), serving=len(ready)
             )
-            decision = self._autoscaler.decide(spec, in_flight, len(staying), now)
             before = fleet.desired_replicas(name)
-            fleet.set_scaling(name, decision.desired, decision.in_flight, decision.why)
+            fleet.set_scaling(name, decision)
             if decision.changed:
                 reason = EventReason.SCALED_UP if decision.changed > 0 else EventReason.SCALED_DOWN
                 fleet.event(
@@ -820,7 +822,7 @@ class Reconciler:
 
     def _why_scaled(self, name: str) -> str:
         scaling = self.fleet.scaling(name)
-        return "fixed count" if scaling is None else scaling[2].split(" (", 1)[0]
+        return "fixed count" if scaling is None else scaling.why.split(" (", 1)[0]
 
     def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
         """Events: originals stopped once their stand-ins served."""
