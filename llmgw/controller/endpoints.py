@@ -196,14 +196,21 @@ def _waiting_for_reports(fleet: FleetState) -> str | None:
 @dataclass
 class GatewaySeen:
     name: str
-    cursor: str
-    revision: int | None  # what it has applied, in this controller run's revisions
+    cursor: str  # what it has applied: "EPOCH.REVISION" (`applied` reads it)
     in_flight: dict[str, int]
     requests: dict[str, int]
     at: float  # monotonic
     by: str = ""  # the token's identity that posted it
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
+
+    def applied(self, fleet: FleetState) -> int | None:
+        """The revision it has applied, in `fleet`'s term; None for a cursor of
+        another term (a report kept from before a takeover means nothing now)."""
+        try:
+            return parse_cursor(fleet, self.cursor)
+        except BadCursor:
+            return None
 
 
 class TooManyGateways(Exception):
@@ -234,10 +241,6 @@ class Gateways:
                     f"at most {MAX_NAMES_PER_TOKEN} per token, {MAX_GATEWAYS} in all): reuse a "
                     f"name, or wait: a name is forgotten {FORGET_S:g} s after its last status"
                 )
-        try:
-            revision = parse_cursor(self.fleet, status.cursor)
-        except BadCursor:
-            revision = None
         records = self.fleet.records
         requests = {rid: n for rid, n in status.requests.items() if rid in records}
         before = old.requests if old else {}
@@ -249,7 +252,6 @@ class Gateways:
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
-            revision,
             {rid: n for rid, n in status.in_flight.items() if rid in records},
             requests,
             now,
@@ -321,8 +323,8 @@ class StopGate:
                 out.append(rid)
                 continue
             if all(
-                g.revision is not None
-                and g.revision >= revision
+                (applied := g.applied(fleet)) is not None
+                and applied >= revision
                 and (force or g.in_flight.get(rid, 0) == 0)
                 for g in live
             ):

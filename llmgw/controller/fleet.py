@@ -593,11 +593,7 @@ class FleetState:
         doomed = [r.id for r in self._by_node.get(name, ())]
         self._store.forget_node(name, doomed, by=by, at=self.wall())
         self._unsaved_nodes.pop(name, None)
-        touched = {n for rid in doomed for n in self._records[rid].nodes} - {name}
-        for rid in doomed:
-            del self._records[rid]
-            self._stopping.pop(rid, None)
-            self._log.append(ChangeKind.REPLICA, rid)
+        touched = self._drop_replicas(doomed) - {name}
         self._index_records()
         if self._admin.pop(name, None) is not None:
             self._log.append(ChangeKind.ADMIN, name)
@@ -846,6 +842,11 @@ class FleetState:
         if not ids:
             return
         self._store.delete_replicas(ids)
+        self._replicas_moved(self._drop_replicas(ids))
+
+    def _drop_replicas(self, ids: list[str]) -> set[str]:
+        """Every removal's memory side (the store has dropped them): what is kept
+        of a replica anywhere here goes with it. Returns the nodes they were on."""
         touched: set[str] = set()
         for i in ids:
             touched.update(self._records.pop(i).nodes)
@@ -855,7 +856,7 @@ class FleetState:
         live = {r.model for r in self._records.values()}
         for model in [m for m in self._retiring if m not in live]:
             del self._retiring[model]
-        self._replicas_moved(touched)
+        return touched
 
     def _replicas_moved(self, touched: set[str]) -> None:
         self._capacity_version = next(_CAPACITY_VERSIONS)
