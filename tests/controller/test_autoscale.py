@@ -108,12 +108,24 @@ def test_a_new_term_starts_at_the_count_it_has() -> None:
     assert Autoscaler().decide(SPEC, 0.0, 0, 0.0).desired == 1
 
 
-def test_min_zero_keeps_one_until_a_wake_exists() -> None:
+def test_min_zero_sleeps_when_unused_and_a_held_request_wakes_it_at_once() -> None:
     spec = SPEC.model_copy(update={"min_replicas": 0})
     scaler = Autoscaler()
-    for t in range(200):
-        d = scaler.decide(spec, 0.0, 1, float(t))
-    assert d.desired == 1
+    t = 0.0
+    assert scaler.decide(spec, 0.0, 1, t).desired == 1  # a new term keeps what runs
+    while t < 100:
+        t += 1.0
+        d = scaler.decide(spec, 0.0, 1, t)
+    assert d.desired == 0 and d.why.startswith("asleep"), d
+    # One request held by a gateway: one replica, in the same pass.
+    t += 1.0
+    woke = scaler.decide(spec, 0.0, 0, t, held=1)
+    assert (woke.desired, woke.changed, woke.woke_at) == (1, 1, t)
+    t += 4.0
+    waking = scaler.decide(spec, 0.0, 1, t, held=3)
+    assert waking.why == "waking for 4s: 3 request(s) held" and waking.held == 3
+    served = scaler.decide(spec, 1.0, 1, t + 1, serving=1)
+    assert served.woke_at is None and not served.why.startswith("waking")
 
 
 @pytest.mark.parametrize(
@@ -275,6 +287,10 @@ class _Holding:
     class gateways:  # the shape of `StopGate.gateways`
         @staticmethod
         def in_flight(now: float) -> dict[str, int]:
+            return {}
+
+        @staticmethod
+        def held(now: float) -> dict[str, int]:
             return {}
 
     def ready_to_stop(self, ids: list[str], *, force: bool = False) -> list[str]:
