@@ -23,8 +23,10 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--timeout must be a positive number of seconds")
         if args.force_after is not None and not 0 < args.force_after <= 7 * 86400:
             raise UsageError("--force-after must be between 0 and 604800 seconds (7 days)")
-        if args.yes and not args.force:
-            raise UsageError("--yes confirms --force; without --force there is nothing to confirm")
+        if args.yes and not (args.force or args.force_after is not None):
+            raise UsageError(
+                "--yes confirms --force or --force-after; without either there is nothing to confirm"
+            )
         if args.dry_run and (args.wait or args.force or args.force_after is not None):
             raise UsageError("--dry-run only reports; it cannot be combined with --wait or --force")
         if not args.dry_run and (args.reason is None or not args.reason.strip()):

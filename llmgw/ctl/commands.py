@@ -209,16 +209,8 @@ class Ctl:
                 self.term.write(render.drain_plan(plan, color=self.term.color))
                 short = [i for i in plan.impacts if i.verdict == "below_minimum"]
             return EXIT_FAILED if short else EXIT_OK
-        if a.force and not a.yes:
-            plan = self.client(api.drain_plan(a.nodes))
-            below = [i for i in plan.impacts if i.verdict == "below_minimum"]
-            if below:
-                self.term.write(render.drain_plan(plan, color=self.term.color))
-                raise UsageError(
-                    "--force would drop "
-                    + ", ".join(f"{i.model} below its minimum ({i.min_replicas})" for i in below)
-                    + "; add --yes to go ahead anyway"
-                )
+        if (a.force or a.force_after is not None) and not a.yes:
+            self._refuse_below_minimum()
         code = self._each(
             a.nodes,
             lambda n: api.drain(n, a.reason.strip(), force=a.force, force_after_s=a.force_after),
@@ -228,6 +220,23 @@ class Ctl:
             limit_s = 600.0 if a.timeout is None else a.timeout
             return wait_drained(self.client, self.out, a.nodes, limit_s)
         return code
+
+    def _refuse_below_minimum(self) -> None:
+        """Every path that can force a stop (--force, --force-after) passes the
+        same pre-check: a model it would drop below its minimum needs --yes."""
+        a = self.args
+        plan = self.client(api.drain_plan(a.nodes))
+        below = [i for i in plan.impacts if i.verdict == "below_minimum"]
+        if not below:
+            return
+        self.term.write(render.drain_plan(plan, color=self.term.color))
+        flag = "--force" if a.force else "--force-after"
+        when = "" if a.force else " when its deadline forces the drain"
+        raise UsageError(
+            f"{flag} would drop "
+            + ", ".join(f"{i.model} below its minimum ({i.min_replicas})" for i in below)
+            + f"{when}; add --yes to go ahead anyway"
+        )
 
     def apply(self) -> int:
         from llmgw.ctl.modelfile import apply_warnings, load_specs

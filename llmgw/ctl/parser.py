@@ -287,7 +287,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         s.add_argument(
             "--yes",
             action="store_true",
-            help="with --force: go ahead even if a model falls below its minimum",
+            help="with --force or --force-after: go ahead even if a model falls below its minimum",
         )
         s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
         s.add_argument(

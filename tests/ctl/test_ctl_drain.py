@@ -52,6 +52,23 @@ def test_force_below_minimum_needs_yes(fleet: Controller) -> None:
     assert drain_flag(fleet, "gpu-a01") in ("draining", "cordoned")
 
 
+def test_force_after_below_minimum_needs_yes_too(fleet: Controller) -> None:
+    """A deadline forces the drain as --force does: the same pre-check, the same --yes."""
+    result = ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "20")
+    assert result.returncode == 2
+    assert result.stdout.startswith(
+        "Draining gpu-a01 moves 1 replica(s).\n  below_minimum  org/big"
+    )
+    assert result.stderr.splitlines()[-1] == (
+        "llmgw ctl: --force-after would drop org/big below its minimum (1) when its deadline "
+        "forces the drain; add --yes to go ahead anyway"
+    )
+    assert drain_flag(fleet, "gpu-a01") == "none"  # nothing happened
+    out = ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "600", "--yes"))
+    assert out == "gpu-a01 draining\n"
+    assert drain_flag(fleet, "gpu-a01") == "draining"
+
+
 def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Controller) -> None:
     result = ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--wait", "--timeout", "2")
     assert result.returncode == 1
