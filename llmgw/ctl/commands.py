@@ -31,6 +31,7 @@ class Ctl:
         self.args = args
         self.term = term
         self.out = Output(term, args)
+        self._missing: list[str] = []  # nodes named that the controller does not know
 
     def _read(
         self, call: api.Call[Any], table: Callable[[Any], render.Table], *, plain: bool = False
@@ -48,9 +49,8 @@ class Ctl:
         return EXIT_OK
 
     def _filter_json(self, data: Any) -> Any:
-        state = getattr(self.args, "state", None)
-        if state and isinstance(data, list):
-            return [r for r in data if r.get("state") == state]
+        if self.args.command == "nodes" and isinstance(data, list):
+            return self._only(data)
         return data
 
     # -- reads
@@ -82,10 +82,19 @@ class Ctl:
 
         if self.args.watch and self.args.output not in ("json", "yaml"):
             return watch_nodes(self.client, self.out, table, self.args.interval)
-        return self._read(api.nodes(), table, plain=True)
+        code = self._read(api.nodes(), table, plain=True)
+        for name in self._missing:  # as kubectl: the rows found, and each name not found
+            print(f"llmgw ctl: node {name} not found", file=sys.stderr)
+        return EXIT_FAILED if self._missing else code
 
     def _only(self, rows: list[NodeRow]) -> list[NodeRow]:
-        if self.args.state:  # rows are JSON objects: plain, or api.View
+        """The rows asked for: those named (in the order named), in the state asked."""
+        # Rows are JSON objects: plain, or api.View.
+        if self.args.names:
+            by_name = {r["name"]: r for r in rows}  # type: ignore[index]
+            self._missing = [n for n in dict.fromkeys(self.args.names) if n not in by_name]
+            rows = [by_name[n] for n in dict.fromkeys(self.args.names) if n in by_name]
+        if self.args.state:
             rows = [r for r in rows if r["state"] == self.args.state]  # type: ignore[index]
         return rows
 
@@ -113,14 +122,9 @@ class Ctl:
                 self.client.json(api.revoke_credential(node))
                 self.term.write(f"{node}: revoked\n")
             return EXIT_OK
-        creds = self.client.json(api.credentials())
-        if self.args.output in ("json", "yaml"):
-            self.out.data(creds)
-            return EXIT_OK
-        for c in creds:
-            when = render.timestamp(c.get("issued_at"))
-            self.term.write(f"{c['node']:<32} {c['source']:<9} {when:<20} {c.get('by') or '-'}\n")
-        return EXIT_OK
+        if self.args.nodes:
+            raise UsageError("credentials list takes no NODE (to revoke: credentials revoke NODE)")
+        return self._read(api.credentials(), render.credentials_table, plain=True)
 
     def models(self) -> int:
         wide = self.args.output == "wide"
@@ -242,6 +246,10 @@ class Ctl:
         from llmgw.ctl.modelfile import apply_warnings, load_specs
 
         specs = load_specs(self.args.file)
+        if self.args.dry_run:
+            for would in self.client(api.apply_models_dry_run(specs)):
+                self.term.write(render.dry_run_change(would))
+            return EXIT_OK
         for v in self.client(api.apply_models(specs)):
             self.term.write(
                 f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
@@ -251,8 +259,11 @@ class Ctl:
         return EXIT_OK
 
     def delete(self) -> int:
-        self.client(api.delete_model(self.args.name))
-        self.term.write(f"model {self.args.name} deleted; its replicas are being stopped\n")
+        name = self.args.name
+        running = sum(1 for r in self.client(api.replicas()) if r.model == name)
+        self.client(api.delete_model(name))
+        stopped = f"; its {running} replica(s) are being stopped" if running else ""
+        self.term.write(f"model {name} deleted{stopped}\n")
         return EXIT_OK
 
     def _each(self, nodes: list[str], call: Callable[[str], api.Call[Any]], done: str) -> int:

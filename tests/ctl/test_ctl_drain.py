@@ -77,7 +77,13 @@ def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Cont
     assert lines[1].startswith("draining gpu-a01: 0/1 drained, 1 replica(s) to move")
     progress = [line for line in lines if line.startswith("draining gpu-a01:")]
     assert len(progress) == len(set(progress)) <= 3  # a line per change, not per poll
-    assert "timed out after 2s: 0/1 drained; gpu-a01 still hold 1 replica(s)" in result.stdout
+    assert "timed out after 2s: 0/1 drained; 1 replica(s) still on gpu-a01" in result.stdout
+    # piped, nothing is cut: the whole reason the drain waits for
+    waiting = (
+        "1 waiting: org/big: needs 1 node with 8 free GPUs of one class; no node is ready "
+        "(2 cordoned, draining or unreachable)"
+    )
+    assert progress[-1].endswith(waiting) and "…" not in result.stdout
     assert "llmgw ctl drain gpu-a01 --reason REASON --force" in result.stdout
 
 
