@@ -206,8 +206,10 @@ NUMERIC_COLUMNS = frozenset(
 )
 
 
-def _table(*columns: str) -> Table:
-    return Table(list(columns), right=NUMERIC_COLUMNS)
+def _table(*columns: str, text: Iterable[str] = ()) -> Table:
+    """Numbers right-aligned, text left; `text`: columns named like a number column
+    elsewhere that hold text here (a replica's NODES is a hostlist)."""
+    return Table(list(columns), right=NUMERIC_COLUMNS.difference(text))
 
 
 def _n(value: int, style: str | None = None) -> Cell:
@@ -511,7 +513,7 @@ REPLICA_WIDE = ["CREATED", "REPLACES", "REV"]
 
 
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
-    table = _table(*REPLICA_COLUMNS, *(REPLICA_WIDE if wide else []), "ERROR")
+    table = _table(*REPLICA_COLUMNS, *(REPLICA_WIDE if wide else []), "ERROR", text=["NODES"])
     for r in replicas:
         cells = [
             Cell(r.id),
@@ -660,8 +662,13 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             clean(g.health_reason or ""),
         )
     out += section("GPUs", gpus, "none")
-    storage = _table("PATH", "SCOPE", "FILESYSTEM", "SOURCE", "MODELS", "INCOMPLETE")
+    storage = _table(
+        "PATH", "SCOPE", "FILESYSTEM", "SOURCE", "MODELS", "NOT COUNTED", text=["MODELS"]
+    )
     for s in detail.storage:
+        # What was not counted, and why: the location's error, each incomplete model's reason.
+        skipped = [f"cannot read: {present.one_line(s.error)}"] if s.error else []
+        skipped += [f"{i.name}: {present.one_line(i.reason)}" for i in s.incomplete]
         storage.add(
             s.path,
             clean(s.path),
@@ -669,7 +676,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             s.fs_type or "?",
             clean(s.mount_source or "-"),
             ",".join(m.name for m in s.models) or "-",
-            ",".join(i.name for i in s.incomplete) or "-",
+            clean("; ".join(skipped)) or "-",
         )
     out += section(
         "Storage", storage, "none found" if detail.storage_configured else "not configured"
