@@ -186,6 +186,33 @@ BAD_REQUESTS = [
         "repeated",
     ),
     ("unknown model delete", "DELETE", "/v1/models/nope", None, ADMIN, 404, "nope"),
+    (
+        "duplicate models in a dry run",
+        "POST",
+        "/v1/models?dry_run=true",
+        '{"models": [{"name": "m", "source": "s"}, {"name": "m", "source": "t"}]}',
+        ADMIN,
+        400,
+        "repeated",
+    ),
+    (
+        "dry_run neither true nor false",
+        "POST",
+        "/v1/models?dry_run=yes",
+        '{"models": [{"name": "m", "source": "s"}]}',
+        ADMIN,
+        400,
+        "dry_run",
+    ),
+    (
+        "dry run by a read token",
+        "POST",
+        "/v1/models?dry_run=true",
+        '{"models": [{"name": "m", "source": "s"}]}',
+        READ,
+        403,
+        None,
+    ),
 ]
 
 
