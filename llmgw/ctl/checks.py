@@ -107,7 +107,9 @@ def _check_names(args: argparse.Namespace) -> None:
         else:
             args.name = node_name(args.name, command)
             if args.target is not None:
-                raise UsageError(f"node takes one NODE; to forget one: node forget {args.name}")
+                raise UsageError(
+                    f"node shows one node; for a row each: llmgw ctl nodes {args.name} {args.target}"
+                )
     elif command == "rollout":
         args.model = model_name(args.model, f"rollout {args.action}")
     elif command == "delete":

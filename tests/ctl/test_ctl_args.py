@@ -63,6 +63,7 @@ def test_sort_by_and_watch_go_before_the_command_too(fleet: Controller) -> None:
         (["-w", "cordon", "gpu-a01", "--reason", "r"], "-w applies to status, nodes"),
         (["status", "--no-headers"], "--no-headers applies to tables; status prints no header"),
         (["--no-headers", "node", "gpu-a01"], "--no-headers applies to tables"),
+        (["node", "gpu-a01", "gpu-a02"], "for a row each: llmgw ctl nodes gpu-a01 gpu-a02"),
         (["nodes", "--interval", "5"], "--interval applies to -w"),
         (["cordon", "model/org/tiny", "--reason", "r"], "model/org/tiny is a model"),
         (["drain", "replica/abc", "--reason", "r"], "replica/abc is a replica"),
