@@ -36,9 +36,9 @@ def check_args(args: argparse.Namespace) -> None:
         if args.timeout is not None and not args.wait:
             raise UsageError("--timeout applies to --wait; add --wait or drop --timeout")
         if args.timeout is not None and args.timeout <= 0:
-            raise UsageError("--timeout must be a positive number of seconds")
+            raise UsageError("--timeout must be a positive duration")
         if args.force_after is not None and not 0 < args.force_after <= 7 * 86400:
-            raise UsageError("--force-after must be between 0 and 604800 seconds (7 days)")
+            raise UsageError("--force-after must be more than 0s and at most 7d")
         if args.yes and not (args.force or args.force_after is not None):
             raise UsageError(
                 "--yes confirms --force or --force-after; without either there is nothing to confirm"

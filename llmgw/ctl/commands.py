@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from llmgw import api, render
+from llmgw import api, present, render
 from llmgw.ctl.output import Output, Terminal
 from llmgw.ctl.watch import (
     model_view,
@@ -218,7 +218,7 @@ class Ctl:
         code = self._each(
             a.nodes,
             lambda n: api.drain(n, a.reason.strip(), force=a.force, force_after_s=a.force_after),
-            "draining",
+            _draining,
         )
         if code == EXIT_OK and a.wait:
             limit_s = 600.0 if a.timeout is None else a.timeout
@@ -266,20 +266,35 @@ class Ctl:
         self.term.write(f"model {name} deleted{stopped}\n")
         return EXIT_OK
 
-    def _each(self, nodes: list[str], call: Callable[[str], api.Call[Any]], done: str) -> int:
-        """Apply to every node; report each failure and go on with the others."""
+    def _each(
+        self,
+        nodes: list[str],
+        call: Callable[[str], api.Call[Any]],
+        done: str | Callable[[Any], str],
+    ) -> int:
+        """Apply to every node; report each failure and go on with the others.
+        `done`: what to say of a node done, or how to say it from the answer."""
         code = EXIT_OK
         for node in nodes:
             try:
-                self.client(call(node))
+                answer = self.client(call(node))
             except ControllerError as exc:
                 if isinstance(exc, NotAController):
                     raise
                 self._fail(node, exc)
                 code = EXIT_FAILED
             else:
-                self.term.write(f"{node} {done}\n")
+                said = done if isinstance(done, str) else done(answer)
+                self.term.write(f"{node} {said}\n")
         return code
 
     def _fail(self, node: str, exc: ControllerError) -> None:
         print(f"llmgw ctl: {node}: {explain(exc)}", file=sys.stderr)
+
+
+def _draining(row: Any) -> str:
+    """A drain's answer (its node row): with a deadline, the deadline echoed back."""
+    force_at = row.admin.get("force_at")
+    if force_at is None or row.admin.get("force"):
+        return "draining"
+    return f"draining; {present.force_at_words(force_at)}"

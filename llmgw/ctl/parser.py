@@ -304,7 +304,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             sub,
             "drain",
             "move replicas off these nodes, then leave them cordoned",
-            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 900',
+            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 15m',
         )
         s.add_argument("nodes", nargs="+", metavar="NODE")
         s.add_argument("--reason", help="why (required unless --dry-run)")
@@ -318,9 +318,10 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--force-after",
-            type=float,
-            metavar="S",
-            help="the controller forces the drain this many seconds from now",
+            type=_duration,
+            metavar="DURATION",
+            help="the controller forces the drain this long from now (30s, 90m, 1h; "
+            "a bare number is seconds)",
         )
         s.add_argument(
             "--yes",
@@ -329,7 +330,10 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
         s.add_argument(
-            "--timeout", type=float, metavar="S", help="seconds --wait waits (default 600)"
+            "--timeout",
+            type=_duration,
+            metavar="DURATION",
+            help="how long --wait waits (30s, 10m, 1h; default 10m)",
         )
 
     if wanted("apply"):

@@ -189,7 +189,7 @@ def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> N
         text = sub.format_help()  # type: ignore[attr-defined]
         assert "example:\n  llmgw ctl" in text or "example:\n  LLMGW_" in text, path
     drain = dict(commands)[("drain",)].format_help()  # type: ignore[attr-defined]
-    assert "--force-after S" in drain and "--yes" in drain and "--dry-run" in drain
+    assert "--force-after DURATION" in drain and "--yes" in drain and "--dry-run" in drain
     nodes = dict(commands)[("nodes",)].format_help()  # type: ignore[attr-defined]
     assert "(default: 2.0)" in nodes  # --interval shows its default
     result = llmgw("ctl", "drain", "--help")

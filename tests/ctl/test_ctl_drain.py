@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -64,9 +66,27 @@ def test_force_after_below_minimum_needs_yes_too(fleet: Controller) -> None:
         "forces the drain; add --yes to go ahead anyway"
     )
     assert drain_flag(fleet, "gpu-a01") == "none"  # nothing happened
-    out = ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "600", "--yes"))
-    assert out == "gpu-a01 draining\n"
+    out = ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "10m", "--yes"))
+    assert re.fullmatch(r"gpu-a01 draining; force at \d\d:\d\d(:\d\d)? UTC\n", out), out
     assert drain_flag(fleet, "gpu-a01") == "draining"
+
+
+def test_force_after_takes_a_duration(fleet: Controller) -> None:
+    """One duration syntax with the console and `rollout --timeout`: 1h is an hour."""
+    ok(ctl(fleet.url, "uncordon", "gpu-a02"))  # room elsewhere: no --yes needed
+    before = time.time()
+    ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "1h"))
+    rows = json.loads(ok(ctl(fleet.url, "nodes", "gpu-a01", "-o", "json")))
+    assert 3600 <= rows[0]["admin"]["force_at"] - before <= 3660
+    for bad, said in (
+        ("abc", "'abc' is not a duration"),
+        ("8d", "at most 7d"),
+        ("0s", "more than 0s"),
+    ):
+        line = one_line_error(
+            ctl(fleet.url, "drain", "gpu-a02", "--reason", "r", "--force-after", bad), 2
+        )
+        assert said in line, line
 
 
 def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Controller) -> None:
