@@ -10,18 +10,11 @@ from llmgw.errors import UsageError
 
 def check_args(args: argparse.Namespace) -> None:
     """What argparse cannot say: combinations and ranges (a UsageError each)."""
-    for name in (
-        "controller",
-        "token",
-        "token_file",
-        "ca_file",
-        "context",
-        "no_headers",
-        "sort_by",
-        "watch",
-    ):
-        if getattr(args, name, None) is None:
-            setattr(args, name, None if name not in ("no_headers", "watch") else False)
+    # Options a command does not list are absent from its namespace: give them one meaning.
+    for name in ("controller", "token", "token_file", "ca_file", "context", "sort_by"):
+        setattr(args, name, getattr(args, name, None))
+    for name in ("no_headers", "watch"):
+        setattr(args, name, bool(getattr(args, name, False)))
     if getattr(args, "output", None) is None:
         args.output = "table"
     interval = getattr(args, "interval", None)
@@ -123,8 +116,8 @@ def _check_names(args: argparse.Namespace) -> None:
         args.name = rest or model_name(args.name, "delete model")
 
 
-# The kinds `-o name` prints, with what a command of one kind says of another.
-_KINDS = ("node", "model", "replica", "event", "revision", "gateway", "context", "credential")
+# The kinds `-o name` prints: a refusal names the one it was given.
+_KINDS = ("node", "model", "replica", "event", "revision", "gateway", "context")
 
 
 def node_name(text: str, command: str) -> str:
