@@ -79,6 +79,11 @@ def _columns(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str
     return [c.lower() if lower else c for c in columns if c.startswith(prefix.upper())]
 
 
+def _kinds(prefix: str, **_: Any) -> list[str]:
+    """`delete KIND`: the kinds that can be deleted (model)."""
+    return [k for k in ("model",) if k.startswith(prefix)]
+
+
 def _attach(p: argparse.ArgumentParser) -> None:
     """Node and model names as completions of the positional arguments that take
     them; a table's column names for --sort-by (never file names)."""
@@ -92,6 +97,8 @@ def _attach(p: argparse.ArgumentParser) -> None:
                         arg.completer = _names("node")
                     elif (command, arg.dest) in (("delete", "name"), ("rollout", "model")):
                         arg.completer = _names("model")
+                    elif (command, arg.dest) == ("delete", "kind"):
+                        arg.completer = _kinds
                 _attach(sub)
 
 

@@ -57,6 +57,8 @@ def test_bash_completes_node_names_from_the_controller(fleet: Controller, tmp_pa
     assert complete("llmgw ctl cordon gpu-a", fleet.url, tmp_path) == ["gpu-a01", "gpu-a02"]
     assert complete("llmgw ctl drain gpu-a01 gpu-b", fleet.url, tmp_path) == ["gpu-b01"]
     assert complete("llmgw ctl delete model org/", fleet.url, tmp_path) == ["org/tiny"]
+    assert complete("llmgw ctl delete m", fleet.url, tmp_path) == ["model"]
+    assert complete("llmgw ctl nodes gpu-b", fleet.url, tmp_path) == ["gpu-b01"]
 
 
 def test_bash_completes_commands_and_flags(fleet: Controller, tmp_path: Path) -> None:
