@@ -591,6 +591,15 @@ class ModelView(Outbound):
     scaling: str | None = None
 
 
+class ModelDryRun(Outbound):
+    """`POST /v1/models?dry_run=true`: a spec as the controller would store it,
+    beside the one it holds now (None: it would be created); nothing is written."""
+
+    spec: ModelSpec
+    current: ModelSpec | None = None
+    new_revision: bool  # a field the engine sees changes: new replicas are rolled out
+
+
 # -- the fleet summary (a wire contract: fields may be added, never removed) ----
 
 

@@ -166,6 +166,12 @@ def record_from(
     )
 
 
+def wanted_classes(fleet: FleetState) -> frozenset[str]:
+    """The GPU classes declared specs ask for by name: a model that fits on any
+    class leaves them to those that need them (llmgw.scheduler, Classes)."""
+    return frozenset(s.gpu_class for s in fleet.models.values() if s.gpu_class)
+
+
 def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
     """The drain pre-check: what draining these nodes would do to each model."""
     now = fleet.clock()
@@ -616,7 +622,11 @@ class Reconciler:
                 )
             if not plan.place or fleet.backing_off(name, wall):
                 continue
-            results = place_many([spec] * plan.place, snapshot(fleet, now, [*draining, *faults]))
+            results = place_many(
+                [spec] * plan.place,
+                snapshot(fleet, now, [*draining, *faults]),
+                wanted_classes(fleet),
+            )
             placed = [record_from(p, wall, revision) for p in results if isinstance(p, Placement)]
             fleet.put_replicas(placed)
             if placed:
@@ -848,7 +858,9 @@ class Reconciler:
             return None
         fleet = self.fleet
         results = place_many(
-            [fleet.models[r.model] for r in originals], snapshot(fleet, now, excluded)
+            [fleet.models[r.model] for r in originals],
+            snapshot(fleet, now, excluded),
+            wanted_classes(fleet),
         )
         placed, reasons = [], []
         for original, result in zip(originals, results, strict=True):
@@ -905,7 +917,9 @@ class Reconciler:
                 if nodes is None:
                     break  # out of time: what was read is kept for the next pass
                 building = time.perf_counter()
-                place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
+                place_up_to = yield from placer_in_steps(
+                    nodes, NODES_PER_STEP, wanted_classes(fleet)
+                )
                 # A picture built is used for at least as long as its index took:
                 # on a busy fleet, where each pass needs a new one, passes still
                 # get on (the rest of their time is never less than the build's).
