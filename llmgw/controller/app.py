@@ -65,6 +65,7 @@ from llmgw.wire import (
     NodeReport,
     ReasonRequest,
     RolloutUndo,
+    node_name,
     printable,
 )
 
@@ -267,6 +268,14 @@ def _has_control(value: str) -> bool:
     return printable(value) != value
 
 
+def node_param(request: web.Request, key: str = "name") -> str:
+    """The node a URL names, normalised as every node name is (`GPU-A01` is gpu-a01)."""
+    try:
+        return node_name(request.match_info[key])
+    except ValueError as exc:
+        raise BadRequest(f"no such node can exist: {exc}") from None
+
+
 def who(request: web.Request) -> str:
     identity: Identity = request["identity"]
     return identity.name
@@ -328,7 +337,7 @@ async def list_credentials(request: web.Request) -> web.Response:
 
 
 async def revoke_credential(request: web.Request) -> web.Response:
-    node = request.match_info["node"]
+    node = node_param(request, "node")
     try:
         revoked = request.app[CREDENTIALS].revoke(node)
     except NotRevocable as exc:
@@ -342,7 +351,7 @@ async def revoke_credential(request: web.Request) -> web.Response:
 async def forget_node(request: web.Request) -> web.Response:
     """Forget a node for good: credential revoked first, then its row and replicas."""
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     await parse_body(request, EmptyRequest, optional=True)
     try:
@@ -377,7 +386,7 @@ async def list_events(request: web.Request) -> web.Response:
 
 
 async def get_node(request: web.Request) -> web.Response:
-    return json_model(request.app[FLEET].detail(request.match_info["name"]))
+    return json_model(request.app[FLEET].detail(node_param(request)))
 
 
 async def summary(request: web.Request) -> web.Response:
@@ -404,7 +413,7 @@ async def list_replicas(request: web.Request) -> web.Response:
 
 async def cordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     body = await parse_body(request, ReasonRequest)
     return json_model(fleet.set_flag(name, AdminFlag.CORDONED, body.reason, who(request)))
@@ -412,7 +421,7 @@ async def cordon(request: web.Request) -> web.Response:
 
 async def uncordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     await parse_body(request, EmptyRequest, optional=True)
     return json_model(fleet.set_flag(name, AdminFlag.NONE, None, who(request)))
@@ -420,7 +429,7 @@ async def uncordon(request: web.Request) -> web.Response:
 
 async def drain(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     body = await parse_body(request, DrainRequest)
     row = fleet.set_flag(
