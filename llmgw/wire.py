@@ -373,6 +373,8 @@ class EnrollRequest(Inbound):
 class EnrollReply(Outbound):
     node: str
     credential: str  # shown once; the controller keeps only its hash
+    # The node gets no replicas until an admin approves it (--enroll-approval).
+    awaiting_approval: bool = False
 
 
 class CredentialView(Outbound):
@@ -380,6 +382,31 @@ class CredentialView(Outbound):
     source: str  # "enrolled" (revocable with ctl) | "file" (--agent-token-file)
     issued_at: float | None = None  # unix time, controller clock
     by: str | None = None
+    awaiting_approval: bool = False  # `llmgw ctl credentials approve NODE`
+
+
+DEFAULT_ENROLL_TOKEN_TTL_S = 86_400.0  # as kubeadm's bootstrap tokens
+
+
+class EnrollTokenRequest(Inbound):
+    """`POST /v1/credentials/tokens`: make an enrollment token (`ctl credentials token create`)."""
+
+    # How long it enrolls nodes; 0: no expiry (as kubeadm's --ttl 0).
+    ttl_s: Seconds = DEFAULT_ENROLL_TOKEN_TTL_S
+    uses: int | None = Field(default=None, ge=1, le=1_000_000)  # None: no use limit
+    description: Annotated[str, _text(max_length=256)] | None = None
+
+
+class EnrollTokenView(Outbound):
+    id: str  # public: what `ctl credentials token delete ID` names
+    state: str  # "valid" | "expired" | "used up"
+    created_at: float  # unix time, controller clock
+    by: str
+    expires_at: float | None = None  # None: never
+    uses: int | None = None  # None: no limit
+    used: int = 0
+    description: str | None = None
+    token: str | None = None  # the secret: in the answer that made it, never again
 
 
 class EmptyRequest(Inbound):
@@ -438,6 +465,9 @@ class EventReason(StrEnum):
     BACK_OFF = "BackOff"  # a model's replica failed: its next placement waits
     NODE_LOST = "NodeLost"  # replicas of a node unreachable too long, replaced
     UNPLACEABLE = "Unplaceable"  # a model short of its minimum that cannot be placed
+    ENROLLED = "Enrolled"  # a node traded an enrollment token for its credential
+    AWAITING_APPROVAL = "AwaitingApproval"  # enrolled; no replicas until an admin approves
+    ENROLL_REFUSED = "EnrollRefused"  # an enrollment of a node that exists was refused
     STOPPED = "Stopped"  # replicas of a deleted model stopped
 
 
@@ -475,6 +505,9 @@ class AdminInfo(Outbound):
     drained: bool = False  # a drain finished: cordoned, marked drained
     force: bool = False  # a drain that stops replicas without waiting for replacements
     force_at: float | None = None  # unix time, controller clock: the drain is forced then
+    # Enrolled and not approved yet (--enroll-approval): cordoned by llmgw until
+    # `llmgw ctl credentials approve NODE`.
+    awaiting_approval: bool = False
 
 
 class AdminEvent(Outbound):

@@ -12,6 +12,7 @@ Tokens are compared in constant time.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from dataclasses import dataclass, field
@@ -115,6 +116,12 @@ def _read_token_file(path: Path) -> list[tuple[str, str]]:
     if not entries:
         raise ValueError(f"token file {path} holds no token")
     return entries
+
+
+def digest(secret: str) -> str:
+    """What is kept of an issued secret (a node credential, an enrollment token): its
+    SHA-256. The secrets are 32 random bytes, so a fast hash is enough."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def bearer(header: str | None) -> str | None:

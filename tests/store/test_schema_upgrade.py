@@ -29,6 +29,9 @@ def check_everything_reads_and_writes(store: StateStore) -> None:
     assert store.replicas()["r1"].nodes == ("n2",)
     assert store.backoffs() == {"m": Backoff("m", 2, 50.0, "crashed")}
     assert store.credentials() == {"n2": ("digest-2", 4.0, "enroll")}
+    # Credentials from before approval existed are approved; nothing else is there.
+    assert store.pending_credentials() == {}
+    assert store.enroll_tokens() == [] and store.enroll_allowed() == {}
     cordon = AdminInfo(flag=AdminFlag.CORDONED, reason="r", by="ops", at=20.0)
     store.set_admin("n2", cordon, action="cordon", by="ops", at=20.0)
     store.put_credential("n1", "digest-1", at=21.0, by="enroll")

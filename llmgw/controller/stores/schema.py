@@ -81,5 +81,19 @@ MIGRATIONS: list[list[Step]] = [
         "CREATE TABLE IF NOT EXISTS events (id BIGINT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,"
         " object TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL)",
     ],
+    # 6: bounded enrollment. Enrollment tokens made by `ctl credentials token create`
+    # (SHA-256 kept; an expiry and a use limit, NULL for none); nodes an admin allows
+    # to enroll although they reported before; a credential that awaits approval
+    # (pending 1; credentials issued before are approved) and the token that made it.
+    [
+        "CREATE TABLE IF NOT EXISTS enroll_tokens (id TEXT PRIMARY KEY,"
+        " digest TEXT NOT NULL UNIQUE, created_at DOUBLE PRECISION NOT NULL,"
+        " by TEXT NOT NULL, expires_at DOUBLE PRECISION, uses INTEGER,"
+        " used INTEGER NOT NULL DEFAULT 0, description TEXT)",
+        "CREATE TABLE IF NOT EXISTS enroll_allowed (node TEXT PRIMARY KEY, by TEXT NOT NULL,"
+        " at DOUBLE PRECISION NOT NULL)",
+        AddColumn("agent_credentials", "pending", "INTEGER NOT NULL DEFAULT 0"),
+        AddColumn("agent_credentials", "token", "TEXT"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
