@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from llmgw.wire import node_name
+
 
 class Role(StrEnum):
     AGENT = "agent"
@@ -98,7 +100,10 @@ class Tokens:
                 continue
             for secret, name in _read_token_file(path):
                 if role is Role.AGENT and name:
-                    nodes.append((secret, name))
+                    try:
+                        nodes.append((secret, node_name(name)))  # as reports name it
+                    except ValueError as exc:
+                        raise ValueError(f"{path}: node {exc}") from None
                 else:
                     entries.append((secret, name or role.value, role))
         return cls(tuple(entries), tuple(nodes))

@@ -28,7 +28,7 @@ from llmgw.controller.records import (
 )
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.store_errors import StateError
-from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
+from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn, LowerNodeNames
 from llmgw.wire import (
     AdminEvent,
     AdminFlag,
@@ -144,10 +144,33 @@ def migrate(s: Session, where: str) -> int:
             if isinstance(step, AddColumn):
                 if not s.rows(s.dialect.column_exists, (step.table, step.column)):
                     s.run(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}")
+            elif isinstance(step, LowerNodeNames):
+                lower_node_names(s)
             else:
                 s.run(step.format(serial=s.dialect.serial))
         s.run("INSERT INTO schema_version(version) VALUES (?)", (v,))
     return version
+
+
+def lower_node_names(s: Session) -> None:
+    """Schema 6: node names in lower case, as reports now name them (`LowerNodeNames`)."""
+    for table, column in (
+        ("nodes", "name"),
+        ("node_admin", "name"),
+        ("agent_credentials", "node"),
+    ):
+        taken = {r[column] for r in s.rows(f"SELECT {column} FROM {table}")}
+        for name in sorted(taken):
+            if name.lower() != name and name.lower() not in taken:
+                s.run(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (name.lower(), name))
+                taken.add(name.lower())
+    s.run("UPDATE admin_events SET node = lower(node) WHERE node <> lower(node)")
+    for r in s.rows("SELECT id, shards FROM replicas"):
+        shards = json.loads(r["shards"])
+        if any(shard["node"] != shard["node"].lower() for shard in shards):
+            for shard in shards:
+                shard["node"] = shard["node"].lower()
+            s.run("UPDATE replicas SET shards = ? WHERE id = ?", (json.dumps(shards), r["id"]))
 
 
 # -- queries ----------------------------------------------------------------------
