@@ -372,6 +372,8 @@ async def agent_enroll(request: web.Request) -> web.Response:
     fleet.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
     if pending:
         fleet.await_approval(node, at)
+    else:  # revoked while it awaited approval, enrolled again since it was turned off
+        fleet.drop_approval(node)
     log.info(
         "node %s enrolled (%s): credential issued%s",
         node,
@@ -405,7 +407,6 @@ async def revoke_credential(request: web.Request) -> web.Response:
         return error(409, str(exc))
     if not revoked:
         return error(404, f"node {node!r} holds no issued credential")
-    request.app[FLEET].drop_approval(node)
     log.info("credential of node %s revoked by %s", node, who(request))
     return web.json_response({"node": node, "revoked": True})
 

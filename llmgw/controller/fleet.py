@@ -76,6 +76,7 @@ RowContent = dict[str, Any]
 # Who the admin history names for what llmgw decides by itself (a drain done or
 # forced, a cordon for a failed card), never an operator's name.
 BY_LLMGW = "llmgw"
+AWAITING_APPROVAL = "awaiting approval: llmgw ctl credentials approve NODE"
 _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
 _CAPACITY_VERSIONS = itertools.count(1)
 
@@ -110,7 +111,7 @@ class FleetState:
         # Nodes enrolled that await an admin's approval (--enroll-approval): shown as
         # cordoned by llmgw, so nothing is placed there, until `ctl credentials approve`.
         self._pending: dict[str, AdminInfo] = {
-            name: _awaiting(name, at) for name, at in store.pending_credentials().items()
+            name: _awaiting(at) for name, at in store.pending_credentials().items()
         }
         # Decided by the reconcile loop: a rollout that waits or stalled, and why.
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
@@ -499,7 +500,7 @@ class FleetState:
 
     def await_approval(self, name: str, enrolled_at: float) -> None:
         """A node enrolled (its credential stored as pending): no work until approved."""
-        self._pending[name] = _awaiting(name, enrolled_at)
+        self._pending[name] = _awaiting(enrolled_at)
         self._admin_changed(name)
         self.event(
             f"node/{name}",
@@ -518,7 +519,7 @@ class FleetState:
         return True
 
     def drop_approval(self, name: str) -> None:
-        """The node's credential is gone (revoked): it awaits nothing any more."""
+        """The node enrolled again without needing approval: it awaits nothing any more."""
         if self._pending.pop(name, None) is not None:
             self._admin_changed(name)
 
@@ -1092,10 +1093,12 @@ def rendezvous_port(replica_id: str) -> int:
     return 29500 + sum(replica_id.encode()) % 500
 
 
-def _awaiting(name: str, enrolled_at: float) -> AdminInfo:
+def _awaiting(enrolled_at: float) -> AdminInfo:
+    """What a node awaiting approval shows: one reason for all, so that `ctl status`
+    lists them as one group, as `sinfo -R` does."""
     return AdminInfo(
         flag=AdminFlag.CORDONED,
-        reason=f"awaiting approval: llmgw ctl credentials approve {name}",
+        reason=AWAITING_APPROVAL,
         by=BY_LLMGW,
         at=enrolled_at,
         awaiting_approval=True,

@@ -157,7 +157,7 @@ async def test_an_enrolled_node_gets_no_work_until_approved(make_client: MakeCli
     row = (await get(c, "/v1/nodes"))[0]
     assert row["state"] == "cordoned"
     assert row["admin"]["awaiting_approval"] is True
-    assert "llmgw ctl credentials approve gpu01" in row["admin"]["reason"]
+    assert row["admin"]["reason"].startswith("awaiting approval: llmgw ctl credentials approve")
     assert (await get(c, "/v1/credentials"))[0]["awaiting_approval"] is True
     # An uncordon is not an approval.
     resp = await c.post("/v1/nodes/gpu01/uncordon", headers=auth(ADMIN))
@@ -208,6 +208,8 @@ async def test_fabricated_nodes_awaiting_approval_draw_no_replica(
     assert await get(c, "/v1/replicas") == []
     summary = await get(c, "/v1/summary")
     assert summary["nodes"]["cordoned"] == 30 and summary["nodes"]["ready"] == 0
+    # One reason group for all of them, as `sinfo -R` lists them.
+    assert [len(g["nodes"]) for g in summary["reasons"]] == [30]
 
 
 # -- nodes that reported before ----------------------------------------------------------------
@@ -271,3 +273,17 @@ def test_once_says_yes_once_per_period_and_stays_bounded() -> None:
     assert once.due("a")
     now[0] = 11
     assert once.due("b")
+
+
+async def test_a_revoked_node_awaiting_approval_stays_out_of_placement(
+    make_client: MakeClient,
+) -> None:
+    c = await make_client(enroll_approval=True)
+    secret = (await (await enroll(c, "gpu01")).json())["credential"]
+    await report(c, secret, "gpu01")
+    assert (await c.delete("/v1/credentials/gpu01", headers=auth(ADMIN))).status == 200
+    row = (await get(c, "/v1/nodes"))[0]
+    assert row["state"] == "cordoned" and row["admin"]["awaiting_approval"] is True
+    # Allowed and enrolled again, it awaits approval again.
+    assert (await c.post("/v1/credentials/gpu01/allow", headers=auth(ADMIN))).status == 200
+    assert (await (await enroll(c, "gpu01")).json())["awaiting_approval"] is True
