@@ -519,6 +519,11 @@ async def list_events(request: web.Request) -> web.Response:
         raise BadRequest(f"since must be an event id (a whole number), got {since[:40]!r}")
     if obj is not None and not _EVENT_OBJECT.fullmatch(obj):
         raise BadRequest(f"for must be node/NAME or model/NAME, got {obj[:60]!r}")
+    if obj is not None and obj.startswith("node/"):
+        try:
+            obj = "node/" + node_name(obj[5:])  # node/GPU01 is node gpu01's
+        except ValueError as exc:
+            raise BadRequest(f"for: {exc}") from None
     return json_model(request.app[FLEET].events(int(since), obj))
 
 

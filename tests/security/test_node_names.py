@@ -8,7 +8,7 @@ from aiohttp.test_utils import TestClient
 from pydantic import TypeAdapter, ValidationError
 
 from llmgw.wire import EnrollRequest, NodeName, node_name
-from tests.security.conftest import ADMIN, AGENT, auth, report_body
+from tests.security.conftest import ADMIN, AGENT, ENROLL, auth, report_body
 
 NAMES = TypeAdapter(NodeName)
 BAD = ["n1.", "a..b", ".a", "0", "123", "1.2.3", "-a", "a-", "a_b", "a b", "é", "a" * 64, ""]
@@ -52,6 +52,11 @@ async def test_a_report_in_capitals_is_the_same_node(client: TestClient) -> None
     # A name in a URL is the same node too.
     resp = await client.post("/v1/nodes/GPU01/cordon", json={"reason": "test"}, headers=auth(ADMIN))
     assert resp.status == 200 and (await resp.json())["name"] == "gpu01"
+    # An enrollment under capitals is the same node, and so is its events' object.
+    resp = await client.post("/v1/agent/enroll", json={"node": "GPU09"}, headers=auth(ENROLL))
+    assert resp.status == 200 and (await resp.json())["node"] == "gpu09"
+    resp = await client.get("/v1/events?for=node/GPU09", headers=auth(ADMIN))
+    assert [e["object"] for e in (await resp.json())["events"]] == ["node/gpu09"]
 
 
 @pytest.mark.parametrize("bad", ["n1.", "a..b", "0"])
