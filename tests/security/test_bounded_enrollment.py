@@ -159,6 +159,8 @@ async def test_an_enrolled_node_gets_no_work_until_approved(make_client: MakeCli
     assert row["admin"]["awaiting_approval"] is True
     assert row["admin"]["reason"].startswith("awaiting approval: llmgw ctl credentials approve")
     assert (await get(c, "/v1/credentials"))[0]["awaiting_approval"] is True
+    metrics = await (await c.get("/metrics", headers=auth(ADMIN))).text()
+    assert "llmgw_nodes_awaiting_approval 1.0" in metrics
     # An uncordon is not an approval.
     resp = await c.post("/v1/nodes/gpu01/uncordon", headers=auth(ADMIN))
     assert resp.status == 409 and "approve" in (await resp.json())["error"]
@@ -173,6 +175,8 @@ async def test_an_enrolled_node_gets_no_work_until_approved(make_client: MakeCli
             break
         await asyncio.sleep(0.05)
     assert [a["model"] for a in assignments] == ["m"]
+    metrics = await (await c.get("/metrics", headers=auth(ADMIN))).text()
+    assert "llmgw_nodes_awaiting_approval 0.0" in metrics
     detail = await get(c, "/v1/nodes/gpu01")
     assert detail["row"]["admin"]["flag"] == "none"
     assert (detail["history"][0]["action"], detail["history"][0]["by"]) == ("approve", "alice")
