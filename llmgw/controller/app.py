@@ -50,12 +50,12 @@ from llmgw.controller.endpoints import (
     parse_cursor,
 )
 from llmgw.controller.enroll_tokens import TooManyTokens, why_spent
+from llmgw.controller.enroll_tokens import view as token_view
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.ratelimit import Once, TokenBucket, retry_after
 from llmgw.controller.reconcile import drain_plan as plan_drain
-from llmgw.controller.records import EnrollToken
 from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
@@ -70,7 +70,6 @@ from llmgw.wire import (
     EnrollReply,
     EnrollRequest,
     EnrollTokenRequest,
-    EnrollTokenView,
     EventReason,
     GatewayStatus,
     ModelSpecList,
@@ -439,22 +438,6 @@ async def allow_enroll(request: web.Request) -> web.Response:
     return web.json_response({"node": node, "allowed": True})
 
 
-def _token_view(token: EnrollToken, secret: str | None = None) -> EnrollTokenView:
-    spent = why_spent(token, time.time())
-    state = "valid" if spent is None else "expired" if "expired" in spent else "used up"
-    return EnrollTokenView(
-        id=token.id,
-        state=state,
-        created_at=token.created_at,
-        by=token.by,
-        expires_at=token.expires_at,
-        uses=token.uses,
-        used=token.used,
-        description=token.description,
-        token=secret,
-    )
-
-
 async def create_enroll_token(request: web.Request) -> web.Response:
     body = await parse_body(request, EnrollTokenRequest, optional=True)
     try:
@@ -468,11 +451,12 @@ async def create_enroll_token(request: web.Request) -> web.Response:
     except TooManyTokens as exc:
         return error(409, str(exc))
     log.info("enrollment token %s made by %s", token.id, who(request))
-    return json_model(_token_view(token, secret), status=201)
+    return json_model(token_view(token, time.time(), secret), status=201)
 
 
 async def list_enroll_tokens(request: web.Request) -> web.Response:
-    return json_models([_token_view(t) for t in request.app[CREDENTIALS].tokens.list()])
+    now = time.time()
+    return json_models([token_view(t, now) for t in request.app[CREDENTIALS].tokens.list()])
 
 
 async def delete_enroll_token(request: web.Request) -> web.Response:

@@ -129,9 +129,6 @@ class Credentials:
         self._store.allow_enroll(node, by=by, at=at)
         self._allowed[node] = (by, at)
 
-    def allowed(self, node: str) -> bool:
-        return node in self._allowed
-
     def revoke(self, node: str) -> bool:
         """Revoke an issued credential; False when the node holds none."""
         if node in self._file_nodes and node not in self._issued:

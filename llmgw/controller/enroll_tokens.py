@@ -23,6 +23,7 @@ from llmgw.controller.auth import digest
 from llmgw.controller.records import EnrollToken
 from llmgw.controller.stores.base import StateStore
 from llmgw.present import timestamp
+from llmgw.wire import EnrollTokenView
 
 PREFIX = "llmgw-enroll-"
 _FORM = re.compile(r"llmgw-enroll-([a-z0-9]{6})\.([A-Za-z0-9_-]{16,64})")
@@ -38,13 +39,38 @@ def _new_id() -> str:
     return "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(6))
 
 
+def state(token: EnrollToken, now: float) -> str:
+    """`valid`, `expired` or `used up` (expiry first: an expired token is that for good)."""
+    if token.expires_at is not None and now >= token.expires_at:
+        return "expired"
+    if token.uses is not None and token.used >= token.uses:
+        return "used up"
+    return "valid"
+
+
 def why_spent(token: EnrollToken, now: float) -> str | None:
     """Why `token` can enroll no more nodes, or None while it can."""
-    if token.expires_at is not None and now >= token.expires_at:
-        return f"enrollment token {token.id} expired at {timestamp(token.expires_at)}"
-    if token.uses is not None and token.used >= token.uses:
-        return f"enrollment token {token.id} is used up ({token.used} of {token.uses} uses)"
+    match state(token, now):
+        case "expired":
+            return f"enrollment token {token.id} expired at {timestamp(token.expires_at)}"
+        case "used up":
+            return f"enrollment token {token.id} is used up ({token.used} of {token.uses} uses)"
     return None
+
+
+def view(token: EnrollToken, now: float, secret: str | None = None) -> EnrollTokenView:
+    """What `ctl credentials token list` shows; `secret` only in the answer that made it."""
+    return EnrollTokenView(
+        id=token.id,
+        state=state(token, now),
+        created_at=token.created_at,
+        by=token.by,
+        expires_at=token.expires_at,
+        uses=token.uses,
+        used=token.used,
+        description=token.description,
+        token=secret,
+    )
 
 
 class EnrollTokens:
