@@ -291,3 +291,24 @@ async def test_a_revoked_node_awaiting_approval_stays_out_of_placement(
     # Allowed and enrolled again, it awaits approval again.
     assert (await c.post("/v1/credentials/gpu01/allow", headers=auth(ADMIN))).status == 200
     assert (await (await enroll(c, "gpu01")).json())["awaiting_approval"] is True
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/credentials/tokens"),
+        ("GET", "/v1/credentials/tokens"),
+        ("DELETE", "/v1/credentials/tokens/abc123"),
+        ("POST", "/v1/credentials/gpu01/approve"),
+        ("POST", "/v1/credentials/gpu01/allow"),
+    ],
+)
+async def test_only_an_admin_makes_tokens_approves_or_allows(
+    make_client: MakeClient, method: str, path: str
+) -> None:
+    c = await make_client()
+    made = (await make_token(c))["token"]
+    for token, status in ((None, 401), ("wrong", 401), (ENROLL, 403), (made, 403), (SHARED, 403)):
+        resp = await c.request(method, path, json={}, headers=auth(token))
+        assert resp.status == status, (token, await resp.text())
+    assert [t["used"] for t in await get(c, "/v1/credentials/tokens")] == [0]
