@@ -16,8 +16,6 @@ import ssl
 import sys
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
 from agent.enroll import Enroller, read_credential
 from agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
 from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
@@ -27,7 +25,7 @@ from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
 from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
 from llmgw.tls import TlsConfigError, client_context
-from llmgw.wire import GpuHealth, NodeName, NodeReport
+from llmgw.wire import GpuHealth, NodeReport, node_name
 
 log = logging.getLogger("agent")
 
@@ -230,11 +228,9 @@ def make_gpus(args: argparse.Namespace) -> GpuSource:
 
 def make_builder(args: argparse.Namespace) -> ReportBuilder:
     try:
-        TypeAdapter(NodeName).validate_python(args.node)
-    except ValidationError as exc:
-        raise UsageError(
-            f"--node {args.node!r}: not a valid node name (letters, digits, .-_)"
-        ) from exc
+        args.node = node_name(args.node)  # lower case, as the controller keeps it
+    except ValueError as exc:
+        raise UsageError(f"--node {exc}") from None
     if not 0 < args.interval <= 3600:
         raise UsageError("--interval must be between 0 and 3600 seconds")
     try:

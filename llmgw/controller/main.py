@@ -83,6 +83,20 @@ def parser() -> argparse.ArgumentParser:
         "(else LLMGW_ENROLL_TOKEN)",
     )
     p.add_argument(
+        "--enroll-approval",
+        action="store_true",
+        help="a newly enrolled node gets no replicas until an admin approves it "
+        "(`llmgw ctl credentials approve NODE`)",
+    )
+    p.add_argument(
+        "--enroll-rate",
+        type=float,
+        default=5.0,
+        metavar="N",
+        help="enrollments taken per second, from all callers together (bursts of 2 s worth); "
+        "more get 429 with Retry-After (default %(default)g)",
+    )
+    p.add_argument(
         "--allow-shared-agent-token",
         action="store_true",
         help="accept a shared agent token, which may report as any node (warned about)",
@@ -208,6 +222,10 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
+    if not 0 < args.enroll_rate <= 10_000:
+        raise ValueError(
+            f"--enroll-rate must be between 0 and 10000 per second, got {args.enroll_rate:g}"
+        )
     if args.max_connections < 1:
         raise ValueError(f"--max-connections must be at least 1, got {args.max_connections}")
     files = {
@@ -222,12 +240,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         tokens = Tokens.load(files=files)
     except OSError as exc:
         raise ValueError(f"cannot read token file: {exc}") from exc
-    agents_can_auth = tokens.has(Role.AGENT) or tokens.has(Role.ENROLL)
-    if not is_loopback(host) and not (agents_can_auth and tokens.has(Role.ADMIN)):
+    # Agents can authenticate with a token of their own, or enroll with a token an
+    # admin makes (`ctl credentials token create`): an admin token is what it takes.
+    if not is_loopback(host) and not tokens.has(Role.ADMIN):
         raise ValueError(
             f"refusing to listen on {host} without tokens: anyone on the network could cordon "
-            "nodes or forge reports. Set LLMGW_ADMIN_TOKEN and LLMGW_ENROLL_TOKEN (or the "
-            "--*-token-file options), or listen on 127.0.0.1."
+            "nodes or forge reports. Set LLMGW_ADMIN_TOKEN (or --admin-token-file) and let "
+            "agents enroll (`llmgw ctl credentials token create`), or listen on 127.0.0.1."
         )
     if tokens.shared_agent and not args.allow_shared_agent_token:
         raise ValueError(
@@ -248,6 +267,8 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         store=args.store,
         advertise_url=args.advertise_url or _default_advertise(args),
         lease_ttl_s=args.lease_ttl,
+        enroll_approval=args.enroll_approval,
+        enroll_rate=args.enroll_rate,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
         listen=args.listen,
@@ -393,6 +414,12 @@ def main(argv: list[str]) -> int:
         log.warning(
             "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "
             "it can report as any node; prefer per-node credentials (enrollment)"
+        )
+    if settings.tokens.has(Role.ENROLL):
+        log.warning(
+            "a static enrollment token is accepted (--enroll-token-file, LLMGW_ENROLL_TOKEN): it "
+            "never expires and has no use limit; prefer tokens made with "
+            "`llmgw ctl credentials token create --ttl 1h --uses N`"
         )
     spec = store_spec(settings)
     if args.reset_state:
