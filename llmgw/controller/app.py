@@ -51,6 +51,7 @@ from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
 from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
+from llmgw.listen import PortInUse, start_site
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -596,6 +597,10 @@ async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics_app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await start_site(runner, host, port, "--metrics-listen")
+    except PortInUse:
+        await runner.cleanup()
+        raise
     yield
     await runner.cleanup()

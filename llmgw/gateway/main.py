@@ -18,6 +18,7 @@ from llmgw.controller.settings import is_loopback, split_listen
 from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.smg import Smg, SmgOptions
 from llmgw.gateway.sync import Follower
+from llmgw.listen import PortInUse, check_free
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
@@ -106,7 +107,9 @@ def main(argv: list[str]) -> int:
         host, port = split_listen(args.listen)
         keys = load_keys(args.api_key_file)
         token = _token(args.token_file)
-    except ValueError as exc:
+        # SMG binds it; a taken port would otherwise be an SMG restart loop.
+        check_free(host, port, "the gateway")
+    except (ValueError, PortInUse) as exc:
         print(f"llmgw gateway: {exc}", file=sys.stderr)
         return 2
     if not keys and not is_loopback(host):
