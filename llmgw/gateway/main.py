@@ -59,12 +59,32 @@ def parser() -> argparse.ArgumentParser:
         metavar="POLICY",
         help="SMG's routing policy: " + ", ".join(POLICIES) + " (default: cache_aware)",
     )
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=1800,
+        metavar="S",
+        help="the longest a request may take, reading its body and streaming its answer "
+        "included: a body still arriving after S seconds gets a 408 (default %(default)s, "
+        "SMG's; SMG has no bound on reading a body alone)",
+    )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
         "--work-dir", type=Path, help="SMG's worker manifest and log (default: a temp dir)"
     )
     p.add_argument("--log-level", default="info", help="default: info")
     return p
+
+
+def _seconds(text: str) -> int:
+    """Whole seconds, 1 to a day (SMG takes whole seconds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want whole seconds, got {text!r}") from None
+    if not 1 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"want 1 to 86400 seconds, got {value}")
+    return value
 
 
 def _token(path: Path | None) -> str | None:
@@ -121,7 +141,15 @@ def main(argv: list[str]) -> int:
         )
         return 2
     workdir = args.work_dir or Path(tempfile.mkdtemp(prefix="llmgw-gateway-"))
-    smg = Smg(SmgOptions(host=host, port=port, policy=args.policy, keys=keys, workdir=workdir))
+    options = SmgOptions(
+        host=host,
+        port=port,
+        policy=args.policy,
+        keys=keys,
+        workdir=workdir,
+        request_timeout_s=args.request_timeout,
+    )
+    smg = Smg(options)
     follower = Follower(args.controller, token, args.name, smg)
     auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
     print(
