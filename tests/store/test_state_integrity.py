@@ -340,5 +340,6 @@ def test_a_state_file_deleted_while_running_stops_the_next_start(controller: Con
     err = start_fails(controller)
     assert len(err.strip().splitlines()) == 1, err
     assert f"state file {controller.state_dir / STATE} is missing" in err
-    assert "--reset-state" in err and "first start" not in err
+    assert "--reset-state" in err and "delete controller.sqlite3.revision" in err
+    assert "first start" not in err
     assert not (controller.state_dir / STATE).exists()

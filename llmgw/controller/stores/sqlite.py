@@ -261,17 +261,23 @@ def _check_against_marker(path: Path, existed: bool, marked: int | None) -> None
         raise StateError(
             f"state file {path} is missing, but {marker.name} beside it says it held "
             f"{marked} committed writes: it was deleted or moved since the last start; "
-            f"{RESTORE_HINT}"
+            f"{_marker_hint(marker)}"
         )
     found = _stored_revision(path)
     if found < marked:
         raise StateError(
             f"state file {path} is behind its last committed write (revision {found}, "
             f"{marker.name} says {marked}): acknowledged writes are lost, most likely with "
-            f"its WAL {path.name}-wal (deleted, truncated or damaged after a crash); restore "
-            f"it from a backup and delete {marker.name}, or start with --reset-state to move "
-            "it aside and start with empty state on purpose"
+            f"its WAL {path.name}-wal (deleted, truncated or damaged after a crash); "
+            f"{_marker_hint(marker)}"
         )
+
+
+def _marker_hint(marker: Path) -> str:
+    return (
+        f"restore it from a backup and delete {marker.name}, or start with --reset-state "
+        "to move it aside and start with empty state on purpose"
+    )
 
 
 def _stored_revision(path: Path) -> int:
