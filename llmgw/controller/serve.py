@@ -117,7 +117,7 @@ class _JsonParseErrors(RequestHandler):
 
     def handle_error(
         self,
-        request: Any,
+        request: web.BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,

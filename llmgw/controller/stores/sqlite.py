@@ -98,8 +98,8 @@ class Store(SqlStore):
 
     @classmethod
     def reset(cls, state_dir: Path) -> Path | None:
-        """`--reset-state`: move the state file and its WAL aside, never
-        delete them. Returns where they went, or None when there was nothing to move."""
+        """`--reset-state`: move the state file, its WAL and its revision marker
+        aside, never delete them. Returns where they went, or None when there was nothing to move."""
         path = state_dir / STATE_FILE
         parts = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm", MARKER_SUFFIX)]
         if not any(part.exists() for part in parts):
@@ -253,7 +253,7 @@ def _marker_path(path: Path) -> Path:
 def _check_against_marker(path: Path, existed: bool, marked: int | None) -> None:
     """Refuse a state file that lost acknowledged writes: missing while its marker
     exists, or at a revision below the marker's. Read-only, so a refused file and
-    its WAL are left exactly as they were (for a restore)."""
+    its WAL keep what they hold (for a restore)."""
     if marked is None:
         return  # a first start, or a state file from before markers: one is written
     marker = _marker_path(path)
