@@ -24,6 +24,7 @@ from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
 from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
+from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeReport, node_name
 
@@ -335,11 +336,11 @@ async def run_agent(
     stop = stop or asyncio.Event()
     log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
     metrics = None
-    if args.metrics_listen:
-        from agent.telemetry import AgentTelemetry
-
-        metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
     try:
+        if args.metrics_listen:
+            from agent.telemetry import AgentTelemetry
+
+            metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
         await loop.run(stop)
     finally:
         still_running = engines.reports() if engines is not None else []
@@ -391,7 +392,7 @@ def main(argv: list[str]) -> int:
         credential_source(args)  # a bad token file is a usage error, up front
         controller_tls(args)
         asyncio.run(run_until_signalled(args, builder))
-    except UsageError as exc:
+    except (UsageError, PortInUse) as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
     except KeyboardInterrupt:

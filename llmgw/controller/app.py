@@ -61,6 +61,7 @@ from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
 from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
+from llmgw.listen import PortInUse, start_site
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -140,12 +141,17 @@ def _message(e: Any) -> str:
     return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
 
 
-async def parse_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
+async def parse_body(
+    request: web.Request, model: type[M], *, optional: bool = False, limit: int | None = None
+) -> M:
     """Read and validate a JSON body; any failure is a 400 that names the field.
 
-    With `optional`, an empty body stands for `{}`.
+    With `optional`, an empty body stands for `{}`. `limit`: a smaller bound than
+    the app's, a 413 before the body is parsed (or read, when its length is said).
     """
     timeout = request.app[SETTINGS].body_timeout_s
+    if limit is not None and (request.content_length or 0) > limit:
+        raise TooLarge(limit)
     try:
         raw = await asyncio.wait_for(request.read(), timeout)  # 413 past client_max_size
     except TimeoutError:
@@ -154,6 +160,8 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raise ClientGone from None
     except web.HTTPRequestEntityTooLarge:
         raise TooLarge(request.app[SETTINGS].max_body_bytes) from None
+    if limit is not None and len(raw) > limit:
+        raise TooLarge(limit)
     if not raw:
         if optional:
             raw = b"{}"
@@ -643,7 +651,8 @@ async def list_endpoints(request: web.Request) -> web.Response:
 
 
 async def gateway_status(request: web.Request) -> web.Response:
-    body = await parse_body(request, GatewayStatus)
+    # Bounded by the replicas that exist: a bigger status is not worth parsing.
+    body = await parse_body(request, GatewayStatus, limit=request.app[GATEWAYS].status_bytes())
     try:
         request.app[GATEWAYS].report(body, by=who(request))
     except TooManyGateways as exc:
@@ -755,6 +764,10 @@ async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics_app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await start_site(runner, host, port, "--metrics-listen")
+    except PortInUse:
+        await runner.cleanup()
+        raise
     yield
     await runner.cleanup()

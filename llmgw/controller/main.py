@@ -25,6 +25,7 @@ from llmgw.controller.stores import (
     parse_store,
     store_spec,
 )
+from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -459,11 +460,14 @@ def main(argv: list[str]) -> int:
             settings.host,
         )
     scheme = "https" if ssl_context is not None else "http"
-    print(
-        f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
-        f"state in {describe(spec)}",
-        flush=True,
-    )
+
+    def listening() -> None:  # said once the port is ours
+        print(
+            f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
+            f"state in {describe(spec)}",
+            flush=True,
+        )
+
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
@@ -476,8 +480,9 @@ def main(argv: list[str]) -> int:
             limits,
             ssl_context=ssl_context,
             access_log=access_log,
+            ready=listening,
         )
-    except StateError as exc:  # found while opening the state: one message, no traceback
+    except (StateError, PortInUse) as exc:  # one message, no traceback
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
     return 0
