@@ -63,10 +63,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wake-timeout",
         type=float,
-        default=WAKE_TIMEOUT_S,
+        default=None,
         metavar="S",
         help="how long a request for a model asleep at zero replicas is held while it wakes; "
-        "past it, 503 with Retry-After and the reason (default: %(default)g)",
+        f"past it, 503 with Retry-After and the reason (default: {WAKE_TIMEOUT_S:g}, or "
+        "--request-timeout when that is shorter)",
     )
     p.add_argument(
         "--request-timeout",
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.wake_timeout is None:
+            args.wake_timeout = min(WAKE_TIMEOUT_S, args.request_timeout)
         if not 0 < args.wake_timeout <= args.request_timeout:
             raise ValueError(
                 "--wake-timeout must be more than 0 and at most --request-timeout "
