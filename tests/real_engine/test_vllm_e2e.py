@@ -9,7 +9,8 @@ start), as README's "the CPU build" says.
 
 1. the replica turns ready, its engine pinned to its node's core;
 2. chat and completions, streamed and not, through the gateway;
-3. `ctl status` shows the traffic the client measured (p50 within a bucket);
+3. `ctl status` shows the traffic measured: the client's request rate, the engine's
+   median time to first token (within a bucket; never above the client's);
 4. a drain under load fails no request;
 5. a SIGKILLed engine worker is replaced, and its real cause is shown;
 6. a SIGSTOPped engine core (its /health still 200) is found hung and replaced.
@@ -21,6 +22,7 @@ Needs vLLM's interpreter in LLMGW_TEST_VLLM_PYTHON (`.ci/run` prepares one with
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -35,6 +37,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.fake_engine import TTFT_BUCKETS_S
 from tests.e2e.procs import Cluster, environ_of, wait_until
@@ -210,6 +213,7 @@ def test_1_replica_turns_ready_on_a_pinned_core(walk: Walk) -> None:
     walk.gw.wait_serving(MODEL)
 
 
+@pytest.mark.timeout(120)
 def test_2_chat_and_completions_streamed_and_not(walk: Walk) -> None:
     url = walk.gw.url
     with httpx.Client(timeout=60) as http:
@@ -241,26 +245,18 @@ def test_2_chat_and_completions_streamed_and_not(walk: Walk) -> None:
 
 @dataclass
 class Measured:
-    """Streamed completions one after another on two threads; time to the first event."""
+    """Streamed completions one after another, timed to their first event. One client
+    only: a second thread's turn for the interpreter lock would be timed too."""
 
     url: str
     ttft: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
 
     def run_for(self, seconds: float) -> None:
-        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        self._stop.set()
-        for t in threads:
-            t.join(timeout=60)
-
-    def _run(self) -> None:
         body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 16, "stream": True}
+        deadline = time.monotonic() + seconds
         with httpx.Client(timeout=60) as http:
-            while not self._stop.is_set():
+            while time.monotonic() < deadline:
                 sent = time.monotonic()
                 first = None
                 with http.stream("POST", f"{self.url}/v1/completions", json=body) as s:
@@ -280,10 +276,9 @@ def bucket(seconds: float) -> int:
 
 @pytest.mark.timeout(240)
 def test_3_ctl_status_shows_the_traffic_the_client_measured(walk: Walk) -> None:
-    # Straight to the engine: it times from a request's arrival to its first token, and
-    # through the gateway the client would also time SMG (40 ms more on a loaded machine).
     serving = walk.ready_replica()
     assert serving is not None and serving["url"], serving
+    before = ttft_buckets(serving["url"])
     client = Measured(serving["url"])
     started = time.monotonic()
     client.run_for(25)
@@ -291,6 +286,8 @@ def test_3_ctl_status_shows_the_traffic_the_client_measured(walk: Walk) -> None:
     assert not client.failures, client.failures
     client_p50 = statistics.median(client.ttft)
     client_rate = len(client.ttft) / elapsed
+    after = ttft_buckets(serving["url"])
+    engine_bucket = median_bucket({le: n - before.get(le, 0.0) for le, n in after.items()})
 
     def figures() -> dict[str, Any] | None:
         rows = [t for t in walk.c.ctl_json("status")["traffic"] if t["model"] == MODEL]
@@ -300,16 +297,43 @@ def test_3_ctl_status_shows_the_traffic_the_client_measured(walk: Walk) -> None:
     # The agent scrapes its engine every 5 s: the next scrape has the whole run.
     time.sleep(6)
     row = wait_until(figures, timeout=30, what="traffic figures", diagnose=walk.logs)
-    shown = f"client: p50 TTFT {client_p50 * 1000:.1f} ms, {client_rate:.1f} req/s; ctl: {row}"
+    shown = (
+        f"client: p50 TTFT {client_p50 * 1000:.1f} ms, {client_rate:.1f} req/s; "
+        f"engine's histogram: p50 in bucket {engine_bucket}; ctl: {row}"
+    )
     print(shown)
     assert row["p50_metric"] == "ttft" and not row["p50_upper_bound"], shown
-    # The engine's median is read from its histogram: it lies in the client's bucket or
-    # the one below (the client also counts the HTTP on both sides).
-    assert bucket(client_p50) - 1 <= bucket(row["p50_latency_s"]) <= bucket(client_p50), shown
+    shown_bucket = bucket(row["p50_latency_s"])
+    # What ctl shows is the engine's own median, within a bucket (its window is 30 s)...
+    assert abs(shown_bucket - engine_bucket) <= 1, shown
+    # ...and never more than the client saw: vLLM times a request from when its API
+    # server hands it to the engine (after parsing and tokenizing: 7-28 ms more for the
+    # client on this loaded machine) to its first token.
+    assert shown_bucket <= bucket(client_p50), shown
     # The engine's 30 s window holds the whole run (25 s) and a little quiet before it.
     assert 0.5 * client_rate <= row["requests_per_s"] <= 1.3 * client_rate, shown
     line = next(ln for ln in walk.c.ctl("status").splitlines() if ln.startswith(f"{MODEL} "))
     assert "ttft" in line and "ms" in line, line
+
+
+def ttft_buckets(url: str) -> dict[float, float]:
+    """The engine's cumulative time-to-first-token histogram: {upper bound: count}."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:time_to_first_token_seconds_bucket":
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + sample.value
+    return out
+
+
+def median_bucket(cumulative: dict[float, float]) -> int:
+    """Index (as `bucket`) of the bucket holding the median of a cumulative histogram."""
+    total = cumulative[math.inf]
+    assert total > 0, cumulative
+    le = next(le for le in sorted(cumulative) if cumulative[le] >= total / 2)
+    return bucket(le)
 
 
 @pytest.mark.timeout(START_S + 180)
