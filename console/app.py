@@ -13,6 +13,7 @@ import gc
 import itertools
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar, cast
 
 from pydantic import ValidationError
@@ -166,7 +167,10 @@ class ConsoleApp(App[None]):
     # -- polling ----------------------------------------------------------------
 
     def action_retry(self) -> None:
-        """`r`: try the controller now instead of waiting out the backoff."""
+        """`r`: try the controller now instead of waiting out the backoff. The
+        backoff starts over: a failed retry is retried after one refresh."""
+        if not self.connection.healthy:
+            self.connection = replace(self.connection, failures=0)
         self.poll_now()
 
     def poll_now(self) -> None:

@@ -157,6 +157,7 @@ def join_short(items: Sequence[str], limit: int = 3) -> str:
 
 
 def classes_text(classes: dict[str, int]) -> Text:
+    """`8xH100-SXM-80GB`, spelled as `ctl nodes` spells it."""
     if not classes:
         return styled("-", "dim")
-    return styled(" ".join(f"{n}×{name}" for name, n in sorted(classes.items())))
+    return styled(" ".join(f"{n}x{name}" for name, n in sorted(classes.items())))

@@ -103,7 +103,8 @@ class ConsoleModel(Protocol):
     fleet: FleetView | None
     connection: Connection
     node_view: NodeView | None
-    readonly: bool  # --readonly, or a token that may only read
+    readonly: bool  # --readonly, or a token that may only read (or not yet known)
+    role_known: bool  # --readonly, or the controller has said what the token may do
 
     @property
     def base_url(self) -> str: ...

@@ -112,7 +112,9 @@ class MainScreen(NodeScreen):
         app = self.model
         now = app.clock()
         header = self.query_one(FleetHeader)
-        header.show(app.fleet, app.connection, now, app.controller_label, app.readonly)
+        # READ-ONLY once the controller has said so, not while it is still asked.
+        readonly = app.readonly and app.role_known
+        header.show(app.fleet, app.connection, now, app.controller_label, readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
         if app.fleet is not None:
             self.nodes_table.set_age_offset(max(0.0, now - app.fleet.fetched_at))

@@ -85,6 +85,8 @@ class ConfirmModal(ModalScreen[object]):
             self.confirm()  # Enter in any box submits the form
         elif key == "enter" and focused is None:
             self.action_cancel()  # nothing chosen yet: the safe answer
+        elif key in ("left", "right") and isinstance(focused, Button):
+            self.step_button(focused, 1 if key == "right" else -1)
         elif event.is_printable and event.character and self.type_text(event.character, key):
             pass
         elif focused is not None and await run_widget_binding(focused, key):
@@ -92,6 +94,12 @@ class ConfirmModal(ModalScreen[object]):
         else:
             return False
         return True
+
+    def step_button(self, button: Button, step: int) -> None:
+        """Right / Left: the next button along the row (it stops at either end)."""
+        buttons = list(self.query("#buttons Button").results(Button))
+        index = max(0, min(len(buttons) - 1, buttons.index(button) + step))
+        self.set_focus(buttons[index])
 
     def type_text(self, text: str, key: str = "") -> bool:
         """Printable text; False: not for this modal (it has no boxes)."""

@@ -94,7 +94,7 @@ class WeightsMatrix(GlanceTable):
         shared, local = copies
         text = Text(no_wrap=True, end="")
         if shared:
-            text.append("shared" if shared == 1 else f"shared×{shared}", style="bold blue")
+            text.append("shared" if shared == 1 else f"shared x{shared}", style="bold blue")
         if local:
             text.append(f"{'+' if shared else ''}{local} local", style="green")
         return text

@@ -147,3 +147,10 @@ def test_ctl_and_console_say_the_same_for_the_same_node() -> None:
         AdminEvent(node="gpu-b04", action="cordon", reason="PSU swap", by="carol", at=AT)
     )
     assert history[0].plain == timestamp(AT)
+
+
+def test_card_counts_are_spelled_as_ctl_spells_them() -> None:
+    from console.format import classes_text
+
+    one = {"H100-SXM-80GB": 8}
+    assert classes_text(one).plain == render._classes(one) == "8xH100-SXM-80GB"
