@@ -62,6 +62,13 @@ class NodeScreen(Screen[Any]):
         """The nodes an admin key acts on; none by default."""
         return []
 
+    def out_of_view(self, names: list[str]) -> list[str]:
+        """Of `names`, those the screen does not show (a filter hides them)."""
+        return []
+
+    def acted_on(self, names: list[str]) -> None:
+        """An action on `names` was confirmed (marks clear, as in k9s)."""
+
     def typing(self) -> bool:
         """A text box has focus: letters are text, not commands."""
         return isinstance(self.focused, Input)
@@ -97,16 +104,18 @@ class AdminActions(NodeScreen):
         if not rows:
             return
         names = [r.name for r in rows]
+        hidden = self.out_of_view(names)
         if action is CORDON:
-            modal: Screen[object] = CordonModal(names)
+            modal: Screen[object] = CordonModal(names, hidden)
         elif action is UNCORDON:
-            modal = UncordonModal(rows)
+            modal = UncordonModal(rows, hidden)
         else:
-            modal = DrainModal(names)
+            modal = DrainModal(names, hidden)
 
         def done(form: object) -> None:
             if isinstance(form, AdminForm):
                 self.post_message(AdminRequested(action, names, form))
+                self.acted_on(names)
 
         # Pushed now, in this key's handler: keys typed next go to the modal.
         self.app.push_screen(modal, done)

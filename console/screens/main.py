@@ -125,7 +125,8 @@ class MainScreen(NodeScreen):
         if table.filter_text:
             parts.append(f"filter: {table.filter_text}")
         if table.marks:
-            parts.append(f"{len(table.marks)} marked")
+            hidden = len(table.hidden_by_filter(table.marks))
+            parts.append(f"{len(table.marks)} marked" + (f" ({hidden} hidden)" if hidden else ""))
         pane = self.query_one("#nodes-pane")
         pane.border_title = "Nodes"
         pane.border_subtitle = " · ".join(parts)
@@ -142,6 +143,14 @@ class MainScreen(NodeScreen):
             return [table.rows_by_name[n] for n in sorted(table.marks)]
         row = table.selected
         return [row] if row else []
+
+    def out_of_view(self, names: list[str]) -> list[str]:
+        return self.nodes_table.hidden_by_filter(names)
+
+    def acted_on(self, names: list[str]) -> None:
+        # The marks were for this action: the next key acts on what is in view.
+        if self.nodes_table.marks:
+            self.nodes_table.clear_marks()
 
     # -- keys ------------------------------------------------------------------
 

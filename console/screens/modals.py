@@ -8,6 +8,8 @@ pre-check is fetched by the app and handed over.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.table import Table
 from rich.text import Text
 from textual import events, on
@@ -29,10 +31,23 @@ MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
 REASON_REQUIRED = "A reason is required: say why, it is recorded with your name (as `sinfo -R`)."
 
 
-def targets_label(names: list[str]) -> str:
+def targets_label(names: Sequence[str]) -> str:
     if len(names) <= 3:
         return ", ".join(names)
     return f"{', '.join(names[:3])} and {len(names) - 3} more ({len(names)} nodes)"
+
+
+def hidden_text(hidden: Sequence[str]) -> Text:
+    """Marked nodes the filter hides: the action reaches them too, so say so."""
+    return Text.assemble(
+        ("⚠ Not in view: ", "bold yellow"),
+        (targets_label(hidden), "bold"),
+        (
+            " (marked, hidden by the filter). To act only on what you see,"
+            " Cancel and press Escape twice: the filter, then the marks.",
+            "yellow",
+        ),
+    )
 
 
 class ConfirmModal(ModalScreen[object]):
@@ -44,16 +59,22 @@ class ConfirmModal(ModalScreen[object]):
 
     verb = "Confirm"
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], hidden: Sequence[str] = ()) -> None:
         super().__init__()
         self.names = names
+        self.hidden = list(hidden)  # of `names`, those the screen's filter hides
 
     def compose_fields(self) -> ComposeResult:
         yield from ()
 
+    def compose_head(self) -> ComposeResult:
+        yield Label(self.title_text(), id="title")
+        if self.hidden:
+            yield Static(hidden_text(self.hidden), id="hidden")
+
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.title_text(), id="title")
+            yield from self.compose_head()
             yield from self.compose_fields()
             yield Label("", id="error")
             with Horizontal(id="buttons"):
@@ -134,7 +155,7 @@ class ReasonModal(ConfirmModal):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.title_text(), id="title")
+            yield from self.compose_head()
             yield Input(
                 placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
             )
@@ -183,8 +204,8 @@ class UncordonModal(ConfirmModal):
 
     verb = "Uncordon"
 
-    def __init__(self, rows: list[NodeRow]) -> None:
-        super().__init__([r.name for r in rows])
+    def __init__(self, rows: list[NodeRow], hidden: Sequence[str] = ()) -> None:
+        super().__init__([r.name for r in rows], hidden)
         self.rows = rows
 
     def compose_fields(self) -> ComposeResult:
@@ -243,8 +264,8 @@ class DrainModal(ReasonModal):
             super().__init__()
             self.modal = modal
 
-    def __init__(self, names: list[str]) -> None:
-        super().__init__(names)
+    def __init__(self, names: list[str], hidden: Sequence[str] = ()) -> None:
+        super().__init__(names, hidden)
         self.plan: DrainPlan | None = None
         self.plan_error: str | None = None
 
@@ -403,7 +424,8 @@ class HelpScreen(ModalScreen[None]):
                 "\nRead-only: cordon, uncordon and drain are not available.\n", style="blue"
             )
         else:
-            text.append("Marks (space) make c/u/d act on every marked node.\n")
+            text.append("Marks (space) make c/u/d act on every marked node;\n")
+            text.append("they clear once the action is confirmed.\n")
         # Scrolls: at 80x24 the help is taller than the terminal.
         with VerticalScroll(id="dialog"):
             yield Static(Text("Keys", style="bold"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -406,6 +406,10 @@ class NodesTable(KeyedTable):
     def _ordered(self, names: list[str]) -> list[str]:
         key, rows, age_of = SORTS[self.sort_index].key, self.rows_by_name, self.age_of
         return sorted(names, key=lambda n: key(rows[n], age_of(rows[n])), reverse=self.reverse)
+
+    def hidden_by_filter(self, names: Iterable[str]) -> list[str]:
+        """Of `names`, those the filter hides, in natural order."""
+        return sorted((n for n in names if not self._matches(n)), key=natural)
 
     def _matches(self, name: str) -> bool:
         if not self.filter_text:
