@@ -34,7 +34,8 @@ from console.state import Connection, FleetView, Link, NodeView, backoff
 from console.widgets.nodes import NodesTable
 from llmgw.api import healthz
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
-from llmgw.wire import DrainPlan, FleetSummary, NodesDelta
+from llmgw.present import force_at_words
+from llmgw.wire import DrainPlan, FleetSummary, NodeRow, NodesDelta
 
 _HEAP_SETTLED = False  # gc.freeze() once per process, see ConsoleApp.settle_heap
 
@@ -342,16 +343,23 @@ class ConsoleApp(App[None]):
     async def _send_admin(self, action: AdminAction, names: list[str], form: AdminForm) -> None:
         done: list[str] = []
         failed: list[str] = []
+        deadlines: list[float] = []
         for name in names:
             try:
-                await action.call(self.client, name, form)
+                answer = await action.call(self.client, name, form)
                 done.append(name)
             except (ControllerError, ControllerUnreachable, ValidationError) as exc:
                 failed.append(f"{name}: {describe(exc)}")
+                continue
+            if isinstance(answer, NodeRow) and answer.admin.force_at is not None:
+                deadlines.append(answer.admin.force_at)
         if done:
+            # The deadline as the controller recorded it, not as the dialog meant it.
+            when = f", {force_at_words(max(deadlines), now=self.clock())}" if deadlines else ""
             self.notify(
                 f"{action.past.capitalize()}: {', '.join(done[:6])}"
                 + (f" and {len(done) - 6} more" if len(done) > 6 else "")
+                + when
             )
         if failed:
             self.notify(

@@ -9,6 +9,7 @@ pre-check is fetched by the app and handed over.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from rich.table import Table
 from rich.text import Text
@@ -23,12 +24,35 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 from console.commands import AdminForm
 from console.format import node_state_text, plural, state_text, styled
 from console.keys import run_widget_binding, type_into
+from console.state import ConsoleModel
 from console.widgets.nodes import SORTS
-from llmgw.wire import DrainPlan, NodeRow
+from llmgw.durations import format_duration, parse_duration
+from llmgw.present import force_at_words
+from llmgw.wire import MAX_FORCE_AFTER_S, DrainPlan, NodeRow
 
-MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
+FORCE_AFTER_HELP = "30s, 90m, 1h"
 
 REASON_REQUIRED = "A reason is required: say why, it is recorded with your name (as `sinfo -R`)."
+
+
+def parse_force_after(raw: str) -> float | None:
+    """The drain's force-after box: seconds, None when empty; ValueError with
+    what to type when it does not parse or is out of the controller's bounds."""
+    if not raw.strip():
+        return None
+    seconds = parse_duration(raw)  # BadDuration says what would parse
+    if seconds <= 0:
+        raise ValueError("force after must be more than 0 (e.g. 30s, 90m, 1h), or empty")
+    if seconds > MAX_FORCE_AFTER_S:
+        raise ValueError(
+            f"force after may be at most {format_duration(MAX_FORCE_AFTER_S)} (7 days)"
+        )
+    return seconds
+
+
+def deadline_text(seconds: float, now: float) -> str:
+    """`force at 14:05:20 UTC (in 20s)`: when the controller forces the drain."""
+    return f"{force_at_words(now + seconds, now=now)} (in {format_duration(seconds)})"
 
 
 def targets_label(names: Sequence[str]) -> str:
@@ -67,15 +91,18 @@ class ConfirmModal(ModalScreen[object]):
     def compose_fields(self) -> ComposeResult:
         yield from ()
 
-    def compose_head(self) -> ComposeResult:
-        yield Label(self.title_text(), id="title")
-        if self.hidden:
-            yield Static(hidden_text(self.hidden), id="hidden")
+    def compose_body(self) -> ComposeResult:
+        yield from self.compose_fields()
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield from self.compose_head()
-            yield from self.compose_fields()
+            yield Label(self.title_text(), id="title")
+            # The body scrolls (Tab scrolls to what it focuses); the error and
+            # the buttons below it stay in view on a short terminal.
+            with VerticalScroll(id="body", can_focus=False):
+                if self.hidden:
+                    yield Static(hidden_text(self.hidden), id="hidden")
+                yield from self.compose_body()
             yield Label("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -153,17 +180,11 @@ class ReasonModal(ConfirmModal):
     has focus (Cancel, the confirm button, nothing yet), so a reason typed or
     pasted the instant the modal opens is recorded whole (see take_key)."""
 
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield from self.compose_head()
-            yield Input(
-                placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
-            )
-            yield from self.compose_fields()
-            yield Label("", id="error")
-            with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel", variant="primary")
-                yield Button(self.verb, id="confirm", variant="error")
+    def compose_body(self) -> ComposeResult:
+        yield Input(
+            placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
+        )
+        yield from self.compose_fields()
 
     def type_text(self, text: str, key: str = "") -> bool:
         """Into the box that has focus; anywhere else (a button, nothing yet
@@ -231,12 +252,24 @@ class ForceConfirmModal(ConfirmModal):
 
     verb = "Force drain"
 
-    def __init__(self, names: list[str], models: list[str]) -> None:
+    def __init__(
+        self, names: list[str], models: list[str], after_s: float | None = None, now: float = 0.0
+    ) -> None:
         super().__init__(names)
         self.models = models
+        self.after_s = after_s  # None: forced now; else the force-after deadline
+        self.now = now
 
     def compose_fields(self) -> ComposeResult:
-        text = Text("Forcing stops replicas without waiting for replacements. ", style="bold")
+        if self.after_s is None:
+            text = Text("Forcing stops replicas now, without waiting for replacements.\n")
+        else:
+            text = Text.assemble(
+                (deadline_text(self.after_s, self.now), "bold magenta"),
+                ": unless the drain is done by then, the controller stops what is left"
+                " without waiting for replacements.\n",
+            )
+        text.stylize("bold")
         if self.models:
             text.append("These models fall below their minimum:\n", style="bold yellow")
             for model in self.models:
@@ -272,9 +305,10 @@ class DrainModal(ReasonModal):
     def compose_fields(self) -> ComposeResult:
         with Horizontal(id="options"):
             yield Label("force after", classes="field-label")
-            yield Input(placeholder="min", id="timeout", type="integer", max_length=5)
-            yield Label("minutes (kept by the controller)", classes="field-label")
+            yield Input(placeholder="e.g. 90m", id="timeout", max_length=16)
+            yield Label(FORCE_AFTER_HELP, classes="field-label")
             yield Checkbox("force now", id="force")
+        yield Label(self.deadline_words(), id="deadline")
         yield Static(
             "Replicas move elsewhere first; the node then stays cordoned, marked drained.",
             classes="hint",
@@ -295,6 +329,26 @@ class DrainModal(ReasonModal):
         # Reasons wrap inside a fixed column rather than scroll sideways.
         table.add_column("WHY", key="why", width=30)
         self.post_message(self.PlanWanted(self))
+
+    def now(self) -> float:
+        return cast(ConsoleModel, self.app).clock()
+
+    def deadline_words(self, raw: str = "") -> Text:
+        """What the force-after box means, echoed as it is typed."""
+        try:
+            seconds = parse_force_after(raw)
+        except ValueError as exc:
+            return Text(f"✗ {exc}", style="bold red")
+        if seconds is None:
+            return Text("No deadline: replicas move once their replacements serve.", style="dim")
+        return Text.assemble(
+            (deadline_text(seconds, self.now()), "bold magenta"),
+            ": the controller (whoever is connected) then stops what has not moved.",
+        )
+
+    @on(Input.Changed, "#timeout")
+    def _timeout_changed(self, event: Input.Changed) -> None:
+        self.query_one("#deadline", Label).update(self.deadline_words(event.value))
 
     def plan_failed(self, message: str) -> None:
         self.plan_error = message
@@ -335,17 +389,16 @@ class DrainModal(ReasonModal):
         return [i.model for i in self.plan.impacts if i.verdict != "ok"]
 
     def submit(self, reason: str) -> None:
-        raw = self.query_one("#timeout", Input).value.strip()
-        force_after_s = None
-        if raw:
-            if not raw.isdigit() or not 0 < int(raw) <= MAX_FORCE_AFTER_MIN:
-                self.show_error(
-                    "Force-after must be a whole number of minutes (at most 7 days), or empty."
-                )
-                return
-            force_after_s = int(raw) * 60.0
+        box = self.query_one("#timeout", Input)
+        try:
+            force_after_s = parse_force_after(box.value)
+        except ValueError as exc:
+            self.show_error(f"Not drained: {exc}.")
+            box.focus()
+            return
         form = AdminForm(reason, self.query_one("#force", Checkbox).value, force_after_s)
-        if not form.force or (self.plan is not None and not self.below_minimum()):
+        forcing = form.force or form.force_after_s is not None
+        if not forcing or (self.plan is not None and not self.below_minimum()):
             self.dismiss(form)
             return
 
@@ -353,7 +406,11 @@ class DrainModal(ReasonModal):
             if yes is True:
                 self.dismiss(form)
 
-        self.app.push_screen(ForceConfirmModal(self.names, self.below_minimum()), forced)
+        # Both ways of forcing stop replicas without replacements: a second,
+        # explicit yes that names the models, as `ctl drain --force --yes`.
+        when = None if form.force or force_after_s is None else force_after_s
+        modal = ForceConfirmModal(self.names, self.below_minimum(), when, self.now())
+        self.app.push_screen(modal, forced)
 
 
 # The help lists view keys, then (unless read-only) admin keys, then app keys.

@@ -142,7 +142,7 @@ async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Fa
         # A zero deadline is refused with a message; nothing is sent.
         assert app.screen is modal
         assert faults.mutations == []
-        modal.query_one("#timeout", Input).value = "15"
+        modal.query_one("#timeout", Input).value = "15m"
         modal.query_one("#confirm", Button).press()
         # Forcing drops DeepSeek below its minimum: a second, explicit yes naming it.
         await until(pilot, lambda: asked(app), "the second ask")

@@ -77,6 +77,9 @@ def test_timestamps_always_carry_their_zone() -> None:
     assert timestamp(None) == "-"
     assert clock_time(AT + 45 * 60) == "10:05 UTC"
     assert force_at_words(AT + 45 * 60) == "force at 10:05 UTC"
+    # Under an hour away: to the second (issue 23 item 3).
+    assert force_at_words(AT + 45 * 60 + 20, now=AT) == "force at 10:05:20 UTC"
+    assert force_at_words(AT + 2 * 3600 + 20, now=AT) == "force at 11:20 UTC"
     local = timestamp(AT, local=True)
     assert local[:10].startswith("2025-12-") and len(local.split()) == 3  # date, time, zone
 
