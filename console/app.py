@@ -30,7 +30,8 @@ from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
 from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import DrainModal
-from console.state import Connection, FleetView, Link, NodeView, backoff
+from console.state import Connection, FleetView, Link, NodeView, backoff, error_words
+from console.textual_private import keep_pastes_in_order
 from console.widgets.nodes import NodesTable
 from llmgw.api import healthz
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
@@ -67,6 +68,7 @@ class ConsoleApp(App[None]):
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
+        keep_pastes_in_order()
         self.client = client
         self.readonly_flag = readonly  # --readonly: the admin screens are never built
         self.role: str | None = None  # the token's role, once the controller said it
@@ -227,7 +229,7 @@ class ConsoleApp(App[None]):
         except ControllerError as exc:
             return self._failed(Link.ERROR, f"{exc.status} {exc.message}", exc.status)
         except ValidationError as exc:
-            return self._failed(Link.ERROR, f"answer not understood: {describe(exc)}")
+            return self._failed(Link.ERROR, error_words(exc))
         now = self.clock()
         self.fleet = FleetView.merge(self.fleet, summary, delta, now)
         # Only now: a failed fetch leaves the cursor where the data on screen is.
@@ -249,7 +251,7 @@ class ConsoleApp(App[None]):
             return
         except (ControllerUnreachable, ValidationError) as exc:
             old = self.node_view
-            self._set_node_view(NodeView(name, old.detail if old else None, describe(exc)))
+            self._set_node_view(NodeView(name, old.detail if old else None, error_words(exc)))
             return
         self._set_node_view(NodeView(name, detail))
 
@@ -349,7 +351,7 @@ class ConsoleApp(App[None]):
                 answer = await action.call(self.client, name, form)
                 done.append(name)
             except (ControllerError, ControllerUnreachable, ValidationError) as exc:
-                failed.append(f"{name}: {describe(exc)}")
+                failed.append(f"{name}: {error_words(exc)}")
                 continue
             if isinstance(answer, NodeRow) and answer.admin.force_at is not None:
                 deadlines.append(answer.admin.force_at)
@@ -365,7 +367,8 @@ class ConsoleApp(App[None]):
             self.notify(
                 f"{action.verb} failed on {len(failed)} node(s):\n"
                 + "\n".join(failed[:5])
-                + "\nNothing else was changed on those nodes.",
+                + "\nNothing else was changed on those nodes."
+                + (f"\nYour reason, to use again: {form.reason}" if form.reason else ""),
                 severity="error",
                 timeout=10,
             )
@@ -378,10 +381,8 @@ class ConsoleApp(App[None]):
         """The drain pre-check, handed to the modal (which does no I/O)."""
         try:
             plan = DrainPlan.model_validate(await self.client.drain_plan(modal.names))
-        except (ControllerError, ControllerUnreachable) as exc:
-            message = describe(exc)
-        except ValidationError as exc:
-            message = f"answer not understood: {describe(exc)}"
+        except (ControllerError, ControllerUnreachable, ValidationError) as exc:
+            message = error_words(exc)
         else:
             if modal.is_attached:
                 modal.show_plan(plan)

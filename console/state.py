@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from pydantic import ValidationError
+
+from llmgw.common import first_line as describe
 from llmgw.errors import BadAnswer, ClientError, ControllerUnreachable, advice, error_class
 from llmgw.wire import FleetSummary, NodeDetail, NodeRow, NodesDelta
 
@@ -77,6 +80,16 @@ def next_step(conn: Connection) -> str:
         error = error_class(conn.status)
     hint = advice(error).hint or "The controller's message says why."
     return hint[0].upper() + hint[1:] + ("" if hint.endswith(".") else ".")
+
+
+def error_words(exc: Exception) -> str:
+    """A failed request as a person reads it: never a class name (pydantic
+    titles its errors with the model's: `1 validation error for NodeRow`)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the body"
+        return f"the controller's answer was not understood ({where}: {first['msg']})"
+    return describe(exc)
 
 
 def backoff(failures: int, base: float, cap: float = 30.0) -> float:

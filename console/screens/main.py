@@ -10,7 +10,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Input
 
-from console.keys import run_widget_binding, type_into
+from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
@@ -180,7 +180,7 @@ class MainScreen(NodeScreen):
     def take_paste(self, text: str) -> bool:
         if not self.typing():
             return False
-        type_into(self.query_one("#filter", Input), " ".join(text.splitlines()))
+        type_into(self.query_one("#filter", Input), pasted_line(text))
         self._filter_changed()
         return True
 

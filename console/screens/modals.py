@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 from rich.text import Text
 from textual import events, on
@@ -23,16 +24,32 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from console.commands import AdminForm
 from console.format import node_state_text, plural, state_text, styled
-from console.keys import run_widget_binding, type_into
+from console.keys import pasted_line, run_widget_binding, type_into
 from console.state import ConsoleModel
 from console.widgets.nodes import SORTS
 from llmgw.durations import format_duration, parse_duration
 from llmgw.present import force_at_words
-from llmgw.wire import MAX_FORCE_AFTER_S, DrainPlan, NodeRow
+from llmgw.wire import MAX_FORCE_AFTER_S, PATTERN_MESSAGES, DrainPlan, NodeRow, Reason
 
 FORCE_AFTER_HELP = "30s, 90m, 1h"
 
 REASON_REQUIRED = "A reason is required: say why, it is recorded with your name (as `sinfo -R`)."
+
+
+_REASON = TypeAdapter(Reason)
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why the controller would refuse this reason (its own rule, in words);
+    None: it would take it."""
+    try:
+        _REASON.validate_python(reason)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        pattern = str((error.get("ctx") or {}).get("pattern"))
+        rule = PATTERN_MESSAGES.get(pattern, error["msg"])
+        return f"Not sent: in the reason, {rule}. Edit it and press Enter again."
+    return None
 
 
 def parse_force_after(raw: str) -> float | None:
@@ -154,8 +171,7 @@ class ConfirmModal(ModalScreen[object]):
         return False
 
     def take_paste(self, text: str) -> bool:
-        # A pasted reason is one line: its lines joined with a space.
-        self.type_text(" ".join(text.splitlines()))
+        self.type_text(pasted_line(text))
         return True  # a paste into a modal with no box is dropped
 
     @on(Button.Pressed, "#cancel")
@@ -200,10 +216,12 @@ class ReasonModal(ConfirmModal):
         return True
 
     def confirm(self) -> None:
-        reason = self.query_one("#reason", Input).value.strip()
-        if not reason:
-            self.show_error(REASON_REQUIRED)
-            self.query_one("#reason", Input).focus()
+        box = self.query_one("#reason", Input)
+        reason = box.value.strip()
+        problem = REASON_REQUIRED if not reason else reason_problem(reason)
+        if problem:  # refused here, with the text kept, not by the controller
+            self.show_error(problem)
+            box.focus()
             return
         self.submit(reason)
 

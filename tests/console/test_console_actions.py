@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from console_fixtures import Faults, Recorded
 from console_pilot import loaded, until
+from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
@@ -183,3 +184,39 @@ async def test_the_drain_dialogs_buttons_stay_in_view_at_80x24(make_app: MakeApp
             assert focused is not None
             body = modal.query_one("#body").region
             assert focused.id in ("cancel", "confirm") or body.overlaps(focused.region)
+
+
+async def test_a_pasted_reason_keeps_its_order_and_a_tab_is_a_space(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    """A tab in a paste was shown, then refused by the controller (`invalid
+    ReasonRequest`) and the text lost (issue 23 item 8)."""
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c")
+        app.post_message(events.Paste("RMA\tticket 7\nrack 3"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(pilot, lambda: faults.mutations, "the cordon request")
+        assert faults.mutations == [
+            Recorded("POST", "/v1/nodes/gpu-a01/cordon", {"reason": "RMA ticket 7 rack 3"})
+        ]
+
+
+async def test_a_reason_the_controller_would_refuse_is_refused_in_the_dialog(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        assert isinstance(modal, CordonModal)
+        box = modal.query_one("#reason", Input)
+        box.value = "bell\x07here"  # no key types this; a bug or a widget might
+        box.focus()
+        await pilot.press("enter")
+        assert app.screen is modal and faults.mutations == []
+        error = str(modal.query_one("#error").render())
+        assert "Not sent: in the reason, control characters" in error
+        assert "Reason" not in error.replace("reason", "")  # no class name
+        assert box.value == "bell\x07here"  # kept, to edit

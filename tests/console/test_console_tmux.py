@@ -156,6 +156,20 @@ def test_a_pasted_reason_is_recorded_exactly(fleet: Controller, console: Tmux) -
     assert recorded(fleet, console, "gpu-a05") == ("cordoned", "pasted: PSU swap rack 7, slot 3")
 
 
+def test_a_paste_holding_an_escape_and_a_tab_is_kept_in_order(
+    fleet: Controller, console: Tmux
+) -> None:
+    """Textual ended the paste at the ESC and typed the rest first: recorded
+    `^[31mbeta…alpha`; a tab was refused by the controller and the text lost
+    (issue 23 item 8). In order now, the tab a space, the ESC shown as text."""
+    on_node(console, "gpu-a13")
+    console("set-buffer", "-b", "e", "alpha\x1b[31mbeta\tgamma")
+    burst(console, ("c",))
+    console("paste-buffer", "-p", "-b", "e", "-t", "t")
+    console("send-keys", "-t", "t", "Enter")
+    assert recorded(fleet, console, "gpu-a13") == ("cordoned", "alpha\\x1b[31mbeta gamma")
+
+
 def test_tab_tab_enter_confirms_the_typed_reason(fleet: Controller, console: Tmux) -> None:
     on_node(console, "gpu-a06")
     # reason box -> Cancel -> Cordon, then Enter presses Cordon.

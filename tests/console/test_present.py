@@ -157,3 +157,16 @@ def test_card_counts_are_spelled_as_ctl_spells_them() -> None:
 
     one = {"H100-SXM-80GB": 8}
     assert classes_text(one).plain == render._classes(one) == "8xH100-SXM-80GB"
+
+
+def test_an_answer_not_understood_is_said_without_a_class_name() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from console.state import error_words
+
+    with pytest.raises(ValidationError) as caught:
+        NodeRow.model_validate({"name": "gpu-a01"})
+    words = error_words(caught.value)
+    assert words.startswith("the controller's answer was not understood (")
+    assert "NodeRow" not in words and "validation error" not in words
