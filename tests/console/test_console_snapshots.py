@@ -110,3 +110,15 @@ def test_drain_modal_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_node_detail_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    """HEALTH and REASON stay; IN USE, UTIL, MEMORY and UUID give way first."""
+
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("slash", *"gpu-b02", "enter", "enter")
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
