@@ -66,10 +66,14 @@ class ConsoleApp(App[None]):
         readonly: bool = False,
         refresh: float = 1.0,
         clock: Callable[[], float] = time.time,
+        about: str = "",
     ) -> None:
         super().__init__()
         keep_pastes_in_order()
         self.client = client
+        # What whoever started the console wants the operator to know (the
+        # demo's gateway and curl line): the help shows it, the first frame points there.
+        self.about = about
         self.readonly_flag = readonly  # --readonly: the admin screens are never built
         self.role: str | None = None  # the token's role, once the controller said it
         self.role_known = readonly  # --readonly needs no answer
@@ -118,6 +122,9 @@ class ConsoleApp(App[None]):
         return MainScreen() if self.readonly_flag else AdminMainScreen()
 
     def on_mount(self) -> None:
+        if self.about:
+            first = self.about.splitlines()[0]
+            self.notify(f"{first}\nThe help (?) says how to reach it.", timeout=20)
         self.run_worker(self.keys.run(), name="keys", exit_on_error=True)
         self._start_poll()
         if not self.readonly_flag:

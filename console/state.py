@@ -118,6 +118,7 @@ class ConsoleModel(Protocol):
     node_view: NodeView | None
     readonly: bool  # --readonly, or a token that may only read (or not yet known)
     role_known: bool  # --readonly, or the controller has said what the token may do
+    about: str  # shown in the help: the demo's gateway and curl line; "" for none
 
     @property
     def base_url(self) -> str: ...

@@ -80,7 +80,7 @@ class NodeScreen(Screen[Any]):
             self.refresh_bindings()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.model.readonly))
+        self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))
 
 
 class AdminActions(NodeScreen):

@@ -486,9 +486,10 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False, priority=True),
     ]
 
-    def __init__(self, readonly: bool) -> None:
+    def __init__(self, readonly: bool, about: str = "") -> None:
         super().__init__()
         self.readonly = readonly
+        self.about = about  # first: how to reach what the console shows (the demo's)
 
     def compose(self) -> ComposeResult:
         text = Text()
@@ -503,6 +504,9 @@ class HelpScreen(ModalScreen[None]):
             text.append("they clear once the action is confirmed.\n")
         # Scrolls: at 80x24 the help is taller than the terminal.
         with VerticalScroll(id="dialog"):
+            if self.about:
+                yield Static(Text("This fleet", style="bold"))
+                yield Static(Text(self.about), id="about", classes="keys")
             yield Static(Text("Keys", style="bold"))
             yield Static(_key_grid(help_keys(self.readonly)), classes="keys")
             yield Static(Text("Sort by a column (shift+letter)", style="bold"))

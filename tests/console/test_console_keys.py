@@ -763,3 +763,26 @@ def test_wide_terminals_show_a_nodes_classes_whole(width: int) -> None:
     widths = column_widths(width - 3, len("gpu-a01"), two)
     assert widths["classes"] == two
     assert column_widths(80 - 3, len("gpu-a01"), two)["classes"] == 0  # no room: hidden
+
+
+ABOUT = """llmgw demo: 3 simulated nodes in 1 fabrics (ib-a)
+  controller:  http://127.0.0.1:7460
+  gateway (OpenAI API, SMG): http://127.0.0.1:8000
+    curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json'"""
+
+
+async def test_what_the_console_was_started_with_is_in_its_help(
+    controller: LiveController, faults: Faults, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's banner (gateway, curl line) was hidden behind the console
+    until it quit (issue 23 item 13): the help shows it, a notice points there."""
+    app = ConsoleApp(controller.client(faults), refresh=3600.0, clock=clock, about=ABOUT)
+    shown: list[str] = []
+    monkeypatch.setattr(app, "notify", lambda message, **_: shown.append(message))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        assert shown[0].startswith("llmgw demo: 3 simulated nodes") and "(?)" in shown[0]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        about = str(app.screen.query_one("#about").render())
+        assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in about

@@ -260,6 +260,11 @@ def test_q_in_the_demos_console_takes_every_engine_with_it(tmp_path: Path) -> No
             engines = {p for p in _descendants(pid) if "fake_engine" in _cmdline(p)}
         assert engines, f"no engine started; the screen:\n{tmux.screen()}"
         tmux.wait_for(lambda s: "Quit" in s, "the demo's console")
+        # Its banner, hidden behind the console, is in the help (issue 23 item 13).
+        tmux("send-keys", "-t", "t", "?")
+        tmux.wait_for(lambda s: "curl -s http://127.0.0.1:" in s, "the gateway in the help")
+        tmux("send-keys", "-t", "t", "?")
+        tmux.wait_for(lambda s: "This fleet" not in s, "the help closed")
         tmux("send-keys", "-t", "t", "q")
         tmux.wait_for(lambda s: tmux.pane_dead(), "the demo did not end on q", timeout_s=30)
     finally:
