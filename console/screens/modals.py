@@ -271,9 +271,14 @@ class ForceConfirmModal(ConfirmModal):
     verb = "Force drain"
 
     def __init__(
-        self, names: list[str], models: list[str], after_s: float | None = None, now: float = 0.0
+        self,
+        names: list[str],
+        models: list[str],
+        after_s: float | None = None,
+        now: float = 0.0,
+        hidden: Sequence[str] = (),
     ) -> None:
-        super().__init__(names)
+        super().__init__(names, hidden)
         self.models = models
         self.after_s = after_s  # None: forced now; else the force-after deadline
         self.now = now
@@ -427,7 +432,7 @@ class DrainModal(ReasonModal):
         # Both ways of forcing stop replicas without replacements: a second,
         # explicit yes that names the models, as `ctl drain --force --yes`.
         when = None if form.force or force_after_s is None else force_after_s
-        modal = ForceConfirmModal(self.names, self.below_minimum(), when, self.now())
+        modal = ForceConfirmModal(self.names, self.below_minimum(), when, self.now(), self.hidden)
         self.app.push_screen(modal, forced)
 
 
