@@ -24,7 +24,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.timer import Timer
 
-from console.commands import ADMIN_ACTIONS, AdminAction, AdminForm, AdminRequested
+from console.commands import ADMIN_ACTIONS, AdminRequested
 from console.keys import KeyPipeline
 from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
@@ -343,15 +343,13 @@ class ConsoleApp(App[None]):
     def on_admin_requested(self, message: AdminRequested) -> None:
         if self.readonly:  # belt and braces: read-only screens have no such keys
             return
-        self.run_worker(
-            self._send_admin(message.action, message.nodes, message.form),
-            group="admin",
-            exit_on_error=False,
-        )
+        self.run_worker(self._send_admin(message), group="admin", exit_on_error=False)
 
-    async def _send_admin(self, action: AdminAction, names: list[str], form: AdminForm) -> None:
+    async def _send_admin(self, request: AdminRequested) -> None:
+        action, names, form = request.action, request.nodes, request.form
         done: list[str] = []
         failed: list[str] = []
+        refused: list[str] = []  # the controller refused the request as sent (400)
         deadlines: list[float] = []
         for name in names:
             try:
@@ -359,6 +357,8 @@ class ConsoleApp(App[None]):
                 done.append(name)
             except (ControllerError, ControllerUnreachable, ValidationError) as exc:
                 failed.append(f"{name}: {error_words(exc)}")
+                if isinstance(exc, ControllerError) and exc.status == 400:
+                    refused.append(exc.message)
                 continue
             if isinstance(answer, NodeRow) and answer.admin.force_at is not None:
                 deadlines.append(answer.admin.force_at)
@@ -378,6 +378,13 @@ class ConsoleApp(App[None]):
                 + (f"\nYour reason, to use again: {form.reason}" if form.reason else ""),
                 severity="error",
                 timeout=10,
+            )
+        if refused and not done and request.again is not None:
+            # Nothing done and the request itself refused: its dialog again,
+            # as it was filled in, with the controller's words.
+            request.again(
+                f"Refused by the controller: {refused[0]}. Nothing was changed:"
+                " edit and confirm again, or Cancel."
             )
         self.poll_now()
 

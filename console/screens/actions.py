@@ -103,18 +103,30 @@ class AdminActions(NodeScreen):
         rows = [r for r in self.targets() if action.applies(r)]
         if not rows:
             return
+        self._confirm(action, rows)
+
+    def _confirm(
+        self, action: AdminAction, rows: list[NodeRow], form: AdminForm | None = None, why: str = ""
+    ) -> None:
+        """The action's dialog for `rows`; `form` and `why`: filled in as it
+        was when the controller refused it, and what it said."""
         names = [r.name for r in rows]
         hidden = self.out_of_view(names)
         if action is CORDON:
-            modal: Screen[object] = CordonModal(names, hidden)
+            modal: Screen[object] = CordonModal(names, hidden, form, why)
         elif action is UNCORDON:
-            modal = UncordonModal(rows, hidden)
+            modal = UncordonModal(rows, hidden, form, why)
         else:
-            modal = DrainModal(names, hidden)
+            modal = DrainModal(names, hidden, form, why)
 
-        def done(form: object) -> None:
-            if isinstance(form, AdminForm):
-                self.post_message(AdminRequested(action, names, form))
+        def done(answer: object) -> None:
+            if isinstance(answer, AdminForm):
+
+                def again(refused: str) -> None:
+                    if self.is_attached and not self.model.readonly:
+                        self._confirm(action, rows, answer, refused)
+
+                self.post_message(AdminRequested(action, names, answer, again))
                 self.acted_on(names)
 
         # Pushed now, in this key's handler: keys typed next go to the modal.

@@ -100,10 +100,23 @@ class ConfirmModal(ModalScreen[object]):
 
     verb = "Confirm"
 
-    def __init__(self, names: list[str], hidden: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
         super().__init__()
         self.names = names
         self.hidden = list(hidden)  # of `names`, those the screen's filter hides
+        # Asked again after the controller refused it: filled in as it was, and why.
+        self.form = form
+        self.why = why
+
+    def on_mount(self) -> None:
+        if self.why:
+            self.show_error(self.why)
 
     def compose_fields(self) -> ComposeResult:
         yield from ()
@@ -198,7 +211,11 @@ class ReasonModal(ConfirmModal):
 
     def compose_body(self) -> ComposeResult:
         yield Input(
-            placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
+            self.form.reason if self.form else "",
+            placeholder="reason (required)",
+            id="reason",
+            max_length=1024,
+            select_on_focus=False,
         )
         yield from self.compose_fields()
 
@@ -243,8 +260,14 @@ class UncordonModal(ConfirmModal):
 
     verb = "Uncordon"
 
-    def __init__(self, rows: list[NodeRow], hidden: Sequence[str] = ()) -> None:
-        super().__init__([r.name for r in rows], hidden)
+    def __init__(
+        self,
+        rows: list[NodeRow],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
+        super().__init__([r.name for r in rows], hidden, form, why)
         self.rows = rows
 
     def compose_fields(self) -> ComposeResult:
@@ -320,18 +343,26 @@ class DrainModal(ReasonModal):
             super().__init__()
             self.modal = modal
 
-    def __init__(self, names: list[str], hidden: Sequence[str] = ()) -> None:
-        super().__init__(names, hidden)
+    def __init__(
+        self,
+        names: list[str],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
+        super().__init__(names, hidden, form, why)
         self.plan: DrainPlan | None = None
         self.plan_error: str | None = None
 
     def compose_fields(self) -> ComposeResult:
+        after = self.form.force_after_s if self.form else None
+        after_text = "" if after is None else format_duration(after)
         with Horizontal(id="options"):
             yield Label("force after", classes="field-label")
-            yield Input(placeholder="e.g. 90m", id="timeout", max_length=16)
+            yield Input(after_text, placeholder="e.g. 90m", id="timeout", max_length=16)
             yield Label(FORCE_AFTER_HELP, classes="field-label")
-            yield Checkbox("force now", id="force")
-        yield Label(self.deadline_words(), id="deadline")
+            yield Checkbox("force now", self.form.force if self.form else False, id="force")
+        yield Label(self.deadline_words(after_text), id="deadline")
         yield Static(
             "Replicas move elsewhere first; the node then stays cordoned, marked drained.",
             classes="hint",

@@ -220,3 +220,33 @@ async def test_a_reason_the_controller_would_refuse_is_refused_in_the_dialog(
         assert "Not sent: in the reason, control characters" in error
         assert "Reason" not in error.replace("reason", "")  # no class name
         assert box.value == "bell\x07here"  # kept, to edit
+
+
+async def test_a_request_the_controller_refuses_comes_back_in_its_dialog(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    """Refused by the API, the reason was lost (issue 23 item 8): the dialog
+    opens again as it was filled in, with the controller's words, Cancel first."""
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("c", *"fan tray 2")
+        faults.status_error = 400
+        await pilot.press("enter")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, CordonModal) and bool(app.screen.why),
+            "the dialog again",
+        )
+        faults.status_error = None
+        modal = app.screen
+        assert isinstance(modal, CordonModal)
+        await until(pilot, lambda: bool(modal.query("#confirm")), "its buttons")
+        assert modal.query_one("#reason", Input).value == "fan tray 2"
+        error = str(modal.query_one("#error").render())
+        assert "Refused by the controller: controller is restarting. Nothing was changed" in error
+        assert modal.focused is modal.query_one("#cancel", Button)
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: len(faults.mutations) == 2, "sent again")
+        assert faults.mutations[1] == Recorded(
+            "POST", "/v1/nodes/gpu-a01/cordon", {"reason": "fan tray 2"}
+        )
