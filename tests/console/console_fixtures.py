@@ -351,6 +351,9 @@ def fill_small(c: LiveController) -> Agents:
     """The console tests' fleet, built as an operator's would come to be."""
     agents = Agents(c, small_reports())
     agents.report()
+    # gpu-a06's failed cards cordon it now, before the clock moves: the
+    # cordon's time on screen must not depend on how busy the machine is.
+    c.settle()
     # Hours of history before any model exists (the clock jumps past every
     # node's grace here, which with replicas running would replace them).
     c.clock.advance(600)
