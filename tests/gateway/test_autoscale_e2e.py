@@ -90,3 +90,49 @@ def test_load_scales_a_model_up_and_back_down_without_failing_a_request(
     assert events.count("ScaledUp") >= 1 and events.count("ScaledDown") >= 4, events
     print(f"scale-up to 3 ready: {up_s:.1f}s after the load began; {load.ok} requests served")
     gw.stop()
+
+
+def test_a_full_fleet_reclaims_a_lower_priority_replica_above_its_minimum(
+    cluster: Cluster,
+) -> None:
+    """Two one-card nodes, both held by `batch` (min 1, running 2). `chat`, of higher
+    priority, is declared: one replica of `batch` leaves through the stop handshake
+    (no request to it fails) and `chat` takes its card; `batch` keeps its minimum."""
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    for name in ("gpu1", "gpu2"):
+        c.start_agent(name, gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1", "gpu2"])
+    c.apply([model("batch", min_replicas=2)])
+    wait_until(
+        lambda: sum(r["state"] == "ready" for r in c.get("/v1/replicas")) == 2,
+        timeout=30,
+        what="two batch replicas",
+    )
+    # Still two, now above a minimum of one: demand keeps what runs for 10 minutes.
+    c.apply([{**model("batch", min_replicas=1), "max_replicas": 2, "scale_down_after_s": 600}])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("batch")
+    load = Load(gw.url, "batch").start()
+    try:
+        c.apply(
+            [
+                {**model("batch", min_replicas=1), "max_replicas": 2, "scale_down_after_s": 600},
+                {**model("chat", min_replicas=1), "priority": 10},
+            ]
+        )
+        wait_until(
+            lambda: {r["model"]: r["state"] for r in c.get("/v1/replicas")}.get("chat") == "ready",
+            timeout=60,
+            what="chat placed on a reclaimed card",
+        )
+        gw.wait_serving("chat")
+    finally:
+        load.stop()
+    models = sorted(r["model"] for r in c.get("/v1/replicas"))
+    assert models == ["batch", "chat"], models
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    events = c.ctl("events", "--for", "model/batch")
+    assert "reclaimed for chat (priority 10)" in events, events
+    gw.stop()
