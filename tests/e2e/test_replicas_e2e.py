@@ -19,8 +19,6 @@ import itertools
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,15 +32,6 @@ pytestmark = pytest.mark.slow
 # argv) and load quickly.
 ENGINE_ARGS = ["--load-seconds", "0.3", "--host", "127.0.0.1"]
 CONTROLLER_ARGS = ["--reconcile-interval", "0.5", "--backoff-base", "1", "--backoff-cap", "60"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def model(name: str, min_replicas: int, engine_args: list[str] | None = None) -> dict[str, Any]:

@@ -9,8 +9,6 @@ through the stop handshake, with zero failed requests all along."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,15 +18,6 @@ from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cl
 pytestmark = pytest.mark.slow
 
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def chat_view(c: Cluster) -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,15 +24,6 @@ from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def replicas_of(c: Cluster, name: str) -> list[dict[str, object]]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,15 +23,6 @@ from tests.gateway.scripted import (
 from tests.gateway.test_gateway_e2e import gw_workers
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def ask(gw: Gateway, model: str) -> httpx.Response:

@@ -11,7 +11,6 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,15 +22,6 @@ from tests.gateway.scripted import engine, wait_engine
 
 pytestmark = pytest.mark.slow
 CLIENT_KEY = "sk-acme-00000001"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 class Cmdlines:

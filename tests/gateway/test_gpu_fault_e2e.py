@@ -7,7 +7,6 @@ fails, and the node is cordoned by llmgw naming the card."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,6 @@ from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cl
 pytestmark = pytest.mark.slow
 
 NODES = ["gpu1", "gpu2", "gpu3"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def write_spec(path: Path, spec: str) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,15 +32,6 @@ from tests.gateway.gwprocs import (
 pytestmark = pytest.mark.slow
 
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def chat(load_seconds: str = "0.3", *extra: str) -> dict[str, Any]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,15 +22,6 @@ from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, model, wait_cluster_
 pytestmark = pytest.mark.slow
 
 NODES = ["gpu1", "gpu2"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def sleepy(name: str, load_seconds: str = "0.3") -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from tests.e2e.procs import Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 ADMIN = "admin-secret"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def agent_args(
