@@ -202,6 +202,4 @@ def test_a_controller_killed_mid_rollout_resumes_without_doubling(cluster: Clust
     # stops at its next report: none doubled.
     ids = {r["id"] for r in final}
     assert set(c.engine_pids()) <= ids | first, (c.engine_pids(), ids, first)
-    wait_until(
-        lambda: set(c.engine_pids()) == ids, timeout=15, what="only the final two engines"
-    )
+    wait_until(lambda: set(c.engine_pids()) == ids, timeout=15, what="only the final two engines")
