@@ -1,0 +1,301 @@
+"""The models view (`m`) and the events view (`e`), against the real controller
+(console_fixtures): issue 21 items 2, 4 and 7, console side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from console_fixtures import DEEPSEEK, LLAMA, MIXTRAL, Faults, LiveController
+from console_pilot import Clock, SnapCompare, loaded, repoll, spy_renders, until
+from textual.pilot import Pilot
+
+from console.app import ConsoleApp
+from console.feeds import EventFeed
+from console.screens.detail import NodeDetailScreen
+from console.screens.events import EventsScreen, EventsTable, event_cells
+from console.screens.main import MainScreen
+from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
+from llmgw.controller.app import FLEET
+from llmgw.present import model_words
+from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
+
+MakeApp = Callable[..., ConsoleApp]
+
+
+def wall(controller: LiveController) -> float:
+    assert controller.app is not None
+    return controller.app[FLEET].wall()
+
+
+async def models_open(pilot: Pilot[None]) -> ModelsTable:
+    app = await loaded(pilot)
+    await pilot.press("m")
+    await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.models_view)
+    await pilot.pause()
+    return app.screen.query_one(ModelsTable)
+
+
+async def events_open(pilot: Pilot[None], *keys: str) -> EventsTable:
+    app = await loaded(pilot)
+    await pilot.press(*keys)
+    await until(
+        pilot,
+        lambda: (
+            isinstance(app.screen, EventsScreen)
+            and app.event_feed is not None
+            and app.event_feed.loaded
+        ),
+    )
+    await pilot.pause()
+    return app.screen.query_one(EventsTable)
+
+
+def events_asked(faults: Faults) -> list[str]:
+    return [r.query for r in faults.requests if r.path == "/v1/events"]
+
+
+# -- the models view ------------------------------------------------------------------
+
+
+async def test_models_view_says_what_ctl_models_says(
+    make_app: MakeApp, controller: LiveController
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        table = await models_open(pilot)
+        models = controller.admin("t", lambda a: a.models())
+        assert sorted(table.shown) == sorted(m.spec.name for m in models)
+        for m in models:
+            cells = [c.plain for c in table.shown[m.spec.name]]
+            assert cells[-1] == model_words(m)[0]  # one vocabulary with ctl
+            assert cells[1:3] == [f"{m.ready}/{m.spec.min_replicas}", str(m.starting)]
+        assert table.shown[LLAMA][-1].plain.startswith("short: needs")
+
+
+async def test_models_view_is_patched_in_place(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        table = await models_open(pilot)
+        cursor = table.cursor_key
+        rendered = spy_renders(table, monkeypatch)
+        await repoll(pilot)
+        await repoll(pilot)
+        assert rendered == []  # nothing changed: no row drawn again
+        assert table.cursor_key == cursor
+
+
+async def test_models_view_follows_a_rollout(make_app: MakeApp, controller: LiveController) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        table = await models_open(pilot)
+        assert table.shown[MIXTRAL][3].plain == "1"
+        spec = next(
+            m.spec for m in controller.admin("t", lambda a: a.models()) if m.spec.name == MIXTRAL
+        )
+        changed = spec.model_copy(update={"engine_args": ["--max-model-len", "8192"]})
+        controller.admin("alice", lambda a: a.apply_models([changed]))
+        controller.settle()
+        await repoll(pilot)
+        cells = [c.plain for c in table.shown[MIXTRAL]]
+        assert cells[3] == "2"
+        assert cells[-1].startswith("updating 0/2"), cells
+
+
+def view(**fields: object) -> ModelView:
+    spec = ModelSpec(name="org/m", source="org/m", min_replicas=2, gpus_per_shard=1)
+    base: dict[str, object] = {
+        "spec": spec,
+        "ready": 2,
+        "starting": 0,
+        "failed": 0,
+        "satisfied": True,
+        "nodes": 2,
+        "rollout": RolloutView(revision=3, state="complete", desired=2, updated=2, outdated=0),
+    }
+    return ModelView.model_validate({**base, **fields})
+
+
+def test_a_model_on_one_node_is_flagged_by_the_shared_rule() -> None:
+    spread = [c.plain for c in model_cells(view())]
+    assert spread[3:] == ["3", "2", "satisfied"]
+    lumped = [c.plain for c in model_cells(view(nodes=1))]
+    assert lumped[4] == "1 ⚠" and lumped[-1] == "satisfied, all on one node"
+    assert "every serving replica is on one node" in model_text(view(nodes=1)).plain
+    # Mid-rollout the status says the rollout; the flag still shows.
+    rolling = view(
+        nodes=1,
+        rollout=RolloutView(revision=4, state="progressing", desired=2, updated=1, outdated=1),
+    )
+    cells = [c.plain for c in model_cells(rolling)]
+    assert cells[4] == "1 ⚠" and cells[-1] == "updating 1/2"
+
+
+def test_a_stalled_rollout_shows_one_escaped_line() -> None:
+    stalled = RolloutView(
+        revision=2,
+        state="stalled",
+        desired=2,
+        updated=0,
+        outdated=2,
+        message="engine exited 1\x1b[31m: CUDA OOM\nTraceback …",
+    )
+    status = model_cells(view(rollout=stalled))[-1].plain
+    assert status == "rollout stalled: engine exited 1\\x1b[31m: CUDA OOM"
+    # Under the table, the model under the cursor has the whole tail, still escaped.
+    whole = model_text(view(rollout=stalled)).plain
+    assert "CUDA OOM\nTraceback …" in whole and "\x1b" not in whole
+
+
+# -- the events view ------------------------------------------------------------------
+
+
+async def test_events_view_lists_and_follows_the_controllers_events(
+    make_app: MakeApp, controller: LiveController, faults: Faults
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        table = await events_open(pilot, "e")
+        app = pilot.app
+        assert isinstance(app, ConsoleApp) and app.event_feed is not None
+        kept = controller.admin("t", lambda a: a.events())
+        assert list(table.order) == [str(e.id) for e in kept.events]  # oldest first
+        assert table.cursor_row == table.row_count - 1  # on the newest
+        assert events_asked(faults) == ["since=0"]
+        reasons = {c[1].plain for c in table.shown.values()}
+        assert {"GpuFault", "Drained", "Placed"} <= reasons
+        # Something new: only what came after the newest seen crosses the wire.
+        newest = app.event_feed.cursor
+        controller.admin("alice", lambda a: a.drain("gpu-b01", "kernel upgrade"))
+        controller.settle()
+        await repoll(pilot)
+        assert events_asked(faults)[-1] == f"since={newest}"
+        after = controller.admin("t", lambda a: a.events(newest))
+        assert after.events, "the drain made no event"
+        assert list(table.order)[-len(after.events) :] == [str(e.id) for e in after.events]
+        assert table.cursor_row == table.row_count - 1  # followed to the newest
+        # Nothing new: nothing added, nothing redrawn but the ages.
+        before = list(table.order)
+        await repoll(pilot)
+        assert list(table.order) == before
+
+
+async def test_events_of_a_node_from_its_detail(make_app: MakeApp, faults: Faults) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press(*"/gpu-a06", "enter", "enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        table = await events_open(pilot, "e")
+        assert events_asked(faults) == ["since=0&for=node%2Fgpu-a06"]
+        assert table.row_count >= 1
+        assert table.columns["object"].hidden  # the title names it
+        assert "Xid 79" in " ".join(c[3].plain for c in table.shown.values())
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        assert app.event_feed is None  # no longer fetched
+
+
+async def test_events_of_a_model_from_the_models_view(make_app: MakeApp, faults: Faults) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        models = await models_open(pilot)
+        app = pilot.app
+        models.move_cursor(row=models.get_row_index(DEEPSEEK))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, EventsScreen))
+        await until(pilot, lambda: bool(events_asked(faults)))
+        assert events_asked(faults) == [f"since=0&for=model%2F{DEEPSEEK.replace('/', '%2F')}"]
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, MainScreen))
+        assert app.models_open is False
+
+
+async def test_events_filter_like_the_nodes_table(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        table = await events_open(pilot, "e")
+        everything = table.row_count
+        await pilot.press(*"/gpu-a06", "enter")
+        assert 0 < table.row_count < everything
+        assert all("gpu-a06" in " ".join(c.plain for c in row) for row in table.shown.values())
+        await pilot.press("escape")
+        assert table.row_count == everything
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(pilot.app.screen, MainScreen))
+
+
+def event(i: int, message: str = "placed 1 replica") -> EventView:
+    return EventView(
+        id=i, at=1000.0 + i, object="model/org/m", reason=EventReason.PLACED, message=message
+    )
+
+
+def test_the_feed_keeps_the_newest_and_moves_its_cursor() -> None:
+    feed = EventFeed(None, limit=3)
+    assert feed.take(EventList(events=[event(i) for i in range(1, 6)], cursor=5)) == 5
+    assert [e.id for e in feed.events] == [3, 4, 5] and feed.cursor == 5
+    # An answer repeated (a retried fetch) adds nothing twice.
+    assert feed.take(EventList(events=[event(5), event(6)], cursor=6)) == 1
+    assert [e.id for e in feed.events] == [4, 5, 6] and feed.cursor == 6
+    assert feed.take(EventList(events=[], cursor=6)) == 0
+
+
+def test_free_text_in_events_is_escaped() -> None:
+    cells = event_cells(event(1, "moved\x1b[2J off\ngpu-a01"), now=1100.0)
+    assert cells[3].plain == "moved\\x1b[2J off\\ngpu-a01"
+    assert cells[0].plain == "1m39s"
+
+
+# -- snapshots ----------------------------------------------------------------------------
+
+
+def _snap_clock(clock: Clock, controller: LiveController) -> None:
+    """The console's clock a little after the controller's: ages read as they would."""
+    clock.now = wall(controller) + 95
+
+
+def test_models_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        await models_open(pilot)
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_models_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    async def run(pilot: Pilot[None]) -> None:
+        await models_open(pilot)
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_events_120x40(
+    snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
+) -> None:
+    _snap_clock(clock, controller)
+
+    async def run(pilot: Pilot[None]) -> None:
+        await events_open(pilot, "e")
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_events_80x24(
+    snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
+) -> None:
+    _snap_clock(clock, controller)
+
+    async def run(pilot: Pilot[None]) -> None:
+        await events_open(pilot, "e")
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_events_of_a_node_80x24(
+    snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
+) -> None:
+    _snap_clock(clock, controller)
+
+    async def run(pilot: Pilot[None]) -> None:
+        await loaded(pilot)
+        await pilot.press(*"/gpu-a06", "enter", "enter")
+        await events_open(pilot, "e")
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
