@@ -351,6 +351,16 @@ class ConsoleApp(App[None]):
             yield SystemCommand(
                 "Node detail", "Open the node under the cursor", screen.action_open_detail
             )
+            yield SystemCommand(
+                "Models", "Every model: ready, rollouts, spread", screen.action_models
+            )
+            yield SystemCommand(
+                "Events", "What the controller decided by itself", screen.action_events
+            )
+        if isinstance(screen, NodeDetailScreen):
+            yield SystemCommand(
+                "Events", "What the controller did to this node", screen.action_events
+            )
         if isinstance(screen, MainScreen | NodeDetailScreen):
             yield SystemCommand("Help", "Keys and what they do", screen.action_help)
         # Only admin screens have these actions; read-only screens never do.

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
 import pytest
 from console_fixtures import DEEPSEEK, LLAMA, MIXTRAL, Faults, LiveController
 from console_pilot import Clock, SnapCompare, loaded, repoll, spy_renders, until
 from textual.pilot import Pilot
 
 from console.app import ConsoleApp
-from console.feeds import EventFeed
+from console.feeds import EventFeed, fetch_events
 from console.screens.detail import NodeDetailScreen
 from console.screens.events import EventsScreen, EventsTable, event_cells
 from console.screens.main import MainScreen
 from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
+from llmgw.client import AdminClient
 from llmgw.controller.app import FLEET
 from llmgw.present import model_words
 from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
@@ -220,6 +222,48 @@ async def test_events_filter_like_the_nodes_table(make_app: MakeApp) -> None:
         assert table.row_count == everything
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(pilot.app.screen, MainScreen))
+
+
+async def test_m_and_e_stay_text_in_the_nodes_filter(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("slash", "m", "e")
+        assert isinstance(app.screen, MainScreen)
+        assert app.screen.nodes_table.filter_text == "me"
+        assert app.event_feed is None and not app.models_open
+
+
+async def test_the_palette_opens_both_views(make_app: MakeApp) -> None:
+    async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Models" in titles and "Events" in titles
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+
+
+async def test_a_failed_events_fetch_keeps_what_is_shown_and_says_why() -> None:
+    answers = [
+        httpx.Response(200, json={"events": [event(1).model_dump(mode="json")], "cursor": 1}),
+        httpx.Response(503, json={"error": "the store is not writable"}),
+        httpx.Response(404, json={"error": "not found"}),
+    ]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":  # asked after a 404: it is a controller
+            return httpx.Response(200, json={"ok": True, "version": "0.9"})
+        return answers.pop(0)
+
+    transport = httpx.MockTransport(answer)
+    feed = EventFeed(None)
+    async with AdminClient("http://controller.test:7460", transport=transport) as client:
+        await fetch_events(client, feed)
+        await fetch_events(client, feed)
+        assert [e.id for e in feed.events] == [1] and feed.cursor == 1
+        assert feed.error is not None and "store is not writable" in feed.error
+        await fetch_events(client, feed)  # a controller from before events
+        assert feed.error is not None and "upgrade it" in feed.error
+        assert [e.id for e in feed.events] == [1]
 
 
 def event(i: int, message: str = "placed 1 replica") -> EventView:
