@@ -87,6 +87,12 @@ def model_text(m: ModelView) -> Text:
     )
     text.append("\n" + printable(words), style=STYLE[meaning])
     rollout = m.rollout
+    if rollout is not None and rollout.state != "complete" and rollout.outdated:
+        text.append(
+            f"  revision {rollout.revision}: {rollout.updated} of {rollout.desired} ready,"
+            f" {rollout.outdated} of an older revision still running",
+            style="dim",
+        )
     if rollout is not None and rollout.state in ("stalled", "waiting") and rollout.message:
         why: str | None = rollout.message
     else:

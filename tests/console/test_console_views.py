@@ -87,20 +87,38 @@ async def test_models_view_is_patched_in_place(
         assert table.cursor_key == cursor
 
 
+def roll_out_mixtral(controller: LiveController, steps: int) -> None:
+    """Revision 2 of Mixtral (a changed engine argument), rolled out by `steps` rounds
+    of its agents' reports: two rounds per replica (started, ready; an old one stops)."""
+    models = controller.admin("t", lambda a: a.models())
+    spec = next(m.spec for m in models if m.spec.name == MIXTRAL)
+    changed = spec.model_copy(update={"engine_args": ["--max-model-len", "8192"]})
+    controller.admin("alice", lambda a: a.apply_models([changed]))
+    controller.settle()
+    step(controller, steps)
+
+
+def step(controller: LiveController, rounds: int) -> None:
+    assert controller.agents is not None
+    for _ in range(rounds):
+        controller.agents.report()
+        controller.settle()
+
+
 async def test_models_view_follows_a_rollout(make_app: MakeApp, controller: LiveController) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         table = await models_open(pilot)
         assert table.shown[MIXTRAL][3].plain == "1"
-        spec = next(
-            m.spec for m in controller.admin("t", lambda a: a.models()) if m.spec.name == MIXTRAL
-        )
-        changed = spec.model_copy(update={"engine_args": ["--max-model-len", "8192"]})
-        controller.admin("alice", lambda a: a.apply_models([changed]))
-        controller.settle()
+        roll_out_mixtral(controller, 0)
         await repoll(pilot)
         cells = [c.plain for c in table.shown[MIXTRAL]]
-        assert cells[3] == "2"
-        assert cells[-1].startswith("updating 0/2"), cells
+        assert cells[3] == "2" and cells[-1] == "updating 0/2", cells
+        step(controller, 2)
+        await repoll(pilot)
+        assert table.shown[MIXTRAL][-1].plain == "updating 1/2"
+        step(controller, 2)
+        await repoll(pilot)
+        assert table.shown[MIXTRAL][-1].plain == "satisfied"
 
 
 def view(**fields: object) -> ModelView:
@@ -299,6 +317,19 @@ def _snap_clock(clock: Clock, controller: LiveController) -> None:
 def test_models_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await models_open(pilot)
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
+
+
+def test_models_mid_rollout_120x40(
+    snap_compare: SnapCompare, make_app: MakeApp, controller: LiveController
+) -> None:
+    roll_out_mixtral(controller, 2)
+
+    async def run(pilot: Pilot[None]) -> None:
+        await models_open(pilot)
+        await pilot.press("j", "j", "j")  # Mixtral: the model under the cursor, whole
+        await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
