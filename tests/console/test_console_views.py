@@ -170,7 +170,10 @@ def test_a_stalled_rollout_shows_one_escaped_line() -> None:
 
 
 async def test_events_view_lists_and_follows_the_controllers_events(
-    make_app: MakeApp, controller: LiveController, faults: Faults
+    make_app: MakeApp,
+    controller: LiveController,
+    faults: Faults,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         table = await events_open(pilot, "e")
@@ -192,10 +195,12 @@ async def test_events_view_lists_and_follows_the_controllers_events(
         assert after.events, "the drain made no event"
         assert list(table.order)[-len(after.events) :] == [str(e.id) for e in after.events]
         assert table.cursor_row == table.row_count - 1  # followed to the newest
-        # Nothing new: nothing added, nothing redrawn but the ages.
+        # Nothing new, the clock still: nothing added, no row drawn again.
         before = list(table.order)
+        rendered = spy_renders(table, monkeypatch)
         await repoll(pilot)
-        assert list(table.order) == before
+        await repoll(pilot)
+        assert list(table.order) == before and rendered == []
 
 
 async def test_events_of_a_node_from_its_detail(make_app: MakeApp, faults: Faults) -> None:
