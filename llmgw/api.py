@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         EventList,
         FleetSummary,
         GatewayView,
+        ModelDryRun,
         ModelRevision,
         ModelSpec,
         ModelView,
@@ -238,6 +239,19 @@ def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
 def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
     body = {"models": [s.model_dump(mode="json") for s in specs]}
     return Call("POST", "/v1/models", body, parse=_list_of("ModelView"), typed=True)
+
+
+def apply_models_dry_run(specs: list[ModelSpec]) -> Call[list[ModelDryRun]]:
+    """What applying `specs` would change, as the controller validates them; nothing written."""
+    body = {"models": [s.model_dump(mode="json") for s in specs]}
+    return Call(
+        "POST",
+        "/v1/models",
+        body,
+        params={"dry_run": "true"},
+        parse=_list_of("ModelDryRun"),
+        typed=True,
+    )
 
 
 def model_revisions(name: str) -> Call[list[ModelRevision]]:

@@ -70,16 +70,35 @@ def completion_parser() -> argparse.ArgumentParser:
     return top
 
 
+def _columns(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """`--sort-by`: the columns of the command's table (-o wide's included)."""
+    from llmgw.render import SORT_COLUMNS
+
+    columns = SORT_COLUMNS.get(getattr(parsed_args, "command", None) or "", ())
+    lower = prefix != prefix.upper()  # --sort-by takes either case: answer in the one typed
+    return [c.lower() if lower else c for c in columns if c.startswith(prefix.upper())]
+
+
+def _kinds(prefix: str, **_: Any) -> list[str]:
+    """`delete KIND`: the kinds that can be deleted (model)."""
+    return [k for k in ("model",) if k.startswith(prefix)]
+
+
 def _attach(p: argparse.ArgumentParser) -> None:
-    """Node and model names as completions of the positional arguments that take them."""
+    """Node and model names as completions of the positional arguments that take
+    them; a table's column names for --sort-by (never file names)."""
     for action in p._actions:
+        if action.dest == "sort_by":
+            action.completer = _columns  # type: ignore[attr-defined]
         if isinstance(action, argparse._SubParsersAction):
             for command, sub in action.choices.items():
                 for arg in sub._actions:
                     if arg.metavar == "NODE":
                         arg.completer = _names("node")
-                    elif command == "delete" and arg.dest == "name":
+                    elif (command, arg.dest) in (("delete", "name"), ("rollout", "model")):
                         arg.completer = _names("model")
+                    elif (command, arg.dest) == ("delete", "kind"):
+                        arg.completer = _kinds
                 _attach(sub)
 
 
@@ -108,7 +127,11 @@ def main(argv: list[str]) -> int:
         if argv and argv[0] in ("-h", "--help"):
             print(HELP)
             return 0
-        sys.stderr.write("usage: llmgw completion {bash,zsh}\n")
+        said = f"no completion for {argv[0]!r}" if argv else "which shell?"
+        sys.stderr.write(
+            f"llmgw completion: {said}: bash and zsh are supported "
+            '(eval "$(llmgw completion bash)")\n'
+        )
         return 2
     import argcomplete
 

@@ -172,7 +172,12 @@ def resolve(
         urls = [DEFAULT_CONTROLLER]
         sources["controller"] = Setting(urls, "default")
     from llmgw.api import normalize_url
+    from llmgw.leader import url_problem
 
+    for url in urls:
+        if (problem := url_problem(url)) is not None:
+            where = sources["controller"].source.removeprefix("flag ").removeprefix("env ")
+            raise UsageError(f"{where} {url.strip()}: {problem} (e.g. http://HOST:7460)")
     urls = [normalize_url(u) for u in urls]
     sources["controller"] = Setting(urls, sources["controller"].source)
 

@@ -60,6 +60,8 @@ FAIL_CARD_AFTER_S = 180.0
 # these loggers speak once per node, engine or request, so they say only what went wrong.
 PER_NODE_LOGGERS = ("agent", "httpx")
 SETTLE_S = 10.0  # at most this long for every node's first report before the banner
+ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"  # part of its traffic comes through the gateway
+SLEEPING_MODEL = "google/gemma-2-9b-it"  # at zero replicas until a request wakes it
 
 
 @dataclass
@@ -203,12 +205,26 @@ def demo_specs() -> list[ModelSpec]:
             engine_args=["--traffic", "3"],
         ),
         fake("Qwen/Qwen2.5-7B-Instruct", min_replicas=2, gpus_per_shard=2),
+        # Routed through the gateway, in rushes (`routed_traffic`): it scales
+        # between 2 and 4 replicas with them.
         fake(
-            "mistralai/Mistral-7B-Instruct-v0.3",
+            ROUTED_MODEL,
             min_replicas=2,
+            max_replicas=4,
+            target_in_flight=2,
+            scale_down_after_s=120,
             gpus_per_shard=8,
             gpu_class="A100-SXM-80GB",
-            engine_args=["--traffic", "1"],
+            engine_args=["--traffic", "1", "--token-interval", "0.2"],
+        ),
+        # Asleep at zero replicas until the banner's curl line wakes it.
+        fake(
+            SLEEPING_MODEL,
+            min_replicas=0,
+            max_replicas=2,
+            scale_down_after_s=300,
+            gpus_per_shard=1,
+            gpu_class="L40S-48GB",
         ),
         fake(
             "deepseek-ai/DeepSeek-V3",
@@ -351,20 +367,43 @@ def _start_gateway(controller: str, root: Path) -> tuple[str, list[asyncio.Task[
     return smg.base, [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
 
 
-ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"
-ROUTED_RATE = 2.0  # requests per second sent through the gateway
 SYSTEM_PROMPTS = 4  # shared prefixes, so cache-aware routing has something to find
+# A rush of RUSH_RATE requests a second for RUSH_S every RUSH_EVERY_S, the first
+# RUSH_AFTER_S in; ROUTED_RATE in between.
+ROUTED_RATE = 2.0
+RUSH_RATE = 8.0
+RUSH_AFTER_S, RUSH_S, RUSH_EVERY_S = 60.0, 180.0, 600.0
+MAX_CONCURRENT = 64
+
+
+def routed_rate(elapsed_s: float) -> float:
+    """Requests a second the demo sends through the gateway, `elapsed_s` in."""
+    in_cycle = (elapsed_s - RUSH_AFTER_S) % RUSH_EVERY_S
+    return RUSH_RATE if elapsed_s >= RUSH_AFTER_S and in_cycle < RUSH_S else ROUTED_RATE
 
 
 async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> None:
     """Part of the demo's traffic goes through the gateway, as real clients would:
-    chat requests behind a few long shared system prompts, at a steady rate.
-    Errors (before a replica serves, during a drain) are the demo's weather, not logged."""
+    chat requests behind a few long shared system prompts, arriving at random at
+    `routed_rate`, each on its own (so a rush has many in flight and the model
+    scales). Errors (before a replica serves, during a drain) are the demo's
+    weather, not logged."""
     import httpx
 
     rng = random.Random(seed)
     systems = [" ".join(f"policy{p}-{i}" for i in range(256)) for p in range(SYSTEM_PROMPTS)]
-    async with httpx.AsyncClient(timeout=10.0) as http:
+    slots = asyncio.Semaphore(MAX_CONCURRENT)
+    started = asyncio.get_running_loop().time()
+
+    async def one(http: httpx.AsyncClient, body: dict[str, object]) -> None:
+        try:
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{gateway}/v1/chat/completions", json=body)
+        finally:
+            slots.release()
+
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        pending: set[asyncio.Task[None]] = set()
         n = 0
         while not stop.is_set():
             n += 1
@@ -376,23 +415,29 @@ async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> No
                 ],
                 "max_tokens": 8,
             }
-            with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{gateway}/v1/chat/completions", json=body)
+            await slots.acquire()
+            task = asyncio.create_task(one(http, body))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            rate = routed_rate(asyncio.get_running_loop().time() - started)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), rng.expovariate(ROUTED_RATE))
+                await asyncio.wait_for(stop.wait(), rng.expovariate(rate))
+        for task in list(pending):
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def gateway_banner(url: str) -> str:
-    body = (
-        '{"model": "Qwen/Qwen2.5-7B-Instruct", "messages": [{"role": "user", "content": "hello"}]}'
-    )
+    body = f'{{"model": "{SLEEPING_MODEL}", "messages": [{{"role": "user", "content": "hello"}}]}}'
     return "\n".join(
         [
             f"  gateway (OpenAI API, SMG): {url}",
             f"    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
             f"      -d '{body}'",
-            f"    ({ROUTED_MODEL}'s traffic comes through it:"
-            " its Traffic row in the console and `llmgw ctl status`)",
+            f"    ({SLEEPING_MODEL} sleeps at zero replicas: this request wakes it and is",
+            "    answered in a few seconds; `llmgw ctl status` shows it waking)",
+            f"    ({ROUTED_MODEL}'s traffic comes through it, with a rush a minute in:"
+            " it scales from 2 to 4 replicas and back, `llmgw ctl models` and `ctl events`)",
         ]
     )
 

@@ -2,7 +2,8 @@
 
 Sixteen nodes do not make sixteen lines: nodes are counted and named as a
 hostlist, and the reasons a drain is blocked are listed once each with how
-many nodes they hold up.
+many nodes they hold up. Lines are whole: on a terminal the caller fits the
+line it rewrites in place to the width; piped, nothing is cut.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from llmgw.render import clean, duration, hostlist
 
 if TYPE_CHECKING:
     from llmgw.wire import NodeRow
-
-MAX_REASON = 80
 
 
 class DrainProgress:
@@ -34,8 +33,7 @@ class DrainProgress:
         reasons = Counter(clean(r.drain_blocked) for r in pending if r.drain_blocked)
         parts = []
         for reason, count in reasons.most_common(2):
-            short = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
-            parts.append(f"{count} waiting: {short}")
+            parts.append(f"{count} waiting: {reason}")
         if len(reasons) > 2:
             parts.append(f"{len(reasons) - 2} other reason(s)")
         return "; ".join(parts)
@@ -58,7 +56,7 @@ class DrainProgress:
         blocked = self._blocked(pending)
         return (
             f"timed out after {duration(limit_s)}: {len(self.nodes) - len(names)}/{len(self.nodes)} "
-            f"drained; {hostlist(names)} still hold {left} replica(s)"
+            f"drained; {left} replica(s) still on {hostlist(names)}"
             + (f" ({blocked})" if blocked else "")
             + ".\nThe drain goes on in the controller. To stop the remaining replicas without "
             f"waiting for replacements: llmgw ctl drain {' '.join(names)} --reason REASON --force\n"

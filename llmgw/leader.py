@@ -33,6 +33,34 @@ def normalize(url: str) -> str:
     return url
 
 
+def url_problem(text: str) -> str | None:
+    """What is wrong with a controller URL as given (None: nothing), before any
+    connection is tried: a mistyped scheme must not read as an unknown host."""
+    from urllib.parse import urlsplit
+
+    raw = text.strip()
+    scheme, sep, _ = raw.partition("://")
+    if sep:
+        if scheme.lower() not in ("http", "https"):
+            return f"the scheme must be http:// or https://, not {scheme}://"
+    else:
+        head = raw.split("/", 1)[0].split(":", 1)[0].lower()
+        if head in ("http", "https") or raw.split(":", 1)[-1].startswith("/"):
+            return "the scheme is written http:// or https://"
+    parts = urlsplit(normalize(raw))
+    if any(c.isspace() for c in parts.netloc):
+        return "a host name holds no blanks"
+    if not parts.hostname:
+        return "no host name"
+    try:
+        port = parts.port
+    except ValueError:
+        return "the port must be a number from 1 to 65535"
+    if port == 0:
+        return "the port must be a number from 1 to 65535"
+    return None
+
+
 def split_urls(value: str | Iterable[str]) -> list[str]:
     """`"A,B"` (or a list of such) -> [A, B], normalized, without repeats or blanks."""
     items = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]

@@ -206,6 +206,18 @@ def model_words(m: Any) -> tuple[str, Meaning]:
         return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
     if all_on_one_node(m):
         return "satisfied, all on one node", Meaning.ATTENTION
+    scaling = getattr(m, "scaling", None)
+    if scaling and scaling.startswith("waking"):
+        return scaling, Meaning.ATTENTION
+    if scaling and scaling.startswith("asleep") and m.ready == 0:
+        return scaling, Meaning.MUTED
+    if scaling:  # autoscaled: where demand puts it, and why
+        desired = getattr(m, "desired", m.ready)
+        if m.ready < desired:
+            return f"scaling up {m.ready} -> {desired}: {scaling}", Meaning.ATTENTION
+        if m.ready > desired:
+            return f"scaling down {m.ready} -> {desired}: {scaling}", Meaning.FINE
+        return f"satisfied: {scaling}", Meaning.FINE
     return "satisfied", Meaning.FINE
 
 

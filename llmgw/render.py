@@ -194,6 +194,8 @@ NUMERIC_COLUMNS = frozenset(
         "IDLE",
         "READY",
         "MIN",
+        "DESIRED",
+        "MAX",
         "AGE",
         "REPLICAS",
         "STARTING",
@@ -202,12 +204,16 @@ NUMERIC_COLUMNS = frozenset(
         "IN FLIGHT",
         "P50",
         "CACHE HIT",
+        "WAKING FOR",
+        "HELD",
     }
 )
 
 
-def _table(*columns: str) -> Table:
-    return Table(list(columns), right=NUMERIC_COLUMNS)
+def _table(*columns: str, text: Iterable[str] = ()) -> Table:
+    """Numbers right-aligned, text left; `text`: columns named like a number column
+    elsewhere that hold text here (a replica's NODES is a hostlist)."""
+    return Table(list(columns), right=NUMERIC_COLUMNS.difference(text))
 
 
 def _n(value: int, style: str | None = None) -> Cell:
@@ -300,6 +306,11 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         reason = present.short_words(summary.unplaceable_reasons.get(name))
         unplaceable.add(name, Cell(name, BROKEN), clean(reason))
     section("Unplaceable", unplaceable)
+
+    waking = _table("MODEL", "WAKING FOR", "HELD")
+    for w in getattr(summary, "waking", None) or []:  # absent from older controllers
+        waking.add(w.model, Cell(w.model, ATTENTION), duration(w.seconds), str(w.held))
+    section("Waking (from zero replicas)", waking)
 
     traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
     for tr in getattr(summary, "traffic", None) or []:  # absent from older controllers
@@ -426,9 +437,12 @@ def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
     return table
 
 
+MODEL_COLUMNS = ["MODEL", "READY", "MIN", "DESIRED", "MAX", "SHAPE", "CLASS", "ENGINE"]
+MODEL_WIDE = ["STARTING", "FAILED", "REV", "SOURCE"]
+
+
 def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
-    extra = ["STARTING", "FAILED", "REV", "SOURCE"] if wide else []
-    table = _table("MODEL", "READY", "MIN", "SHAPE", "CLASS", "ENGINE", *extra, "STATUS")
+    table = _table(*MODEL_COLUMNS, *(MODEL_WIDE if wide else []), "STATUS")
     for m in models:
         s = m.spec
         words, meaning = present.model_words(m)
@@ -437,6 +451,8 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
             Cell(s.name),
             Cell(str(m.ready), key=m.ready),
             Cell(str(s.min_replicas), key=s.min_replicas),
+            _replica_count(getattr(m, "desired", None)),
+            _replica_count(getattr(s, "max_replicas", None) or s.min_replicas),
             Cell(f"{s.shards}x{s.gpus_per_shard}", key=s.shards * s.gpus_per_shard),
             Cell(s.gpu_class or "any"),
             Cell(s.engine),
@@ -452,6 +468,11 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
     return table
 
 
+def _replica_count(n: int | None) -> Cell:
+    """A count an older controller may not send: `-` then."""
+    return Cell("-", key=-1) if n is None else Cell(str(n), key=n)
+
+
 def rollout_line(m: Any) -> str:
     """`ctl rollout status`: one line on where a model's rollout stands."""
     name, rollout = m.spec.name, getattr(m, "rollout", None)
@@ -465,9 +486,12 @@ def rollout_line(m: Any) -> str:
     return f"model {name}: {words} to {rev}{old}"
 
 
+REVISION_COLUMNS = ["REVISION", "WHEN", "BY", "CHANGE"]
+
+
 def revisions_table(revisions: Sequence[Any]) -> Table:
     """`ctl rollout history`: each kept revision, when, by whom, what changed."""
-    table = _table("REVISION", "WHEN", "BY", "CHANGE")
+    table = _table(*REVISION_COLUMNS)
     for r in revisions:
         table.add(
             f"revision/{r.revision}",
@@ -479,11 +503,14 @@ def revisions_table(revisions: Sequence[Any]) -> Table:
     return table
 
 
+EVENT_COLUMNS = ["AGE", "REASON", "OBJECT"]
+EVENT_WIDE = ["TIME", "ID"]
+
+
 def events_table(events: Sequence[Any], *, wide: bool = False) -> Table:
     """`ctl events`: oldest first, as `kubectl get events`."""
     now = time.time()
-    extra = ["TIME", "ID"] if wide else []
-    table = _table("AGE", "REASON", "OBJECT", *extra, "MESSAGE")
+    table = _table(*EVENT_COLUMNS, *(EVENT_WIDE if wide else []), "MESSAGE")
     for e in events:
         cells = [_age(max(now - e.at, 0.0)), Cell(str(e.reason)), Cell(clean(e.object))]
         if wide:
@@ -497,9 +524,12 @@ def _revision(rollout: Any) -> Cell:
     return Cell(str(revision) if revision else "-", key=revision or 0)
 
 
+REPLICA_COLUMNS = ["REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE"]
+REPLICA_WIDE = ["CREATED", "REPLACES", "REV"]
+
+
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
-    extra = ["CREATED", "REPLACES", "REV"] if wide else []
-    table = _table("REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE", *extra, "ERROR")
+    table = _table(*REPLICA_COLUMNS, *(REPLICA_WIDE if wide else []), "ERROR", text=["NODES"])
     for r in replicas:
         cells = [
             Cell(r.id),
@@ -519,6 +549,62 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
             ]
         table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or "")))
     return table
+
+
+CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY"]
+
+
+def credentials_table(creds: Sequence[Any]) -> Table:
+    """`ctl credentials list`; `-o name` prints node/NAME, which `credentials revoke` takes."""
+    table = _table(*CREDENTIAL_COLUMNS)
+    for c in creds:
+        at = c.get("issued_at")
+        table.add(
+            f"node/{c['node']}",
+            Cell(c["node"]),
+            Cell(c["source"]),
+            Cell(timestamp(at), key=at),
+            Cell(clean(c.get("by") or "-")),
+        )
+    return table
+
+
+# What --sort-by may name, per command (shell completion offers these).
+SORT_COLUMNS = {
+    "nodes": [*NODE_COLUMNS, *NODE_WIDE, "REASON"],
+    "models": [*MODEL_COLUMNS, *MODEL_WIDE, "STATUS"],
+    "replicas": [*REPLICA_COLUMNS, *REPLICA_WIDE, "ERROR"],
+    "events": [*EVENT_COLUMNS, *EVENT_WIDE, "MESSAGE"],
+    "credentials": CREDENTIAL_COLUMNS,
+    "rollout": REVISION_COLUMNS,
+}
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value)) if value else "(none)"
+    return "(none)" if value is None else clean(str(value))
+
+
+def dry_run_change(would: Any) -> str:
+    """`ctl apply --dry-run`: one model, as applying it would change it (a ModelDryRun)."""
+    spec, current = would.spec, would.current
+    name = spec["name"]
+    if current is None:
+        return f"model {name} created (dry run)\n"
+    changed = [
+        f"  {field}: {_setting(current.get(field))} -> {_setting(value)}\n"
+        for field, value in spec.items()
+        if current.get(field) != value
+    ]
+    if not changed:
+        return f"model {name} unchanged (dry run)\n"
+    how = (
+        "a new revision, rolled out with new replicas"
+        if would.new_revision
+        else "no engine change: no replica restarts"
+    )
+    return f"model {name} configured (dry run): {how}\n" + "".join(changed)
 
 
 def gateways(views: Sequence[Any]) -> str:
@@ -592,8 +678,13 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             clean(g.health_reason or ""),
         )
     out += section("GPUs", gpus, "none")
-    storage = _table("PATH", "SCOPE", "FILESYSTEM", "SOURCE", "MODELS", "INCOMPLETE")
+    storage = _table(
+        "PATH", "SCOPE", "FILESYSTEM", "SOURCE", "MODELS", "NOT COUNTED", text=["MODELS"]
+    )
     for s in detail.storage:
+        # What was not counted, and why: the location's error, each incomplete model's reason.
+        skipped = [f"cannot read: {present.one_line(s.error)}"] if s.error else []
+        skipped += [f"{i.name}: {present.one_line(i.reason)}" for i in s.incomplete]
         storage.add(
             s.path,
             clean(s.path),
@@ -601,7 +692,7 @@ def node_detail(detail: NodeDetail, *, color: bool = False) -> str:
             s.fs_type or "?",
             clean(s.mount_source or "-"),
             ",".join(m.name for m in s.models) or "-",
-            ",".join(i.name for i in s.incomplete) or "-",
+            clean("; ".join(skipped)) or "-",
         )
     out += section(
         "Storage", storage, "none found" if detail.storage_configured else "not configured"

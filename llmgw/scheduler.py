@@ -7,8 +7,9 @@ and of the card UUIDs in it.
 
 Public API
 ----------
-``place(spec, nodes) -> Placement | Unplaceable``
-    Place one replica of ``spec``.
+``place(spec, nodes, wanted=()) -> Placement | Unplaceable``
+    Place one replica of ``spec``. ``wanted`` (every function takes it): the GPU
+    classes that declared specs ask for by name (see Classes below).
 ``place_many(requests, nodes) -> list[Placement | Unplaceable]``
     Place one replica per request, in request order. Cards taken by one placement
     are not free for the next; an `Unplaceable` takes nothing. Results come back
@@ -24,7 +25,8 @@ Public API
 ``plan_drain(specs, replicas, nodes, draining) -> DrainPlan``
     What draining ``draining`` would do to every model with replicas on those
     nodes: how many replicas must move, how many replacements fit elsewhere now,
-    and a verdict, worst first.
+    and a verdict, worst first. Models bound to a class are placed before those
+    that fit on any, and a reason says what the fleet has, not what the plan left.
 
 All of them raise `ValueError` when two snapshot entries share a node name.
 
@@ -51,7 +53,11 @@ Weights (a preference, never a filter), after spread
     not. Several shards: the fabric where the most of the chosen nodes hold the
     weights wins (holders beyond ``shards`` add nothing, so the count is capped
     at ``shards``), and inside it holders are taken first.
-Packing, after weights
+Classes (a preference), after spread and weights, before packing
+    A spec with no class, given a choice, takes a class that no spec in ``wanted``
+    asks for: a model that fits anywhere does not spend the cards a model bound
+    to one class needs, when another class would do. Ties keep the packing rank.
+Packing, after weights (and classes)
     Nodes rank by: not entirely free before entirely free (an entirely free node
     is a free block a multi-node replica may need), then least leftover free
     cards on the node, then least leftover in the class, then name.
@@ -176,32 +182,36 @@ Verdict = Literal["ok", "below_minimum", "unplaceable"]
 # -- public functions --------------------------------------------------------------
 
 
-def place(spec: ModelSpec, nodes: Iterable[NodeCapacity]) -> Placement | Unplaceable:
+def place(
+    spec: ModelSpec, nodes: Iterable[NodeCapacity], wanted: Collection[str] = ()
+) -> Placement | Unplaceable:
     """Place one replica of ``spec`` on ``nodes``."""
-    return _Allocation(nodes).place(spec)
+    return _Allocation(nodes, wanted).place(spec)
 
 
 def place_many(
-    requests: Sequence[ModelSpec], nodes: Iterable[NodeCapacity]
+    requests: Sequence[ModelSpec], nodes: Iterable[NodeCapacity], wanted: Collection[str] = ()
 ) -> list[Placement | Unplaceable]:
     """Place one replica per request, in order, each seeing the cards the earlier took."""
-    allocation = _Allocation(nodes)
+    allocation = _Allocation(nodes, wanted)
     return [allocation.place(spec) for spec in requests]
 
 
-def placer(nodes: Iterable[NodeCapacity]) -> Callable[[ModelSpec, int], Fill]:
+def placer(
+    nodes: Iterable[NodeCapacity], wanted: Collection[str] = ()
+) -> Callable[[ModelSpec, int], Fill]:
     """Place up to ``count`` replicas of ``spec`` per call, on one snapshot."""
-    return _Allocation(nodes).place_up_to
+    return _Allocation(nodes, wanted).place_up_to
 
 
 def placer_in_steps(
-    nodes: Iterable[NodeCapacity], step: int = 500
+    nodes: Iterable[NodeCapacity], step: int = 500, wanted: Collection[str] = ()
 ) -> Generator[None, None, Callable[[ModelSpec, int], Fill]]:
     """`placer`, its index built ``step`` nodes at a time with a yield after each,
     for a caller that must not hold its event loop for the whole build: the
     function comes back as the generator's value (``yield from``)."""
     ordered = sorted(nodes, key=_name)
-    allocation = _Allocation()
+    allocation = _Allocation(wanted=wanted)
     for start in range(0, len(ordered), step):
         allocation._add(ordered[start : start + step])
         yield
@@ -232,10 +242,15 @@ def plan_drain(
     Replicas of models without a spec are ignored: they are stopped, not moved.
     Leave out replicas that already have a replacement (a drain in progress):
     the replacement's cards are already taken in ``nodes``.
+    Models bound to a GPU class are placed first (then by name): a model that fits
+    on any class must not take the cards of the one class another needs.
+    Where a replacement does not fit, the reason is the fleet's (as placing it
+    alone would say), or names the replacements of this plan that take its room.
     Impacts come worst first: verdict, then most replacements missing, then name.
     """
     drain = frozenset(draining)
     by_name = {spec.name: spec for spec in specs}
+    wanted = frozenset(s.gpu_class for s in by_name.values() if s.gpu_class)
     ready_now: dict[str, int] = defaultdict(int)
     moving: dict[str, int] = defaultdict(int)
     ready_moving: dict[str, int] = defaultdict(int)
@@ -247,12 +262,16 @@ def plan_drain(
             moving[replica.model] += 1
             ready_moving[replica.model] += replica.ready
 
-    allocation = _Allocation(replace(n, schedulable=False) if n.name in drain else n for n in nodes)
+    fleet = [replace(n, schedulable=False) if n.name in drain else n for n in nodes]
+    allocation = _Allocation(fleet, wanted)
+    planned: list[Placement] = []  # this plan's replacements so far
     impacts: list[DrainImpact] = []
-    for model in sorted(moving):
+    for model in sorted(moving, key=lambda m: (by_name[m].gpu_class is None, m)):
         spec, need = by_name[model], moving[model]
         fill = allocation.place_up_to(spec, need)
-        placed, why = len(fill.placed), fill.unplaceable.reason if fill.unplaceable else ""
+        planned += fill.placed
+        placed = len(fill.placed)
+        why = _fleet_reason(spec, need, placed, fleet, wanted, planned) if placed < need else ""
         ready_after = ready_now[model] - ready_moving[model] + placed
         verdict: Verdict
         reason: str | None = None
@@ -317,6 +336,7 @@ class _FabricScore(NamedTuple):
 
     doubled: int  # chosen nodes that already run a replica of the model
     non_holders: int
+    wanted_class: bool  # a class some spec asks for, taken by a spec that asks for none
     free_nodes_consumed: int
     free_blocks_left: int  # best fit: the fabric left with the smallest largest block wins
     leftover: int  # free cards left on the chosen nodes
@@ -369,7 +389,8 @@ class _Node:
 class _Allocation:
     """Mutable allocation state for one call: the snapshot, indexed."""
 
-    def __init__(self, nodes: Iterable[NodeCapacity] = ()) -> None:
+    def __init__(self, nodes: Iterable[NodeCapacity] = (), wanted: Collection[str] = ()) -> None:
+        self._wanted = frozenset(wanted)  # classes declared specs ask for by name
         self._ready: dict[str, _Node] = {}
         self._not_ready: list[NodeCapacity] = []
         self._buckets: dict[tuple[_Scope, str], dict[_BucketKey, list[str]]] = defaultdict(dict)
@@ -576,15 +597,21 @@ class _Allocation:
 
     def _place(self, spec: ModelSpec) -> Placement | Unplaceable:
         gpus, shards = spec.gpus_per_shard, spec.shards
+        # Only a spec with no class chooses one: one that others want ranks after.
+        wanted = self._wanted if spec.gpu_class is None else frozenset()
         if shards == 1:
-            single: _SingleChoice | None = None
+            single: tuple[tuple[bool, bool, bool], _SingleChoice] | None = None
             for cls in [spec.gpu_class] if spec.gpu_class else self._classes(None):
                 picked = self._pick(None, cls, gpus, 1, spec.name)
-                if picked and (single is None or (picked[0], cls) < single):
-                    single = _SingleChoice(picked[0], cls)
+                if not picked:
+                    continue
+                r = picked[0]
+                choice = ((r.runs_model, r.not_holder, cls in wanted), _SingleChoice(r, cls))
+                if single is None or choice < single:
+                    single = choice
             if single is None:
                 return Unplaceable(spec.name, self._why_single(spec))
-            return self._commit(spec, None, single.gpu_class, [single.rank])
+            return self._commit(spec, None, single[1].gpu_class, [single[1].rank])
 
         best: tuple[_FabricScore, list[_Rank]] | None = None
         for fabric in self._fabrics:
@@ -596,6 +623,7 @@ class _Allocation:
                 score = _FabricScore(
                     doubled=sum(r.runs_model for r in picked),
                     non_holders=sum(r.not_holder for r in picked),
+                    wanted_class=cls in wanted,
                     free_nodes_consumed=consumed,
                     free_blocks_left=self._free_block[fabric] - consumed,
                     leftover=sum(r.node_leftover for r in picked),
@@ -656,8 +684,8 @@ class _Allocation:
         return reason
 
     def _why_single(self, spec: ModelSpec) -> str:
-        gpus, cls = spec.gpus_per_shard, spec.gpu_class
-        want = f"needs 1 node with {gpus} free {cls or 'GPUs of one class'}"
+        cls = spec.gpu_class
+        want = _needs(spec)
         if not self._ready:
             return f"{want}; {self._no_ready_node()}"
         if cls is not None and (missing := self._missing_class(cls)):
@@ -683,8 +711,8 @@ class _Allocation:
         return f"{want}; most free{kind} on a ready node: {-most.minus_free} ({where})"
 
     def _why_multi(self, spec: ModelSpec) -> str:
-        gpus, cls, shards = spec.gpus_per_shard, spec.gpu_class, spec.shards
-        want = f"needs {shards} nodes x {gpus} {cls or 'GPUs of one class'} in one fabric"
+        gpus, cls = spec.gpus_per_shard, spec.gpu_class
+        want = _needs(spec)
         if not self._ready:
             return f"{want}; {self._no_ready_node()}"
         if cls is not None and (missing := self._missing_class(cls)):
@@ -717,6 +745,42 @@ class _Allocation:
 
 def _name(node: NodeCapacity) -> str:
     return node.name
+
+
+def _needs(spec: ModelSpec) -> str:
+    """What one replica needs, as every reason begins."""
+    gpus, cls = spec.gpus_per_shard, spec.gpu_class or "GPUs of one class"
+    if spec.shards == 1:
+        return f"needs 1 node with {gpus} free {cls}"
+    return f"needs {spec.shards} nodes x {gpus} {cls} in one fabric"
+
+
+def _fleet_reason(
+    spec: ModelSpec,
+    need: int,
+    placed: int,
+    fleet: Sequence[NodeCapacity],
+    wanted: Collection[str],
+    planned: Sequence[Placement],
+) -> str:
+    """Why the plan could not place all of ``spec``'s replacements, in terms of the
+    fleet as it is: what placing them alone would say, or, when the fleet has room
+    the plan's other replacements took, where it is and who takes it."""
+    alone = _Allocation(fleet, wanted).place_up_to(spec, need)
+    if len(alone.placed) <= placed:
+        assert alone.unplaceable is not None
+        return alone.unplaceable.reason
+    room = sorted({n for p in alone.placed[placed:] for n in p.nodes})
+    takers = sorted({p.model for p in planned if p.model != spec.name and _overlaps(p, room)})
+    has = _is(len(room), "has", "have")
+    return (
+        f"{_needs(spec)}; {_listing(room)} {has} room for it, but this drain's replacements"
+        f" of {_listing(takers)} take it first"
+    )
+
+
+def _overlaps(placement: Placement, room: Collection[str]) -> bool:
+    return any(n in room for n in placement.nodes)
 
 
 def _listing(items: Sequence[str]) -> str:

@@ -374,6 +374,16 @@ class ModelSpec(Inbound):
     # count at once, and at most this many ready replicas below it.
     max_surge: int = Field(default=1, ge=0, le=10_000)
     max_unavailable: int = Field(default=0, ge=0, le=10_000)
+    # Demand (`llmgw.controller.autoscale`): between min_replicas and max_replicas
+    # (None: min_replicas, no autoscaling), aiming at target_in_flight requests in
+    # flight per replica; down one replica at a time, each after the demand has
+    # stayed lower for scale_down_after_s (unloading throws the KV cache away).
+    max_replicas: int | None = Field(default=None, ge=0, le=10_000)
+    target_in_flight: int = Field(default=8, ge=1, le=1_000_000)
+    scale_down_after_s: Annotated[float, Strict()] = Field(
+        default=600.0, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
 
     @model_validator(mode="after")
     def _a_rollout_can_move(self) -> ModelSpec:
@@ -382,7 +392,21 @@ class ModelSpec(Inbound):
                 "max_surge and max_unavailable cannot both be 0: a rollout could neither "
                 "add a new replica nor stop an old one"
             )
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas "
+                f"({self.min_replicas}): raise max_replicas, or leave it out for a fixed count"
+            )
         return self
+
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas demand may ask for (min_replicas without autoscaling)."""
+        return self.min_replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.most_replicas > self.min_replicas
 
 
 class EventReason(StrEnum):
@@ -400,6 +424,9 @@ class EventReason(StrEnum):
     NODE_LOST = "NodeLost"  # replicas of a node unreachable too long, replaced
     UNPLACEABLE = "Unplaceable"  # a model short of its minimum that cannot be placed
     STOPPED = "Stopped"  # replicas of a deleted model stopped
+    SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
+    SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
+    RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
 
 
 class EventView(Outbound):
@@ -556,6 +583,21 @@ class ModelView(Outbound):
     # 1 node means one node's failure takes the whole model (ctl, the console flag it).
     nodes: int = 0
     rollout: RolloutView | None = None
+    # Demand: the replicas it should have now (min_replicas without autoscaling),
+    # its requests in flight (smoothed, as the autoscaler reads them) and why the
+    # count is what it is (`in flight 12, target 4 -> 3`; a scale-up that waits).
+    desired: int = 0
+    in_flight: float = 0.0
+    scaling: str | None = None
+
+
+class ModelDryRun(Outbound):
+    """`POST /v1/models?dry_run=true`: a spec as the controller would store it,
+    beside the one it holds now (None: it would be created); nothing is written."""
+
+    spec: ModelSpec
+    current: ModelSpec | None = None
+    new_revision: bool  # a field the engine sees changes: new replicas are rolled out
 
 
 # -- the fleet summary (a wire contract: fields may be added, never removed) ----
@@ -645,6 +687,12 @@ class ReasonGroup(Outbound):
     nodes: list[str]
 
 
+class WakingModel(Outbound):
+    model: str
+    seconds: float  # since the first held request woke it
+    held: int  # requests the gateways hold for it
+
+
 class FleetSummary(Outbound):
     nodes: NodeCounts
     gpus: list[GpuClassCounts]
@@ -660,6 +708,8 @@ class FleetSummary(Outbound):
     traffic: list[ModelTraffic] = Field(default_factory=list)  # models with figures, by name
     # engine -> reachable nodes whose agent can run it (agents that say so)
     engines: dict[str, int] = Field(default_factory=dict)
+    # Models woken from zero replicas that none serves yet, by name.
+    waking: list[WakingModel] = Field(default_factory=list)
 
 
 IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes
@@ -708,6 +758,10 @@ class Endpoint(Outbound):
 # How an `unserved` reason says the model cannot be placed at all (the gateway's
 # answer then promises no replica "yet").
 UNPLACEABLE_PREFIX = "cannot be placed: "
+# How an `unserved` reason says the model sleeps at zero replicas (or is waking
+# from it): a gateway holds its requests until a replica serves, rather than
+# answering 503 (`llmgw.gateway.explain`).
+ASLEEP_PREFIX = "asleep: "
 
 
 class EndpointsDelta(Outbound):
@@ -737,6 +791,10 @@ class GatewayStatus(Inbound):
     # Endpoints it leaves out of routing because it cannot use them, and why.
     rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
         default_factory=dict, max_length=1024
+    )
+    # Requests it holds per model asleep at zero replicas, waiting for one to wake.
+    held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict, max_length=10_000
     )
 
 

@@ -131,7 +131,7 @@ async def test_demo_declares_models_when_engines_run(tmp_path: Path) -> None:
             if summary.engines:
                 break
             await asyncio.sleep(0.1)
-    assert len(models) == 5
+    assert len(models) == 6
     assert set(summary.engines) == {"fake", "sglang", "vllm"}
     assert {m.spec.engine for m in models} <= set(summary.engines)
     stop.set()
@@ -426,6 +426,50 @@ async def test_a_card_fails_a_few_minutes_in_and_its_replica_moves(
                 return moving is None or (moving.state == "draining" and bool(stand_in))
 
             await until(cordoned_and_moved, within=60)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+def test_the_routed_model_gets_rushes_and_scales_with_them() -> None:
+    """The demo's own traffic makes its routed model scale within its first minutes."""
+    from llmgw.demo import ROUTED_MODEL, ROUTED_RATE, RUSH_RATE, demo_specs, routed_rate
+
+    assert routed_rate(30) == ROUTED_RATE and routed_rate(90) == RUSH_RATE
+    assert routed_rate(300) == ROUTED_RATE and routed_rate(700) == RUSH_RATE
+    (routed,) = [s for s in demo_specs() if s.name == ROUTED_MODEL]
+    assert routed.autoscaled and routed.min_replicas < routed.most_replicas
+
+
+@pytest.mark.slow
+async def test_the_banners_curl_line_wakes_the_sleeping_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model the banner's curl line names sleeps at zero replicas and answers it."""
+    from llmgw.demo import SLEEPING_MODEL
+
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(
+        run_demo(args(nodes=3, no_engines=False, state_dir=tmp_path), stop, urls.append)
+    )
+    try:
+        await until(lambda: asyncio.sleep(0, bool(urls)))
+        out = capsys.readouterr().out
+        gateway = out.split("gateway (OpenAI API, SMG): ", 1)[1].split()[0]
+        assert f'"model": "{SLEEPING_MODEL}"' in out
+        async with AdminClient(urls[0]) as client:
+            assert not [r for r in await client.replicas() if r.model == SLEEPING_MODEL]
+        body = {"model": SLEEPING_MODEL, "messages": [{"role": "user", "content": "hello"}]}
+        async with httpx.AsyncClient(timeout=90) as http:
+
+            async def answered() -> bool:
+                resp = await http.post(f"{gateway}/v1/chat/completions", json=body)
+                return resp.status_code == 200
+
+            await until(answered, within=120)
+        async with AdminClient(urls[0]) as client:
+            assert [r for r in await client.replicas() if r.model == SLEEPING_MODEL]
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0

@@ -47,6 +47,7 @@ from llmgw.controller.fleet import FleetState
 from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.reconcile import drain_plan as plan_drain
+from llmgw.controller.revisions import same_engine
 from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
@@ -61,6 +62,7 @@ from llmgw.wire import (
     EnrollReply,
     EnrollRequest,
     GatewayStatus,
+    ModelDryRun,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
@@ -441,6 +443,21 @@ async def put_models(request: web.Request) -> web.Response:
     if dupes:
         raise BadRequest(f"model names must be unique; repeated: {', '.join(dupes)}")
     fleet = request.app[FLEET]
+    dry_run = request.query.get("dry_run", "false")
+    if dry_run not in ("true", "false"):
+        raise BadRequest(f"dry_run must be true or false, not {printable(dry_run)!r}")
+    if dry_run == "true":  # validated as a real apply is; nothing written
+        held = {v.spec.name: v.spec for v in fleet.model_views()}
+        return json_models(
+            [
+                ModelDryRun(
+                    spec=s,
+                    current=held.get(s.name),
+                    new_revision=s.name not in held or not same_engine(held[s.name], s),
+                )
+                for s in body.models
+            ]
+        )
     fleet.put_models(body.models, who(request))
     applied = set(names)
     return json_models([v for v in fleet.model_views() if v.spec.name in applied])

@@ -22,6 +22,7 @@ from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.fleet import BadCursor, FleetState
 from llmgw.controller.store import ReplicaRecord
 from llmgw.wire import (
+    ASLEEP_PREFIX,
     UNPLACEABLE_PREFIX,
     Endpoint,
     EndpointsDelta,
@@ -132,8 +133,12 @@ def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
             continue
         unplaceable = fleet.unplaceable_reasons.get(name)
         n = starting.get(name, 0)
+        spec = fleet.models[name]
         if unplaceable is not None:
             out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
+        elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
+            waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
+            out[name] = f"{ASLEEP_PREFIX}{waking or 'woken by its first request'}"
         elif n:
             out[name] = f"{n} replica{'s' if n > 1 else ''} starting"
         else:
@@ -191,13 +196,21 @@ def _waiting_for_reports(fleet: FleetState) -> str | None:
 @dataclass
 class GatewaySeen:
     name: str
-    cursor: str
-    revision: int | None  # what it has applied, in this controller run's revisions
+    cursor: str  # what it has applied: "EPOCH.REVISION" (`applied` reads it)
     in_flight: dict[str, int]
     requests: dict[str, int]
     at: float  # monotonic
     by: str = ""  # the token's identity that posted it
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
+    held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
+
+    def applied(self, fleet: FleetState) -> int | None:
+        """The revision it has applied, in `fleet`'s term; None for a cursor of
+        another term (a report kept from before a takeover means nothing now)."""
+        try:
+            return parse_cursor(fleet, self.cursor)
+        except BadCursor:
+            return None
 
 
 class TooManyGateways(Exception):
@@ -228,10 +241,6 @@ class Gateways:
                     f"at most {MAX_NAMES_PER_TOKEN} per token, {MAX_GATEWAYS} in all): reuse a "
                     f"name, or wait: a name is forgotten {FORGET_S:g} s after its last status"
                 )
-        try:
-            revision = parse_cursor(self.fleet, status.cursor)
-        except BadCursor:
-            revision = None
         records = self.fleet.records
         requests = {rid: n for rid, n in status.requests.items() if rid in records}
         before = old.requests if old else {}
@@ -243,12 +252,12 @@ class Gateways:
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
-            revision,
             {rid: n for rid, n in status.in_flight.items() if rid in records},
             requests,
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
+            {m: n for m, n in status.held.items() if n and m in self.fleet.models},
         )
 
     def expire(self, now: float) -> None:
@@ -265,6 +274,14 @@ class Gateways:
         for g in self.live(now):
             for rid, n in g.in_flight.items():
                 out[rid] = out.get(rid, 0) + n
+        return out
+
+    def held(self, now: float) -> dict[str, int]:
+        """Requests the live gateways hold per model asleep, waiting for it to wake."""
+        out: dict[str, int] = {}
+        for g in self.live(now):
+            for model, n in g.held.items():
+                out[model] = out.get(model, 0) + n
         return out
 
     def views(self) -> list[GatewayView]:
@@ -306,8 +323,8 @@ class StopGate:
                 out.append(rid)
                 continue
             if all(
-                g.revision is not None
-                and g.revision >= revision
+                (applied := g.applied(fleet)) is not None
+                and applied >= revision
                 and (force or g.in_flight.get(rid, 0) == 0)
                 for g in live
             ):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from llmgw.controller.autoscale import Decision
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
 from llmgw.controller.events import KEEP as EVENTS_KEPT
 from llmgw.controller.events import KEEP_S as EVENTS_KEPT_S
@@ -67,6 +68,7 @@ from llmgw.wire import (
     RolloutView,
     ShardAssignment,
     ShardState,
+    WakingModel,
 )
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
@@ -109,6 +111,9 @@ class FleetState:
         self._events = Events(store.events(EVENTS_KEPT))
         # Decided by the reconcile loop: a rollout that waits or stalled, and why.
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
+        # Decided by the reconcile loop: each autoscaled model's desired replicas,
+        # its requests in flight as the autoscaler read them, and why.
+        self._scaling: dict[str, Decision] = {}
         # Decided by the reconcile loop: why a model cannot be placed, why a drain waits.
         self._unplaceable: dict[str, str] = {}
         self._drain_blocked: dict[str, str] = {}
@@ -588,11 +593,7 @@ class FleetState:
         doomed = [r.id for r in self._by_node.get(name, ())]
         self._store.forget_node(name, doomed, by=by, at=self.wall())
         self._unsaved_nodes.pop(name, None)
-        touched = {n for rid in doomed for n in self._records[rid].nodes} - {name}
-        for rid in doomed:
-            del self._records[rid]
-            self._stopping.pop(rid, None)
-            self._log.append(ChangeKind.REPLICA, rid)
+        touched = self._drop_replicas(doomed) - {name}
         self._index_records()
         if self._admin.pop(name, None) is not None:
             self._log.append(ChangeKind.ADMIN, name)
@@ -649,6 +650,30 @@ class FleetState:
         else:
             self._rollout_notes[model] = note
         self._log.append(ChangeKind.MODEL, model)
+
+    def desired_replicas(self, model: str) -> int:
+        """How many replicas `model` should have now: what demand asked for, within
+        its spec's bounds (which may have moved since), else its minimum."""
+        spec = self._models[model]
+        scaling = self._scaling.get(model)
+        if scaling is None:
+            return spec.min_replicas
+        return min(max(scaling.desired, spec.min_replicas), spec.most_replicas)
+
+    def scaling(self, model: str) -> Decision | None:
+        return self._scaling.get(model)
+
+    def set_scaling(self, model: str, decision: Decision) -> None:
+        """The autoscaler's answer for `model` (the reconcile loop's, each pass);
+        a change of the desired count is a change of the model's view."""
+        old = self._scaling.get(model)
+        self._scaling[model] = decision
+        if old is None or old.desired != decision.desired:
+            self._log.append(ChangeKind.MODEL, model)
+
+    def forget_scaling(self, keep: Iterable[str]) -> None:
+        for model in self._scaling.keys() - set(keep):
+            del self._scaling[model]
 
     def _new_revisions(self, specs: list[ModelSpec], by: str, at: float) -> list[ModelRevision]:
         """The revisions applying `specs` creates: one per spec whose engine fields
@@ -817,6 +842,11 @@ class FleetState:
         if not ids:
             return
         self._store.delete_replicas(ids)
+        self._replicas_moved(self._drop_replicas(ids))
+
+    def _drop_replicas(self, ids: list[str]) -> set[str]:
+        """Every removal's memory side (the store has dropped them): what is kept
+        of a replica anywhere here goes with it. Returns the nodes they were on."""
         touched: set[str] = set()
         for i in ids:
             touched.update(self._records.pop(i).nodes)
@@ -826,7 +856,7 @@ class FleetState:
         live = {r.model for r in self._records.values()}
         for model in [m for m in self._retiring if m not in live]:
             del self._retiring[model]
-        self._replicas_moved(touched)
+        return touched
 
     def _replicas_moved(self, touched: set[str]) -> None:
         self._capacity_version = next(_CAPACITY_VERSIONS)
@@ -868,7 +898,14 @@ class FleetState:
             now,
             self.wall(),
             gateway_in_flight,
-        )
+        ).model_copy(update={"waking": self._waking(now)})
+
+    def _waking(self, now: float) -> list[WakingModel]:
+        return [
+            WakingModel(model=name, seconds=round(now - d.woke_at, 1), held=d.held)
+            for name, d in sorted(self._scaling.items())
+            if d.woke_at is not None
+        ]
 
     def _row_content(self, name: str, now: float) -> RowContent:
         """Everything a node's row shows except the report age. The row is built
@@ -982,8 +1019,11 @@ class FleetState:
         serving_on: dict[str, set[str]] = defaultdict(set)  # nodes under serving replicas
         updated: Counter[str] = Counter()  # ready replicas of the current revision
         outdated: Counter[str] = Counter()  # live replicas of an older one
+        leaving: dict[str, Counter[str]] = defaultdict(Counter)  # why the loop stops them
         for status in self.replica_statuses().values():
             rec = status.record
+            if rec.leaving is not None:
+                leaving[rec.model][rec.leaving.split(":", 1)[0]] += 1
             states[rec.model][status.state] += 1
             if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
                 serving_on[rec.model].update(rec.nodes)
@@ -997,6 +1037,17 @@ class FleetState:
             # A draining replica still answers until its stand-in is ready.
             ready = mine[ReplicaState.READY] + mine[ReplicaState.DRAINING]
             backoff = self._backoffs.get(name)
+            desired = self.desired_replicas(name)
+            scaling = self._scaling.get(name)
+            why = scaling.why if scaling is not None and spec.autoscaled else None
+            live = ready + mine[ReplicaState.STARTING]
+            if why is not None and desired > live and ready >= spec.min_replicas:
+                waits = reasons.get(name)
+                if waits is not None:
+                    why = f"{why}; scale-up waits: {waits}"
+            going = "; ".join(f"{n} leaving ({what})" for what, n in sorted(leaving[name].items()))
+            if going:
+                why = f"{why}; {going}" if why else going
             views.append(
                 ModelView(
                     spec=spec,
@@ -1008,12 +1059,15 @@ class FleetState:
                     unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
                     last_failure=backoff.last_failure if backoff else None,
                     rollout=self._rollout_view(spec, updated[name], outdated[name]),
+                    desired=desired,
+                    in_flight=round(scaling.in_flight, 2) if scaling is not None else 0.0,
+                    scaling=why,
                 )
             )
         return views
 
     def _rollout_view(self, spec: ModelSpec, updated: int, outdated: int) -> RolloutView:
-        desired = spec.min_replicas
+        desired = self.desired_replicas(spec.name)
         note = self._rollout_notes.get(spec.name)
         if outdated == 0 and updated >= desired:
             state, message = RolloutState.COMPLETE, None

@@ -191,13 +191,31 @@ class FleetCollector(Collector):
             "1 when short and the scheduler cannot place more replicas.",
             labels=["model"],
         )
+        maximum = GaugeMetricFamily(
+            "llmgw_model_max_replicas",
+            "Declared maximum (the minimum without autoscaling).",
+            labels=["model"],
+        )
+        desired = GaugeMetricFamily(
+            "llmgw_model_desired_replicas",
+            "Replicas demand asks for now, within the minimum and maximum.",
+            labels=["model"],
+        )
+        in_flight = GaugeMetricFamily(
+            "llmgw_model_autoscaler_in_flight",
+            "Requests in flight as the autoscaler reads them (averaged over its window).",
+            labels=["model"],
+        )
         for v in fleet.model_views():
             name = v.spec.name
             ready.add_metric([name], v.ready)
             minimum.add_metric([name], v.spec.min_replicas)
             satisfied.add_metric([name], int(v.satisfied))
             unplace.add_metric([name], int(name in unplaceable))
-        yield from (ready, minimum, satisfied, unplace)
+            maximum.add_metric([name], v.spec.most_replicas)
+            desired.add_metric([name], v.desired)
+            in_flight.add_metric([name], v.in_flight)
+        yield from (ready, minimum, satisfied, unplace, maximum, desired, in_flight)
 
     def _traffic(self, traffic: list[ModelTraffic]) -> Iterator[Metric]:
         """What the engines served per model (the summary's Traffic section)."""

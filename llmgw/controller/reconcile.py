@@ -12,8 +12,12 @@ Every tick, from the fleet's current facts:
    nothing left ends up cordoned and marked drained. A forced drain stops the
    replicas at once. A replica on a card that failed is replaced the same way,
    and the card's node is cordoned (`llmgw.controller.faults`).
-4. Every model keeps ready + starting >= its minimum; what cannot be placed
-   says why.
+4. Rollouts (`llmgw.controller.rollout`), then demand
+   (`llmgw.controller.autoscale`): each model's desired count follows its
+   requests in flight; one replica above it at a time leaves through the stop
+   handshake.
+5. Every model keeps ready + starting >= its desired count; what cannot be
+   placed says why.
 
 The work of a pass is bounded whatever the specs say (a spec may ask for
 10,000 replicas): a model that did not fit is tried again only once the
@@ -43,14 +47,16 @@ import logging
 import re
 import secrets
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
+from llmgw.controller.autoscale import Autoscaler
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
 from llmgw.controller.fleet import FleetState
+from llmgw.controller.reclaim import RECLAIMED, Candidate, choose
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.rollout import plan_rollout
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
@@ -64,6 +70,7 @@ from llmgw.scheduler import (
     plan_drain,
 )
 from llmgw.wire import (
+    IDLE_AFTER_S,
     AdminFlag,
     DrainPlan,
     EventReason,
@@ -159,6 +166,12 @@ def record_from(
     )
 
 
+def wanted_classes(fleet: FleetState) -> frozenset[str]:
+    """The GPU classes declared specs ask for by name: a model that fits on any
+    class leaves them to those that need them (llmgw.scheduler, Classes)."""
+    return frozenset(s.gpu_class for s in fleet.models.values() if s.gpu_class)
+
+
 def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
     """The drain pre-check: what draining these nodes would do to each model."""
     now = fleet.clock()
@@ -237,6 +250,7 @@ class Reconciler:
         self._expected = -1
         self._moved_at = 0
         self._cordons = FaultCordons()
+        self._autoscaler = Autoscaler()
         # Why a stand-in for a replica on a failed card cannot be placed, as last logged.
         self._fault_blocked: dict[str, str] = {}
 
@@ -292,6 +306,8 @@ class Reconciler:
         self._cordons.cordon(fleet, faults)
         self._replace_faulted(faults, now, wall)
         self._roll(faults, now, wall)
+        self._scale(faults, now)
+        self._reclaim(faults, now)
         yield
         yield from self._fill_shortfalls(place_until)
 
@@ -390,6 +406,7 @@ class Reconciler:
             and not draining.intersection(r.nodes)
             and fault_under(r, faults) is None
             and fleet.up_to_date(r)  # an old one leaves for a rollout (`_roll`)
+            and r.leaving is None  # one leaves for a scale-down (`_scale`)
         ]
         if not stale:
             return
@@ -452,6 +469,7 @@ class Reconciler:
                 r
                 for r in on_node
                 if r.id not in by_replaced
+                and r.leaving is None  # leaving for a scale-down: no stand-in
                 and r.model in fleet.models
                 and not fleet.backing_off(r.model, wall)
             ]
@@ -476,8 +494,10 @@ class Reconciler:
             for r in list(fleet.records.values())
             if not set(draining).intersection(r.nodes)
             and (f := fault_under(r, faults))
-            # One leaving for a rollout needs no stand-in: the rollout replaces it.
+            # One leaving for a rollout needs no stand-in: the rollout replaces it;
+            # nor one leaving for a scale-down.
             and not (r.state is ReplicaState.DRAINING and not fleet.up_to_date(r))
+            and r.leaving is None
         ]
         if not hit:
             self._fault_blocked.clear()
@@ -543,6 +563,7 @@ class Reconciler:
                 r.model in fleet.models
                 and r.state is not ReplicaState.FAILED
                 and r.id not in replaced
+                and r.leaving is None  # a scale-down's (`_scale`)
             ):
                 by_model[r.model].append(r)
         for name in sorted(by_model):
@@ -567,7 +588,14 @@ class Reconciler:
             fleet.remove_replicas(stopped)
             note = fleet.rollout_note(name)
             stalled = note is not None and note[0] is RolloutState.STALLED
-            plan = plan_rollout(spec, new, old, len(leaving) - len(stopped), stalled=stalled)
+            plan = plan_rollout(
+                spec,
+                fleet.desired_replicas(name),
+                new,
+                old,
+                len(leaving) - len(stopped),
+                stalled=stalled,
+            )
             going = set(plan.leave)
             why = f"rollout: replaced by revision {revision}"
             fleet.remove_replicas(
@@ -594,7 +622,11 @@ class Reconciler:
                 )
             if not plan.place or fleet.backing_off(name, wall):
                 continue
-            results = place_many([spec] * plan.place, snapshot(fleet, now, [*draining, *faults]))
+            results = place_many(
+                [spec] * plan.place,
+                snapshot(fleet, now, [*draining, *faults]),
+                wanted_classes(fleet),
+            )
             placed = [record_from(p, wall, revision) for p in results if isinstance(p, Placement)]
             fleet.put_replicas(placed)
             if placed:
@@ -624,6 +656,184 @@ class Reconciler:
             elif note is not None:
                 fleet.set_rollout_note(name, None)
 
+    # -- 5. demand ---------------------------------------------------------------------------
+
+    def _scale(self, faults: Faults, now: float) -> None:
+        """Each model's desired count from its requests in flight (`autoscale`);
+        above it, one replica at a time leaves through the stop handshake: one
+        starting first (it serves nothing), else the least busy, newest first
+        (its KV cache is the coldest). Not while the model rolls out (the
+        rollout owns its counts) or while a stand-in of its is pending. A
+        leaving replica is taken back when the count rises before it stopped."""
+        fleet = self.fleet
+        gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
+        held = self.gate.gateways.held(now) if self.gate is not None else {}
+        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        live: dict[str, list[ReplicaStatus]] = defaultdict(list)
+        # Read again: the steps before this one may have moved replicas.
+        for s in fleet.replica_statuses().values():
+            if s.state is not ReplicaState.FAILED:
+                live[s.record.model].append(s)
+        self._autoscaler.forget(set(fleet.models))
+        fleet.forget_scaling(fleet.models)
+        for name, spec in sorted(fleet.models.items()):
+            mine = live.get(name, [])
+            staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
+            ready = [s for s in staying if s.state is ReplicaState.READY]
+            in_flight = sum(s.in_flight(gateways) or 0 for s in ready)
+            decision = self._autoscaler.decide(
+                spec, in_flight, len(staying), now, held=held.get(name, 0), serving=len(ready)
+            )
+            before = fleet.desired_replicas(name)
+            fleet.set_scaling(name, decision)
+            if decision.changed:
+                reason = EventReason.SCALED_UP if decision.changed > 0 else EventReason.SCALED_DOWN
+                fleet.event(
+                    f"model/{name}", reason, f"{before} -> {decision.desired}: {decision.why}"
+                )
+            self._scale_down(name, mine, replaced, faults, gateways)
+
+    def _scale_down(
+        self,
+        name: str,
+        mine: list[ReplicaStatus],
+        replaced: set[str],
+        faults: Faults,
+        gateways: Mapping[str, int],
+    ) -> None:
+        fleet = self.fleet
+        desired = fleet.desired_replicas(name)
+        leaving = [s.record for s in mine if s.record.leaving is not None]
+        staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
+        # Demand came back before they stopped (a reclaimed one stays reclaimed).
+        undone = [r for r in leaving if not r.leaving or not r.leaving.startswith(RECLAIMED)]
+        if undone and len(staying) < desired:
+            back = undone[: desired - len(staying)]
+            fleet.put_replicas(
+                replace(r, state=ReplicaState.READY, leaving=None, error=None) for r in back
+            )
+            fleet.event(
+                f"model/{name}",
+                EventReason.SCALED_UP,
+                f"{', '.join(r.id for r in back)} back in routing: wanted again",
+            )
+            leaving = [r for r in leaving if r not in back]
+        stopped = self._stoppable([r.id for r in leaving])
+        if stopped:
+            fleet.remove_replicas(stopped)
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{', '.join(stopped)} stopped")
+        excess = len(staying) - desired
+        if (
+            excess <= 0
+            or leaving  # one at a time
+            or any(s.record.replaces is not None for s in staying)  # a stand-in is pending
+            or not all(fleet.up_to_date(s.record) for s in mine)  # a rollout owns the counts
+            or any(fault_under(s.record, faults) is not None for s in staying)
+        ):
+            return
+        pick = min(
+            staying,
+            key=lambda s: (
+                s.state is not ReplicaState.STARTING,
+                s.in_flight(gateways) or 0,
+                -s.record.created_at,
+                s.record.id,
+            ),
+        ).record
+        why = f"scale down to {desired}: {self._why_scaled(name)}"
+        if pick.state is ReplicaState.STARTING:
+            fleet.remove_replicas([pick.id])
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped ({why})")
+            return
+        fleet.put_replicas([replace(pick, state=ReplicaState.DRAINING, leaving=why, error=why)])
+        fleet.event(
+            f"model/{name}",
+            EventReason.SCALED_DOWN,
+            f"{pick.id} out of routing, to stop once the gateways let go ({why})",
+        )
+        if self._stoppable([pick.id]):  # no gateway to wait for
+            fleet.remove_replicas([pick.id])
+            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped")
+
+    def _reclaim(self, faults: Faults, now: float) -> None:
+        """Room for the highest-priority model short of its minimum that cannot
+        be placed, from lower-priority models above theirs (`reclaim`): the
+        chosen replicas leave as a scale-down's do; it is placed when they stop."""
+        fleet = self.fleet
+        wall = fleet.wall()
+        statuses = [
+            s for s in fleet.replica_statuses().values() if s.state is not ReplicaState.FAILED
+        ]
+        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        staying: Counter[str] = Counter(
+            s.record.model
+            for s in statuses
+            if s.record.leaving is None and s.record.id not in replaced
+        )
+        pending = {
+            s.record.leaving for s in statuses if (s.record.leaving or "").startswith(RECLAIMED)
+        }
+        short = sorted(
+            (
+                spec
+                for name, spec in fleet.models.items()
+                if staying[name] < spec.min_replicas
+                and name in fleet.unplaceable_reasons
+                and not fleet.backing_off(name, wall)
+            ),
+            key=lambda spec: (-spec.priority, spec.name),
+        )
+        if not short or any(f"{RECLAIMED} {short[0].name} " in p for p in pending if p):
+            return  # nothing to do, or its room is on its way
+        spec = short[0]
+        gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
+        candidates = [
+            Candidate(
+                s.record,
+                fleet.models[s.record.model],
+                s.state is ReplicaState.READY
+                and s.idle_since is not None
+                and now - s.idle_since >= IDLE_AFTER_S,
+                s.in_flight(gateways) or 0,
+            )
+            for s in statuses
+            if s.record.model in fleet.models
+            and fleet.models[s.record.model].priority < spec.priority
+            and s.record.leaving is None
+            and s.record.replaces is None
+            and s.record.id not in replaced
+            and s.state in (ReplicaState.READY, ReplicaState.STARTING)
+        ]
+        if not candidates:
+            return
+        draining = [n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING]
+        cards = {uuid: cls for entry in fleet.nodes.values() for uuid, cls, _ in entry.cards}
+        nodes = snapshot(fleet, now, [*draining, *faults])
+        picked = choose(spec, candidates, staying, nodes, cards)
+        if not picked:
+            return
+        why = f"{RECLAIMED} {spec.name} (priority {spec.priority})"
+        for rec in picked:
+            fleet.event(
+                f"model/{rec.model}",
+                EventReason.RECLAIMED,
+                f"{rec.id} out of routing, to stop: {why}, short of its minimum",
+            )
+        fleet.put_replicas(
+            replace(r, state=ReplicaState.DRAINING, leaving=why, error=why) for r in picked
+        )
+        fleet.event(
+            f"model/{spec.name}",
+            EventReason.RECLAIMED,
+            f"room for a replica: {', '.join(f'{r.id} ({r.model})' for r in picked)} to stop",
+        )
+        stopped = self._stoppable([r.id for r in picked])
+        fleet.remove_replicas(stopped)
+
+    def _why_scaled(self, name: str) -> str:
+        scaling = self.fleet.scaling(name)
+        return "fixed count" if scaling is None else scaling.why.split(" (", 1)[0]
+
     def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
         """Events: originals stopped once their stand-ins served."""
         for rid in done:
@@ -648,7 +858,9 @@ class Reconciler:
             return None
         fleet = self.fleet
         results = place_many(
-            [fleet.models[r.model] for r in originals], snapshot(fleet, now, excluded)
+            [fleet.models[r.model] for r in originals],
+            snapshot(fleet, now, excluded),
+            wanted_classes(fleet),
         )
         placed, reasons = [], []
         for original, result in zip(originals, results, strict=True):
@@ -705,7 +917,9 @@ class Reconciler:
                 if nodes is None:
                     break  # out of time: what was read is kept for the next pass
                 building = time.perf_counter()
-                place_up_to = yield from placer_in_steps(nodes, NODES_PER_STEP)
+                place_up_to = yield from placer_in_steps(
+                    nodes, NODES_PER_STEP, wanted_classes(fleet)
+                )
                 # A picture built is used for at least as long as its index took:
                 # on a busy fleet, where each pass needs a new one, passes still
                 # get on (the rest of their time is never less than the build's).
@@ -832,8 +1046,9 @@ class Reconciler:
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         active: dict[str, int] = defaultdict(int)
         for r in fleet.records.values():
-            # A draining replica and its stand-in are one replica between them.
-            if r.state is not ReplicaState.FAILED and r.id not in replaced:
+            # A draining replica and its stand-in are one replica between them; one
+            # leaving for a scale-down is gone already (`_scale` takes it back first).
+            if r.state is not ReplicaState.FAILED and r.id not in replaced and r.leaving is None:
                 active[r.model] += 1
         for gone in self._did_not_fit.keys() - fleet.models.keys():
             del self._did_not_fit[gone]
@@ -842,6 +1057,16 @@ class Reconciler:
         if self._resume is not None:
             name, after = self._resume
             first = (bisect.bisect_right if after else bisect.bisect_left)(names, name)
+        # While a model is short and cannot be placed, lower-priority models do
+        # not grow above their minimum: the room reclaimed for it goes to it.
+        starving = max(
+            (
+                spec.priority
+                for name, spec in fleet.models.items()
+                if active[name] < spec.min_replicas and name in fleet.unplaceable_reasons
+            ),
+            default=None,
+        )
         version = fleet.capacity_version
         wants: deque[_Want] = deque()
         refresh: list[_Want] = []  # did not fit, and only this loop has moved capacity since
@@ -849,7 +1074,9 @@ class Reconciler:
             if name in done:
                 continue
             spec = fleet.models[name]
-            missing = spec.min_replicas - active[name]
+            missing = fleet.desired_replicas(name) - active[name]
+            if starving is not None and spec.priority < starving:
+                missing = min(missing, spec.min_replicas - active[name])
             if missing <= 0:
                 fleet.set_unplaceable(name, None)
                 self._did_not_fit.pop(name, None)

@@ -28,6 +28,10 @@ class ReplicaRecord:
     error: str | None = None
     replaces: str | None = None  # drain: the replica this one stands in for
     revision: int = 0  # the model's revision it was placed at (0: from before revisions)
+    # Out of routing by the loop's own decision (a scale-down: the why), to stop
+    # once the gateways let go; None for every other replica. A drain, a fault or
+    # a rollout is read from the node, the card or the revision instead.
+    leaving: str | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -22,6 +22,16 @@ class ReplicaStatus:
         errors = [s.error for s in self.shards if s is not None and s.error]
         return errors[0] if errors else self.record.error
 
+    def in_flight(self, gateway_in_flight: Mapping[str, int]) -> int | None:
+        """Requests in flight on this replica: its engine's own count (rank 0's:
+        running and waiting), or the gateways' when higher. None: neither knows."""
+        lead = self.shards[0] if self.shards else None
+        engine = lead.traffic.in_flight if lead is not None and lead.traffic is not None else None
+        gateways = gateway_in_flight.get(self.record.id)
+        if engine is None and gateways is None:
+            return None
+        return max(engine or 0, gateways or 0)
+
 
 def replica_status(
     record: ReplicaRecord, reported: Mapping[tuple[str, int], ShardDigest]

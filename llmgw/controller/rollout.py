@@ -41,16 +41,17 @@ class RolloutPlan:
 
 def plan_rollout(
     spec: ModelSpec,
+    desired: int,
     new: Sequence[ReplicaRecord],
     old: Sequence[ReplicaRecord],
     leaving: int,
     *,
     stalled: bool,
 ) -> RolloutPlan:
-    """What one pass does for `spec`'s rollout. `new` and `old`: the model's live
+    """What one pass does for `spec`'s rollout to `desired` replicas (what demand
+    asks for now: `FleetState.desired_replicas`). `new` and `old`: the model's live
     replicas of the current and of older revisions (none failed, none leaving);
     `leaving`: how many old ones are out of routing already."""
-    desired = spec.min_replicas
     new_ready = sum(r.state is ReplicaState.READY for r in new)
     serving = sorted(
         (r for r in old if r.state is not ReplicaState.STARTING),

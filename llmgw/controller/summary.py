@@ -222,8 +222,7 @@ def model_traffic(
             continue
         if lead is None or lead.traffic is None:
             continue
-        in_flight = max(lead.traffic.in_flight, gateway_in_flight.get(r.record.id, 0))
-        by_model[r.record.model].append((lead.traffic, in_flight))
+        by_model[r.record.model].append((lead.traffic, r.in_flight(gateway_in_flight) or 0))
     out = []
     for model, rows in sorted(by_model.items()):
         figures = [t for t, _ in rows]

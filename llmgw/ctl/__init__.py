@@ -4,7 +4,7 @@ Built to start fast (a one-shot is run in loops and scripts): the blocking
 stdlib client, no asyncio, no httpx, no rich; pydantic models are built on
 first use; the parser is built for the one command asked. Output follows
 kubectl: `-o json|yaml|wide|name`, `--no-headers`, `--sort-by`, `-w`; piped
-output has no colour, no padding, one line per row.
+output has no colour and nothing cut, one line per row.
 
 One job per module:
 

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import argparse
 
+from llmgw.ctl.parser import SORTS, WATCHES
 from llmgw.errors import UsageError
 
 
 def check_args(args: argparse.Namespace) -> None:
     """What argparse cannot say: combinations and ranges (a UsageError each)."""
-    for name in ("controller", "token", "token_file", "ca_file", "context", "no_headers"):
-        if not hasattr(args, name):
-            setattr(args, name, None)
+    # Options a command does not list are absent from its namespace: give them one meaning.
+    for name in ("controller", "token", "token_file", "ca_file", "context", "sort_by"):
+        setattr(args, name, getattr(args, name, None))
+    for name in ("no_headers", "watch"):
+        setattr(args, name, bool(getattr(args, name, False)))
     if getattr(args, "output", None) is None:
         args.output = "table"
-    if getattr(args, "interval", 2.0) <= 0:
+    interval = getattr(args, "interval", None)
+    if interval is not None and args.command != "rollout" and not args.watch:
+        raise UsageError("--interval applies to -w; add -w or drop --interval")
+    args.interval = 2.0 if interval is None else interval
+    if args.interval <= 0:
         raise UsageError("--interval must be a positive number of seconds")
+    _check_output_options(args)
+    _check_names(args)
     if args.command == "drain":
         if args.timeout is not None and not args.wait:
             raise UsageError("--timeout applies to --wait; add --wait or drop --timeout")
         if args.timeout is not None and args.timeout <= 0:
-            raise UsageError("--timeout must be a positive number of seconds")
+            raise UsageError("--timeout must be a positive duration")
         if args.force_after is not None and not 0 < args.force_after <= 7 * 86400:
-            raise UsageError("--force-after must be between 0 and 604800 seconds (7 days)")
-        if args.yes and not args.force:
-            raise UsageError("--yes confirms --force; without --force there is nothing to confirm")
+            raise UsageError("--force-after must be more than 0s and at most 7d")
+        if args.yes and not (args.force or args.force_after is not None):
+            raise UsageError(
+                "--yes confirms --force or --force-after; without either there is nothing to confirm"
+            )
         if args.dry_run and (args.wait or args.force or args.force_after is not None):
             raise UsageError("--dry-run only reports; it cannot be combined with --wait or --force")
         if not args.dry_run and (args.reason is None or not args.reason.strip()):
@@ -57,3 +68,75 @@ def check_args(args: argparse.Namespace) -> None:
     writes = ("cordon", "uncordon", "apply", "delete")
     if args.command in writes and args.output != "table":
         raise UsageError(f"-o/--json applies to reads; {args.command} prints one line per change")
+
+
+def _check_output_options(args: argparse.Namespace) -> None:
+    """An option given before the command that the command has no use for is
+    refused, never silently ignored."""
+    command = args.command
+    tables = command in SORTS and not (command == "rollout" and args.action != "history")
+    if args.sort_by is not None and not tables:
+        raise UsageError(f"--sort-by applies to tables ({', '.join(SORTS[:-1])}, rollout history)")
+    headers = tables or (command == "config" and args.config_command != "current-context")
+    if args.no_headers and not headers:
+        raise UsageError(
+            f"--no-headers applies to tables; {command} prints no header line to leave out"
+        )
+    if args.watch and command not in WATCHES:
+        raise UsageError(f"-w applies to {', '.join(WATCHES)}")
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Names as `-o name` prints them (node/gpu-a01, model/org/name) are taken
+    back where a node or a model is expected; the wrong kind is refused."""
+    command = args.command
+    if command in ("cordon", "uncordon", "drain", "credentials"):
+        args.nodes = [node_name(n, command) for n in args.nodes]
+    elif command == "nodes":
+        args.names = [node_name(n, command) for n in args.names]
+    elif command == "node":
+        if args.name == "forget" and args.target:
+            args.target = node_name(args.target, "node forget")
+        else:
+            args.name = node_name(args.name, command)
+            if args.target is not None:
+                raise UsageError(
+                    f"node shows one node; for a row each: llmgw ctl nodes {args.name} {args.target}"
+                )
+    elif command == "rollout":
+        args.model = model_name(args.model, f"rollout {args.action}")
+    elif command == "delete":
+        kind, _, rest = args.kind.partition("/")
+        if kind != "model":
+            raise UsageError(f"delete takes model NAME or model/NAME, not {args.kind!r}")
+        if rest and args.name is not None:
+            raise UsageError(f"delete takes model NAME or model/NAME, not both ({args.kind!r})")
+        if not rest and args.name is None:
+            raise UsageError("delete model needs the model's NAME")
+        args.name = rest or model_name(args.name, "delete model")
+
+
+# The kinds `-o name` prints: a refusal names the one it was given.
+_KINDS = ("node", "model", "replica", "event", "revision", "gateway", "context")
+
+
+def node_name(text: str, command: str) -> str:
+    """NAME or node/NAME; a node name never holds `/`, so any other kind is refused."""
+    kind, slash, name = text.partition("/")
+    if not slash:
+        return text
+    if kind == "node" and name and "/" not in name:
+        return name
+    what = f"{text} is a {kind}" if kind in _KINDS and name else f"{text!r} is not a node name"
+    raise UsageError(f"{command} takes nodes (NAME or node/NAME); {what}")
+
+
+def model_name(text: str, command: str) -> str:
+    """NAME or model/NAME (a model whose name starts with `model/` is given as model/model/...);
+    a node or a replica where a model is expected is refused."""
+    kind, slash, name = text.partition("/")
+    if slash and kind == "model" and name:
+        return name
+    if slash and kind in ("node", "replica") and name:
+        raise UsageError(f"{command} takes a model (NAME or model/NAME); {text} is a {kind}")
+    return text

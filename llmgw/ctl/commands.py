@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from llmgw import api, render
+from llmgw import api, present, render
 from llmgw.ctl.output import Output, Terminal
 from llmgw.ctl.watch import (
     model_view,
@@ -31,6 +31,7 @@ class Ctl:
         self.args = args
         self.term = term
         self.out = Output(term, args)
+        self._missing: list[str] = []  # nodes named that the controller does not know
 
     def _read(
         self, call: api.Call[Any], table: Callable[[Any], render.Table], *, plain: bool = False
@@ -48,9 +49,8 @@ class Ctl:
         return EXIT_OK
 
     def _filter_json(self, data: Any) -> Any:
-        state = getattr(self.args, "state", None)
-        if state and isinstance(data, list):
-            return [r for r in data if r.get("state") == state]
+        if self.args.command == "nodes" and isinstance(data, list):
+            return self._only(data)
         return data
 
     # -- reads
@@ -82,10 +82,19 @@ class Ctl:
 
         if self.args.watch and self.args.output not in ("json", "yaml"):
             return watch_nodes(self.client, self.out, table, self.args.interval)
-        return self._read(api.nodes(), table, plain=True)
+        code = self._read(api.nodes(), table, plain=True)
+        for name in self._missing:  # as kubectl: the rows found, and each name not found
+            print(f"llmgw ctl: node {name} not found", file=sys.stderr)
+        return EXIT_FAILED if self._missing else code
 
     def _only(self, rows: list[NodeRow]) -> list[NodeRow]:
-        if self.args.state:  # rows are JSON objects: plain, or api.View
+        """The rows asked for: those named (in the order named), in the state asked."""
+        # Rows are JSON objects: plain, or api.View.
+        if self.args.names:
+            by_name = {r["name"]: r for r in rows}  # type: ignore[index]
+            self._missing = [n for n in dict.fromkeys(self.args.names) if n not in by_name]
+            rows = [by_name[n] for n in dict.fromkeys(self.args.names) if n in by_name]
+        if self.args.state:
             rows = [r for r in rows if r["state"] == self.args.state]  # type: ignore[index]
         return rows
 
@@ -113,14 +122,9 @@ class Ctl:
                 self.client.json(api.revoke_credential(node))
                 self.term.write(f"{node}: revoked\n")
             return EXIT_OK
-        creds = self.client.json(api.credentials())
-        if self.args.output in ("json", "yaml"):
-            self.out.data(creds)
-            return EXIT_OK
-        for c in creds:
-            when = render.timestamp(c.get("issued_at"))
-            self.term.write(f"{c['node']:<32} {c['source']:<9} {when:<20} {c.get('by') or '-'}\n")
-        return EXIT_OK
+        if self.args.nodes:
+            raise UsageError("credentials list takes no NODE (to revoke: credentials revoke NODE)")
+        return self._read(api.credentials(), render.credentials_table, plain=True)
 
     def models(self) -> int:
         wide = self.args.output == "wide"
@@ -209,30 +213,43 @@ class Ctl:
                 self.term.write(render.drain_plan(plan, color=self.term.color))
                 short = [i for i in plan.impacts if i.verdict == "below_minimum"]
             return EXIT_FAILED if short else EXIT_OK
-        if a.force and not a.yes:
-            plan = self.client(api.drain_plan(a.nodes))
-            below = [i for i in plan.impacts if i.verdict == "below_minimum"]
-            if below:
-                self.term.write(render.drain_plan(plan, color=self.term.color))
-                raise UsageError(
-                    "--force would drop "
-                    + ", ".join(f"{i.model} below its minimum ({i.min_replicas})" for i in below)
-                    + "; add --yes to go ahead anyway"
-                )
+        if (a.force or a.force_after is not None) and not a.yes:
+            self._refuse_below_minimum()
         code = self._each(
             a.nodes,
             lambda n: api.drain(n, a.reason.strip(), force=a.force, force_after_s=a.force_after),
-            "draining",
+            _draining,
         )
         if code == EXIT_OK and a.wait:
             limit_s = 600.0 if a.timeout is None else a.timeout
             return wait_drained(self.client, self.out, a.nodes, limit_s)
         return code
 
+    def _refuse_below_minimum(self) -> None:
+        """Every path that can force a stop (--force, --force-after) passes the
+        same pre-check: a model it would drop below its minimum needs --yes."""
+        a = self.args
+        plan = self.client(api.drain_plan(a.nodes))
+        below = [i for i in plan.impacts if i.verdict == "below_minimum"]
+        if not below:
+            return
+        self.term.write(render.drain_plan(plan, color=self.term.color))
+        flag = "--force" if a.force else "--force-after"
+        when = "" if a.force else " when its deadline forces the drain"
+        raise UsageError(
+            f"{flag} would drop "
+            + ", ".join(f"{i.model} below its minimum ({i.min_replicas})" for i in below)
+            + f"{when}; add --yes to go ahead anyway"
+        )
+
     def apply(self) -> int:
         from llmgw.ctl.modelfile import apply_warnings, load_specs
 
         specs = load_specs(self.args.file)
+        if self.args.dry_run:
+            for would in self.client(api.apply_models_dry_run(specs)):
+                self.term.write(render.dry_run_change(would))
+            return EXIT_OK
         for v in self.client(api.apply_models(specs)):
             self.term.write(
                 f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
@@ -242,24 +259,42 @@ class Ctl:
         return EXIT_OK
 
     def delete(self) -> int:
-        self.client(api.delete_model(self.args.name))
-        self.term.write(f"model {self.args.name} deleted; its replicas are being stopped\n")
+        name = self.args.name
+        running = sum(1 for r in self.client(api.replicas()) if r.model == name)
+        self.client(api.delete_model(name))
+        stopped = f"; its {running} replica(s) are being stopped" if running else ""
+        self.term.write(f"model {name} deleted{stopped}\n")
         return EXIT_OK
 
-    def _each(self, nodes: list[str], call: Callable[[str], api.Call[Any]], done: str) -> int:
-        """Apply to every node; report each failure and go on with the others."""
+    def _each(
+        self,
+        nodes: list[str],
+        call: Callable[[str], api.Call[Any]],
+        done: str | Callable[[Any], str],
+    ) -> int:
+        """Apply to every node; report each failure and go on with the others.
+        `done`: what to say of a node done, or how to say it from the answer."""
         code = EXIT_OK
         for node in nodes:
             try:
-                self.client(call(node))
+                answer = self.client(call(node))
             except ControllerError as exc:
                 if isinstance(exc, NotAController):
                     raise
                 self._fail(node, exc)
                 code = EXIT_FAILED
             else:
-                self.term.write(f"{node} {done}\n")
+                said = done if isinstance(done, str) else done(answer)
+                self.term.write(f"{node} {said}\n")
         return code
 
     def _fail(self, node: str, exc: ControllerError) -> None:
         print(f"llmgw ctl: {node}: {explain(exc)}", file=sys.stderr)
+
+
+def _draining(row: Any) -> str:
+    """A drain's answer (its node row): with a deadline, the deadline echoed back."""
+    force_at = row.admin.get("force_at")
+    if force_at is None or row.admin.get("force"):
+        return "draining"
+    return f"draining; {present.force_at_words(force_at)}"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from llmgw import render
 from llmgw.config import Resolved, resolve
 from llmgw.ctl.output import Terminal
-from llmgw.errors import EXIT_OK
+from llmgw.errors import EXIT_FAILED, EXIT_OK
 
 
 def config_command(args: argparse.Namespace, term: Terminal) -> int:
@@ -34,6 +35,17 @@ def config_command(args: argparse.Namespace, term: Terminal) -> int:
             term.write(f"no contexts in {path}\n")
             return EXIT_OK
         term.write(table.format(headers=not args.no_headers, color=term.color))
+        return EXIT_OK
+    if args.config_command == "current-context":
+        current = args.context or os.environ.get("LLMGW_CONTEXT") or file.current
+        if current is None:
+            print(
+                f"llmgw ctl: no current context in {path}; set one with "
+                "`llmgw ctl config use-context NAME`",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        term.write(f"{current}\n")
         return EXIT_OK
     if args.config_command == "use-context":
         path.parent.mkdir(parents=True, exist_ok=True)

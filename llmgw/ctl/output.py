@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from llmgw import render
-from llmgw.ctl.parser import terminal_columns
+from llmgw.ctl.parser import terminal_columns, terminal_lines
 from llmgw.errors import UsageError
 
 
@@ -27,6 +27,12 @@ class Terminal:
         if not self.tty:
             return None
         return terminal_columns()
+
+    def height(self) -> int | None:
+        """The terminal's height (LINES honoured); None when piped."""
+        if not self.tty:
+            return None
+        return terminal_lines()
 
     def write(self, text: str) -> None:
         self.stream.write(text)
@@ -57,7 +63,8 @@ class Output:
             except ValueError as exc:
                 raise UsageError(str(exc)) from exc
         if not table.rows:  # as kubectl: data on stdout, the absence of it on stderr
-            if not getattr(self.args, "watch", False):
+            # (nodes named and not found are said each by name)
+            if not self.args.watch and not getattr(self.args, "names", None):
                 print(f"no {self.args.command} found", file=sys.stderr)
             return ""
         if self.args.output == "name":

@@ -32,8 +32,21 @@ COMMANDS = (
 )
 # Options before the command that take a value (the word after them is not the command).
 _VALUED = frozenset(
-    {"--controller", "--token", "--token-file", "--ca-file", "--context", "-o", "--output"}
+    {
+        "--controller",
+        "--token",
+        "--token-file",
+        "--ca-file",
+        "--context",
+        "-o",
+        "--output",
+        "--sort-by",
+        "--interval",
+    }
 )
+# The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
+SORTS = ("nodes", "models", "replicas", "events", "credentials", "rollout")
+WATCHES = ("status", "nodes", "models", "replicas", "events")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -72,6 +85,20 @@ def terminal_columns() -> int:
     return columns or 80
 
 
+def terminal_lines() -> int:
+    """The terminal's height as shutil would say it (LINES, else the terminal, else 24)."""
+    try:
+        lines = int(os.environ.get("LINES", 0))
+    except ValueError:
+        lines = 0
+    if lines <= 0:
+        try:
+            lines = os.get_terminal_size(sys.__stdout__.fileno()).lines  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            lines = 0
+    return lines or 24
+
+
 class Parser(argparse.ArgumentParser):
     """Usage errors as one plain line, exit 2."""
 
@@ -80,11 +107,15 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+def _common_options(
+    p: argparse.ArgumentParser, *, top: bool, table: bool = False, watch: bool = False
+) -> None:
     """Connection and output options: accepted before or after the subcommand.
 
     The subcommand's copy uses SUPPRESS as its default so that a value given
     before the subcommand is not overwritten by the subcommand's default.
+    Before the command every option is accepted (checks.py refuses one the
+    command has no use for); after it, a command lists only those it uses.
     """
     d: Any = None if top else argparse.SUPPRESS
     g = p.add_argument_group("connection and output (before or after the command)")
@@ -124,6 +155,29 @@ def _common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
     g.add_argument(
         "--no-headers", action="store_true", default=d, help="tables without the header line"
     )
+    if top or table:
+        g.add_argument(
+            "--sort-by",
+            metavar="COLUMN",
+            default=d,
+            help="sort a table's rows by this column (e.g. AGE)",
+        )
+    if top or watch:
+        g.add_argument(
+            "-w",
+            "--watch",
+            action="store_true",
+            default=d,
+            help="keep watching: redraw in place on a terminal (cut to its height), append "
+            "changes when piped; Ctrl-C ends",
+        )
+        g.add_argument(
+            "--interval",
+            type=float,
+            default=d,
+            metavar="S",
+            help="seconds between polls with -w (default: 2.0)",
+        )
 
 
 def _sub(
@@ -136,26 +190,8 @@ def _sub(
         epilog=examples(*example.splitlines()),
         formatter_class=HelpFormatter,
     )
-    _common_options(s, top=False)
+    _common_options(s, top=False, table=name in SORTS, watch=name in WATCHES)
     return s
-
-
-def _table_options(s: argparse.ArgumentParser, *, watch: bool = True) -> None:
-    s.add_argument("--sort-by", metavar="COLUMN", help="sort rows by this column (e.g. AGE)")
-    if watch:
-        _watch_options(s)
-
-
-def _watch_options(s: argparse.ArgumentParser) -> None:
-    s.add_argument(
-        "-w",
-        "--watch",
-        action="store_true",
-        help="keep watching: redraw in place on a terminal, append changes when piped; Ctrl-C ends",
-    )
-    s.add_argument(
-        "--interval", type=float, default=2.0, metavar="S", help="seconds between polls with -w"
-    )
 
 
 DESCRIPTION = "One-shot commands for an llmgw fleet."
@@ -210,18 +246,20 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
     wanted = (lambda name: name == only) if only else (lambda name: True)
 
     if wanted("status"):
-        s = _sub(sub, "status", "the fleet summary", "llmgw ctl status -w")
-        _watch_options(s)
+        _sub(sub, "status", "the fleet summary", "llmgw ctl status -w")
 
     if wanted("nodes"):
         s = _sub(
             sub,
             "nodes",
             "every node with its state and reason",
-            "llmgw ctl nodes --state cordoned -o wide --sort-by AGE",
+            "llmgw ctl nodes --state cordoned -o wide --sort-by AGE\n"
+            "llmgw ctl nodes -o name --state ready | xargs llmgw ctl cordon --reason maint",
+        )
+        s.add_argument(
+            "names", nargs="*", metavar="NODE", help="only these nodes (NAME or node/NAME)"
         )
         s.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
-        _table_options(s)
 
     if wanted("node"):
         s = _sub(
@@ -266,7 +304,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             sub,
             "drain",
             "move replicas off these nodes, then leave them cordoned",
-            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 900',
+            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 15m',
         )
         s.add_argument("nodes", nargs="+", metavar="NODE")
         s.add_argument("--reason", help="why (required unless --dry-run)")
@@ -280,18 +318,22 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--force-after",
-            type=float,
-            metavar="S",
-            help="the controller forces the drain this many seconds from now",
+            type=_duration,
+            metavar="DURATION",
+            help="the controller forces the drain this long from now (30s, 90m, 1h; "
+            "a bare number is seconds)",
         )
         s.add_argument(
             "--yes",
             action="store_true",
-            help="with --force: go ahead even if a model falls below its minimum",
+            help="with --force or --force-after: go ahead even if a model falls below its minimum",
         )
         s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
         s.add_argument(
-            "--timeout", type=float, metavar="S", help="seconds --wait waits (default 600)"
+            "--timeout",
+            type=_duration,
+            metavar="DURATION",
+            help="how long --wait waits (30s, 10m, 1h; default 10m)",
         )
 
     if wanted("apply"):
@@ -299,7 +341,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             sub,
             "apply",
             "declare models from a YAML or TOML file",
-            "llmgw ctl apply -f models.yaml\ncat models.yaml | llmgw ctl apply -f -",
+            "llmgw ctl apply -f models.yaml --dry-run\ncat models.yaml | llmgw ctl apply -f -",
         )
         s.add_argument(
             "-f",
@@ -308,10 +350,15 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             metavar="FILE",
             help="the file; - reads standard input (YAML)",
         )
+        s.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="the controller validates the models and ctl shows what would change; "
+            "nothing is written",
+        )
 
     if wanted("models"):
-        s = _sub(sub, "models", "declared models with ready/minimum", "llmgw ctl models -o wide")
-        _table_options(s)
+        _sub(sub, "models", "declared models with ready/minimum", "llmgw ctl models -o wide")
 
     if wanted("rollout"):
         s = _sub(
@@ -350,7 +397,6 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             "every replica with its state and idleness",
             "llmgw ctl replicas --sort-by IDLE",
         )
-        _table_options(s)
 
     if wanted("events"):
         s = _sub(
@@ -366,7 +412,6 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             metavar="KIND/NAME",
             help="only the events of node/NAME or model/NAME",
         )
-        _watch_options(s)
 
     if wanted("delete"):
         s = _sub(
@@ -375,15 +420,16 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             "delete a declared object",
             "llmgw ctl delete model meta-llama/Llama-3.1-8B-Instruct",
         )
-        s.add_argument("kind", choices=["model"], help="what to delete")
-        s.add_argument("name", metavar="NAME")
+        s.add_argument("kind", metavar="KIND", help="model (or model/NAME, as -o name prints it)")
+        s.add_argument("name", nargs="?", metavar="NAME")
 
     if wanted("config"):
         s = _sub(
             sub,
             "config",
             "contexts in the config file ($XDG_CONFIG_HOME/llmgw/config.toml)",
-            "llmgw ctl config get-contexts\nllmgw ctl config use-context prod\nllmgw ctl config view",
+            "llmgw ctl config get-contexts\nllmgw ctl config use-context prod\n"
+            "llmgw ctl config current-context\nllmgw ctl config view",
         )
         cs = s.add_subparsers(
             dest="config_command", required=True, metavar="ACTION", parser_class=Parser
@@ -395,6 +441,11 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
                 "llmgw ctl config get-contexts",
             ),
             ("use-context", "make NAME the current context", "llmgw ctl config use-context prod"),
+            (
+                "current-context",
+                "print the current context's name",
+                "llmgw ctl config current-context",
+            ),
             (
                 "view",
                 "each setting in effect and where it came from",

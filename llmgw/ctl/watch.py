@@ -1,9 +1,10 @@
-"""The commands that keep running: `-w` redraws (or, piped, appends what
-changed) until Ctrl-C; `drain --wait` follows a drain until it is done;
+"""The commands that keep running: `-w` redraws what fits on the screen (or,
+piped, appends what changed) until Ctrl-C; `drain --wait` follows a drain until it is done;
 `rollout status --wait` a rollout until it is done or stalls."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,29 @@ if TYPE_CHECKING:
     from llmgw.wire import NodeRow
 
 CLEAR = "\x1b[H\x1b[2J"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def fit(text: str, width: int, height: int) -> str:
+    """What fits on one screen, as watch(1) shows it: a redraw taller than the
+    terminal would scroll, and leave a copy in the scrollback at every refresh.
+    The last line says how many did not fit; wrapped lines count as the rows they take."""
+    lines = text.splitlines(keepends=True)
+    room = max(height - 1, 1)  # the cursor ends on the last row: nothing scrolls
+    rows = [max(1, -(-len(_ANSI.sub("", line.rstrip("\n"))) // width)) for line in lines]
+    if sum(rows) <= room:
+        return text
+    kept, used = 0, 0
+    while kept < len(lines) and used + rows[kept] <= room - 1:
+        used += rows[kept]
+        kept += 1
+    return "".join(lines[:kept]) + f"… {len(lines) - kept} more lines (a taller terminal, or pipe)"
+
+
+def redraw(out: Output, text: str) -> None:
+    """One refresh on a terminal: the screen cleared, then what fits on it."""
+    width, height = out.term.width() or 80, out.term.height() or 24
+    out.term.write(CLEAR + fit(text, width, height))
 
 
 def watch(out: Output, interval_s: float, draw: Callable[[], str]) -> int:
@@ -26,7 +50,7 @@ def watch(out: Output, interval_s: float, draw: Callable[[], str]) -> int:
         while True:
             text = draw()
             if out.term.tty:
-                out.term.write(CLEAR + text)
+                redraw(out, text)
             elif text != last:
                 out.term.write(("\n" if last else "") + text)
             last = text
@@ -65,7 +89,7 @@ def watch_nodes(
                     rows[name] = api.View({**rows[name], "report_age_s": age})
             ordered = [rows[n] for n in sorted(rows)]
             if out.term.tty:
-                out.term.write(CLEAR + out.table(table(ordered)))
+                redraw(out, out.table(table(ordered)))
             elif first or delta.full:
                 out.term.write(out.table(table(ordered)))
             elif delta.nodes:
@@ -92,8 +116,9 @@ def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s
         cursor = delta.cursor
         rows.update({r.name: r for r in delta.nodes if r.name in progress.wanted})
         line = progress.line(rows)
-        if term.tty:
-            term.write("\r\x1b[K" + line)
+        if term.tty:  # rewritten in place: a line that wrapped could not be
+            width = term.width() or 80
+            term.write("\r\x1b[K" + (line if len(line) < width else line[: width - 2] + "…"))
         elif line != last:
             term.write(line + "\n")
         last = line

@@ -8,19 +8,35 @@ placed). So for each such model the gateway registers one more SMG worker: this
 small loopback server, under a path of its own, which serves that model's name
 in `/v1/models` and answers every request for it with that 503. SMG passes the
 status, the header and the body through unchanged (checked with smg 1.13).
+
+A model asleep at zero replicas (its reason begins `ASLEEP_PREFIX`) is not
+answered at once: its requests are held (at most `MAX_HELD` per model), counted
+in the gateway's status so that the controller wakes it, and each is sent to a
+replica of the model as soon as one serves, its answer streamed back as it
+comes; the client sees latency, not an error. Past the wake timeout, or when
+the model turns out unplaceable, a held request gets the 503 and the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
-from collections.abc import Mapping
+import itertools
+from collections import Counter
+from collections.abc import Callable, Mapping
 
+import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.smg import free_loopback_port
-from llmgw.wire import UNPLACEABLE_PREFIX
+from llmgw.wire import ASLEEP_PREFIX, UNPLACEABLE_PREFIX
 
 RETRY_AFTER_S = 5
+MAX_HELD = 1000  # requests held per model while it wakes
+WAKE_TIMEOUT_S = 300.0
+# Headers a held request keeps on its way to the engine (the rest are SMG's or hop-by-hop).
+FORWARDED = ("Content-Type", "Accept")
 
 
 def slug(model: str) -> str:
@@ -28,10 +44,19 @@ def slug(model: str) -> str:
 
 
 class Explainer:
-    def __init__(self) -> None:
+    def __init__(
+        self, wake_timeout_s: float = WAKE_TIMEOUT_S, on_hold: Callable[[], None] | None = None
+    ) -> None:
         self.reasons: dict[str, tuple[str, str]] = {}  # slug -> (model, reason)
         self.port = 0
+        self.wake_timeout_s = wake_timeout_s
+        self.held: Counter[str] = Counter()  # model -> requests held now
+        self._on_hold = on_hold  # told when a request is first held (the status goes early)
+        self._serving: dict[str, list[str]] = {}  # model -> URLs of engines serving it
+        self._news = asyncio.Event()  # set (and replaced) whenever reasons or URLs change
+        self._turn = itertools.count()
         self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
 
     def url_for(self, model: str) -> str:
         return f"http://127.0.0.1:{self.port}/u/{slug(model)}"
@@ -44,7 +69,18 @@ class Explainer:
             if m not in unserved:
                 self.reasons[s] = (m, "")
         self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
+        self._tell()
         return {self.url_for(m) for m in unserved}
+
+    def set_serving(self, serving: Mapping[str, list[str]]) -> None:
+        """Where each model is served now: held requests go there."""
+        if serving != self._serving:
+            self._serving = {m: list(urls) for m, urls in serving.items()}
+            self._tell()
+
+    def _tell(self) -> None:
+        self._news.set()
+        self._news = asyncio.Event()
 
     def owns(self, url: str) -> bool:
         return url.startswith(f"http://127.0.0.1:{self.port}/u/")
@@ -56,12 +92,18 @@ class Explainer:
         app.router.add_post("/u/{slug}/{tail:.*}", self._unavailable)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
+        # A held request's answer streams for as long as the engine takes.
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False
+        )
         self.port = free_loopback_port()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close()
 
     def _known(self, request: web.Request) -> tuple[str, str]:
         found = self.reasons.get(request.match_info["slug"])
@@ -78,10 +120,78 @@ class Explainer:
         item = {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
         return web.json_response({"object": "list", "data": [item]})
 
-    async def _unavailable(self, request: web.Request) -> web.Response:
+    async def _unavailable(self, request: web.Request) -> web.StreamResponse:
         model, why = self._known(request)
+        # Asleep: wait for it. Served meanwhile (SMG has not taken the new worker
+        # list yet): send it there rather than ask the client to retry.
+        if why.startswith(ASLEEP_PREFIX) or self._serving.get(model):
+            return await self._hold(request, model)
+        return self._answer(model, why)
+
+    async def _hold(self, request: web.Request, model: str) -> web.StreamResponse:
+        """Wait for `model` to wake, then send the request to a replica of it."""
+        if self.held[model] >= MAX_HELD:
+            return self._answer(
+                model, f"{MAX_HELD} requests are held already while it wakes", code="model_waking"
+            )
+        body = await request.read()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wake_timeout_s
+        self.held[model] += 1
+        if self.held[model] == 1 and self._on_hold is not None:
+            self._on_hold()
+        try:
+            while True:
+                urls = self._serving.get(model)
+                if urls:
+                    url = urls[next(self._turn) % len(urls)]
+                    return await self._forward(request, model, url, body)
+                _, why = self.reasons.get(slug(model), (model, ""))
+                if why and not why.startswith(ASLEEP_PREFIX):  # unplaceable, say
+                    return self._answer(model, why)
+                news, left = self._news, deadline - loop.time()
+                if left <= 0:
+                    return self._answer(
+                        model,
+                        f"woken {self.wake_timeout_s:g}s ago and no replica serves it yet"
+                        f" ({why.removeprefix(ASLEEP_PREFIX) or 'being put in routing'})",
+                        code="model_waking",
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(news.wait(), left)
+        finally:
+            self.held[model] -= 1
+            if not self.held[model]:
+                del self.held[model]
+
+    async def _forward(
+        self, request: web.Request, model: str, url: str, body: bytes
+    ) -> web.StreamResponse:
+        assert self._http is not None
+        headers = {h: request.headers[h] for h in FORWARDED if h in request.headers}
+        target = f"{url}/{request.match_info['tail']}"
+        answer: web.StreamResponse | None = None
+        try:
+            async with self._http.post(target, data=body, headers=headers) as upstream:
+                answer = web.StreamResponse(status=upstream.status)
+                for h in ("Content-Type", "Content-Encoding"):
+                    if h in upstream.headers:
+                        answer.headers[h] = upstream.headers[h]
+                await answer.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await answer.write(chunk)
+                await answer.write_eof()
+                return answer
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if answer is not None:  # cut mid-answer: the client sees the stream end
+                return answer
+            return self._answer(model, f"the woken replica did not answer: {exc}")
+
+    def _answer(self, model: str, why: str, code: str | None = None) -> web.Response:
         retry = RETRY_AFTER_S
-        if why.startswith(UNPLACEABLE_PREFIX):
+        if code == "model_waking" or why.startswith(ASLEEP_PREFIX):
+            message = f"model {model!r} is waking from zero replicas: {why}"
+        elif why.startswith(UNPLACEABLE_PREFIX):
             message = f"model {model!r} is declared but {why}"
             code = "model_unplaceable"
         elif why:
@@ -90,6 +200,8 @@ class Explainer:
         else:
             message = f"model {model!r} is being put in routing; retry"
             code, retry = "model_not_ready", 1
+        if why.startswith(ASLEEP_PREFIX):
+            code = "model_waking"
         # `code` is a string, as in OpenAI's error bodies.
         body = {"error": {"message": message, "type": "service_unavailable", "code": code}}
         return web.json_response(body, status=503, headers={"Retry-After": str(retry)})

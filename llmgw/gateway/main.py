@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.settings import is_loopback, split_listen
+from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.smg import Smg, SmgOptions
 from llmgw.gateway.sync import Follower
@@ -57,6 +58,14 @@ def parser() -> argparse.ArgumentParser:
         default="cache_aware",
         metavar="POLICY",
         help="SMG's routing policy: " + ", ".join(POLICIES) + " (default: cache_aware)",
+    )
+    p.add_argument(
+        "--wake-timeout",
+        type=float,
+        default=WAKE_TIMEOUT_S,
+        metavar="S",
+        help="how long a request for a model asleep at zero replicas is held while it wakes; "
+        "past it, 503 with Retry-After and the reason (default: %(default)g)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -103,6 +112,10 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if not 0 < args.wake_timeout <= 86_400:
+            raise ValueError(
+                f"--wake-timeout must be in (0, 86400] seconds, got {args.wake_timeout:g}"
+            )
         host, port = split_listen(args.listen)
         keys = load_keys(args.api_key_file)
         token = _token(args.token_file)
@@ -125,7 +138,7 @@ def main(argv: list[str]) -> int:
             )
             workdir = Path(temp)
         smg = Smg(SmgOptions(host=host, port=port, policy=args.policy, keys=keys, workdir=workdir))
-        follower = Follower(args.controller, token, args.name, smg)
+        follower = Follower(args.controller, token, args.name, smg, args.wake_timeout)
         auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
         kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"
         print(

@@ -13,6 +13,7 @@ every second tell the controller, whose stop gate waits for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import aiohttp
 
 from llmgw.api import error_message
 from llmgw.gateway.entries import Entries
-from llmgw.gateway.explain import Explainer
+from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
 from llmgw.wire import Endpoint, EndpointsDelta, printable
@@ -57,15 +58,24 @@ class Outage:
 
 
 class Follower:
-    def __init__(self, controller: str, token: str | None, name: str, smg: Smg) -> None:
+    def __init__(
+        self,
+        controller: str,
+        token: str | None,
+        name: str,
+        smg: Smg,
+        wake_timeout_s: float = WAKE_TIMEOUT_S,
+    ) -> None:
         # Several controllers (`--controller A,B`): follow the one that leads.
         self.controllers = Endpoints(split_urls(controller))
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.name = name
         self.smg = smg
-        self.explainer = Explainer()
+        self.nudge = asyncio.Event()  # post the status now: a model was just woken
+        self.explainer = Explainer(wake_timeout_s, on_hold=self.nudge.set)
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
+        self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
         self.unserved: dict[str, str] = {}
         self.cursor = ""  # the latest answer's
         self.applied = ""  # the latest SMG has been seen to follow
@@ -116,13 +126,18 @@ class Follower:
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor
             self.changed.set()
+        self.usable = self.entries.usable(self.endpoints.values())
+        serving: dict[str, list[str]] = {}
+        for e in self.usable:
+            if e.state == "serving":
+                serving.setdefault(e.model, []).append(e.url)
+        self.explainer.set_serving(serving)
 
     # -- applying to SMG -----------------------------------------------------------------
 
     def serving_urls(self) -> set[str]:
         """SMG's workers: the serving engines, and an explainer per unserved model."""
-        usable = self.entries.usable(self.endpoints.values())
-        urls = {e.url for e in usable if e.state == "serving"}
+        urls = {e.url for e in self.usable if e.state == "serving"}
         return urls | self.explainer.set_unserved(self.unserved)
 
     async def _apply_loop(self) -> None:
@@ -199,7 +214,9 @@ class Follower:
     async def _status(self, http: aiohttp.ClientSession) -> None:
         outage = Outage("gateway status to the controller")
         while True:
-            await asyncio.sleep(STATUS_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.nudge.wait(), STATUS_EVERY_S)
+            self.nudge.clear()
             cursor = self.applied  # in flight is read after it was applied
             by_url = {e.url: rid for rid, e in self.endpoints.items()}
             in_flight: dict[str, int] = {}
@@ -220,6 +237,8 @@ class Follower:
             }
             if self.entries.rejected:  # only when there are: older controllers refuse it
                 body["rejected"] = dict(self.entries.rejected)
+            if self.explainer.held:  # the same
+                body["held"] = dict(self.explainer.held)
             try:
                 _, status, answer = await aiohttp_request(
                     http, self.controllers, "POST", "/v1/gateways/status", json=body

@@ -35,22 +35,29 @@ class LoadingSim(Sim):
             if state == "starting" and a.replica_id in self.loaded:
                 state = "ready"
             self.loaded.add(a.replica_id)
-            shards.append(
-                {
-                    "id": a.replica_id,
-                    "model": a.model,
-                    "rank": a.rank,
-                    "state": state,
-                    "gpus": a.gpus,
-                    "idle_seconds": 0.0,
-                    "error": error,
-                }
-            )
+            shard = {
+                "id": a.replica_id,
+                "model": a.model,
+                "rank": a.rank,
+                "state": state,
+                "gpus": a.gpus,
+                "idle_seconds": 0.0,
+                "error": error,
+            }
+            if state == "ready" and a.rank == 0:
+                traffic = self.traffic(a.replica_id, a.model)
+                if traffic is not None:
+                    shard["traffic"] = traffic
+            shards.append(shard)
         gpus = [
             gpu(node, i, health=bad[i][0], reason=bad[i][1]) if i in bad else gpu(node, i)
             for i in range(8)
         ]
         self.fleet.ingest(report(node, gpus=gpus, replicas=shards))
+
+    def traffic(self, replica_id: str, model: str) -> dict[str, object] | None:
+        """What a ready engine reports it served (None: nothing to say)."""
+        return None
 
     def on(self, node: str) -> list[tuple[str, ReplicaState]]:
         return sorted((r.id, r.state) for r in self.fleet.records.values() if node in r.nodes)

@@ -186,6 +186,61 @@ BAD_REQUESTS = [
         "repeated",
     ),
     ("unknown model delete", "DELETE", "/v1/models/nope", None, ADMIN, 404, "nope"),
+    (
+        "duplicate models in a dry run",
+        "POST",
+        "/v1/models?dry_run=true",
+        '{"models": [{"name": "m", "source": "s"}, {"name": "m", "source": "t"}]}',
+        ADMIN,
+        400,
+        "repeated",
+    ),
+    (
+        "dry_run neither true nor false",
+        "POST",
+        "/v1/models?dry_run=yes",
+        '{"models": [{"name": "m", "source": "s"}]}',
+        ADMIN,
+        400,
+        "dry_run",
+    ),
+    (
+        "dry run by a read token",
+        "POST",
+        "/v1/models?dry_run=true",
+        '{"models": [{"name": "m", "source": "s"}]}',
+        READ,
+        403,
+        None,
+    ),
+    (
+        "max below min",
+        "POST",
+        "/v1/models",
+        '{"models": [{"name": "m", "source": "s", "min_replicas": 3, "max_replicas": 2}]}',
+        ADMIN,
+        400,
+        "max_replicas (2) is below min_replicas (3)",
+    ),
+    *(
+        (
+            f"autoscaling {field} {bad}",
+            "POST",
+            "/v1/models",
+            f'{{"models": [{{"name": "m", "source": "s", "{field}": {bad}}}]}}',
+            ADMIN,
+            400,
+            field,
+        )
+        for field, bad in (
+            ("target_in_flight", "0"),
+            ("target_in_flight", "2.5"),
+            ("scale_down_after_s", "-1"),
+            ("scale_down_after_s", '"600"'),
+            ("priority", "1e9"),
+            ("max_replicas", "true"),
+        )
+    ),
 ]
 
 

@@ -222,11 +222,11 @@ def test_plan_rollout_counts(
     )
     news = [record(i, ReplicaState(s)) for i, s in enumerate(new)]
     olds = [record(10 + i, ReplicaState(s)) for i, s in enumerate(old)]
-    plan = plan_rollout(spec, news, olds, leaving, stalled=False)
+    plan = plan_rollout(spec, spec.min_replicas, news, olds, leaving, stalled=False)
     assert (plan.place, len(plan.leave)) == (place, leave)
-    assert not plan_rollout(spec, news, olds, leaving, stalled=True).leave or all(
-        s == "starting" for s in old
-    )
+    assert not plan_rollout(
+        spec, spec.min_replicas, news, olds, leaving, stalled=True
+    ).leave or all(s == "starting" for s in old)
 
 
 def test_both_zero_is_refused() -> None:

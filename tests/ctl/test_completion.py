@@ -57,6 +57,8 @@ def test_bash_completes_node_names_from_the_controller(fleet: Controller, tmp_pa
     assert complete("llmgw ctl cordon gpu-a", fleet.url, tmp_path) == ["gpu-a01", "gpu-a02"]
     assert complete("llmgw ctl drain gpu-a01 gpu-b", fleet.url, tmp_path) == ["gpu-b01"]
     assert complete("llmgw ctl delete model org/", fleet.url, tmp_path) == ["org/tiny"]
+    assert complete("llmgw ctl delete m", fleet.url, tmp_path) == ["model"]
+    assert complete("llmgw ctl nodes gpu-b", fleet.url, tmp_path) == ["gpu-b01"]
 
 
 def test_bash_completes_commands_and_flags(fleet: Controller, tmp_path: Path) -> None:
@@ -65,6 +67,17 @@ def test_bash_completes_commands_and_flags(fleet: Controller, tmp_path: Path) ->
     assert complete("llmgw ctl drain --force", fleet.url, tmp_path) == ["--force", "--force-after"]
 
 
+def test_sort_by_completes_the_columns_of_the_table(fleet: Controller, tmp_path: Path) -> None:
+    assert complete("llmgw ctl nodes --sort-by A", fleet.url, tmp_path) == ["AGE"]
+    assert complete("llmgw ctl replicas --sort-by I", fleet.url, tmp_path) == ["IDLE"]
+    assert complete("llmgw ctl models --sort-by m", fleet.url, tmp_path) == ["model", "min", "max"]
+
+
 def test_zsh_script_and_bad_shell() -> None:
     assert "#compdef llmgw" in ok(llmgw("completion", "zsh"))
-    assert llmgw("completion", "fish").returncode == 2
+    fish = llmgw("completion", "fish")
+    assert fish.returncode == 2 and fish.stdout == ""
+    assert fish.stderr == (
+        "llmgw completion: no completion for 'fish': bash and zsh are supported "
+        '(eval "$(llmgw completion bash)")\n'
+    )

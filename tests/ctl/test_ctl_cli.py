@@ -78,8 +78,11 @@ def test_names_with_a_slash_work_on_every_path(fleet: Controller) -> None:
     )
     assert "meta-llama" not in ok(ctl(fleet.url, "models", "-o", "name"))
     # a node name that could never exist is the controller's 404, not a wrong path
-    line = one_line_error(ctl(fleet.url, "node", "a/b"), 1)
-    assert "a/b" in line and "not an llmgw controller" not in line
+    line = one_line_error(ctl(fleet.url, "node", "a?b#c"), 1)
+    assert "a?b#c" in line and "not an llmgw controller" not in line
+    # a node name never holds `/`: that is a kind (node/NAME) or a mistake
+    line = one_line_error(ctl(fleet.url, "node", "a/b"), 2)
+    assert line == "llmgw ctl: node takes nodes (NAME or node/NAME); 'a/b' is not a node name"
 
 
 def test_every_call_encodes_its_path_segments() -> None:
@@ -181,12 +184,12 @@ def _commands(p: object, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[s
 
 def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> None:
     commands = list(_commands(parser()))
-    assert len(commands) == 17  # 14 commands, 3 config actions
+    assert len(commands) == 18  # 14 commands, 4 config actions
     for path, sub in commands:
         text = sub.format_help()  # type: ignore[attr-defined]
         assert "example:\n  llmgw ctl" in text or "example:\n  LLMGW_" in text, path
     drain = dict(commands)[("drain",)].format_help()  # type: ignore[attr-defined]
-    assert "--force-after S" in drain and "--yes" in drain and "--dry-run" in drain
+    assert "--force-after DURATION" in drain and "--yes" in drain and "--dry-run" in drain
     nodes = dict(commands)[("nodes",)].format_help()  # type: ignore[attr-defined]
     assert "(default: 2.0)" in nodes  # --interval shows its default
     result = llmgw("ctl", "drain", "--help")

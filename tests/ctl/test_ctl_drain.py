@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -52,6 +54,41 @@ def test_force_below_minimum_needs_yes(fleet: Controller) -> None:
     assert drain_flag(fleet, "gpu-a01") in ("draining", "cordoned")
 
 
+def test_force_after_below_minimum_needs_yes_too(fleet: Controller) -> None:
+    """A deadline forces the drain as --force does: the same pre-check, the same --yes."""
+    result = ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "20")
+    assert result.returncode == 2
+    assert result.stdout.startswith(
+        "Draining gpu-a01 moves 1 replica(s).\n  below_minimum  org/big"
+    )
+    assert result.stderr.splitlines()[-1] == (
+        "llmgw ctl: --force-after would drop org/big below its minimum (1) when its deadline "
+        "forces the drain; add --yes to go ahead anyway"
+    )
+    assert drain_flag(fleet, "gpu-a01") == "none"  # nothing happened
+    out = ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "10m", "--yes"))
+    assert re.fullmatch(r"gpu-a01 draining; force at \d\d:\d\d(:\d\d)? UTC\n", out), out
+    assert drain_flag(fleet, "gpu-a01") == "draining"
+
+
+def test_force_after_takes_a_duration(fleet: Controller) -> None:
+    """One duration syntax with the console and `rollout --timeout`: 1h is an hour."""
+    ok(ctl(fleet.url, "uncordon", "gpu-a02"))  # room elsewhere: no --yes needed
+    before = time.time()
+    ok(ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--force-after", "1h"))
+    rows = json.loads(ok(ctl(fleet.url, "nodes", "gpu-a01", "-o", "json")))
+    assert 3600 <= rows[0]["admin"]["force_at"] - before <= 3660
+    for bad, said in (
+        ("abc", "'abc' is not a duration"),
+        ("8d", "at most 7d"),
+        ("0s", "more than 0s"),
+    ):
+        line = one_line_error(
+            ctl(fleet.url, "drain", "gpu-a02", "--reason", "r", "--force-after", bad), 2
+        )
+        assert said in line, line
+
+
 def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Controller) -> None:
     result = ctl(fleet.url, "drain", "gpu-a01", "--reason", "r", "--wait", "--timeout", "2")
     assert result.returncode == 1
@@ -60,7 +97,13 @@ def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Cont
     assert lines[1].startswith("draining gpu-a01: 0/1 drained, 1 replica(s) to move")
     progress = [line for line in lines if line.startswith("draining gpu-a01:")]
     assert len(progress) == len(set(progress)) <= 3  # a line per change, not per poll
-    assert "timed out after 2s: 0/1 drained; gpu-a01 still hold 1 replica(s)" in result.stdout
+    assert "timed out after 2s: 0/1 drained; 1 replica(s) still on gpu-a01" in result.stdout
+    # piped, nothing is cut: the whole reason the drain waits for
+    waiting = (
+        "1 waiting: org/big: needs 1 node with 8 free GPUs of one class; no node is ready "
+        "(2 cordoned, draining or unreachable)"
+    )
+    assert progress[-1].endswith(waiting) and "…" not in result.stdout
     assert "llmgw ctl drain gpu-a01 --reason REASON --force" in result.stdout
 
 

@@ -77,8 +77,8 @@ def test_a_bad_sort_column_lists_the_valid_ones(fleet: Controller) -> None:
 
 def test_models_table_exact(fleet: Controller) -> None:
     assert ok(ctl(fleet.url, "models")) == (
-        "MODEL      READY   MIN   SHAPE   CLASS   ENGINE   STATUS\n"
-        "org/tiny       0     0   1x1     any     vllm     satisfied\n"
+        "MODEL      READY   MIN   DESIRED   MAX   SHAPE   CLASS   ENGINE   STATUS\n"
+        "org/tiny       0     0         0     0   1x1     any     vllm     satisfied\n"
     )
     assert ok(ctl(fleet.url, "replicas")) == ""  # no rows: nothing, not a bare header
 
@@ -213,3 +213,32 @@ def test_status_watch_piped_prints_again_only_when_it_changed(
             assert proc.wait(timeout=10) == 0
     text = out.read_text()
     assert text.count("Fleet at") >= 2 and "2 cordoned" in text
+
+
+def test_watch_on_a_short_terminal_fits_the_screen(fleet: Controller) -> None:
+    """A redraw taller than the terminal would scroll and leave a copy of the table
+    in the scrollback at every refresh: each one is cut to the screen, and says so."""
+    master, slave = pty.openpty()
+    env = {"LLMGW_CONTROLLER": fleet.url, "LLMGW_TOKEN": ADMIN, "LINES": "4", "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "ctl", "nodes", "-w", "--interval", "0.2"],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env, "NO_COLOR": "1"},
+    )
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 15
+    try:
+        while seen.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
+            seen += os.read(master, 65536)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        os.close(master)
+    frames = seen.decode().replace("\r\n", "\n").split("\x1b[H\x1b[2J")[1:-1]
+    assert len(frames) >= 2
+    for frame in frames:  # three rows at most: the cursor stays on the fourth
+        lines = frame.split("\n")
+        assert len(lines) == 3 and lines[0].startswith("NODE ")
+        assert lines[2] == "… 3 more lines (a taller terminal, or pipe)"

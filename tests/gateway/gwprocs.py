@@ -113,9 +113,11 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
-    def start(self) -> Load:
-        for stream in (False, True):
-            t = threading.Thread(target=self._run, args=(stream,), daemon=True)
+    def start(self, clients: int = 2) -> Load:
+        """`clients` threads, each sending one request after another (every other
+        one streamed)."""
+        for i in range(clients):
+            t = threading.Thread(target=self._run, args=(i % 2 == 1,), daemon=True)
             t.start()
             self._threads.append(t)
         return self

@@ -252,3 +252,51 @@ def test_ctl_status_names_each_endpoint_a_gateway_leaves_out() -> None:
     )
     text = gateways([view])
     assert "gateway/gw-a leaves out replica bad-1: the host must be" in text
+
+
+def test_a_gateway_report_from_before_a_takeover_never_lets_a_replica_stop(
+    tmp_path: Path,
+) -> None:
+    """A leader that loses and regains the lease within the gateways' live window
+    starts a new term: a status posted before it (a revision of the old term) must
+    not count as having applied a stop marked in the new one (issue 20 item 3)."""
+    sim = Sim(tmp_path, stop_grace_s=30.0)
+    sim.fleet.put_models([MODEL])
+    for _ in range(3):
+        sim.step()
+    for i in range(50):  # the old term's revisions run far ahead of the new one's
+        sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, f"r{i}", "ops")
+    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)  # applied all of the old term
+    sim.fleet.set_flag("gpu2", AdminFlag.NONE, "", "ops")
+    sim.fleet.reload()  # the takeover: a new term, its revisions from the start
+    gate = StopGate(sim.fleet, sim.gateways)
+    assert gate.ready_to_stop([ep.replica_id]) == [], "the old report applied nothing of this term"
+    # Once the gateway reports in this term, the stop goes on as usual.
+    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
+    assert gate.ready_to_stop([ep.replica_id]) == [ep.replica_id]
+
+
+def test_forgetting_a_node_leaves_nothing_of_its_replicas_behind(tmp_path: Path) -> None:
+    """Every removal path cleans every structure a replica has (issue 20 item 1):
+    forget_node as remove_replicas does."""
+    sim = Sim(tmp_path)
+    sim.fleet.put_models([MODEL])
+    for _ in range(2):
+        sim.step()
+    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    sim.gateways.report(
+        GatewayStatus(name="gw", cursor="", in_flight={}, requests={ep.replica_id: 1})
+    )
+    sim.gateways.report(
+        GatewayStatus(name="gw", cursor="", in_flight={}, requests={ep.replica_id: 5})
+    )
+    sim.fleet.mark_stopping(ep.replica_id)
+    sim.fleet.delete_model("llama")  # its replica retires through the stop handshake
+    fleet = sim.fleet
+    assert fleet._gateway_activity and fleet._retiring and fleet._stopping
+    fleet.forget_node(ep.node, "ops")
+    assert ep.replica_id not in fleet.records
+    assert not fleet._gateway_activity, "gateway activity of a forgotten replica"
+    assert not fleet._retiring, "a retiring model with no replica left"
+    assert not fleet._stopping

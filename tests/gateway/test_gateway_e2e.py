@@ -178,7 +178,7 @@ def test_forced_drain_fails_only_requests_on_the_forced_replica(cluster: Cluster
     gw = two_replicas(c)
     load = Load(gw.url, "chat").start()
     wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing")
-    c.ctl("drain", "gpu1", "--reason", "dead fan", "--force-after", "1")
+    c.ctl("drain", "gpu1", "--reason", "dead fan", "--force-after", "1", "--yes")
 
     def forced_off() -> bool:
         return all(e["node"] != "gpu1" for e in c.get("/v1/endpoints")["endpoints"])

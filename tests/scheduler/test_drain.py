@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from llmgw.scheduler import RunningReplica, plan_drain
 
-from ._fleet import node, spec
+from ._fleet import A100, H100, node, spec
 
 
 def replica(rid: str, model: str, *nodes: str, ready: bool = True) -> RunningReplica:
@@ -137,3 +137,40 @@ def test_counts_are_consistent(
     assert impact.replaceable == min(moving, fits)
     assert (impact.verdict == "ok") == (impact.replaceable == moving)
     assert (impact.reason is None) == (impact.verdict == "ok")
+
+
+def test_a_model_that_fits_anywhere_leaves_the_class_another_needs() -> None:
+    """Issue 23 item 11: the plan gave the one free H100 node to a model that fits on
+    any class, then said of the H100 model "no ready node has a free one"."""
+    nodes = [
+        node("gpu-a01", 0, total=8),
+        node("gpu-a02", 0, total=8),
+        node("gpu-a16", 8),
+        node("gpu-b01", {A100: 8}),
+    ]
+    replicas = [replica("r1", "any", "gpu-a01"), replica("r2", "big", "gpu-a02")]
+    specs = [spec("any", gpus=8, cls=None), spec("big", gpus=8, cls=H100)]
+    plan = plan_drain(specs, replicas, nodes, {"gpu-a01", "gpu-a02"})
+    assert [(i.model, i.verdict) for i in plan.impacts] == [("any", "ok"), ("big", "ok")]
+
+
+def test_a_reason_says_what_the_fleet_has_and_who_takes_it() -> None:
+    nodes = [node("gpu-a01", 0, total=8), node("gpu-a02", 0, total=8), node("gpu-a16", 8)]
+    replicas = [replica("r1", "alpha", "gpu-a01"), replica("r2", "beta", "gpu-a02")]
+    specs = [spec("alpha", gpus=8), spec("beta", gpus=8)]
+    plan = plan_drain(specs, replicas, nodes, {"gpu-a01", "gpu-a02"})
+    [short, _] = plan.impacts
+    assert short.reason == (
+        "replacements that fit elsewhere: 0 of 1; ready replicas would fall to 0 of minimum 1:"
+        " needs 1 node with 8 free H100-80GB; gpu-a16 has room for it, but this drain's"
+        " replacements of alpha take it first"
+    )
+    # Placing it alone would not fit either: the fleet's own reason.
+    nodes = [node("gpu-a01", 0, total=8), node("gpu-a16", 4, total=8)]
+    plan = plan_drain(
+        [spec("alpha", gpus=8)], [replica("r1", "alpha", "gpu-a01")], nodes, {"gpu-a01"}
+    )
+    assert plan.impacts[0].reason is not None
+    assert plan.impacts[0].reason.endswith(
+        "needs 1 node with 8 free H100-80GB; most free on a ready node: 4 (gpu-a16)"
+    )

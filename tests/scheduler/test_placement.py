@@ -59,6 +59,28 @@ def test_without_a_class_the_best_fitting_class_wins() -> None:
     assert placed(place(spec(gpus=2, cls=None), nodes)).gpu_class == A100
 
 
+def test_a_model_of_any_class_leaves_the_classes_others_want() -> None:
+    # Both nodes fit equally: by name, the H100s would go; an H100-bound spec wants them.
+    nodes = [node("a", {H100: 8}), node("b", {A100: 8})]
+    assert placed(place(spec(gpus=8, cls=None), nodes)).gpu_class == H100
+    assert placed(place(spec(gpus=8, cls=None), nodes, wanted={H100})).gpu_class == A100
+    # A preference, never a filter: with no other class, the wanted one is used.
+    assert placed(place(spec(gpus=8, cls=None), nodes[:1], wanted={H100})).nodes == ("a",)
+    # After spread and weights: a holder of the weights still wins.
+    holder = [node("a", {H100: 8}, holds=["m"]), node("b", {A100: 8})]
+    assert placed(place(spec(gpus=8, cls=None), holder, wanted={H100})).nodes == ("a",)
+    # A spec bound to the class is not deterred by wanting it.
+    assert placed(place(spec(gpus=8, cls=H100), nodes, wanted={H100})).nodes == ("a",)
+
+
+def test_a_multi_shard_replica_of_any_class_leaves_the_classes_others_want() -> None:
+    nodes = [node(n, {H100: 8}, fabrics=["ib-a"]) for n in ("a1", "a2")]
+    nodes += [node(n, {A100: 8}, fabrics=["ib-b"]) for n in ("b1", "b2")]
+    many = spec(gpus=8, shards=2, cls=None)
+    assert placed(place(many, nodes)).fabric == "ib-a"
+    assert placed(place(many, nodes, wanted={H100})).fabric == "ib-b"
+
+
 def test_a_multi_shard_replica_uses_one_class_on_all_nodes() -> None:
     nodes = [node("a", {A100: 8}, fabrics=["ib"]), node("b", {H100: 8}, fabrics=["ib"])]
     reason = refused(place(spec(gpus=8, shards=2, cls=None), nodes))

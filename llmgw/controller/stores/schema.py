@@ -80,6 +80,9 @@ MIGRATIONS: list[list[Step]] = [
     [
         "CREATE TABLE IF NOT EXISTS events (id BIGINT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,"
         " object TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL)",
+        # Why a replica leaves by the loop's own decision (a scale-down), so that a
+        # restarted controller goes on stopping it instead of taking it back.
+        AddColumn("replicas", "leaving", "TEXT"),
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

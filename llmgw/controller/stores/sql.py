@@ -167,11 +167,11 @@ _REVISION_ADD = (
 # Revisions kept per model: the newest KEPT.
 _REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
-    "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision,"
+    " leaving) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
     " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
-    " revision=excluded.revision"
+    " revision=excluded.revision, leaving=excluded.leaving"
 )
 _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
@@ -461,6 +461,7 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         rec.error,
         rec.replaces,
         rec.revision,
+        rec.leaving,
     )
 
 
@@ -481,6 +482,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         error=r["error"],
         replaces=r["replaces"],
         revision=r["revision"] or 0,
+        leaving=r["leaving"],
     )
 
 

@@ -1,0 +1,96 @@
+"""Reclaim by priority: room for a model short of its minimum, taken from
+replicas of lower-priority models above their own minimum.
+
+Who calls: the reconcile loop (`Reconciler._reclaim`), once a pass, for the
+highest-priority model that is short and cannot be placed. `choose` is pure:
+it picks; the loop marks the picked replicas leaving (out of routing, stopped
+once the gateways let go, as a scale-down) and the short model is placed by
+the usual shortfall step once their cards are free. While it is short, models
+of lower priority do not grow (`Reconciler._shortfalls`), so the room goes to it.
+
+The rules:
+
+- only from models of strictly lower priority, never below their minimum;
+- idle replicas first (`IDLE_AFTER_S`, as the summary's idle list), then the
+  least busy, then the lowest priority, then the newest (the coldest cache);
+- the fewest that make one replica of the short model fit, taken in that order;
+  none at all when even every candidate would not make it fit;
+- at most `MAX_CANDIDATES` candidates looked at in one pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import NamedTuple
+
+from llmgw.controller.records import ReplicaRecord
+from llmgw.scheduler import NodeCapacity, Placement, place
+from llmgw.wire import ModelSpec
+
+__all__ = ["MAX_CANDIDATES", "RECLAIMED", "Candidate", "choose"]
+
+MAX_CANDIDATES = 64
+RECLAIMED = "reclaimed for"  # how a reclaimed replica's `leaving` begins
+
+
+class Candidate(NamedTuple):
+    record: ReplicaRecord
+    spec: ModelSpec  # its model's
+    idle: bool
+    in_flight: int
+
+
+def order(candidates: Sequence[Candidate]) -> list[Candidate]:
+    return sorted(
+        candidates,
+        key=lambda c: (
+            not c.idle,
+            c.in_flight,
+            c.spec.priority,
+            -c.record.created_at,
+            c.record.id,
+        ),
+    )
+
+
+def choose(
+    short: ModelSpec,
+    candidates: Sequence[Candidate],
+    staying: Mapping[str, int],
+    nodes: Sequence[NodeCapacity],
+    card_class: Mapping[str, str],
+) -> list[ReplicaRecord] | None:
+    """The replicas to stop so that one replica of `short` fits, or None.
+
+    `staying`: each model's replicas that are not leaving (a model is never
+    taken below its minimum); `card_class`: each card's class, to give a
+    stopped replica's cards back to its nodes."""
+    by_name = {n.name: n for n in nodes}
+    taken: Counter[str] = Counter()
+    picked: list[ReplicaRecord] = []
+    looked = 0
+    for c in order(candidates):
+        if looked >= MAX_CANDIDATES:
+            break
+        if c.spec.priority >= short.priority:
+            continue
+        if staying.get(c.spec.name, 0) - taken[c.spec.name] <= c.spec.min_replicas:
+            continue
+        looked += 1
+        taken[c.spec.name] += 1
+        picked.append(c.record)
+        for shard in c.record.shards:
+            node = by_name.get(shard.node)
+            if node is None:
+                continue
+            free = {cls: list(uuids) for cls, uuids in node.free.items()}
+            for uuid in shard.gpus:
+                free.setdefault(card_class.get(uuid, ""), []).append(uuid)
+            by_name[shard.node] = replace(
+                node, free={cls: tuple(sorted(u)) for cls, u in free.items()}
+            )
+        if isinstance(place(short, by_name.values()), Placement):
+            return picked
+    return None

@@ -1,0 +1,92 @@
+"""Capacity follows demand end to end (issue 22 item 2): a real controller, four
+agents with two fake cards each, fake engines whose tokens come slowly (so
+requests stay in flight), the gateway with its SMG child, and eight clients.
+
+A model with min 1, max 3, target 2 reaches three ready replicas (on three
+nodes) under the load and returns to one once it stops, one replica at a time
+through the stop handshake, with zero failed requests all along."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.procs import Cluster, wait_until
+from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
+
+pytestmark = pytest.mark.slow
+
+NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def chat_view(c: Cluster) -> dict:
+    return next(m for m in c.get("/v1/models") if m["spec"]["name"] == "chat")
+
+
+def live(c: Cluster) -> list[dict]:
+    return [r for r in c.get("/v1/replicas") if r["model"] == "chat"]
+
+
+def test_load_scales_a_model_up_and_back_down_without_failing_a_request(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    for name in NODES:
+        c.start_agent(name, gpus="2xH100-80GB")
+    wait_cluster_ready(c, NODES)
+    spec = {
+        **model("chat", min_replicas=1),
+        "max_replicas": 3,
+        "target_in_flight": 2,
+        "scale_down_after_s": 3,
+    }
+    c.apply([spec])
+    gw = Gateway(c, "--policy", "round_robin")
+    gw.start()
+    gw.wait_serving("chat")
+    load = Load(gw.url, "chat").start(clients=8)
+    started = time.monotonic()
+    try:
+        wait_until(
+            lambda: sum(r["state"] == "ready" for r in live(c)) == 3,
+            timeout=90,
+            what="three ready replicas under load",
+        )
+        up_s = time.monotonic() - started
+        view = chat_view(c)
+        assert view["desired"] == 3 and "target 2 -> 3" in view["scaling"], view
+        nodes = {r["shards"][0]["node"] for r in live(c)}
+        assert len(nodes) == 3, f"spread over nodes: {nodes}"
+        assert "DESIRED" in c.ctl("models")
+    finally:
+        load.stop()
+    # Quiet: back to the minimum, one at a time, each through the handshake.
+    most_leaving = 0
+
+    def back_to_one() -> bool:
+        nonlocal most_leaving
+        replicas = live(c)
+        most_leaving = max(most_leaving, sum(r["state"] == "draining" for r in replicas))
+        return len(replicas) == 1 and replicas[0]["state"] == "ready"
+
+    wait_until(back_to_one, timeout=120, every=0.2, what="back to one replica")
+    assert most_leaving <= 1
+    assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
+    assert load.ok > 0
+    events = c.ctl("events", "--for", "model/chat")
+    assert events.count("ScaledUp") >= 1 and events.count("ScaledDown") >= 4, events
+    print(f"scale-up to 3 ready: {up_s:.1f}s after the load began; {load.ok} requests served")
+    gw.stop()
