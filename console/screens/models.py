@@ -24,6 +24,7 @@ from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
 from llmgw.wire import ModelView
 
 STATUS_MIN = 20  # narrower, the table scrolls sideways rather than cut every status
+MODEL_MIN = 18
 
 
 class ModelsTable(KeyedTable):
@@ -32,8 +33,9 @@ class ModelsTable(KeyedTable):
     def on_mount(self) -> None:
         for key, title in (
             ("model", "MODEL"),
-            ("ready", "READY"),  # ready/min, as kubectl's READY is ready/desired
+            ("ready", "READY"),  # ready/desired, as kubectl's READY
             ("start", "START"),
+            ("scale", "RANGE"),  # min_replicas-max_replicas, what demand may ask
             ("rev", "REV"),
             ("nodes", "NODES"),
             ("status", "STATUS"),
@@ -49,9 +51,20 @@ class ModelsTable(KeyedTable):
         self.fit()
 
     def fit(self) -> None:
-        others = sum(c.render_width for k, c in self.columns.items() if k != "status")
-        room = self.size.width - others - 2 * PAD - 1  # the vertical scrollbar
-        self.set_widths({"status": max(STATUS_MIN, room)})
+        """STATUS takes what is left; on a narrow terminal MODEL gives up its tail
+        first (the model under the cursor is shown whole below the table)."""
+        fixed = ("status", "model")
+        others = sum(c.render_width for k, c in self.columns.items() if k not in fixed)
+        room = self.size.width - others - 1  # the vertical scrollbar
+        column = self.columns["model"]
+        natural = max(column.content_width, column.label.cell_len)
+        width = min(natural, max(MODEL_MIN, room - 4 * PAD - STATUS_MIN))
+        self.set_widths(
+            {
+                "model": None if width == natural else width,
+                "status": max(STATUS_MIN, room - width - 4 * PAD),
+            }
+        )
 
 
 def model_cells(m: ModelView) -> tuple[Text, ...]:
@@ -60,17 +73,27 @@ def model_cells(m: ModelView) -> tuple[Text, ...]:
     nodes = styled(m.nodes, "dim" if not m.nodes else "")
     if all_on_one_node(m):  # one node's failure takes the whole model
         nodes = styled(f"{m.nodes} ⚠", STYLE[Meaning.ATTENTION])
+    desired = desired_replicas(m)
+    ready = Meaning.BROKEN if not m.satisfied else Meaning.FINE
+    if m.satisfied and m.ready < desired:
+        ready = Meaning.ATTENTION  # above its minimum, short of what demand asks
+    s = m.spec
+    top = s.max_replicas if s.max_replicas is not None else s.min_replicas
     return (
-        styled(printable(m.spec.name), "bold"),
-        styled(
-            f"{m.ready}/{m.spec.min_replicas}",
-            STYLE[Meaning.FINE if m.satisfied else Meaning.BROKEN],
-        ),
+        styled(printable(s.name), "bold"),
+        styled(f"{m.ready}/{desired}", STYLE[ready]),
         styled(m.starting, STYLE[Meaning.STARTING] if m.starting else "dim"),
+        styled(s.min_replicas if top == s.min_replicas else f"{s.min_replicas}-{top}"),
         styled(rollout.revision if rollout is not None else "-"),
         nodes,
         styled(printable(words), STYLE[meaning]),
     )
+
+
+def desired_replicas(m: ModelView) -> int:
+    """What demand asks for now; a controller from before autoscaling sends none,
+    and then it is the minimum."""
+    return m.desired if "desired" in m.model_fields_set else m.spec.min_replicas
 
 
 def model_text(m: ModelView) -> Text:
@@ -86,6 +109,8 @@ def model_text(m: ModelView) -> Text:
         style="dim",
     )
     text.append("\n" + printable(words), style=STYLE[meaning])
+    if m.scaling:  # why demand asks for this many: `in flight 12, target 4 -> 3`
+        text.append(f"  demand: {printable(m.scaling)}", style="dim")
     rollout = m.rollout
     if rollout is not None and rollout.state != "complete" and rollout.outdated:
         text.append(

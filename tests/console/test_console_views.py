@@ -70,7 +70,11 @@ async def test_models_view_says_what_ctl_models_says(
         for m in models:
             cells = [c.plain for c in table.shown[m.spec.name]]
             assert cells[-1] == model_words(m)[0]  # one vocabulary with ctl
-            assert cells[1:3] == [f"{m.ready}/{m.spec.min_replicas}", str(m.starting)]
+            assert cells[1:4] == [
+                f"{m.ready}/{m.desired}",
+                str(m.starting),
+                str(m.spec.min_replicas),
+            ]
         assert table.shown[LLAMA][-1].plain.startswith("short: needs")
 
 
@@ -108,11 +112,11 @@ def step(controller: LiveController, rounds: int) -> None:
 async def test_models_view_follows_a_rollout(make_app: MakeApp, controller: LiveController) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         table = await models_open(pilot)
-        assert table.shown[MIXTRAL][3].plain == "1"
+        assert table.shown[MIXTRAL][4].plain == "1"
         roll_out_mixtral(controller, 0)
         await repoll(pilot)
         cells = [c.plain for c in table.shown[MIXTRAL]]
-        assert cells[3] == "2" and cells[-1] == "updating 0/2", cells
+        assert cells[4] == "2" and cells[-1] == "updating 0/2", cells
         step(controller, 2)
         await repoll(pilot)
         assert table.shown[MIXTRAL][-1].plain == "updating 1/2"
@@ -137,9 +141,9 @@ def view(**fields: object) -> ModelView:
 
 def test_a_model_on_one_node_is_flagged_by_the_shared_rule() -> None:
     spread = [c.plain for c in model_cells(view())]
-    assert spread[3:] == ["3", "2", "satisfied"]
+    assert spread[1:] == ["2/2", "0", "2", "3", "2", "satisfied"]
     lumped = [c.plain for c in model_cells(view(nodes=1))]
-    assert lumped[4] == "1 ⚠" and lumped[-1] == "satisfied, all on one node"
+    assert lumped[5] == "1 ⚠" and lumped[-1] == "satisfied, all on one node"
     assert "every serving replica is on one node" in model_text(view(nodes=1)).plain
     # Mid-rollout the status says the rollout; the flag still shows.
     rolling = view(
@@ -147,7 +151,17 @@ def test_a_model_on_one_node_is_flagged_by_the_shared_rule() -> None:
         rollout=RolloutView(revision=4, state="progressing", desired=2, updated=1, outdated=1),
     )
     cells = [c.plain for c in model_cells(rolling)]
-    assert cells[4] == "1 ⚠" and cells[-1] == "updating 1/2"
+    assert cells[5] == "1 ⚠" and cells[-1] == "updating 1/2"
+
+
+def test_ready_is_against_what_demand_asks_for() -> None:
+    spec = ModelSpec(name="org/m", source="org/m", min_replicas=2, max_replicas=4, gpus_per_shard=1)
+    busy = view(spec=spec, ready=2, starting=2, desired=4, scaling="in flight 15, target 4 -> 4")
+    cells = [c.plain for c in model_cells(busy)]
+    assert cells[1:4] == ["2/4", "2", "2-4"]
+    assert "demand: in flight 15, target 4 -> 4" in model_text(busy).plain
+    asleep = view(spec=spec.model_copy(update={"min_replicas": 0}), ready=0, desired=0)
+    assert [c.plain for c in model_cells(asleep)][1:4] == ["0/0", "0", "0-4"]
 
 
 def test_a_stalled_rollout_shows_one_escaped_line() -> None:
