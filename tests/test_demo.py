@@ -211,9 +211,11 @@ def test_headless_demo_ends_its_output_with_the_banner() -> None:
     banner = next(i for i, line in enumerate(lines) if line.startswith("llmgw demo: 12 simulated"))
     end = next(i for i, line in enumerate(lines) if "traffic comes through it" in line)
     assert "controller says node" not in out and "HTTP Request" not in out, out
+    assert not [line for line in lines if " INFO agent." in line], out  # one per engine
     assert len(lines[:banner]) <= 6, out  # the controller's first decisions, not a line a node
-    after = [line for line in lines[end + 1 :] if "stopping" not in line]
-    assert after == [], out
+    # Once every node has reported, the controller has acted on what they said: the
+    # banner stays in view (a decision a slow machine took late may follow it).
+    assert len(lines[end + 1 :]) <= 2, out
 
 
 def test_bad_node_count() -> None:
