@@ -16,8 +16,6 @@ import ssl
 import sys
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
 from agent.enroll import Enroller, read_credential
 from agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
 from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
@@ -26,8 +24,9 @@ from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
 from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
+from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, client_context
-from llmgw.wire import GpuHealth, NodeName, NodeReport
+from llmgw.wire import GpuHealth, NodeReport, node_name
 
 log = logging.getLogger("agent")
 
@@ -230,11 +229,9 @@ def make_gpus(args: argparse.Namespace) -> GpuSource:
 
 def make_builder(args: argparse.Namespace) -> ReportBuilder:
     try:
-        TypeAdapter(NodeName).validate_python(args.node)
-    except ValidationError as exc:
-        raise UsageError(
-            f"--node {args.node!r}: not a valid node name (letters, digits, .-_)"
-        ) from exc
+        args.node = node_name(args.node)  # lower case, as the controller keeps it
+    except ValueError as exc:
+        raise UsageError(f"--node {exc}") from None
     if not 0 < args.interval <= 3600:
         raise UsageError("--interval must be between 0 and 3600 seconds")
     try:
@@ -339,11 +336,11 @@ async def run_agent(
     stop = stop or asyncio.Event()
     log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
     metrics = None
-    if args.metrics_listen:
-        from agent.telemetry import AgentTelemetry
-
-        metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
     try:
+        if args.metrics_listen:
+            from agent.telemetry import AgentTelemetry
+
+            metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
         await loop.run(stop)
     finally:
         still_running = engines.reports() if engines is not None else []
@@ -395,7 +392,7 @@ def main(argv: list[str]) -> int:
         credential_source(args)  # a bad token file is a usage error, up front
         controller_tls(args)
         asyncio.run(run_until_signalled(args, builder))
-    except UsageError as exc:
+    except (UsageError, PortInUse) as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
     except KeyboardInterrupt:

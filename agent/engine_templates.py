@@ -38,7 +38,11 @@ CPU build of vLLM, whose `vllm` command does not start, say:
 producing a token before it is declared hung and replaced; `probes = "quiet"`
 (the default) adds `quiet_probes_args`, the engine's own option that keeps the
 agent's and the gateway's `/health` and `/metrics` probes out of its access log
-(about 100 lines a minute otherwise), where the engine has one.
+(about 100 lines a minute otherwise), where the engine has one. `load_path`
+is where the engine's HTTP server counts the requests it holds (vLLM's `/load`, which
+the built-in template turns on): a vLLM whose engine core is stopped keeps its
+`/metrics` gauges at their last values, often 0, so only that count shows the
+requests waiting in it.
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class EngineTemplate(BaseModel):
     hung_after_s: float = Field(default=DEFAULT_HUNG_AFTER_S, gt=0, le=86400)
     probes: Literal["quiet", "logged"] = "quiet"
     quiet_probes_args: Command | None = None  # the engine's option to not log the probes
+    # Where the engine's HTTP server says how many requests it holds (vLLM's /load,
+    # {"server_load": N}, with --enable-server-load-tracking): work the hung rule sees
+    # when a stopped engine core no longer updates its gauges.
+    load_path: UrlPath | None = None
 
     def command_for(self, rank: int, nnodes: int) -> str:
         if nnodes <= 1:
@@ -137,22 +145,29 @@ _SGLANG_MULTI = (
     _SGLANG + " --tp-size {total_gpus} --nnodes {nnodes} --node-rank {rank}"
     " --dist-init-addr {leader_addr}:{rendezvous_port}"
 )
-_QUIET_PROBES = "--disable-access-log-for-endpoints /health,/metrics"
-_FAKE = "{python} -m agent.fake_engine --host {host} --port {port} --model {model}"
+_QUIET_PROBES = "--disable-access-log-for-endpoints /health,/metrics,/load"
+_LOAD = " --enable-server-load-tracking"  # /load counts the requests the server holds
+_FAKE = "{python} -m agent.fake_engine --host {host} --port {port} --model {model}" + _LOAD
 
 BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
     # Multi-node vLLM without Ray (recent vLLM): workers run headless.
     "vllm": EngineTemplate(
-        command=_VLLM + " --served-model-name {model}",
-        leader_command=_VLLM_MULTI + " --served-model-name {model}",
+        command=_VLLM + " --served-model-name {model}" + _LOAD,
+        leader_command=_VLLM_MULTI + " --served-model-name {model}" + _LOAD,
         worker_command=_VLLM_MULTI + " --headless",
         quiet_probes_args=_QUIET_PROBES,
+        load_path="/load",
     ),
     "sglang": EngineTemplate(
         command=_SGLANG + " --tp-size {gpus}",
         leader_command=_SGLANG_MULTI,
     ),
-    "fake": EngineTemplate(command=_FAKE, worker_serves_http=True, quiet_probes_args=_QUIET_PROBES),
+    "fake": EngineTemplate(
+        command=_FAKE,
+        worker_serves_http=True,
+        quiet_probes_args=_QUIET_PROBES,
+        load_path="/load",
+    ),
 }
 
 

@@ -58,7 +58,7 @@ from agent.engine_templates import (
 )
 from agent.exit_cause import exit_reason
 from agent.loop_lag import LoopLag
-from agent.metrics import IdleTracker, scrape
+from agent.metrics import IdleTracker, scrape, server_load
 from agent.progress import ProgressWatch
 from agent.traffic import TrafficMeter
 from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
@@ -554,10 +554,17 @@ class EngineSupervisor:
             self._url(eng, eng.template.metrics_path),
             timeout_s=self.health_timeout_s,
         )
+        held = None
+        if sample is not None and eng.template.load_path is not None:
+            held = await server_load(
+                self._session,
+                self._url(eng, eng.template.load_path),
+                timeout_s=self.health_timeout_s,
+            )
         if sample is not None and eng.state is ShardState.READY:
             eng.tracker.observe(sample)
             eng.meter.observe(sample)
-            eng.progress.observe(sample)
+            eng.progress.observe(sample, held)
 
     # -- the state file ------------------------------------------------------------
 

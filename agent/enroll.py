@@ -1,7 +1,9 @@
 """Enrollment: trade the enrollment token for this node's own credential, once.
 
 The credential is kept in STATE_DIR/credential (mode 0600, written atomically)
-and used from then on; the enrollment token is not needed again. The controller
+and used from then on; the enrollment token is not needed again. A controller
+with --enroll-approval gives no work to the node until an admin approves it; it
+reports meanwhile. Too many enrollments at once are a 429: tried again later. The controller
 enrolls a node name only once: an agent that lost its credential file stays
 refused until an operator revokes the old one (`llmgw ctl credentials revoke`).
 """
@@ -85,12 +87,22 @@ class Enroller:
             )
         if status == 409:
             raise ReportError("enroll", f"enrollment refused: {text[:400]}")
+        if status == 429:  # the controller bounds enrollments per second: the loop backs off
+            raise ReportError("enroll", f"enrollment: HTTP 429, trying again later: {text[:300]}")
         if status != 200:
             raise ReportError("http", f"enrollment: HTTP {status}: {text[:300]}")
         try:
-            secret = str(json.loads(text)["credential"])
+            reply = json.loads(text)
+            secret = str(reply["credential"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ReportError("reply", f"unreadable enrollment reply: {exc}") from exc
         path = save_credential(self.state_dir, secret)
         log.info("enrolled as node %s; credential kept in %s", self.node, path)
+        if reply.get("awaiting_approval"):
+            log.warning(
+                "node %s gets no replicas until an admin approves it: "
+                "llmgw ctl credentials approve %s",
+                self.node,
+                self.node,
+            )
         return secret

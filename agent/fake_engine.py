@@ -15,7 +15,8 @@ there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
 `--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL,
 `--hang-after` keeps the process up but `/health` failing; `--stall-after`
 stops generating while `/health` and `/metrics` still answer, as a vLLM whose
-EngineCore is stopped does; `--health-delay` answers `/health` slowly (a busy
+EngineCore is stopped does (its gauges no longer count the requests that arrive; only
+`/load`, with `--enable-server-load-tracking`, does); `--health-delay` answers `/health` slowly (a busy
 node). Its histograms have vLLM's buckets: end-to-end latency from 0.3 s, time to
 first token fine from 1 ms. Like vLLM's (uvicorn's), it logs every request it
 serves, except the paths given to `--disable-access-log-for-endpoints`.
@@ -59,6 +60,7 @@ class FakeConfig:
     hang_after_s: float | None = None  # then /health answers 500, the process stays up
     stall_after_s: float | None = None  # then nothing generates; /health still answers 200
     health_delay_s: float = 0.0  # /health answers after this long
+    load_tracking: bool = False  # /load counts requests (vLLM's --enable-server-load-tracking)
 
 
 # vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py): e2e starts at 0.3 s.
@@ -186,6 +188,7 @@ class EngineState:
     ids: count[int] = field(default_factory=count)
     cache: PrefixCache = field(default_factory=lambda: PrefixCache(0))
     active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
+    server_load: int = 0  # requests the HTTP server holds (vLLM's /load), stalled ones too
 
     @property
     def loaded(self) -> bool:
@@ -208,10 +211,10 @@ STATE = web.AppKey("fake_engine_state", EngineState)
 
 async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) -> str:
     """Run one request through the metrics: running while it sleeps, then counted."""
-    state.metrics.running.inc()
     started = time.monotonic()
+    await state.stall_point()
+    state.metrics.running.inc()
     try:
-        await state.stall_point()
         await asyncio.sleep(state.config.latency_s)
     finally:
         state.metrics.running.dec()
@@ -313,20 +316,25 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     tokens = text_in.split()
     gen = _Generation(state, chat, len(tokens), max_tokens, body.get("stream") is True)
     first = _first_token_delay(state, tokens)
-    state.metrics.running.inc()
+    state.server_load += 1  # the API server holds it, whatever the engine core does
     task = asyncio.current_task()
     if task is not None:
         state.active.add(task)
     try:
+        # A stalled core never schedules it: like vLLM's, its gauges do not count it.
         await state.stall_point()
-        if gen.stream:
-            return await gen.stream_to(request, first)
-        await asyncio.sleep(first)
-        gen.first_token_at = time.monotonic()
-        await asyncio.sleep(state.config.token_interval_s * (max_tokens - 1))
-        return web.json_response(gen.whole())
+        state.metrics.running.inc()
+        try:
+            if gen.stream:
+                return await gen.stream_to(request, first)
+            await asyncio.sleep(first)
+            gen.first_token_at = time.monotonic()
+            await asyncio.sleep(state.config.token_interval_s * (max_tokens - 1))
+            return web.json_response(gen.whole())
+        finally:
+            state.metrics.running.dec()
     finally:
-        state.metrics.running.dec()
+        state.server_load -= 1
         state.active.discard(task)
 
 
@@ -417,6 +425,14 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def server_load(request: web.Request) -> web.Response:
+    """vLLM's /load: requests in the HTTP server, 0 unless tracking was asked for."""
+    state = request.app[STATE]
+    return web.json_response(
+        {"server_load": state.server_load if state.config.load_tracking else 0}
+    )
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE].metrics.registry)
     resp = web.Response(body=body)
@@ -480,6 +496,7 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/load", server_load)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.cleanup_ctx.append(_traffic_ctx)
     return app
@@ -530,6 +547,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--health-delay", type=float, default=0.0, help="seconds /health takes")
     p.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="/load counts the requests in the server (as vLLM's option)",
+    )
+    p.add_argument(
         "--disable-access-log-for-endpoints",
         default="",
         help="comma-separated paths left out of the access log (as vLLM's option)",
@@ -560,6 +582,7 @@ async def _run(args: argparse.Namespace) -> int:
         hang_after_s=args.hang_after,
         stall_after_s=args.stall_after,
         health_delay_s=args.health_delay,
+        load_tracking=args.enable_server_load_tracking,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

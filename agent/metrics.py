@@ -23,6 +23,7 @@ The rules (DESIGN.md, "Replica"):
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -66,6 +67,7 @@ TTFT_BUCKETS: frozenset[str] = frozenset(
 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # an engine's /metrics is tens of KiB; refuse a flood
 DEFAULT_SCRAPE_TIMEOUT_S = 2.0
+MAX_LOAD_BYTES = 4096  # {"server_load": N}
 
 
 @dataclass(frozen=True)
@@ -179,3 +181,27 @@ async def scrape(
         log.warning("scrape %s: body over %d bytes, ignored", url, MAX_METRICS_BYTES)
         return None
     return parse_engine_metrics(body.decode("utf-8", errors="replace"))
+
+
+async def server_load(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+) -> int | None:
+    """The requests an engine's HTTP server holds (vLLM's `/load`: {"server_load": N});
+    None on any failure or an answer of another shape (never raises)."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            raw = await resp.content.read(MAX_LOAD_BYTES + 1)
+        body = json.loads(raw) if len(raw) <= MAX_LOAD_BYTES else None
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+        log.debug("load %s failed: %s", url, exc)
+        return None
+    value = body.get("server_load") if isinstance(body, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value

@@ -3,7 +3,10 @@
 vLLM's API server answers `/health` and `/metrics` for an engine core that does
 nothing (a stopped or wedged EngineCore process): health alone cannot see a hang.
 The engine's own counters can: a hung engine has requests running or waiting
-and its token counters stand still. A busy engine is the opposite case: its
+and its token counters stand still. Its gauges alone do not say so: a stopped
+core stops updating them, so a request that arrives after it stopped is never
+counted there; the HTTP server's own count (vLLM's /load) is, and is passed in
+as `held`. A busy engine is the opposite case: its
 `/health` may answer slowly, but its counters move. Pure, like `IdleTracker`:
 feed it the samples of successive scrapes, ask how long it has been stalled.
 """
@@ -48,9 +51,10 @@ class ProgressWatch:
         self.work = 0  # requests running or waiting at the last scrape
         self.moved_at: float | None = None  # when the token counters last moved
 
-    def observe(self, sample: EngineSample) -> None:
+    def observe(self, sample: EngineSample, held: int | None = None) -> None:
+        """One scrape; `held`: requests the engine's HTTP server holds, when it says."""
         now = self._clock()
-        count, self.work = tokens(sample), work(sample)
+        count, self.work = tokens(sample), max(work(sample), held or 0)
         moved = self._tokens is not None and count != self._tokens  # a fall is a restart
         self._tokens = count
         if moved:

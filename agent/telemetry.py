@@ -22,6 +22,7 @@ from agent.loop import ReportLoop
 from agent.storage import StorageScanner
 from agent.storage_watch import StorageWatch
 from llmgw.controller.settings import split_listen
+from llmgw.listen import PortInUse, start_site
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -164,7 +165,8 @@ class AgentTelemetry:
         self.files.observe(files)
 
     async def serve(self, listen: str) -> web.AppRunner:
-        """Start `GET /metrics` on HOST:PORT; the caller cleans the runner up."""
+        """Start `GET /metrics` on HOST:PORT; the caller cleans the runner up.
+        `PortInUse` when the address is taken."""
 
         async def scrape(request: web.Request) -> web.Response:
             return web.Response(
@@ -176,5 +178,9 @@ class AgentTelemetry:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         host, port = split_listen(listen)
-        await web.TCPSite(runner, host, port).start()
+        try:
+            await start_site(runner, host, port, "--metrics-listen")
+        except PortInUse:
+            await runner.cleanup()
+            raise
         return runner

@@ -13,6 +13,7 @@ import gc
 import itertools
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar, cast
 
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.timer import Timer
 
-from console.commands import ADMIN_ACTIONS, AdminAction, AdminForm, AdminRequested
+from console.commands import ADMIN_ACTIONS, AdminRequested
 from console.feeds import (
     EventFeed,
     EventsWanted,
@@ -39,11 +40,13 @@ from console.screens.events import EventsScreen
 from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import DrainModal
 from console.screens.models import ModelsScreen
-from console.state import Connection, FleetView, Link, NodeView, backoff
+from console.state import Connection, FleetView, Link, NodeView, backoff, error_words
+from console.textual_private import keep_pastes_in_order
 from console.widgets.nodes import NodesTable
 from llmgw.api import healthz
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
-from llmgw.wire import DrainPlan, FleetSummary, NodesDelta
+from llmgw.present import force_at_words
+from llmgw.wire import DrainPlan, FleetSummary, NodeRow, NodesDelta
 
 _HEAP_SETTLED = False  # gc.freeze() once per process, see ConsoleApp.settle_heap
 
@@ -77,9 +80,14 @@ class ConsoleApp(App[None]):
         readonly: bool = False,
         refresh: float = 1.0,
         clock: Callable[[], float] = time.time,
+        about: str = "",
     ) -> None:
         super().__init__()
+        keep_pastes_in_order()
         self.client = client
+        # What whoever started the console wants the operator to know (the
+        # demo's gateway and curl line): the help shows it, the first frame points there.
+        self.about = about
         self.readonly_flag = readonly  # --readonly: the admin screens are never built
         self.role: str | None = None  # the token's role, once the controller said it
         self.role_known = readonly  # --readonly needs no answer
@@ -129,6 +137,9 @@ class ConsoleApp(App[None]):
         return MainScreen() if self.readonly_flag else AdminMainScreen()
 
     def on_mount(self) -> None:
+        if self.about:
+            first = self.about.splitlines()[0]
+            self.notify(f"{first}\nThe help (?) says how to reach it.", timeout=20)
         self.run_worker(self.keys.run(), name="keys", exit_on_error=True)
         self._start_poll()
         if not self.readonly_flag:
@@ -181,7 +192,10 @@ class ConsoleApp(App[None]):
     # -- polling ----------------------------------------------------------------
 
     def action_retry(self) -> None:
-        """`r`: try the controller now instead of waiting out the backoff."""
+        """`r`: try the controller now instead of waiting out the backoff. The
+        backoff starts over: a failed retry is retried after one refresh."""
+        if not self.connection.healthy:
+            self.connection = replace(self.connection, failures=0)
         self.poll_now()
 
     def poll_now(self) -> None:
@@ -237,7 +251,7 @@ class ConsoleApp(App[None]):
         except ControllerError as exc:
             return self._failed(Link.ERROR, f"{exc.status} {exc.message}", exc.status)
         except ValidationError as exc:
-            return self._failed(Link.ERROR, f"answer not understood: {describe(exc)}")
+            return self._failed(Link.ERROR, error_words(exc))
         now = self.clock()
         self.fleet = FleetView.merge(self.fleet, summary, delta, now)
         # Only now: a failed fetch leaves the cursor where the data on screen is.
@@ -267,7 +281,7 @@ class ConsoleApp(App[None]):
             return
         except (ControllerUnreachable, ValidationError) as exc:
             old = self.node_view
-            self._set_node_view(NodeView(name, old.detail if old else None, describe(exc)))
+            self._set_node_view(NodeView(name, old.detail if old else None, error_words(exc)))
             return
         self._set_node_view(NodeView(name, detail))
 
@@ -381,33 +395,48 @@ class ConsoleApp(App[None]):
     def on_admin_requested(self, message: AdminRequested) -> None:
         if self.readonly:  # belt and braces: read-only screens have no such keys
             return
-        self.run_worker(
-            self._send_admin(message.action, message.nodes, message.form),
-            group="admin",
-            exit_on_error=False,
-        )
+        self.run_worker(self._send_admin(message), group="admin", exit_on_error=False)
 
-    async def _send_admin(self, action: AdminAction, names: list[str], form: AdminForm) -> None:
+    async def _send_admin(self, request: AdminRequested) -> None:
+        action, names, form = request.action, request.nodes, request.form
         done: list[str] = []
         failed: list[str] = []
+        refused: list[str] = []  # the controller refused the request as sent (400)
+        deadlines: list[float] = []
         for name in names:
             try:
-                await action.call(self.client, name, form)
+                answer = await action.call(self.client, name, form)
                 done.append(name)
             except (ControllerError, ControllerUnreachable, ValidationError) as exc:
-                failed.append(f"{name}: {describe(exc)}")
+                failed.append(f"{name}: {error_words(exc)}")
+                if isinstance(exc, ControllerError) and exc.status == 400:
+                    refused.append(exc.message)
+                continue
+            if isinstance(answer, NodeRow) and answer.admin.force_at is not None:
+                deadlines.append(answer.admin.force_at)
         if done:
+            # The deadline as the controller recorded it, not as the dialog meant it.
+            when = f", {force_at_words(max(deadlines), now=self.clock())}" if deadlines else ""
             self.notify(
                 f"{action.past.capitalize()}: {', '.join(done[:6])}"
                 + (f" and {len(done) - 6} more" if len(done) > 6 else "")
+                + when
             )
         if failed:
             self.notify(
                 f"{action.verb} failed on {len(failed)} node(s):\n"
                 + "\n".join(failed[:5])
-                + "\nNothing else was changed on those nodes.",
+                + "\nNothing else was changed on those nodes."
+                + (f"\nYour reason, to use again: {form.reason}" if form.reason else ""),
                 severity="error",
                 timeout=10,
+            )
+        if refused and not done and request.again is not None:
+            # Nothing done and the request itself refused: its dialog again,
+            # as it was filled in, with the controller's words.
+            request.again(
+                f"Refused by the controller: {refused[0]}. Nothing was changed:"
+                " edit and confirm again, or Cancel."
             )
         self.poll_now()
 
@@ -418,10 +447,8 @@ class ConsoleApp(App[None]):
         """The drain pre-check, handed to the modal (which does no I/O)."""
         try:
             plan = DrainPlan.model_validate(await self.client.drain_plan(modal.names))
-        except (ControllerError, ControllerUnreachable) as exc:
-            message = describe(exc)
-        except ValidationError as exc:
-            message = f"answer not understood: {describe(exc)}"
+        except (ControllerError, ControllerUnreachable, ValidationError) as exc:
+            message = error_words(exc)
         else:
             if modal.is_attached:
                 modal.show_plan(plan)

@@ -68,10 +68,19 @@ BY_VERB = {a.verb: a for a in ADMIN_ACTIONS}
 
 
 class AdminRequested(Message):
-    """A screen asks the app to run `action` on `nodes` with `form`."""
+    """A screen asks the app to run `action` on `nodes` with `form`. `again`:
+    when the controller refuses the request as sent, the app calls it with
+    why, and the screen asks again with the form as it was filled in."""
 
-    def __init__(self, action: AdminAction, nodes: list[str], form: AdminForm) -> None:
+    def __init__(
+        self,
+        action: AdminAction,
+        nodes: list[str],
+        form: AdminForm,
+        again: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__()
         self.action = action
         self.nodes = nodes
         self.form = form
+        self.again = again

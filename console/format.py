@@ -157,6 +157,21 @@ def join_short(items: Sequence[str], limit: int = 3) -> str:
 
 
 def classes_text(classes: dict[str, int]) -> Text:
+    """`8xH100-SXM-80GB`, spelled as `ctl nodes` spells it."""
     if not classes:
         return styled("-", "dim")
-    return styled(" ".join(f"{n}×{name}" for name, n in sorted(classes.items())))
+    return styled(" ".join(f"{n}x{name}" for name, n in sorted(classes.items())))
+
+
+def short_class(gpu_class: str, width: int) -> str:
+    """A GPU class in at most `width` cells, the memory always whole: A100-SXM-40GB
+    and A100-SXM-80GB are different cards. The product is shortened instead:
+    `A100-SXM-40GB`, `A100-40GB`, `A1…-40GB`."""
+    product, dash, memory = gpu_class.rpartition("-")
+    if not dash or not memory.endswith("GB") or len(gpu_class) <= width:
+        return gpu_class if len(gpu_class) <= width else gpu_class[: max(1, width - 1)] + "…"
+    first = product.split("-")[0]
+    if len(first) + 1 + len(memory) <= width:
+        return f"{first}-{memory}"
+    room = width - len(memory) - 2  # the product, then "…-"
+    return f"{first[: max(1, room)]}…-{memory}"

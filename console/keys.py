@@ -35,6 +35,7 @@ from console.textual_private import (
     restart_blink,
     run_priority_binding,
 )
+from llmgw.common import printable
 
 # How long one key waits for a queue or a new screen before going on anyway:
 # a wedged widget must not swallow every key after it.
@@ -119,6 +120,12 @@ async def _wait(aw: Coroutine[Any, Any, Any]) -> bool:
 
 
 # -- text boxes, edited in place ------------------------------------------------
+
+
+def pasted_line(text: str) -> str:
+    """A paste for a one-line box: line breaks and tabs become spaces (a reason
+    holds neither), other control characters show as text (`\\x1b`)."""
+    return printable(" ".join(text.replace("\t", " ").splitlines()))
 
 
 def type_into(box: Input, text: str) -> None:

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from pydantic import ValidationError
+
+from llmgw.common import first_line as describe
 from llmgw.errors import BadAnswer, ClientError, ControllerUnreachable, advice, error_class
 from llmgw.wire import FleetSummary, NodeDetail, NodeRow, NodesDelta
 
@@ -79,6 +82,16 @@ def next_step(conn: Connection) -> str:
     return hint[0].upper() + hint[1:] + ("" if hint.endswith(".") else ".")
 
 
+def error_words(exc: Exception) -> str:
+    """A failed request as a person reads it: never a class name (pydantic
+    titles its errors with the model's: `1 validation error for NodeRow`)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the body"
+        return f"the controller's answer was not understood ({where}: {first['msg']})"
+    return describe(exc)
+
+
 def backoff(failures: int, base: float, cap: float = 30.0) -> float:
     """Retry delay after `failures` consecutive failures: base, 2×, 4× … up to
     `cap`, but never faster than the normal refresh."""
@@ -103,7 +116,9 @@ class ConsoleModel(Protocol):
     fleet: FleetView | None
     connection: Connection
     node_view: NodeView | None
-    readonly: bool  # --readonly, or a token that may only read
+    readonly: bool  # --readonly, or a token that may only read (or not yet known)
+    role_known: bool  # --readonly, or the controller has said what the token may do
+    about: str  # shown in the help: the demo's gateway and curl line; "" for none
 
     @property
     def base_url(self) -> str: ...

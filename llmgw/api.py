@@ -288,6 +288,31 @@ def revoke_credential(node: str) -> Call[Any]:
     return Call("DELETE", f"/v1/credentials/{seg(node)}")
 
 
+def approve_credential(node: str) -> Call[Any]:
+    return Call("POST", f"/v1/credentials/{seg(node)}/approve", {})
+
+
+def allow_enroll(node: str) -> Call[Any]:
+    return Call("POST", f"/v1/credentials/{seg(node)}/allow", {})
+
+
+def create_enroll_token(
+    ttl_s: float | None = None, uses: int | None = None, description: str | None = None
+) -> Call[dict[str, Any]]:
+    body: dict[str, Any] = {"uses": uses, "description": description}
+    if ttl_s is not None:
+        body["ttl_s"] = ttl_s
+    return Call("POST", "/v1/credentials/tokens", body)
+
+
+def enroll_tokens() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/credentials/tokens")
+
+
+def delete_enroll_token(token_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/credentials/tokens/{seg(token_id)}", parse=_none)
+
+
 def forget_node(node: str) -> Call[dict[str, Any]]:
     return Call("POST", f"/v1/nodes/{seg(node)}/forget", {})
 

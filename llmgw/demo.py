@@ -483,15 +483,16 @@ async def run_demo(
             if args.fail_card_after > 0:
                 tasks.append(asyncio.create_task(fail_a_card(agents, args.fail_card_after, stop)))
         await _settled(url, len(fleet), settings.reconcile_interval_s)
-        print(banner(url, fleet, root, headless=args.headless), flush=True)
+        about = banner(url, fleet, root, headless=args.headless)
         if gateway_url is not None:
-            print(gateway_banner(gateway_url), flush=True)
+            about += "\n" + gateway_banner(gateway_url)
+        print(about, flush=True)
         if on_ready is not None:
             on_ready(url)
         if args.headless:
             await stop.wait()
         else:
-            await _console(url, stop)
+            await _console(url, stop, about)
         return 0
     finally:
         stop.set()
@@ -520,15 +521,16 @@ async def _settled(url: str, nodes: int, reconcile_s: float) -> None:
     await asyncio.sleep(1.5 * reconcile_s)  # one reconcile pass over every report
 
 
-async def _console(url: str, stop: asyncio.Event) -> None:
-    """The live console in this terminal; quitting it ends the demo."""
+async def _console(url: str, stop: asyncio.Event, about: str) -> None:
+    """The live console in this terminal, the banner in its help (the terminal's
+    scrollback is hidden behind it); quitting it ends the demo."""
     try:
         from console.app import ConsoleApp
     except ImportError:
         await stop.wait()
         return
     async with AdminClient(url) as client:
-        app = ConsoleApp(client)
+        app = ConsoleApp(client, about=about)
         console = asyncio.create_task(app.run_async())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({console, stopped}, return_when=asyncio.FIRST_COMPLETED)

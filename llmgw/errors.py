@@ -109,6 +109,20 @@ class UnknownNode(Unknown):
         self.name = name
 
 
+class Conflict(ServerError):
+    """The request is valid but the object's state refuses it."""
+
+    status = 409
+
+
+class AwaitsApproval(Conflict):
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"node {name!r} awaits approval, not an uncordon: "
+            f"`llmgw ctl credentials approve {name}` lets it take replicas"
+        )
+
+
 class UnknownModel(Unknown):
     def __init__(self, name: str) -> None:
         super().__init__(f"no model named {name!r} is declared")

@@ -147,15 +147,20 @@ def timestamp(at: float | None, *, local: bool = False) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} {_zone(moment)}"
 
 
-def clock_time(at: float, *, local: bool = False) -> str:
-    """A moment later today, for deadlines: 14:05 UTC."""
+def clock_time(at: float, *, local: bool = False, seconds: bool = False) -> str:
+    """A moment later today, for deadlines: 14:05 UTC (14:05:20 UTC with seconds)."""
     moment = _zoned(at, local)
-    return f"{moment:%H:%M} {_zone(moment)}"
+    clock = f"{moment:%H:%M:%S}" if seconds else f"{moment:%H:%M}"
+    return f"{clock} {_zone(moment)}"
 
 
-def force_at_words(at: float | None, *, local: bool = False) -> str:
-    """A drain's deadline as both front ends show it: 'force at 14:05 UTC'."""
-    return "" if at is None else f"force at {clock_time(at, local=local)}"
+def force_at_words(at: float | None, *, local: bool = False, now: float | None = None) -> str:
+    """A drain's deadline as both front ends show it: 'force at 14:05 UTC', to
+    the second when it is under an hour from `now`: 'force at 14:05:20 UTC'."""
+    if at is None:
+        return ""
+    close = now is not None and at - now < 3600
+    return f"force at {clock_time(at, local=local, seconds=close)}"
 
 
 # -- models ---------------------------------------------------------------------

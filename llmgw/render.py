@@ -551,7 +551,7 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
     return table
 
 
-CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY"]
+CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY", "APPROVAL"]
 
 
 def credentials_table(creds: Sequence[Any]) -> Table:
@@ -565,6 +565,7 @@ def credentials_table(creds: Sequence[Any]) -> Table:
             Cell(c["source"]),
             Cell(timestamp(at), key=at),
             Cell(clean(c.get("by") or "-")),
+            Cell("awaiting approval" if c.get("awaiting_approval") else "-"),
         )
     return table
 

@@ -37,10 +37,25 @@ from llmgw.common import printable as printable  # (re-exported: the agent's imp
 # made a report's validation 1.7 x slower (bench/bench_hardening.py).
 NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 LINES_ONLY_PATTERN = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
+# A node name is a host name (RFC 1123): dot-separated labels of letters, digits and
+# inner hyphens, 1-63 characters each, no empty label (`a..b`) and no trailing dot
+# (`n1.`). It is normalised to lower case, as DNS compares names, so `GPU-A01` and
+# `gpu-a01` are one node. Checked as a pattern (in Rust, once per report) and then
+# lowered; a name of digits and dots only must be an IPv4 address (`0` would read as
+# 0.0.0.0), checked after.
+NODE_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+NODE_NAME_RULE = (
+    "a node name is a host name: dot-separated labels of letters, digits and inner "
+    "hyphens, 1 to 63 characters each, no empty label and no trailing dot "
+    "(gpu-a01, gpu-a01.example.com)"
+)
+
+
 # What a 400 says instead of quoting the pattern.
 PATTERN_MESSAGES = {
     NO_CONTROL_PATTERN: "control characters (newline, escape, ...) are not allowed here",
     LINES_ONLY_PATTERN: "control characters other than tab and newline are not allowed here",
+    NODE_NAME_PATTERN: NODE_NAME_RULE,
 }
 
 
@@ -58,9 +73,33 @@ ByValue = Annotated[E, Strict(False)]
 
 # -- bounded scalar types -----------------------------------------------------
 
+
+def _not_a_number(value: str) -> str:
+    if _DOTTED_NUMBERS.fullmatch(value):
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(
+                f"{NODE_NAME_RULE}; {value!r} is all digits, which reads as an IP address"
+            ) from None
+    return value
+
+
 NodeName = Annotated[
-    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    str,
+    StringConstraints(min_length=1, max_length=253, pattern=NODE_NAME_PATTERN, to_lower=True),
+    AfterValidator(_not_a_number),
 ]
+
+
+def node_name(value: str) -> str:
+    """The node `value` names (lower case), by NodeName's rule; ValueError saying the
+    rule when it names none. For names outside a body: a URL's path, a command line."""
+    if not 0 < len(value) <= 253 or not re.fullmatch(NODE_NAME_PATTERN, value):
+        raise ValueError(f"{value[:80]!r}: {NODE_NAME_RULE}")
+    return _not_a_number(value.lower())
+
+
 ModelName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/@:+-]*$"),
@@ -334,6 +373,8 @@ class EnrollRequest(Inbound):
 class EnrollReply(Outbound):
     node: str
     credential: str  # shown once; the controller keeps only its hash
+    # The node gets no replicas until an admin approves it (--enroll-approval).
+    awaiting_approval: bool = False
 
 
 class CredentialView(Outbound):
@@ -341,6 +382,31 @@ class CredentialView(Outbound):
     source: str  # "enrolled" (revocable with ctl) | "file" (--agent-token-file)
     issued_at: float | None = None  # unix time, controller clock
     by: str | None = None
+    awaiting_approval: bool = False  # `llmgw ctl credentials approve NODE`
+
+
+DEFAULT_ENROLL_TOKEN_TTL_S = 86_400.0  # as kubeadm's bootstrap tokens
+
+
+class EnrollTokenRequest(Inbound):
+    """`POST /v1/credentials/tokens`: make an enrollment token (`ctl credentials token create`)."""
+
+    # How long it enrolls nodes; 0: no expiry (as kubeadm's --ttl 0).
+    ttl_s: Seconds = DEFAULT_ENROLL_TOKEN_TTL_S
+    uses: int | None = Field(default=None, ge=1, le=1_000_000)  # None: no use limit
+    description: Annotated[str, _text(max_length=256)] | None = None
+
+
+class EnrollTokenView(Outbound):
+    id: str  # public: what `ctl credentials token delete ID` names
+    state: str  # "valid" | "expired" | "used up"
+    created_at: float  # unix time, controller clock
+    by: str
+    expires_at: float | None = None  # None: never
+    uses: int | None = None  # None: no limit
+    used: int = 0
+    description: str | None = None
+    token: str | None = None  # the secret: in the answer that made it, never again
 
 
 class EmptyRequest(Inbound):
@@ -423,6 +489,9 @@ class EventReason(StrEnum):
     BACK_OFF = "BackOff"  # a model's replica failed: its next placement waits
     NODE_LOST = "NodeLost"  # replicas of a node unreachable too long, replaced
     UNPLACEABLE = "Unplaceable"  # a model short of its minimum that cannot be placed
+    ENROLLED = "Enrolled"  # a node traded an enrollment token for its credential
+    AWAITING_APPROVAL = "AwaitingApproval"  # enrolled; no replicas until an admin approves
+    ENROLL_REFUSED = "EnrollRefused"  # an enrollment of a node that exists was refused
     STOPPED = "Stopped"  # replicas of a deleted model stopped
     SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
@@ -463,6 +532,9 @@ class AdminInfo(Outbound):
     drained: bool = False  # a drain finished: cordoned, marked drained
     force: bool = False  # a drain that stops replicas without waiting for replacements
     force_at: float | None = None  # unix time, controller clock: the drain is forced then
+    # Enrolled and not approved yet (--enroll-approval): cordoned by llmgw until
+    # `llmgw ctl credentials approve NODE`.
+    awaiting_approval: bool = False
 
 
 class AdminEvent(Outbound):

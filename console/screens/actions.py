@@ -62,6 +62,13 @@ class NodeScreen(Screen[Any]):
         """The nodes an admin key acts on; none by default."""
         return []
 
+    def out_of_view(self, names: list[str]) -> list[str]:
+        """Of `names`, those the screen does not show (a filter hides them)."""
+        return []
+
+    def acted_on(self, names: list[str]) -> None:
+        """An action on `names` was confirmed (marks clear, as in k9s)."""
+
     def typing(self) -> bool:
         """A text box has focus: letters are text, not commands."""
         return isinstance(self.focused, Input)
@@ -73,7 +80,7 @@ class NodeScreen(Screen[Any]):
             self.refresh_bindings()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.model.readonly))
+        self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))
 
 
 class AdminActions(NodeScreen):
@@ -96,17 +103,31 @@ class AdminActions(NodeScreen):
         rows = [r for r in self.targets() if action.applies(r)]
         if not rows:
             return
-        names = [r.name for r in rows]
-        if action is CORDON:
-            modal: Screen[object] = CordonModal(names)
-        elif action is UNCORDON:
-            modal = UncordonModal(rows)
-        else:
-            modal = DrainModal(names)
+        self._confirm(action, rows)
 
-        def done(form: object) -> None:
-            if isinstance(form, AdminForm):
-                self.post_message(AdminRequested(action, names, form))
+    def _confirm(
+        self, action: AdminAction, rows: list[NodeRow], form: AdminForm | None = None, why: str = ""
+    ) -> None:
+        """The action's dialog for `rows`; `form` and `why`: filled in as it
+        was when the controller refused it, and what it said."""
+        names = [r.name for r in rows]
+        hidden = self.out_of_view(names)
+        if action is CORDON:
+            modal: Screen[object] = CordonModal(names, hidden, form, why)
+        elif action is UNCORDON:
+            modal = UncordonModal(rows, hidden, form, why)
+        else:
+            modal = DrainModal(names, hidden, form, why)
+
+        def done(answer: object) -> None:
+            if isinstance(answer, AdminForm):
+
+                def again(refused: str) -> None:
+                    if self.is_attached and not self.model.readonly:
+                        self._confirm(action, rows, answer, refused)
+
+                self.post_message(AdminRequested(action, names, answer, again))
+                self.acted_on(names)
 
         # Pushed now, in this key's handler: keys typed next go to the modal.
         self.app.push_screen(modal, done)

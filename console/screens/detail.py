@@ -32,6 +32,30 @@ from llmgw.wire import (
 
 class GpusTable(KeyedTable):
     BORDER_TITLE = "GPUs"
+    # Hidden first when the terminal is narrow. HEALTH and REASON, the columns
+    # one opens the detail for, always show; the reason takes what is left.
+    DROP_ORDER = ("use", "util", "mem", "uuid")
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self.fit()
+
+    def fit(self) -> None:
+        total = (self.size.width or self.app.size.width - 2) - 1  # less the scrollbar
+        natural = {
+            key: max(column.content_width, column.label.cell_len) + 2
+            for key, column in self.columns.items()
+        }
+        shown = list(natural)
+        for key in self.DROP_ORDER:
+            if sum(natural[k] for k in shown) <= total:
+                break
+            shown.remove(key)
+        widths: dict[str, int | None] = {k: None if k in shown else 0 for k in natural}
+        rest = total - sum(natural[k] for k in shown if k != "why") - 2
+        if rest < natural["why"] - 2:
+            widths["why"] = max(6, rest)  # cut with an ellipsis at the pane's edge
+        self.set_widths(widths)
 
     def on_mount(self) -> None:
         for key, title in (
@@ -48,6 +72,7 @@ class GpusTable(KeyedTable):
 
     def show(self, gpus: list[GpuReport]) -> None:
         self.sync({g.uuid: self._row_cells(g) for g in sorted(gpus, key=lambda g: g.index)})
+        self.fit()  # a longer reason or UUID may not fit any more
 
     @staticmethod
     def _row_cells(g: GpuReport) -> tuple[Text, ...]:

@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widgets import Footer, Input
 
 from console.feeds import EventsWanted, ModelsWanted
-from console.keys import run_widget_binding, type_into
+from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
 from console.widgets.gpus import GpuClassesPane
@@ -116,7 +116,9 @@ class MainScreen(NodeScreen):
         app = self.model
         now = app.clock()
         header = self.query_one(FleetHeader)
-        header.show(app.fleet, app.connection, now, app.controller_label, app.readonly)
+        # READ-ONLY once the controller has said so, not while it is still asked.
+        readonly = app.readonly and app.role_known
+        header.show(app.fleet, app.connection, now, app.controller_label, readonly)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
         if app.fleet is not None:
             self.nodes_table.set_age_offset(max(0.0, now - app.fleet.fetched_at))
@@ -127,7 +129,8 @@ class MainScreen(NodeScreen):
         if table.filter_text:
             parts.append(f"filter: {table.filter_text}")
         if table.marks:
-            parts.append(f"{len(table.marks)} marked")
+            hidden = len(table.hidden_by_filter(table.marks))
+            parts.append(f"{len(table.marks)} marked" + (f" ({hidden} hidden)" if hidden else ""))
         pane = self.query_one("#nodes-pane")
         pane.border_title = "Nodes"
         pane.border_subtitle = " · ".join(parts)
@@ -144,6 +147,14 @@ class MainScreen(NodeScreen):
             return [table.rows_by_name[n] for n in sorted(table.marks)]
         row = table.selected
         return [row] if row else []
+
+    def out_of_view(self, names: list[str]) -> list[str]:
+        return self.nodes_table.hidden_by_filter(names)
+
+    def acted_on(self, names: list[str]) -> None:
+        # The marks were for this action: the next key acts on what is in view.
+        if self.nodes_table.marks:
+            self.nodes_table.clear_marks()
 
     # -- keys ------------------------------------------------------------------
 
@@ -173,7 +184,7 @@ class MainScreen(NodeScreen):
     def take_paste(self, text: str) -> bool:
         if not self.typing():
             return False
-        type_into(self.query_one("#filter", Input), " ".join(text.splitlines()))
+        type_into(self.query_one("#filter", Input), pasted_line(text))
         self._filter_changed()
         return True
 

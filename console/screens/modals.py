@@ -8,6 +8,10 @@ pre-check is fetched by the app and handed over.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
+from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 from rich.text import Text
 from textual import events, on
@@ -20,19 +24,71 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from console.commands import AdminForm
 from console.format import node_state_text, plural, state_text, styled
-from console.keys import run_widget_binding, type_into
+from console.keys import pasted_line, run_widget_binding, type_into
+from console.state import ConsoleModel
 from console.widgets.nodes import SORTS
-from llmgw.wire import DrainPlan, NodeRow
+from llmgw.durations import format_duration, parse_duration
+from llmgw.present import force_at_words
+from llmgw.wire import MAX_FORCE_AFTER_S, PATTERN_MESSAGES, DrainPlan, NodeRow, Reason
 
-MAX_FORCE_AFTER_MIN = 7 * 24 * 60  # the controller's bound: 7 days
+FORCE_AFTER_HELP = "30s, 90m, 1h"
 
 REASON_REQUIRED = "A reason is required: say why, it is recorded with your name (as `sinfo -R`)."
 
 
-def targets_label(names: list[str]) -> str:
+_REASON = TypeAdapter(Reason)
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why the controller would refuse this reason (its own rule, in words);
+    None: it would take it."""
+    try:
+        _REASON.validate_python(reason)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        pattern = str((error.get("ctx") or {}).get("pattern"))
+        rule = PATTERN_MESSAGES.get(pattern, error["msg"])
+        return f"Not sent: in the reason, {rule}. Edit it and press Enter again."
+    return None
+
+
+def parse_force_after(raw: str) -> float | None:
+    """The drain's force-after box: seconds, None when empty; ValueError with
+    what to type when it does not parse or is out of the controller's bounds."""
+    if not raw.strip():
+        return None
+    seconds = parse_duration(raw)  # BadDuration says what would parse
+    if seconds <= 0:
+        raise ValueError("force after must be more than 0 (e.g. 30s, 90m, 1h), or empty")
+    if seconds > MAX_FORCE_AFTER_S:
+        raise ValueError(
+            f"force after may be at most {format_duration(MAX_FORCE_AFTER_S)} (7 days)"
+        )
+    return seconds
+
+
+def deadline_text(seconds: float, now: float) -> str:
+    """`force at 14:05:20 UTC (in 20s)`: when the controller forces the drain."""
+    return f"{force_at_words(now + seconds, now=now)} (in {format_duration(seconds)})"
+
+
+def targets_label(names: Sequence[str]) -> str:
     if len(names) <= 3:
         return ", ".join(names)
     return f"{', '.join(names[:3])} and {len(names) - 3} more ({len(names)} nodes)"
+
+
+def hidden_text(hidden: Sequence[str]) -> Text:
+    """Marked nodes the filter hides: the action reaches them too, so say so."""
+    return Text.assemble(
+        ("⚠ Not in view: ", "bold yellow"),
+        (targets_label(hidden), "bold"),
+        (
+            " (marked, hidden by the filter). To act only on what you see,"
+            " Cancel and press Escape twice: the filter, then the marks.",
+            "yellow",
+        ),
+    )
 
 
 class ConfirmModal(ModalScreen[object]):
@@ -44,17 +100,39 @@ class ConfirmModal(ModalScreen[object]):
 
     verb = "Confirm"
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
         super().__init__()
         self.names = names
+        self.hidden = list(hidden)  # of `names`, those the screen's filter hides
+        # Asked again after the controller refused it: filled in as it was, and why.
+        self.form = form
+        self.why = why
+
+    def on_mount(self) -> None:
+        if self.why:
+            self.show_error(self.why)
 
     def compose_fields(self) -> ComposeResult:
         yield from ()
 
+    def compose_body(self) -> ComposeResult:
+        yield from self.compose_fields()
+
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.title_text(), id="title")
-            yield from self.compose_fields()
+            # The body scrolls (Tab scrolls to what it focuses); the error and
+            # the buttons below it stay in view on a short terminal.
+            with VerticalScroll(id="body", can_focus=False):
+                if self.hidden:
+                    yield Static(hidden_text(self.hidden), id="hidden")
+                yield from self.compose_body()
             yield Label("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -85,6 +163,8 @@ class ConfirmModal(ModalScreen[object]):
             self.confirm()  # Enter in any box submits the form
         elif key == "enter" and focused is None:
             self.action_cancel()  # nothing chosen yet: the safe answer
+        elif key in ("left", "right") and isinstance(focused, Button):
+            self.step_button(focused, 1 if key == "right" else -1)
         elif event.is_printable and event.character and self.type_text(event.character, key):
             pass
         elif focused is not None and await run_widget_binding(focused, key):
@@ -93,13 +173,18 @@ class ConfirmModal(ModalScreen[object]):
             return False
         return True
 
+    def step_button(self, button: Button, step: int) -> None:
+        """Right / Left: the next button along the row (it stops at either end)."""
+        buttons = list(self.query("#buttons Button").results(Button))
+        index = max(0, min(len(buttons) - 1, buttons.index(button) + step))
+        self.set_focus(buttons[index])
+
     def type_text(self, text: str, key: str = "") -> bool:
         """Printable text; False: not for this modal (it has no boxes)."""
         return False
 
     def take_paste(self, text: str) -> bool:
-        # A pasted reason is one line: its lines joined with a space.
-        self.type_text(" ".join(text.splitlines()))
+        self.type_text(pasted_line(text))
         return True  # a paste into a modal with no box is dropped
 
     @on(Button.Pressed, "#cancel")
@@ -124,17 +209,15 @@ class ReasonModal(ConfirmModal):
     has focus (Cancel, the confirm button, nothing yet), so a reason typed or
     pasted the instant the modal opens is recorded whole (see take_key)."""
 
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Label(self.title_text(), id="title")
-            yield Input(
-                placeholder="reason (required)", id="reason", max_length=1024, select_on_focus=False
-            )
-            yield from self.compose_fields()
-            yield Label("", id="error")
-            with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel", variant="primary")
-                yield Button(self.verb, id="confirm", variant="error")
+    def compose_body(self) -> ComposeResult:
+        yield Input(
+            self.form.reason if self.form else "",
+            placeholder="reason (required)",
+            id="reason",
+            max_length=1024,
+            select_on_focus=False,
+        )
+        yield from self.compose_fields()
 
     def type_text(self, text: str, key: str = "") -> bool:
         """Into the box that has focus; anywhere else (a button, nothing yet
@@ -150,10 +233,12 @@ class ReasonModal(ConfirmModal):
         return True
 
     def confirm(self) -> None:
-        reason = self.query_one("#reason", Input).value.strip()
-        if not reason:
-            self.show_error(REASON_REQUIRED)
-            self.query_one("#reason", Input).focus()
+        box = self.query_one("#reason", Input)
+        reason = box.value.strip()
+        problem = REASON_REQUIRED if not reason else reason_problem(reason)
+        if problem:  # refused here, with the text kept, not by the controller
+            self.show_error(problem)
+            box.focus()
             return
         self.submit(reason)
 
@@ -175,8 +260,14 @@ class UncordonModal(ConfirmModal):
 
     verb = "Uncordon"
 
-    def __init__(self, rows: list[NodeRow]) -> None:
-        super().__init__([r.name for r in rows])
+    def __init__(
+        self,
+        rows: list[NodeRow],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
+        super().__init__([r.name for r in rows], hidden, form, why)
         self.rows = rows
 
     def compose_fields(self) -> ComposeResult:
@@ -202,12 +293,29 @@ class ForceConfirmModal(ConfirmModal):
 
     verb = "Force drain"
 
-    def __init__(self, names: list[str], models: list[str]) -> None:
-        super().__init__(names)
+    def __init__(
+        self,
+        names: list[str],
+        models: list[str],
+        after_s: float | None = None,
+        now: float = 0.0,
+        hidden: Sequence[str] = (),
+    ) -> None:
+        super().__init__(names, hidden)
         self.models = models
+        self.after_s = after_s  # None: forced now; else the force-after deadline
+        self.now = now
 
     def compose_fields(self) -> ComposeResult:
-        text = Text("Forcing stops replicas without waiting for replacements. ", style="bold")
+        if self.after_s is None:
+            text = Text("Forcing stops replicas now, without waiting for replacements.\n")
+        else:
+            text = Text.assemble(
+                (deadline_text(self.after_s, self.now), "bold magenta"),
+                ": unless the drain is done by then, the controller stops what is left"
+                " without waiting for replacements.\n",
+            )
+        text.stylize("bold")
         if self.models:
             text.append("These models fall below their minimum:\n", style="bold yellow")
             for model in self.models:
@@ -235,17 +343,26 @@ class DrainModal(ReasonModal):
             super().__init__()
             self.modal = modal
 
-    def __init__(self, names: list[str]) -> None:
-        super().__init__(names)
+    def __init__(
+        self,
+        names: list[str],
+        hidden: Sequence[str] = (),
+        form: AdminForm | None = None,
+        why: str = "",
+    ) -> None:
+        super().__init__(names, hidden, form, why)
         self.plan: DrainPlan | None = None
         self.plan_error: str | None = None
 
     def compose_fields(self) -> ComposeResult:
+        after = self.form.force_after_s if self.form else None
+        after_text = "" if after is None else format_duration(after)
         with Horizontal(id="options"):
             yield Label("force after", classes="field-label")
-            yield Input(placeholder="min", id="timeout", type="integer", max_length=5)
-            yield Label("minutes (kept by the controller)", classes="field-label")
-            yield Checkbox("force now", id="force")
+            yield Input(after_text, placeholder="e.g. 90m", id="timeout", max_length=16)
+            yield Label(FORCE_AFTER_HELP, classes="field-label")
+            yield Checkbox("force now", self.form.force if self.form else False, id="force")
+        yield Label(self.deadline_words(after_text), id="deadline")
         yield Static(
             "Replicas move elsewhere first; the node then stays cordoned, marked drained.",
             classes="hint",
@@ -266,6 +383,26 @@ class DrainModal(ReasonModal):
         # Reasons wrap inside a fixed column rather than scroll sideways.
         table.add_column("WHY", key="why", width=30)
         self.post_message(self.PlanWanted(self))
+
+    def now(self) -> float:
+        return cast(ConsoleModel, self.app).clock()
+
+    def deadline_words(self, raw: str = "") -> Text:
+        """What the force-after box means, echoed as it is typed."""
+        try:
+            seconds = parse_force_after(raw)
+        except ValueError as exc:
+            return Text(f"✗ {exc}", style="bold red")
+        if seconds is None:
+            return Text("No deadline: replicas move once their replacements serve.", style="dim")
+        return Text.assemble(
+            (deadline_text(seconds, self.now()), "bold magenta"),
+            ": the controller (whoever is connected) then stops what has not moved.",
+        )
+
+    @on(Input.Changed, "#timeout")
+    def _timeout_changed(self, event: Input.Changed) -> None:
+        self.query_one("#deadline", Label).update(self.deadline_words(event.value))
 
     def plan_failed(self, message: str) -> None:
         self.plan_error = message
@@ -306,17 +443,16 @@ class DrainModal(ReasonModal):
         return [i.model for i in self.plan.impacts if i.verdict != "ok"]
 
     def submit(self, reason: str) -> None:
-        raw = self.query_one("#timeout", Input).value.strip()
-        force_after_s = None
-        if raw:
-            if not raw.isdigit() or not 0 < int(raw) <= MAX_FORCE_AFTER_MIN:
-                self.show_error(
-                    "Force-after must be a whole number of minutes (at most 7 days), or empty."
-                )
-                return
-            force_after_s = int(raw) * 60.0
+        box = self.query_one("#timeout", Input)
+        try:
+            force_after_s = parse_force_after(box.value)
+        except ValueError as exc:
+            self.show_error(f"Not drained: {exc}.")
+            box.focus()
+            return
         form = AdminForm(reason, self.query_one("#force", Checkbox).value, force_after_s)
-        if not form.force or (self.plan is not None and not self.below_minimum()):
+        forcing = form.force or form.force_after_s is not None
+        if not forcing or (self.plan is not None and not self.below_minimum()):
             self.dismiss(form)
             return
 
@@ -324,7 +460,11 @@ class DrainModal(ReasonModal):
             if yes is True:
                 self.dismiss(form)
 
-        self.app.push_screen(ForceConfirmModal(self.names, self.below_minimum()), forced)
+        # Both ways of forcing stop replicas without replacements: a second,
+        # explicit yes that names the models, as `ctl drain --force --yes`.
+        when = None if form.force or force_after_s is None else force_after_s
+        modal = ForceConfirmModal(self.names, self.below_minimum(), when, self.now(), self.hidden)
+        self.app.push_screen(modal, forced)
 
 
 # The help lists view keys, then (unless read-only) admin keys, then app keys.
@@ -384,9 +524,10 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False, priority=True),
     ]
 
-    def __init__(self, readonly: bool) -> None:
+    def __init__(self, readonly: bool, about: str = "") -> None:
         super().__init__()
         self.readonly = readonly
+        self.about = about  # first: how to reach what the console shows (the demo's)
 
     def compose(self) -> ComposeResult:
         text = Text()
@@ -397,9 +538,13 @@ class HelpScreen(ModalScreen[None]):
                 "\nRead-only: cordon, uncordon and drain are not available.\n", style="blue"
             )
         else:
-            text.append("Marks (space) make c/u/d act on every marked node.\n")
+            text.append("Marks (space) make c/u/d act on every marked node;\n")
+            text.append("they clear once the action is confirmed.\n")
         # Scrolls: at 80x24 the help is taller than the terminal.
         with VerticalScroll(id="dialog"):
+            if self.about:
+                yield Static(Text("This fleet", style="bold"))
+                yield Static(Text(self.about), id="about", classes="keys")
             yield Static(Text("Keys", style="bold"))
             yield Static(_key_grid(help_keys(self.readonly)), classes="keys")
             yield Static(Text("Sort by a column (shift+letter)", style="bold"))

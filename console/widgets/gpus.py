@@ -17,9 +17,12 @@ from console.format import (
     BAR_USED,
     gpu_segments,
     load_style,
+    short_class,
     stacked_bar,
 )
 from llmgw.wire import GpuClassCounts
+
+MIN_BAR = 4
 
 
 class GpuClassBar(Widget):
@@ -34,8 +37,9 @@ class GpuClassBar(Widget):
         width = max(10, self.content_size.width)
         load = c.used / c.total if c.total else 0.0
         numbers = f" {c.used}/{c.total}"
-        name = c.gpu_class[: max(4, width * 2 // 5)]
-        bar_width = max(4, width - len(name) - len(numbers) - 1)
+        # The name before the bar: the bar can be short, the memory size must show.
+        name = short_class(c.gpu_class, max(4, width - len(numbers) - 1 - MIN_BAR))
+        bar_width = max(MIN_BAR, width - len(name) - len(numbers) - 1)
         head = Text(no_wrap=True, overflow="ellipsis", end="")
         head.append(name.ljust(len(name) + 1), style="bold")
         head.append_text(stacked_bar(gpu_segments(c), bar_width))

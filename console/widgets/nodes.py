@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +60,8 @@ class SortSpec:
     title: str
     key: Callable[[NodeRow, float | None], Any]  # (row, its current report age)
     letter: str  # shift+letter sorts by this column, as in k9s (S and G are taken)
+    # Most first (GPUs used, oldest report): the header's arrow points down.
+    descending: bool = False
 
 
 def _reason_key(row: NodeRow) -> tuple[bool, str]:
@@ -73,17 +75,18 @@ SORTS: tuple[SortSpec, ...] = (
     SortSpec("state", "state", lambda r, _: (STATE_RANK[r.state], natural(r.name)), "T"),
     SortSpec("reason", "reason", lambda r, _: (_reason_key(r), natural(r.name)), "R"),
     SortSpec("classes", "GPU classes", lambda r, _: (sorted(r.classes), natural(r.name)), "C"),
-    SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name)), "P"),
+    SortSpec("gpus", "GPUs used", lambda r, _: (-r.gpus_used, natural(r.name)), "P", True),
     SortSpec(
         "unh",
         "unhealthy",
         lambda r, _: (-(r.gpus_unhealthy + r.gpus_unknown), natural(r.name)),
         "U",
+        True,
     ),
     SortSpec("fabrics", "fabric", lambda r, _: (r.fabrics or ["~"], natural(r.name)), "F"),
-    SortSpec("models", "models held", lambda r, _: (-len(r.models), natural(r.name)), "M"),
-    SortSpec("repl", "replicas", lambda r, _: (-r.replicas, natural(r.name)), "L"),
-    SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name)), "A"),
+    SortSpec("models", "models held", lambda r, _: (-len(r.models), natural(r.name)), "M", True),
+    SortSpec("repl", "replicas", lambda r, _: (-r.replicas, natural(r.name)), "L", True),
+    SortSpec("age", "report age", lambda r, age: (-age_rank(age), natural(r.name)), "A", True),
 )
 
 # (key, title, width); None width: sized to content. Widths leave room for
@@ -114,13 +117,14 @@ OPTIONAL_COLUMNS: tuple[tuple[str, int, int], ...] = (
 MODELS_MAX = 40  # past this, spare width goes to the reason
 
 
-def column_widths(total: int, name_width: int) -> dict[str, int | None]:
+def column_widths(total: int, name_width: int, classes_width: int = 0) -> dict[str, int | None]:
     """Each column's width for a table `total` cells wide (0: not shown).
 
     Key columns always; then the others, in order, while they fit at their least width;
-    then spare width raises them to their usual width, and what is left goes
-    to the reason (and some to models): a wide terminal shows whole reasons
-    rather than blank space."""
+    then spare width raises them to their usual width, the classes to their
+    widest cell (`classes_width`: a node with two classes), and what is left
+    goes to the reason (and some to models): a wide terminal shows whole
+    classes and reasons rather than blank space."""
     pad = 2  # KeyedTable's blank either side of a column
     widths: dict[str, int | None] = {key: width for key, _, width in COLUMNS}
     used = sum(
@@ -140,6 +144,10 @@ def column_widths(total: int, name_width: int) -> dict[str, int | None]:
             grow = min(spare, usual - least)
             sized[key] += grow
             spare -= grow
+    if spare > 0 and "classes" in sized:
+        grow = max(0, min(spare, classes_width - sized["classes"]))
+        sized["classes"] += grow
+        spare -= grow
     if spare > 0 and "models" in sized:
         grow = max(0, min(spare // 3, MODELS_MAX - sized["models"]))
         sized["models"] += grow
@@ -235,6 +243,7 @@ class NodesTable(KeyedTable):
         self._filling = False
         self._filled = False
         self._age_buckets: dict[str, tuple[str, str]] = {}  # AGE cell shown, by name
+        self._classes_widths: dict[str, int] = {}  # CLASSES cell's width, by name
         self.age_offset = 0.0  # seconds since the ages were measured (set_age_offset)
 
     def on_mount(self) -> None:
@@ -251,7 +260,8 @@ class NodesTable(KeyedTable):
         total = self.size.width or self.app.size.width - 2
         total -= 1  # the vertical scrollbar, once rows overflow
         name = self.columns["name"]
-        self.set_widths(column_widths(total, max(name.content_width, name.label.cell_len)))
+        classes = max(self._classes_widths.values(), default=0)
+        self.set_widths(column_widths(total, max(name.content_width, name.label.cell_len), classes))
 
     # -- data -------------------------------------------------------------------
 
@@ -287,6 +297,7 @@ class NodesTable(KeyedTable):
             del self._hay[name]
             self._sort_keys.pop(name, None)
             self._age_buckets.pop(name, None)
+            self._classes_widths.pop(name, None)
         visible = [n for n in rows if self._matches(n)]
         visible_set = set(visible)
         gone = [k for k in self.shown if k not in visible_set]
@@ -373,12 +384,14 @@ class NodesTable(KeyedTable):
         age = self.age_of(row)
         self._sort_keys[row.name] = SORTS[self.sort_index].key(row, age)
         self._age_buckets[row.name] = age_bucket(age)
+        classes = classes_text(row.classes)
+        self._classes_widths[row.name] = classes.cell_len
         return (
             self._mark_cell(row.name),
             styled(row.name, "bold"),
             node_state_text(row, age),
             reason_text(row),
-            classes_text(row.classes),
+            classes,
             gpus_cell(row),
             unhealthy_text(row),
             styled(join_short(row.fabrics, 2) or "-", "cyan" if row.fabrics else "dim"),
@@ -393,6 +406,10 @@ class NodesTable(KeyedTable):
     def _ordered(self, names: list[str]) -> list[str]:
         key, rows, age_of = SORTS[self.sort_index].key, self.rows_by_name, self.age_of
         return sorted(names, key=lambda n: key(rows[n], age_of(rows[n])), reverse=self.reverse)
+
+    def hidden_by_filter(self, names: Iterable[str]) -> list[str]:
+        """Of `names`, those the filter hides, in natural order."""
+        return sorted((n for n in names if not self._matches(n)), key=natural)
 
     def _matches(self, name: str) -> bool:
         if not self.filter_text:
@@ -440,7 +457,7 @@ class NodesTable(KeyedTable):
 
     def _label_sort_column(self) -> None:
         sort = SORTS[self.sort_index]
-        arrow = "▼" if self.reverse else "▲"
+        arrow = "▼" if sort.descending != self.reverse else "▲"
         for key, title, _ in COLUMNS:
             if key in self.columns:
                 self.set_column_label(key, title + (arrow if key == sort.label else ""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
@@ -19,11 +20,12 @@ class FabricsTable(GlanceTable):
 
     def on_mount(self) -> None:
         self.add_column("FABRIC", key="fabric")
+        # Largest free block: whole free nodes, what a multi-node replica needs.
+        # Next to the name, so a narrow pane cuts the other counts, not this.
+        self.add_column("BLOCK", key="block")
         self.add_column("NODES", key="nodes")
         self.add_column("W/WTS", key="weights")
         self.add_column("MODELS", key="models")
-        # Largest free block: whole free nodes, what a multi-node replica needs.
-        self.add_column("BLOCK", key="block")
         self.border_subtitle = "BLOCK: largest free block (whole free nodes)"
 
     def show(self, fabrics: list[FabricSummary]) -> None:
@@ -33,11 +35,11 @@ class FabricsTable(GlanceTable):
     def _row_cells(f: FabricSummary) -> tuple[Text, ...]:
         return (
             styled(f.fabric, "bold cyan"),
+            # The number that decides whether a multi-node replica can land.
+            styled(f.largest_free_block, "bold green" if f.largest_free_block else "bold red"),
             styled(f.nodes),
             styled(f"{f.nodes_with_weights}/{f.nodes}", "" if f.nodes_with_weights else "dim"),
             count_text(f.models_present, ""),
-            # The number that decides whether a multi-node replica can land.
-            styled(f.largest_free_block, "bold green" if f.largest_free_block else "bold red"),
         )
 
 
@@ -94,7 +96,7 @@ class WeightsMatrix(GlanceTable):
         shared, local = copies
         text = Text(no_wrap=True, end="")
         if shared:
-            text.append("shared" if shared == 1 else f"shared×{shared}", style="bold blue")
+            text.append("shared" if shared == 1 else f"shared x{shared}", style="bold blue")
         if local:
             text.append(f"{'+' if shared else ''}{local} local", style="green")
         return text
@@ -164,18 +166,19 @@ class UnplaceableList(Static):
     BORDER_TITLE = "Unplaceable"
 
     def show(self, summary: FleetSummary) -> None:
-        text = Text()
-        for i, model in enumerate(summary.unplaceable):
-            if i:
-                text.append("\n")
-            text.append("✗ ", style="bold red")
-            text.append(model, style="bold")
+        lines: list[Text] = []
+        for model in summary.unplaceable:
+            # The name on one line, cut at the end rather than broken inside;
+            # the repository's name, as the other panes show it.
+            name = Text(no_wrap=True, overflow="ellipsis")
+            name.append("✗ ", style="bold red").append(model.rsplit("/", 1)[-1], style="bold")
             reason = summary.unplaceable_reasons.get(model)
-            text.append("\n  " + short_words(reason), style="" if reason else "dim")
+            lines += [name, Text("  " + short_words(reason), style="" if reason else "dim")]
         if not summary.unplaceable:
-            text.append("every short model can be placed", style="green")
-        if text != self._last:
-            self._last = text
-            self.update(text, layout=False)  # sized by the grid, not by its text
+            lines.append(Text("every short model can be placed", style="green"))
+        if lines != self._last:
+            self._last = lines
+            # Sized by the grid, not by its text.
+            self.update(Group(*lines), layout=False)
 
-    _last: Text | None = None
+    _last: list[Text] | None = None

@@ -33,7 +33,13 @@ from llmgw.controller.auth import (
 )
 from llmgw.controller.authorize import RefusalLog, report_refusal
 from llmgw.controller.bodies import HANDLER_ARGS, body_guard
-from llmgw.controller.credentials import AlreadyEnrolled, Credentials, NotRevocable
+from llmgw.controller.credentials import (
+    AlreadyEnrolled,
+    Credentials,
+    NotAllowed,
+    NotRevocable,
+    TokenSpent,
+)
 from llmgw.controller.endpoints import (
     MAX_WAIT_S,
     FeedHold,
@@ -43,15 +49,19 @@ from llmgw.controller.endpoints import (
     endpoints_since,
     parse_cursor,
 )
+from llmgw.controller.enroll_tokens import TooManyTokens, why_spent
+from llmgw.controller.enroll_tokens import view as token_view
 from llmgw.controller.fleet import FleetState
 from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
+from llmgw.controller.ratelimit import Once, TokenBucket, retry_after
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.revisions import same_engine
 from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
 from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
+from llmgw.listen import PortInUse, start_site
 from llmgw.wire import (
     PATTERN_MESSAGES,
     AdminFlag,
@@ -61,12 +71,15 @@ from llmgw.wire import (
     EmptyRequest,
     EnrollReply,
     EnrollRequest,
+    EnrollTokenRequest,
+    EventReason,
     GatewayStatus,
     ModelDryRun,
     ModelSpecList,
     NodeReport,
     ReasonRequest,
     RolloutUndo,
+    node_name,
     printable,
 )
 
@@ -76,6 +89,8 @@ SETTINGS = web.AppKey("settings", ControllerSettings)
 FLEET = web.AppKey("fleet", FleetState)
 CREDENTIALS = web.AppKey("credentials", Credentials)
 REFUSALS = web.AppKey("refusals", RefusalLog)
+ENROLL_LIMIT = web.AppKey("enroll_limit", TokenBucket)
+ENROLL_REFUSALS = web.AppKey("enroll_refusals", Once)  # an event per node per hour
 # What a node credential may do: report as its node (and say who it is).
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
@@ -126,12 +141,17 @@ def _message(e: Any) -> str:
     return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
 
 
-async def parse_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
+async def parse_body(
+    request: web.Request, model: type[M], *, optional: bool = False, limit: int | None = None
+) -> M:
     """Read and validate a JSON body; any failure is a 400 that names the field.
 
-    With `optional`, an empty body stands for `{}`.
+    With `optional`, an empty body stands for `{}`. `limit`: a smaller bound than
+    the app's, a 413 before the body is parsed (or read, when its length is said).
     """
     timeout = request.app[SETTINGS].body_timeout_s
+    if limit is not None and (request.content_length or 0) > limit:
+        raise TooLarge(limit)
     try:
         raw = await asyncio.wait_for(request.read(), timeout)  # 413 past client_max_size
     except TimeoutError:
@@ -140,6 +160,8 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raise ClientGone from None
     except web.HTTPRequestEntityTooLarge:
         raise TooLarge(request.app[SETTINGS].max_body_bytes) from None
+    if limit is not None and len(raw) > limit:
+        raise TooLarge(limit)
     if not raw:
         if optional:
             raw = b"{}"
@@ -221,6 +243,17 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             node = request.app[CREDENTIALS].identify(presented)
             identity = None if node is None else Identity(node, Role.AGENT, node)
         if identity is None:
+            enroll_token = request.app[CREDENTIALS].tokens.identify(presented)
+            if enroll_token is not None:
+                spent = why_spent(enroll_token, time.time())
+                if spent is not None:
+                    return error(
+                        401,
+                        f"{spent}: ask an admin for a new one (llmgw ctl credentials token create)",
+                    )
+                identity = Identity(f"enrollment token {enroll_token.id}", Role.ENROLL)
+                request["enroll_token"] = enroll_token
+        if identity is None:
             return error(401, "invalid token")
         if identity.node is not None and key not in NODE_CREDENTIAL_ROUTES:
             return error(
@@ -269,6 +302,14 @@ def _has_control(value: str) -> bool:
     return printable(value) != value
 
 
+def node_param(request: web.Request, key: str = "name") -> str:
+    """The node a URL names, normalised as every node name is (`GPU-A01` is gpu-a01)."""
+    try:
+        return node_name(request.match_info[key])
+    except ValueError as exc:
+        raise BadRequest(f"no such node can exist: {exc}") from None
+
+
 def who(request: web.Request) -> str:
     identity: Identity = request["identity"]
     return identity.name
@@ -310,27 +351,65 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def agent_enroll(request: web.Request) -> web.Response:
-    """Trade the enrollment token for the node's own credential (once per node)."""
+    """Trade an enrollment token for the node's own credential (once per node)."""
+    wait = request.app[ENROLL_LIMIT].take()  # before the body: a refusal costs nothing
+    if wait:
+        rate = request.app[SETTINGS].enroll_rate
+        resp = error(429, f"too many enrollments (at most {rate:g} per second): try again shortly")
+        resp.headers["Retry-After"] = retry_after(wait)
+        return resp
     body = await parse_body(request, EnrollRequest)
+    node, by, at = body.node, who(request), time.time()
+    fleet, creds = request.app[FLEET], request.app[CREDENTIALS]
+    pending = request.app[SETTINGS].enroll_approval
     try:
-        secret = request.app[CREDENTIALS].enroll(body.node, by=who(request), at=time.time())
-    except AlreadyEnrolled as exc:
+        secret = creds.enroll(
+            node,
+            by=by,
+            at=at,
+            known=node in fleet.nodes,
+            pending=pending,
+            token=request.get("enroll_token"),
+        )
+    except (AlreadyEnrolled, NotAllowed) as exc:
+        # Someone tried to take over a node that exists: worth an event, once an hour.
+        if request.app[ENROLL_REFUSALS].due(node):
+            fleet.event(f"node/{node}", EventReason.ENROLL_REFUSED, f"{by}: {exc}")
         return error(409, str(exc))
-    log.info("node %s enrolled: credential issued", body.node)
-    return json_model(EnrollReply(node=body.node, credential=secret))
+    except TokenSpent as exc:
+        return error(401, f"{exc}: ask an admin for a new one (llmgw ctl credentials token create)")
+    fleet.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
+    if pending:
+        fleet.await_approval(node, at)
+    else:  # revoked while it awaited approval, enrolled again since it was turned off
+        fleet.drop_approval(node)
+    log.info(
+        "node %s enrolled (%s): credential issued%s",
+        node,
+        by,
+        ", awaiting approval" if pending else "",
+    )
+    return json_model(EnrollReply(node=node, credential=secret, awaiting_approval=pending))
 
 
 async def list_credentials(request: web.Request) -> web.Response:
+    pending = request.app[FLEET].pending
     return json_models(
         [
-            CredentialView(node=c.node, source=c.source, issued_at=c.issued_at, by=c.by)
+            CredentialView(
+                node=c.node,
+                source=c.source,
+                issued_at=c.issued_at,
+                by=c.by,
+                awaiting_approval=c.node in pending,
+            )
             for c in request.app[CREDENTIALS].list()
         ]
     )
 
 
 async def revoke_credential(request: web.Request) -> web.Response:
-    node = request.match_info["node"]
+    node = node_param(request, "node")
     try:
         revoked = request.app[CREDENTIALS].revoke(node)
     except NotRevocable as exc:
@@ -341,10 +420,69 @@ async def revoke_credential(request: web.Request) -> web.Response:
     return web.json_response({"node": node, "revoked": True})
 
 
+async def approve_credential(request: web.Request) -> web.Response:
+    """Let an enrolled node take replicas (`ctl credentials approve`), as CSR approval."""
+    node = node_param(request, "node")
+    await parse_body(request, EmptyRequest, optional=True)
+    if not request.app[FLEET].approve(node, who(request)):
+        if not request.app[CREDENTIALS].holds(node):
+            return error(404, f"node {node!r} holds no credential to approve")
+        return error(409, f"node {node!r} awaits no approval: it may take replicas already")
+    log.info("node %s approved by %s", node, who(request))
+    return web.json_response({"node": node, "approved": True})
+
+
+async def allow_enroll(request: web.Request) -> web.Response:
+    """Let a node that has reported before enroll once (`ctl credentials allow`)."""
+    node = node_param(request, "node")
+    await parse_body(request, EmptyRequest, optional=True)
+    if node not in request.app[FLEET].nodes:
+        return error(
+            409, f"node {node!r} has never reported here: it may enroll without an allowance"
+        )
+    try:
+        request.app[CREDENTIALS].allow(node, by=who(request), at=time.time())
+    except AlreadyEnrolled as exc:
+        return error(409, str(exc))
+    log.info("node %s allowed to enroll by %s", node, who(request))
+    return web.json_response({"node": node, "allowed": True})
+
+
+async def create_enroll_token(request: web.Request) -> web.Response:
+    body = await parse_body(request, EnrollTokenRequest, optional=True)
+    try:
+        secret, token = request.app[CREDENTIALS].tokens.create(
+            by=who(request),
+            at=time.time(),
+            ttl_s=body.ttl_s or None,
+            uses=body.uses,
+            description=body.description,
+        )
+    except TooManyTokens as exc:
+        return error(409, str(exc))
+    log.info("enrollment token %s made by %s", token.id, who(request))
+    return json_model(token_view(token, time.time(), secret), status=201)
+
+
+async def list_enroll_tokens(request: web.Request) -> web.Response:
+    now = time.time()
+    return json_models([token_view(t, now) for t in request.app[CREDENTIALS].tokens.list()])
+
+
+async def delete_enroll_token(request: web.Request) -> web.Response:
+    token_id = request.match_info["id"]
+    if not request.app[CREDENTIALS].tokens.delete(token_id):
+        return error(
+            404, f"no enrollment token {token_id[:20]!r} (llmgw ctl credentials token list)"
+        )
+    log.info("enrollment token %s deleted by %s", token_id, who(request))
+    return web.Response(status=204)
+
+
 async def forget_node(request: web.Request) -> web.Response:
     """Forget a node for good: credential revoked first, then its row and replicas."""
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     await parse_body(request, EmptyRequest, optional=True)
     try:
@@ -375,11 +513,16 @@ async def list_events(request: web.Request) -> web.Response:
         raise BadRequest(f"since must be an event id (a whole number), got {since[:40]!r}")
     if obj is not None and not _EVENT_OBJECT.fullmatch(obj):
         raise BadRequest(f"for must be node/NAME or model/NAME, got {obj[:60]!r}")
+    if obj is not None and obj.startswith("node/"):
+        try:
+            obj = "node/" + node_name(obj[5:])  # node/GPU01 is node gpu01's
+        except ValueError as exc:
+            raise BadRequest(f"for: {exc}") from None
     return json_model(request.app[FLEET].events(int(since), obj))
 
 
 async def get_node(request: web.Request) -> web.Response:
-    return json_model(request.app[FLEET].detail(request.match_info["name"]))
+    return json_model(request.app[FLEET].detail(node_param(request)))
 
 
 async def summary(request: web.Request) -> web.Response:
@@ -406,7 +549,7 @@ async def list_replicas(request: web.Request) -> web.Response:
 
 async def cordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     body = await parse_body(request, ReasonRequest)
     return json_model(fleet.set_flag(name, AdminFlag.CORDONED, body.reason, who(request)))
@@ -414,7 +557,7 @@ async def cordon(request: web.Request) -> web.Response:
 
 async def uncordon(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     await parse_body(request, EmptyRequest, optional=True)
     return json_model(fleet.set_flag(name, AdminFlag.NONE, None, who(request)))
@@ -422,7 +565,7 @@ async def uncordon(request: web.Request) -> web.Response:
 
 async def drain(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = request.match_info["name"]
+    name = node_param(request)
     fleet.require(name)
     body = await parse_body(request, DrainRequest)
     row = fleet.set_flag(
@@ -508,7 +651,8 @@ async def list_endpoints(request: web.Request) -> web.Response:
 
 
 async def gateway_status(request: web.Request) -> web.Response:
-    body = await parse_body(request, GatewayStatus)
+    # Bounded by the replicas that exist: a bigger status is not worth parsing.
+    body = await parse_body(request, GatewayStatus, limit=request.app[GATEWAYS].status_bytes())
     try:
         request.app[GATEWAYS].report(body, by=who(request))
     except TooManyGateways as exc:
@@ -548,6 +692,11 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/agent/enroll", agent_enroll, ENROLL_ROLES),
     ("GET", "/v1/credentials", list_credentials, ADMIN_ROLES),
     ("DELETE", "/v1/credentials/{node}", revoke_credential, ADMIN_ROLES),
+    ("POST", "/v1/credentials/{node}/approve", approve_credential, ADMIN_ROLES),
+    ("POST", "/v1/credentials/{node}/allow", allow_enroll, ADMIN_ROLES),
+    ("POST", "/v1/credentials/tokens", create_enroll_token, ADMIN_ROLES),
+    ("GET", "/v1/credentials/tokens", list_enroll_tokens, ADMIN_ROLES),
+    ("DELETE", "/v1/credentials/tokens/{id}", delete_enroll_token, ADMIN_ROLES),
     ("POST", "/v1/nodes/{name}/forget", forget_node, ADMIN_ROLES),
     ("GET", "/metrics", metrics, METRICS_ROLES),
     ("GET", "/v1/endpoints", list_endpoints, ENDPOINT_READERS),
@@ -568,6 +717,8 @@ def create_app(settings: ControllerSettings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[METRICS] = ControllerMetrics(per_node=settings.metrics_per_node)
+    app[ENROLL_LIMIT] = TokenBucket(settings.enroll_rate, burst=2 * settings.enroll_rate)
+    app[ENROLL_REFUSALS] = Once(every_s=3600.0)
     app.router.add_get("/healthz", healthz)
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
@@ -613,6 +764,10 @@ async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics_app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await start_site(runner, host, port, "--metrics-listen")
+    except PortInUse:
+        await runner.cleanup()
+        raise
     yield
     await runner.cleanup()

@@ -12,11 +12,14 @@ Tokens are compared in constant time.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+
+from llmgw.wire import node_name
 
 
 class Role(StrEnum):
@@ -97,7 +100,10 @@ class Tokens:
                 continue
             for secret, name in _read_token_file(path):
                 if role is Role.AGENT and name:
-                    nodes.append((secret, name))
+                    try:
+                        nodes.append((secret, node_name(name)))  # as reports name it
+                    except ValueError as exc:
+                        raise ValueError(f"{path}: node {exc}") from None
                 else:
                     entries.append((secret, name or role.value, role))
         return cls(tuple(entries), tuple(nodes))
@@ -115,6 +121,12 @@ def _read_token_file(path: Path) -> list[tuple[str, str]]:
     if not entries:
         raise ValueError(f"token file {path} holds no token")
     return entries
+
+
+def digest(secret: str) -> str:
+    """What is kept of an issued secret (a node credential, an enrollment token): its
+    SHA-256. The secrets are 32 random bytes, so a fast hash is enough."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def bearer(header: str | None) -> str | None:

@@ -1,11 +1,17 @@
 """Node credentials: one secret per node, issued by enrollment, revocable.
 
-An agent holding the enrollment token trades it, once per node name, for a
+An agent holding an enrollment token trades it, once per node name, for a
 credential of its own (`POST /v1/agent/enroll`). Only the credential's SHA-256
 is stored (the secret is 32 random bytes, so a fast hash is enough), durably in
-the controller's database. A name that already holds a credential cannot be
-enrolled again until an operator revokes it: whoever has the enrollment token
-cannot take over a node that exists.
+the controller's database. Enrollment is bounded, as kubeadm bounds joining:
+- a name that already holds a credential cannot be enrolled again until an
+  operator revokes it: whoever has an enrollment token cannot take over a node;
+- a name that has reported before (a fleet moving from a shared agent token to
+  enrollment, or a revoked node) enrolls only once an admin allows it
+  (`ctl credentials allow NODE`): the allowance is used up by that enrollment;
+- tokens made with `ctl credentials token create` expire and count their uses
+  (`enroll_tokens.py`); with --enroll-approval a new credential awaits an admin's
+  approval before its node gets work (`FleetState.await_approval`).
 
 Credentials from `--agent-token-file NODE TOKEN` lines are listed too; they live
 in the operator's file, so they are revoked by editing it.
@@ -13,11 +19,12 @@ in the operator's file, so they are revoked by editing it.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 
-from llmgw.controller.auth import Tokens
+from llmgw.controller.auth import Tokens, digest
+from llmgw.controller.enroll_tokens import EnrollTokens
+from llmgw.controller.records import EnrollToken
 from llmgw.controller.stores.base import StateStore
 
 
@@ -35,6 +42,21 @@ class NotRevocable(Exception):
     pass
 
 
+class NotAllowed(Exception):
+    """A name that has reported before, not allowed to enroll by an admin."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(
+            f"node {node!r} has reported to this controller before: an enrollment could "
+            "take it over, so an admin must allow it first "
+            f"(`llmgw ctl credentials allow {node}`)"
+        )
+
+
+class TokenSpent(Exception):
+    """The enrollment token expired or was used up before this enrollment took its use."""
+
+
 @dataclass(frozen=True)
 class Credential:
     node: str
@@ -43,39 +65,69 @@ class Credential:
     by: str | None
 
 
-def digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 class Credentials:
     def __init__(self, store: StateStore, tokens: Tokens) -> None:
         self._store = store
         self._file_nodes = tokens.node_names()
         self._issued: dict[str, tuple[str, float, str]] = {}
         self._by_digest: dict[str, str] = {}
+        self._allowed: dict[str, tuple[str, float]] = {}
+        self.tokens = EnrollTokens(store)
         self.reload()
 
     def reload(self) -> None:
         """Read the issued credentials from the store (at start, and for a new leader)."""
         self._issued = self._store.credentials()
         self._by_digest = {d: node for node, (d, _, _) in self._issued.items()}
+        self._allowed = self._store.enroll_allowed()
+        self.tokens.reload()
 
     def identify(self, presented: str) -> str | None:
         """The node an issued credential speaks for, or None."""
         return self._by_digest.get(digest(presented))
 
-    def enroll(self, node: str, *, by: str, at: float) -> str:
-        """A new credential for `node`, stored before it is handed out."""
+    def holds(self, node: str) -> bool:
+        """Whether the node holds a credential (issued or from the token file)."""
+        return node in self._issued or node in self._file_nodes
+
+    def enroll(
+        self,
+        node: str,
+        *,
+        by: str,
+        at: float,
+        known: bool = False,
+        pending: bool = False,
+        token: EnrollToken | None = None,
+    ) -> str:
+        """A new credential for `node`, stored before it is handed out.
+
+        `known`: the node has reported before; `pending`: it awaits approval;
+        `token`: the admin-made token it came with, one of whose uses it takes."""
         if node in self._file_nodes:
             raise AlreadyEnrolled(node, "file")
         if node in self._issued:
             raise AlreadyEnrolled(node, "enrolled")
+        if known and node not in self._allowed:
+            raise NotAllowed(node)
         secret = "llmgw-node-" + secrets.token_urlsafe(32)
         d = digest(secret)
-        self._store.put_credential(node, d, at=at, by=by)
+        token_id = token.id if token is not None else None
+        if not self._store.enroll(node, d, at=at, by=by, pending=pending, token=token_id):
+            raise TokenSpent(f"enrollment token {token_id} has expired or is used up")
+        if token_id is not None:
+            self.tokens.used(token_id)
+        self._allowed.pop(node, None)
         self._issued[node] = (d, at, by)
         self._by_digest[d] = node
         return secret
+
+    def allow(self, node: str, *, by: str, at: float) -> None:
+        """Let a node that has reported before enroll once more."""
+        if self.holds(node):
+            raise AlreadyEnrolled(node, "enrolled" if node in self._issued else "file")
+        self._store.allow_enroll(node, by=by, at=at)
+        self._allowed[node] = (by, at)
 
     def revoke(self, node: str) -> bool:
         """Revoke an issued credential; False when the node holds none."""

@@ -37,6 +37,11 @@ LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
 FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
 MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
 MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
+# A status body may be this big, plus STATUS_BYTES_PER_REPLICA for each replica
+# that exists (a status keeps nothing else): a legit entry is under 200 bytes a
+# replica, and parsing a 1 MiB status costs the event loop tens of milliseconds.
+STATUS_BYTES_BASE = 64 * 1024
+STATUS_BYTES_PER_REPLICA = 1024
 MAX_WAIT_S = 30.0  # the longest long poll
 
 _CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
@@ -223,11 +228,15 @@ class Gateways:
 
     Everything here is keyed by what a gateway token chooses, so it is bounded:
     a name silent for FORGET_S is forgotten, one token holds at most
-    MAX_NAMES_PER_TOKEN names (MAX_GATEWAYS in all), and a status keeps entries
-    only for replicas that exist."""
+    MAX_NAMES_PER_TOKEN names (MAX_GATEWAYS in all), a status keeps entries only
+    for replicas that exist, and one bigger than those could fill is not read."""
 
     fleet: FleetState
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
+
+    def status_bytes(self) -> int:
+        """The largest status body worth reading now (413 past it, before parsing)."""
+        return STATUS_BYTES_BASE + STATUS_BYTES_PER_REPLICA * len(self.fleet.records)
 
     def report(self, status: GatewayStatus, by: str = "") -> None:
         now = self.fleet.clock()

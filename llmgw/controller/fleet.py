@@ -45,7 +45,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import FleetTotals, NodeFacts, build_summary
-from llmgw.errors import BadCursor, BadRequest, UnknownModel, UnknownNode
+from llmgw.errors import AwaitsApproval, BadCursor, BadRequest, UnknownModel, UnknownNode
 from llmgw.present import timestamp
 from llmgw.wire import (
     AdminFlag,
@@ -78,6 +78,7 @@ RowContent = dict[str, Any]
 # Who the admin history names for what llmgw decides by itself (a drain done or
 # forced, a cordon for a failed card), never an operator's name.
 BY_LLMGW = "llmgw"
+AWAITING_APPROVAL = "awaiting approval: llmgw ctl credentials approve NODE"
 _NO_ADMIN = AdminInfo()  # shared, never mutated: built once, not once per report
 _CAPACITY_VERSIONS = itertools.count(1)
 
@@ -109,6 +110,11 @@ class FleetState:
         self._backoffs: dict[str, Backoff] = store.backoffs()
         self._revisions = Revisions(store.revisions())
         self._events = Events(store.events(EVENTS_KEPT))
+        # Nodes enrolled that await an admin's approval (--enroll-approval): shown as
+        # cordoned by llmgw, so nothing is placed there, until `ctl credentials approve`.
+        self._pending: dict[str, AdminInfo] = {
+            name: _awaiting(at) for name, at in store.pending_credentials().items()
+        }
         # Decided by the reconcile loop: a rollout that waits or stalled, and why.
         self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
         # Decided by the reconcile loop: each autoscaled model's desired replicas,
@@ -172,6 +178,11 @@ class FleetState:
     @property
     def admin(self) -> Mapping[str, AdminInfo]:
         return MappingProxyType(self._admin)
+
+    @property
+    def pending(self) -> Mapping[str, AdminInfo]:
+        """Nodes enrolled and awaiting approval (what their rows show)."""
+        return MappingProxyType(self._pending)
 
     @property
     def models(self) -> Mapping[str, ModelSpec]:
@@ -271,7 +282,7 @@ class FleetState:
     def state_of(self, name: str, now: float | None = None) -> NodeState:
         entry = self._entries[name]
         now = self.clock() if now is None else now
-        return node_state(entry, self._admin.get(name), now, self.grace_s(entry), self.started_at)
+        return node_state(entry, self.admin_info(name), now, self.grace_s(entry), self.started_at)
 
     def _watch(self, name: str, now: float) -> None:
         """Note when a node's liveness next changes, and bring it up to date."""
@@ -487,7 +498,40 @@ class FleetState:
     # -- admin flags ----------------------------------------------------------------------
 
     def admin_info(self, name: str) -> AdminInfo:
-        return self._admin.get(name) or _NO_ADMIN
+        """The node's admin flag; else, awaiting approval, a cordon by llmgw saying so."""
+        return self._admin.get(name) or self._pending.get(name) or _NO_ADMIN
+
+    # -- approval of enrolled nodes ---------------------------------------------------------
+
+    def await_approval(self, name: str, enrolled_at: float) -> None:
+        """A node enrolled (its credential stored as pending): no work until approved."""
+        self._pending[name] = _awaiting(enrolled_at)
+        self._admin_changed(name)
+        self.event(
+            f"node/{name}",
+            EventReason.AWAITING_APPROVAL,
+            f"enrolled; gets no replicas until an admin approves it "
+            f"(llmgw ctl credentials approve {name})",
+        )
+
+    def approve(self, name: str, by: str) -> bool:
+        """An admin approved the node: it may take replicas (False: nothing awaited)."""
+        if name not in self._pending:
+            return False
+        self._store.approve_credential(name, by=by, at=self.wall())
+        del self._pending[name]
+        self._admin_changed(name)
+        return True
+
+    def drop_approval(self, name: str) -> None:
+        """The node enrolled again without needing approval: it awaits nothing any more."""
+        if self._pending.pop(name, None) is not None:
+            self._admin_changed(name)
+
+    def _admin_changed(self, name: str) -> None:
+        if name in self._entries:
+            self._log.append(ChangeKind.ADMIN, name)
+            self._refresh(name)
 
     def require(self, name: str) -> NodeEntry:
         entry = self._entries.get(name)
@@ -508,6 +552,8 @@ class FleetState:
         """Cordon, drain or uncordon a node. A drain with `force_after_s` is
         forced by the reconcile loop that many seconds from now unless done."""
         self.require(name)
+        if flag is AdminFlag.NONE and name in self._pending and name not in self._admin:
+            raise AwaitsApproval(name)
         at = self.wall()
         force_at = (
             at + force_after_s
@@ -598,6 +644,7 @@ class FleetState:
         if self._admin.pop(name, None) is not None:
             self._log.append(ChangeKind.ADMIN, name)
         self._drain_blocked.pop(name, None)
+        self._pending.pop(name, None)
         del self._entries[name]
         self._capacity_version = next(_CAPACITY_VERSIONS)
         self._capacity_at.pop(name, None)
@@ -890,7 +937,7 @@ class FleetState:
         self.advance_time(now)
         return build_summary(
             self.totals,
-            self._admin,
+            {**self._pending, **self._admin} if self._pending else self._admin,
             self._entries,
             self.replica_statuses(),
             self._models,
@@ -1098,6 +1145,18 @@ def _listening(entry: NodeEntry) -> tuple[object, ...]:
 def rendezvous_port(replica_id: str) -> int:
     """A stable port for a multi-node replica's leader, derived from its id."""
     return 29500 + sum(replica_id.encode()) % 500
+
+
+def _awaiting(enrolled_at: float) -> AdminInfo:
+    """What a node awaiting approval shows: one reason for all, so that `ctl status`
+    lists them as one group, as `sinfo -R` does."""
+    return AdminInfo(
+        flag=AdminFlag.CORDONED,
+        reason=AWAITING_APPROVAL,
+        by=BY_LLMGW,
+        at=enrolled_at,
+        awaiting_approval=True,
+    )
 
 
 def _age(entry: NodeEntry, now: float) -> float | None:

@@ -25,6 +25,7 @@ from llmgw.controller.stores import (
     parse_store,
     store_spec,
 )
+from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -81,6 +82,20 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="enrollment token: a new agent trades it for its own node credential "
         "(else LLMGW_ENROLL_TOKEN)",
+    )
+    p.add_argument(
+        "--enroll-approval",
+        action="store_true",
+        help="a newly enrolled node gets no replicas until an admin approves it "
+        "(`llmgw ctl credentials approve NODE`)",
+    )
+    p.add_argument(
+        "--enroll-rate",
+        type=float,
+        default=5.0,
+        metavar="N",
+        help="enrollments taken per second, from all callers together (bursts of 2 s worth); "
+        "more get 429 with Retry-After (default %(default)g)",
     )
     p.add_argument(
         "--allow-shared-agent-token",
@@ -208,6 +223,10 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     ):
         if not 0 < value <= 86_400:
             raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
+    if not 0 < args.enroll_rate <= 10_000:
+        raise ValueError(
+            f"--enroll-rate must be between 0 and 10000 per second, got {args.enroll_rate:g}"
+        )
     if args.max_connections < 1:
         raise ValueError(f"--max-connections must be at least 1, got {args.max_connections}")
     files = {
@@ -222,12 +241,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         tokens = Tokens.load(files=files)
     except OSError as exc:
         raise ValueError(f"cannot read token file: {exc}") from exc
-    agents_can_auth = tokens.has(Role.AGENT) or tokens.has(Role.ENROLL)
-    if not is_loopback(host) and not (agents_can_auth and tokens.has(Role.ADMIN)):
+    # Agents can authenticate with a token of their own, or enroll with a token an
+    # admin makes (`ctl credentials token create`): an admin token is what it takes.
+    if not is_loopback(host) and not tokens.has(Role.ADMIN):
         raise ValueError(
             f"refusing to listen on {host} without tokens: anyone on the network could cordon "
-            "nodes or forge reports. Set LLMGW_ADMIN_TOKEN and LLMGW_ENROLL_TOKEN (or the "
-            "--*-token-file options), or listen on 127.0.0.1."
+            "nodes or forge reports. Set LLMGW_ADMIN_TOKEN (or --admin-token-file) and let "
+            "agents enroll (`llmgw ctl credentials token create`), or listen on 127.0.0.1."
         )
     if tokens.shared_agent and not args.allow_shared_agent_token:
         raise ValueError(
@@ -248,6 +268,8 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         store=args.store,
         advertise_url=args.advertise_url or _default_advertise(args),
         lease_ttl_s=args.lease_ttl,
+        enroll_approval=args.enroll_approval,
+        enroll_rate=args.enroll_rate,
         metrics_listen=args.metrics_listen,
         metrics_per_node=args.metrics_per_node,
         listen=args.listen,
@@ -394,6 +416,12 @@ def main(argv: list[str]) -> int:
             "a shared agent token is accepted (--allow-shared-agent-token): any agent holding "
             "it can report as any node; prefer per-node credentials (enrollment)"
         )
+    if settings.tokens.has(Role.ENROLL):
+        log.warning(
+            "a static enrollment token is accepted (--enroll-token-file, LLMGW_ENROLL_TOKEN): it "
+            "never expires and has no use limit; prefer tokens made with "
+            "`llmgw ctl credentials token create --ttl 1h --uses N`"
+        )
     spec = store_spec(settings)
     if args.reset_state:
         if spec[0] != "sqlite":
@@ -432,11 +460,14 @@ def main(argv: list[str]) -> int:
             settings.host,
         )
     scheme = "https" if ssl_context is not None else "http"
-    print(
-        f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
-        f"state in {describe(spec)}",
-        flush=True,
-    )
+
+    def listening() -> None:  # said once the port is ours
+        print(
+            f"llmgw controller listening on {scheme}://{args.listen} ({mode}); "
+            f"state in {describe(spec)}",
+            flush=True,
+        )
+
     tune_gc()
     # Per-request access logs would be 2,000 lines a second at fleet scale.
     access_log = logging.getLogger("aiohttp.access") if args.log_level.lower() == "debug" else None
@@ -449,8 +480,9 @@ def main(argv: list[str]) -> int:
             limits,
             ssl_context=ssl_context,
             access_log=access_log,
+            ready=listening,
         )
-    except StateError as exc:  # found while opening the state: one message, no traceback
+    except (StateError, PortInUse) as exc:  # one message, no traceback
         print(f"llmgw controller: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -157,6 +157,11 @@ class FleetCollector(Collector):
             "Drains not progressing (`llmgw ctl nodes` says why).",
             value=len(fleet.drain_blocked),
         )
+        yield GaugeMetricFamily(
+            "llmgw_nodes_awaiting_approval",
+            "Enrolled nodes that get no replicas until `llmgw ctl credentials approve`.",
+            value=len(fleet.pending),
+        )
 
         yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(views))
         gw_age = GaugeMetricFamily(

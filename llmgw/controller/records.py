@@ -8,7 +8,22 @@ from dataclasses import dataclass, field, replace
 
 from llmgw.wire import AdminEvent, AdminInfo, ModelRevision, ModelSpec, ReplicaState
 
-__all__ = ["Backoff", "ReplicaRecord", "ShardRecord", "StateDump"]
+__all__ = ["Backoff", "EnrollToken", "ReplicaRecord", "ShardRecord", "StateDump"]
+
+
+@dataclass(frozen=True)
+class EnrollToken:
+    """An enrollment token made by an admin (`ctl credentials token create`): its id is
+    public, its secret is kept only as a SHA-256. None: no expiry, no use limit."""
+
+    id: str
+    digest: str
+    created_at: float
+    by: str
+    expires_at: float | None = None
+    uses: int | None = None
+    used: int = 0
+    description: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,16 @@ cannot hold the controller:
 - out of file descriptors: asyncio reports every failed accept() with a
   traceback (about one a second per listening socket); it is logged once per
   minute with a count instead.
+- a request aiohttp cannot parse (a control character in a header, a bad
+  request line) gets a JSON 400 like every other error, and is logged once per
+  minute with a count: aiohttp logs an ERROR traceback for each and answers in
+  plain text, and anyone can send them without a token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 import signal
@@ -33,6 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from llmgw.listen import start_site
 
 log = logging.getLogger("llmgw.controller.serve")
 
@@ -60,10 +68,14 @@ def connection_cap(requested: int) -> int:
 
 
 def cap_connections(server: web.Server, cap: int) -> None:
-    """Refuse connections past `cap` with a 503 as soon as they are accepted."""
+    """Refuse connections past `cap` with a 503 as soon as they are accepted, and
+    answer requests aiohttp cannot parse with a JSON 400 (`_JsonParseErrors`)."""
     admit = server.connection_made
 
     def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        if type(handler) is RequestHandler:
+            # Same slots, one method more: set before any byte is parsed.
+            handler.__class__ = _JsonParseErrors
         admit(handler, transport)
         if len(server.connections) > cap:
             transport.write(BUSY_REPLY)
@@ -95,6 +107,35 @@ class _Once:
 
 _BUSY = _Once("refused connections: the open-connection cap is reached")
 _NO_FDS = _Once("cannot accept connections: out of file descriptors")
+_UNPARSABLE = _Once("refused requests that cannot be parsed (400)")
+
+
+class _JsonParseErrors(RequestHandler):
+    """aiohttp's connection handler, with a JSON 400 for a request it cannot parse."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not 400 <= status < 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        why = _first_line(message or (str(exc) if exc is not None else "")) or "malformed request"
+        _UNPARSABLE.note(f"; last from {request.remote}: {why}")
+        body = {"error": f"bad request: {why}; fix the request line and headers"}
+        resp = web.Response(status=status, text=json.dumps(body), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+def _first_line(text: str) -> str:
+    """A parser's message, cut and made safe to log and to echo (no control characters)."""
+    line = text.strip().splitlines()[0].rstrip(" :") if text.strip() else ""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)[:200]
 
 
 def quiet_fd_exhaustion(loop: asyncio.AbstractEventLoop) -> None:
@@ -124,7 +165,8 @@ def serve(
     access_log: logging.Logger | None = None,
     ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT; the app's cleanup (the final save) always runs."""
+    """Run until SIGTERM or SIGINT; the app's cleanup (the final save) always runs.
+    `llmgw.listen.PortInUse` when the address is taken."""
     asyncio.run(_serve(app, host, port, limits, ssl_context, access_log, ready))
 
 
@@ -150,12 +192,11 @@ async def _serve(
         # sends for at most this long, so it sees the reply; then close.
         lingering_time=1.0,
     )
-    await runner.setup()
     try:
+        await runner.setup()  # the app's startup: a taken --metrics-listen is raised here
         assert runner.server is not None
         cap_connections(runner.server, connection_cap(limits.max_connections))
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
-        await site.start()
+        await start_site(runner, host, port, "the API", ssl_context=ssl_context, backlog=1024)
         if ready is not None:
             ready()
         await stop.wait()

@@ -44,6 +44,10 @@ class ControllerSettings:
     # PostgreSQL: the leader's lease lasts this long unless renewed (every TTL/4); a
     # follower takes over within about this long after the leader dies.
     lease_ttl_s: float = 8.0
+    # Bounded enrollment: new nodes await `ctl credentials approve` before they get
+    # work; enrollments taken per second across all callers (bursts of 2 s worth).
+    enroll_approval: bool = False
+    enroll_rate: float = 5.0
 
     @property
     def url(self) -> str:

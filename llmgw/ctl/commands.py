@@ -115,16 +115,57 @@ class Ctl:
         return EXIT_OK
 
     def credentials(self) -> int:
-        if self.args.action == "revoke":
-            if not self.args.nodes:
-                raise UsageError("credentials revoke needs at least one NODE")
-            for node in self.args.nodes:
-                self.client.json(api.revoke_credential(node))
-                self.term.write(f"{node}: revoked\n")
-            return EXIT_OK
-        if self.args.nodes:
+        action, nodes = self.args.action, self.args.nodes
+        if action == "token":
+            return self._enroll_tokens(nodes)
+        if action in ("revoke", "approve", "allow"):
+            if not nodes:
+                raise UsageError(f"credentials {action} needs at least one NODE")
+            if action == "approve":
+                return self._each(nodes, api.approve_credential, "approved: it may take replicas")
+            if action == "allow":
+                return self._each(nodes, api.allow_enroll, "may enroll once")
+            code = self._each(nodes, api.revoke_credential, "revoked")
+            if self.args.allow_enroll and code == EXIT_OK:
+                code = self._each(nodes, api.allow_enroll, "may enroll again")
+            return code
+        if nodes:
             raise UsageError("credentials list takes no NODE (to revoke: credentials revoke NODE)")
         return self._read(api.credentials(), render.credentials_table, plain=True)
+
+    def _enroll_tokens(self, words: list[str]) -> int:
+        verb, ids = (words[0], words[1:]) if words else ("list", [])
+        if verb == "create" and not ids:
+            if self.args.uses is not None and self.args.uses < 1:
+                raise UsageError("--uses must be at least 1 (leave it out for no limit)")
+            made = self.client.json(
+                api.create_enroll_token(self.args.ttl, self.args.uses, self.args.description)
+            )
+            if self.args.output in ("json", "yaml"):
+                self.out.data(made)
+                return EXIT_OK
+            self.term.write(f"{made['token']}\n")
+            print(
+                f"enrollment token {made['id']}: {_token_limits(made)}. It is shown only "
+                "now: give it to agents in --enroll-token-file (mode 0600)",
+                file=sys.stderr,
+            )
+            return EXIT_OK
+        if verb == "delete" and ids:
+            return self._each(ids, api.delete_enroll_token, "deleted")
+        if verb == "list" and not ids:
+            tokens = self.client.json(api.enroll_tokens())
+            if self.args.output in ("json", "yaml"):
+                self.out.data(tokens)
+                return EXIT_OK
+            for t in tokens:
+                what = f"  {render.clean(t['description'])}" if t.get("description") else ""
+                self.term.write(f"{t['id']:<8} {t['state']:<9} {_token_limits(t)}{what}\n")
+            return EXIT_OK
+        raise UsageError(
+            "credentials token takes: create [--ttl D] [--uses N] [--description TEXT], "
+            "list, or delete ID..."
+        )
 
     def models(self) -> int:
         wide = self.args.output == "wide"
@@ -298,3 +339,10 @@ def _draining(row: Any) -> str:
     if force_at is None or row.admin.get("force"):
         return "draining"
     return f"draining; {present.force_at_words(force_at)}"
+
+
+def _token_limits(t: dict[str, Any]) -> str:
+    """`used 2 of 10, expires 2026-12-05 18:00:00`, as a token's list line says it."""
+    uses = f"used {t['used']} of {t['uses']}" if t.get("uses") else f"used {t['used']}, no limit"
+    expires = t.get("expires_at")
+    return f"{uses}, " + (f"expires {render.timestamp(expires)}" if expires else "never expires")

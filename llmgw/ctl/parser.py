@@ -277,11 +277,37 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         s = _sub(
             sub,
             "credentials",
-            "node credentials: list them, or revoke NODE's",
-            "llmgw ctl credentials list\nllmgw ctl credentials revoke gpu-a01",
+            "node credentials and enrollment: list, revoke, approve or allow nodes; "
+            "create, list or delete enrollment tokens",
+            "llmgw ctl credentials list\n"
+            "llmgw ctl credentials token create --ttl 1h --uses 10 --description 'rack 7'\n"
+            "llmgw ctl credentials approve gpu-a01\n"
+            "llmgw ctl credentials allow gpu-a02   # reported before: may enroll once\n"
+            "llmgw ctl credentials revoke gpu-a01 --allow-enroll",
         )
-        s.add_argument("action", choices=["list", "revoke"])
-        s.add_argument("nodes", nargs="*", metavar="NODE")
+        s.add_argument("action", choices=["list", "revoke", "approve", "allow", "token"])
+        s.add_argument(
+            "nodes",
+            nargs="*",
+            metavar="NODE",
+            help="the nodes; after `token`: create, list, or delete ID...",
+        )
+        s.add_argument(
+            "--allow-enroll",
+            action="store_true",
+            help="with revoke: let the node enroll again (it reported before, so it needs this)",
+        )
+        s.add_argument(
+            "--ttl",
+            type=_duration,
+            default=None,
+            help="with token create: how long it enrolls nodes (30m, 1h, 7d; 0: never "
+            "expires); default 24h",
+        )
+        s.add_argument(
+            "--uses", type=int, default=None, help="with token create: at most this many nodes"
+        )
+        s.add_argument("--description", help="with token create: what it is for (listed)")
 
     if wanted("cordon"):
         s = _sub(

@@ -19,6 +19,7 @@ from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.smg import Smg, SmgOptions
 from llmgw.gateway.sync import Follower
+from llmgw.listen import PortInUse, check_free
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
@@ -62,10 +63,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wake-timeout",
         type=float,
-        default=WAKE_TIMEOUT_S,
+        default=None,
         metavar="S",
         help="how long a request for a model asleep at zero replicas is held while it wakes; "
-        "past it, 503 with Retry-After and the reason (default: %(default)g)",
+        f"past it, 503 with Retry-After and the reason (default: {WAKE_TIMEOUT_S:g}, or "
+        "--request-timeout when that is shorter)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=1800,
+        metavar="S",
+        help="the longest a request may take, reading its body and streaming its answer "
+        "included: a body still arriving after S seconds gets a 408 (default %(default)s, "
+        "SMG's; SMG has no bound on reading a body alone)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -73,6 +84,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="info", help="default: info")
     return p
+
+
+def _seconds(text: str) -> int:
+    """Whole seconds, 1 to a day (SMG takes whole seconds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want whole seconds, got {text!r}") from None
+    if not 1 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"want 1 to 86400 seconds, got {value}")
+    return value
 
 
 def _token(path: Path | None) -> str | None:
@@ -112,14 +134,20 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        if not 0 < args.wake_timeout <= 86_400:
+        if args.wake_timeout is None:
+            args.wake_timeout = min(WAKE_TIMEOUT_S, args.request_timeout)
+        if not 0 < args.wake_timeout <= args.request_timeout:
             raise ValueError(
-                f"--wake-timeout must be in (0, 86400] seconds, got {args.wake_timeout:g}"
+                "--wake-timeout must be more than 0 and at most --request-timeout "
+                f"({args.request_timeout} s: SMG ends a held request then), "
+                f"got {args.wake_timeout:g}"
             )
         host, port = split_listen(args.listen)
         keys = load_keys(args.api_key_file)
         token = _token(args.token_file)
-    except ValueError as exc:
+        # SMG binds it; a taken port would otherwise be an SMG restart loop.
+        check_free(host, port, "the gateway")
+    except (ValueError, PortInUse) as exc:
         print(f"llmgw gateway: {exc}", file=sys.stderr)
         return 2
     if not keys and not is_loopback(host):
@@ -137,7 +165,15 @@ def main(argv: list[str]) -> int:
                 tempfile.TemporaryDirectory(prefix="llmgw-gateway-", ignore_cleanup_errors=True)
             )
             workdir = Path(temp)
-        smg = Smg(SmgOptions(host=host, port=port, policy=args.policy, keys=keys, workdir=workdir))
+        options = SmgOptions(
+            host=host,
+            port=port,
+            policy=args.policy,
+            keys=keys,
+            workdir=workdir,
+            request_timeout_s=args.request_timeout,
+        )
+        smg = Smg(options)
         follower = Follower(args.controller, token, args.name, smg, args.wake_timeout)
         auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
         kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"

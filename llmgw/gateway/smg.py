@@ -63,6 +63,9 @@ class SmgOptions:
     policy: str
     keys: list[ApiKey]
     workdir: Path
+    # SMG's one bound on a request, reading its body included (it has no bound of
+    # its own for a body it buffers): a slow body is a 408 after this long.
+    request_timeout_s: int = 1800
     log_level: str = "warn"
     extra: list[str] = field(default_factory=list)
 
@@ -127,6 +130,8 @@ class Smg:
             str(self.metrics_port),
             "--health-check-interval-secs",
             "2",
+            "--request-timeout-secs",
+            str(o.request_timeout_s),
             "--log-level",
             o.log_level,
         ]

@@ -76,11 +76,18 @@ def test_no_storage_says_not_configured(capsys: pytest.CaptureFixture[str]) -> N
     assert not report.storage_configured and report.storage == []
 
 
+def test_the_node_name_is_reported_in_lower_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--once", "--json", "--node", "GPU-A01", "--fake-gpus", "1xL4-24GB"]) == 0
+    assert NodeReport.model_validate_json(capsys.readouterr().out).node == "gpu-a01"
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
         (["--fake-gpus", "lots"], "COUNTxCLASS"),
-        (["--node", "bad name"], "not a valid node name"),
+        (["--node", "bad name"], "a node name is a host name"),
+        (["--node", "n1."], "no trailing dot"),
+        (["--node", "0"], "reads as an IP address"),
         (["--interval", "0"], "--interval"),
         (["--storage", ":shared"], "--storage"),
         (["--ignore-xids", "a,b", "--once"], "--ignore-xids"),

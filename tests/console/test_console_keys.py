@@ -142,7 +142,7 @@ async def test_drain_force_and_force_after_options(make_app: MakeApp, faults: Fa
         # A zero deadline is refused with a message; nothing is sent.
         assert app.screen is modal
         assert faults.mutations == []
-        modal.query_one("#timeout", Input).value = "15"
+        modal.query_one("#timeout", Input).value = "15m"
         modal.query_one("#confirm", Button).press()
         # Forcing drops DeepSeek below its minimum: a second, explicit yes naming it.
         await until(pilot, lambda: asked(app), "the second ask")
@@ -343,8 +343,9 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         assert table.cursor_key == "gpu-a04"
         # The sorted column's header shows the arrow, whole ("UNH▲", not "UN…").
         await pilot.press("s")
-        assert table.columns["unh"].label.plain == "UNH▲"
-        assert table.columns["unh"].text_width >= len("UNH▲")
+        # Most unhealthy first: the arrow points down (issue 23 item 14).
+        assert table.columns["unh"].label.plain == "UNH▼"
+        assert table.columns["unh"].text_width >= len("UNH▼")
         await pilot.press("s", "s", "s", "s")  # fabric, models, replicas, report age
         assert table.get_row_at(0)[1].plain == "gpu-b04"  # oldest first
         await pilot.press("s")  # and round again to the name
@@ -362,16 +363,18 @@ async def test_shift_letter_sorts_by_its_column_as_k9s_does(make_app: MakeApp) -
         app = await loaded(pilot)
         table = nodes(app)
         await pilot.press("down", "down", "down")  # gpu-a04
-        await pilot.press("A")  # report age: oldest first
-        assert table.columns["age"].label.plain == "AGE▲"
-        assert table.get_row_at(0)[1].plain == "gpu-b04"
-        await pilot.press("A")  # again: reversed
+        await pilot.press("A")  # report age: oldest first, a descending sort
         assert table.columns["age"].label.plain == "AGE▼"
+        assert table.get_row_at(0)[1].plain == "gpu-b04"
+        await pilot.press("A")  # again: reversed, youngest first
+        assert table.columns["age"].label.plain == "AGE▲"
         assert table.get_row_at(table.row_count - 1)[1].plain == "gpu-b04"
         await pilot.press("T")  # state: trouble first, not reversed
         assert table.columns["state"].label.plain == "STATE▲"
         assert table.get_row_at(0)[1].plain == "gpu-b04"
         assert table.cursor_key == "gpu-a04"
+        await pilot.press("P")  # GPUs used, most first
+        assert table.columns["gpus"].label.plain == "GPUS▼"
         await pilot.press("N")
         assert [table.get_row_at(i)[1].plain for i in range(2)] == ["gpu-a01", "gpu-a02"]
         # In the filter box the same letters are text.
@@ -716,3 +719,70 @@ async def test_keys_behind_a_screen_or_focus_change_wait_for_it(
             for node, reason in cordons
         ]
         assert not isinstance(app.screen, CordonModal)
+
+
+async def test_left_and_right_move_between_dialog_buttons(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("down", "down", "u")  # gpu-a03, cordoned
+        modal = app.screen
+        assert isinstance(modal, UncordonModal)
+        cancel, confirm = modal.query_one("#cancel"), modal.query_one("#confirm")
+        await pilot.press("right")
+        assert modal.focused is confirm
+        await pilot.press("right")  # the last button: stays
+        assert modal.focused is confirm
+        await pilot.press("left")
+        assert modal.focused is cancel
+        await pilot.press("right", "enter")
+        await until(pilot, lambda: faults.mutations, "the uncordon request")
+        assert faults.mutations == [Recorded("POST", "/v1/nodes/gpu-a03/uncordon", {})]
+
+
+async def test_r_starts_the_backoff_over(make_app: MakeApp, faults: Faults, clock: Clock) -> None:
+    async with make_app(refresh=5.0).run_test(size=(120, 40)) as pilot:
+        app = await loaded(pilot)
+        faults.down = True
+        for _ in range(4):
+            await repoll(pilot)
+        assert app.connection.retry_at == clock.now + 30.0  # 5, 5, 10, 20, then the cap
+        polls = app.polls
+        await pilot.press("r")
+        await until(pilot, lambda: app.polls > polls, "the retry")
+        # It failed too: retried after one refresh, then 5, 10, 20 … again (it
+        # used to double on, so `r` pushed the next try from 15 s away to 29 s).
+        assert app.connection.failures == 1
+        assert app.connection.retry_at == clock.now + 5.0
+
+
+@pytest.mark.parametrize("width", [200, 250])
+def test_wide_terminals_show_a_nodes_classes_whole(width: int) -> None:
+    two = len("8xH100-SXM-80GB 2xA100-SXM-40GB")
+    widths = column_widths(width - 3, len("gpu-a01"), two)
+    assert widths["classes"] == two
+    assert column_widths(80 - 3, len("gpu-a01"), two)["classes"] == 0  # no room: hidden
+
+
+ABOUT = """llmgw demo: 3 simulated nodes in 1 fabrics (ib-a)
+  controller:  http://127.0.0.1:7460
+  gateway (OpenAI API, SMG): http://127.0.0.1:8000
+    curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json'"""
+
+
+async def test_what_the_console_was_started_with_is_in_its_help(
+    controller: LiveController, faults: Faults, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's banner (gateway, curl line) was hidden behind the console
+    until it quit (issue 23 item 13): the help shows it, a notice points there."""
+    app = ConsoleApp(controller.client(faults), refresh=3600.0, clock=clock, about=ABOUT)
+    shown: list[str] = []
+    monkeypatch.setattr(app, "notify", lambda message, **_: shown.append(message))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        assert shown[0].startswith("llmgw demo: 3 simulated nodes") and "(?)" in shown[0]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        about = str(app.screen.query_one("#about").render())
+        assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in about

@@ -126,6 +126,8 @@ async def test_a_bad_token_is_an_error_banner_not_a_crash(controller: TestServer
         assert "admin token" not in banner and "a read token is enough" in banner
         assert app.screen.query_one("#banner").has_class("-visible")
         assert app.readonly  # never offers what the controller has not allowed
+        # … but does not claim the token may only read: nobody has said so.
+        assert "READ-ONLY" not in str(app.screen.query_one("#header").render())
 
 
 async def test_a_read_token_makes_the_console_read_only(controller: TestServer) -> None:

@@ -95,3 +95,30 @@ def test_disconnected_banner(
     # A realistic refresh so the banner's retry delay reads like production;
     # the next attempt (10s away) comes long after the screenshot.
     assert snap_compare(make_app(refresh=5.0), terminal_size=(120, 40), run_before=run)
+
+
+def test_drain_modal_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    """The fields scroll, the buttons stay in view; the deadline is echoed."""
+
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, DrainModal) and app.screen.plan)
+        await pilot.press(*"kernel 6.8 upgrade")
+        app.screen.query_one("#timeout").focus()
+        await pilot.press(*"20m")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_node_detail_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
+    """HEALTH and REASON stay; IN USE, UTIL, MEMORY and UUID give way first."""
+
+    async def run(pilot: Pilot[None]) -> None:
+        app = await loaded(pilot)
+        await pilot.press("slash", *"gpu-b02", "enter", "enter")
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)

@@ -156,6 +156,20 @@ def test_a_pasted_reason_is_recorded_exactly(fleet: Controller, console: Tmux) -
     assert recorded(fleet, console, "gpu-a05") == ("cordoned", "pasted: PSU swap rack 7, slot 3")
 
 
+def test_a_paste_holding_an_escape_and_a_tab_is_kept_in_order(
+    fleet: Controller, console: Tmux
+) -> None:
+    """Textual ended the paste at the ESC and typed the rest first: recorded
+    `^[31mbeta…alpha`; a tab was refused by the controller and the text lost
+    (issue 23 item 8). In order now, the tab a space, the ESC shown as text."""
+    on_node(console, "gpu-a13")
+    console("set-buffer", "-b", "e", "alpha\x1b[31mbeta\tgamma")
+    burst(console, ("c",))
+    console("paste-buffer", "-p", "-b", "e", "-t", "t")
+    console("send-keys", "-t", "t", "Enter")
+    assert recorded(fleet, console, "gpu-a13") == ("cordoned", "alpha\\x1b[31mbeta gamma")
+
+
 def test_tab_tab_enter_confirms_the_typed_reason(fleet: Controller, console: Tmux) -> None:
     on_node(console, "gpu-a06")
     # reason box -> Cancel -> Cordon, then Enter presses Cordon.
@@ -246,6 +260,11 @@ def test_q_in_the_demos_console_takes_every_engine_with_it(tmp_path: Path) -> No
             engines = {p for p in _descendants(pid) if "fake_engine" in _cmdline(p)}
         assert engines, f"no engine started; the screen:\n{tmux.screen()}"
         tmux.wait_for(lambda s: "Quit" in s, "the demo's console")
+        # Its banner, hidden behind the console, is in the help (issue 23 item 13).
+        tmux("send-keys", "-t", "t", "?")
+        tmux.wait_for(lambda s: "curl -s http://127.0.0.1:" in s, "the gateway in the help")
+        tmux("send-keys", "-t", "t", "?")
+        tmux.wait_for(lambda s: "This fleet" not in s, "the help closed")
         tmux("send-keys", "-t", "t", "q")
         tmux.wait_for(lambda s: tmux.pane_dead(), "the demo did not end on q", timeout_s=30)
     finally:

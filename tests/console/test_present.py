@@ -77,6 +77,9 @@ def test_timestamps_always_carry_their_zone() -> None:
     assert timestamp(None) == "-"
     assert clock_time(AT + 45 * 60) == "10:05 UTC"
     assert force_at_words(AT + 45 * 60) == "force at 10:05 UTC"
+    # Under an hour away: to the second (issue 23 item 3).
+    assert force_at_words(AT + 45 * 60 + 20, now=AT) == "force at 10:05:20 UTC"
+    assert force_at_words(AT + 2 * 3600 + 20, now=AT) == "force at 11:20 UTC"
     local = timestamp(AT, local=True)
     assert local[:10].startswith("2025-12-") and len(local.split()) == 3  # date, time, zone
 
@@ -147,3 +150,23 @@ def test_ctl_and_console_say_the_same_for_the_same_node() -> None:
         AdminEvent(node="gpu-b04", action="cordon", reason="PSU swap", by="carol", at=AT)
     )
     assert history[0].plain == timestamp(AT)
+
+
+def test_card_counts_are_spelled_as_ctl_spells_them() -> None:
+    from console.format import classes_text
+
+    one = {"H100-SXM-80GB": 8}
+    assert classes_text(one).plain == render._classes(one) == "8xH100-SXM-80GB"
+
+
+def test_an_answer_not_understood_is_said_without_a_class_name() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from console.state import error_words
+
+    with pytest.raises(ValidationError) as caught:
+        NodeRow.model_validate({"name": "gpu-a01"})
+    words = error_words(caught.value)
+    assert words.startswith("the controller's answer was not understood (")
+    assert "NodeRow" not in words and "validation error" not in words

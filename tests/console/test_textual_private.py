@@ -13,7 +13,12 @@ import pytest
 from textual.app import App
 from textual.widgets import Input
 
-from console.textual_private import PRIVATE_MEMBERS
+from console.textual_private import (
+    PRIVATE_GLOBALS,
+    PRIVATE_MEMBERS,
+    OrderedPasteParser,
+    keep_pastes_in_order,
+)
 
 CONSOLE = Path(__file__).resolve().parents[2] / "console"
 PYPROJECT = CONSOLE.parent / "pyproject.toml"
@@ -46,7 +51,19 @@ async def test_each_private_member_still_exists(
     assert tuple(signature.parameters)[1:] == params, f"{owner.__name__}.{name}{signature}"
 
 
-PRIVATE_NAMES = sorted({name for _, name, _ in PRIVATE_MEMBERS})
+@pytest.mark.parametrize(
+    ("module", "name"), PRIVATE_GLOBALS, ids=[m.__name__ for m, _ in PRIVATE_GLOBALS]
+)
+def test_each_replaced_global_still_exists(module: object, name: str) -> None:
+    """The drivers build their parser from this global (keep_pastes_in_order)."""
+    assert isinstance(getattr(module, name, None), type), f"{module}.{name} is gone"
+    keep_pastes_in_order()
+    assert getattr(module, name) is OrderedPasteParser
+    source = inspect.getsource(module)  # and they still call it to parse input
+    assert f"parser = {name}(" in source
+
+
+PRIVATE_NAMES = sorted({name for _, name, _ in PRIVATE_MEMBERS} | {n for _, n in PRIVATE_GLOBALS})
 
 
 def test_no_other_console_module_uses_them() -> None:

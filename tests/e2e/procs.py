@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -205,8 +205,10 @@ class Cluster:
         gpus: str = "2xH100-80GB",
         fabric: str = "ib-a",
         interval: float = 0.5,
+        extra: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start an agent; a restart of `name` reuses its options and state dir."""
+        """Start an agent; a restart of `name` reuses its options and state dir.
+        `extra`: more agent options (--engine-templates FILE, say)."""
         old = self.agents.get(name)
         assert old is None or old.poll() is not None, f"agent {name} is still running"
         args = self.agent_args.setdefault(
@@ -226,6 +228,7 @@ class Cluster:
                 "127.0.0.1",
                 "--state-dir",
                 str(self.state_dir(name)),
+                *extra,
             ],
         )
         proc = self.agents[name] = self._spawn(

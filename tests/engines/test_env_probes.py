@@ -56,7 +56,7 @@ def test_a_table_without_command_changes_only_what_it_gives() -> None:
     assert tpl.command_for(0, 1) == (
         f"{exe} --model '{{source}}' --host '{{host}}' --port '{{port}}' "
         "--tensor-parallel-size '{gpus}' --served-model-name '{model}' "
-        "--disable-access-log-for-endpoints /health,/metrics"
+        "--enable-server-load-tracking --disable-access-log-for-endpoints /health,/metrics,/load"
     )
 
 
@@ -82,6 +82,7 @@ async def test_probes_stay_out_of_the_engines_access_log(
     log = _read(state_dir)
     assert '"POST /v1/completions HTTP/1.1" 200' in log, "requests are logged"
     assert "GET /health" not in log and "GET /metrics" not in log, "probes are not"
+    assert "GET /load" not in log
 
 
 def _read(state_dir: Path) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -38,6 +40,28 @@ async def _health_status(port: int | None) -> int:
         return r.status
 
 
+async def _get(port: int | None, path: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}{path}") as r:
+        return await r.text()
+
+
+async def _metrics(port: int | None) -> str:
+    return await _get(port, "/metrics")
+
+
+async def _load(port: int | None) -> int:
+    return int(json.loads(await _get(port, "/load"))["server_load"])
+
+
+async def wait_for_async(
+    value: Callable[[], Awaitable[int]], want: int, what: str, within_s: float = 5.0
+) -> None:
+    deadline = time.monotonic() + within_s
+    while await value() != want:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 async def test_engine_with_work_and_no_tokens_is_hung_though_health_answers(
     make_supervisor: SupervisorFactory,
 ) -> None:
@@ -51,6 +75,10 @@ async def test_engine_with_work_and_no_tokens_is_hung_though_health_answers(
         stuck = asyncio.create_task(s.post(url, json={"prompt": "hi", "max_tokens": 2}))
         try:
             assert await _health_status(port) == 200, "the fake must keep /health at 200"
+            # As vLLM's: the gauges never count a request the stopped core did not see;
+            # only the server's own count (/load) does.
+            await wait_for_async(lambda: _load(port), 1, "the request held")
+            assert 'vllm:num_requests_running{model_name="org/m"} 0.0' in await _metrics(port)
             await wait_for(lambda: state_of(sup) is ShardState.FAILED, 10, "declared hung")
         finally:
             stuck.cancel()

@@ -12,7 +12,7 @@ from pytest_aiohttp import AiohttpServer
 
 from agent.engine_proc import TAIL_LINE_CHARS, TAIL_MAX_CHARS, describe_exit, log_tail, ref_for
 from agent.engine_state import EngineRecord, load_state, save_state
-from agent.metrics import MAX_METRICS_BYTES, scrape
+from agent.metrics import MAX_LOAD_BYTES, MAX_METRICS_BYTES, scrape, server_load
 from llmgw.wire import ShardAssignment
 
 
@@ -105,3 +105,31 @@ async def test_scrape_good_failed_and_oversized(aiohttp_server: AiohttpServer) -
         assert await scrape(session, str(server.make_url("/bad"))) is None
         assert await scrape(session, str(server.make_url("/huge"))) is None
         assert await scrape(session, "http://127.0.0.1:1/metrics", timeout_s=0.5) is None
+
+
+async def test_server_load_reads_vllms_count_and_nothing_else(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    import aiohttp
+
+    bodies = {
+        "/good": b'{"server_load": 3}',
+        "/text": b"busy",
+        "/list": b"[3]",
+        "/negative": b'{"server_load": -1}',
+        "/bool": b'{"server_load": true}',
+        "/float": b'{"server_load": 1.5}',
+        "/huge": b'{"server_load": 1, "pad": "' + b"x" * (MAX_LOAD_BYTES + 10) + b'"}',
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=bodies[request.path], content_type="application/json")
+
+    app = web.Application()
+    for path in bodies:
+        app.router.add_get(path, answer)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as session:
+        got = {p: await server_load(session, str(server.make_url(p))) for p in bodies}
+        assert got == {p: (3 if p == "/good" else None) for p in bodies}
+        assert await server_load(session, "http://127.0.0.1:1/load", timeout_s=0.5) is None

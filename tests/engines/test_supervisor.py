@@ -55,7 +55,8 @@ async def test_starts_engine_with_env_and_argv_then_ready(
     argv = [a.decode() for a in proc_file(pid, "cmdline").split(b"\0")[:-1]]
     assert argv[1:] == [
         "-m", "agent.fake_engine", "--host", "127.0.0.1", "--port", str(rep.port),
-        "--model", "org/m", "--disable-access-log-for-endpoints", "/health,/metrics",
+        "--model", "org/m", "--enable-server-load-tracking",
+        "--disable-access-log-for-endpoints", "/health,/metrics,/load",
         "--load-seconds", "0.3",
     ]  # fmt: skip
     assert os.getsid(pid) == pid, "engines run in their own session"

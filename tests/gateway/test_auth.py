@@ -110,3 +110,16 @@ def test_gateway_refuses_a_public_listen_without_keys(
     code = gateway_main.main(["--controller", "http://127.0.0.1:1", "--listen", "0.0.0.0:8080"])
     assert code == 2
     assert "refusing to listen on 0.0.0.0 without client keys" in capsys.readouterr().err
+
+
+def test_a_wake_timeout_longer_than_the_request_timeout_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SMG would end a held request at --request-timeout, before the wake timeout."""
+    code = gateway_main.main(
+        ["--controller", "http://127.0.0.1:1", "--wake-timeout", "600", "--request-timeout", "60"]
+    )
+    assert code == 2
+    assert "--wake-timeout must be more than 0 and at most --request-timeout (60 s" in (
+        capsys.readouterr().err
+    )

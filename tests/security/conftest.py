@@ -66,7 +66,14 @@ async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
 async def views(client: TestClient) -> Any:
     """Everything a reader can see, minus what moves with the clock."""
     out: dict[str, Any] = {}
-    paths = ("/v1/summary", "/v1/nodes", "/v1/models", "/v1/replicas", "/v1/credentials")
+    paths = (
+        "/v1/summary",
+        "/v1/nodes",
+        "/v1/models",
+        "/v1/replicas",
+        "/v1/credentials",
+        "/v1/credentials/tokens",
+    )
     for path in paths:
         resp = await client.get(path, headers=auth(ADMIN))
         out[path] = await resp.json()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -99,3 +100,34 @@ def test_an_unauthenticated_body_is_not_read_and_the_connection_closes(cluster: 
         assert reply.startswith(b"HTTP/1.1 401"), reply
         assert b"\r\nConnection: close\r\n" in reply, reply
         assert took < 1, took  # answered at once, not after reading the body
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"X-Probe: a\x01b\r\n", b"User-Agent: \x1b[31mred\r\n", b"Bad Name: x\r\n"],
+    ids=["control-character", "escape", "space-in-name"],
+)
+def test_a_header_aiohttp_cannot_parse_is_a_json_400_logged_once_a_minute(
+    cluster: Cluster, header: bytes
+) -> None:
+    """No token needed: before, each was an ERROR traceback in the log (551 B) and
+    a plain-text 400."""
+    c = cluster
+    head = b"GET /v1/summary HTTP/1.1\r\nHost: x\r\n" + header
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", c.port), timeout=10) as s:
+            s.sendall(head + b"\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        status, _, rest = reply.partition(b"\r\n")
+        assert status.split(b" ")[1] == b"400", reply
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert b"Content-Type: application/json" in headers, reply
+        error = json.loads(body)["error"]
+        assert error.startswith("bad request: ") and "\x1b" not in error, error
+    assert c.http.get("/healthz").status_code == 200
+    log = (c.root / "controller.log").read_text(errors="replace")
+    assert "Traceback" not in log and "Error handling request" not in log, log[-2000:]
+    said = [line for line in log.splitlines() if "cannot be parsed" in line]
+    assert len(said) == 1, said

@@ -99,3 +99,56 @@ def test_agents_enroll_once_and_cannot_report_as_another_node(
     assert row(c, "gpu02") is None
     assert "gpu02" not in c.ctl("--token", ADMIN, "credentials", "list")
     assert c.get("/v1/summary")["nodes"]["total"] == 1
+
+
+def test_an_agent_enrolls_with_a_limited_token_and_waits_for_approval(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 25 item 4 with real processes: a token an admin made enrolls one node,
+    which reports but gets no replica until `ctl credentials approve`."""
+    c = cluster
+    admins = tmp_path / "admins"
+    admins.write_text(f"alice {ADMIN}\n")
+    c.start_controller(
+        "--admin-token-file", str(admins), "--enroll-approval", "--reconcile-interval", "0.5"
+    )
+    c.http.headers["Authorization"] = f"Bearer {ADMIN}"
+    made = c.ctl("--token", ADMIN, "credentials", "token", "create", "--ttl", "1h", "--uses", "1")
+    token_file = tmp_path / "enroll-token"
+    token_file.write_text(made)
+    token_file.chmod(0o600)
+    c.agent_args["gpu01"] = agent_args(c, "gpu01", "gpu01", "--enroll-token-file", str(token_file))
+    c.start_agent("gpu01")
+    wait_until(lambda: row(c, "gpu01"), timeout=20, what="gpu01 to report", diagnose=c.logs)
+    spec = {
+        "name": "m",
+        "source": "org/m",
+        "min_replicas": 1,
+        "gpus_per_shard": 1,
+        "engine": "fake",
+        "engine_args": ["--load-seconds", "0.3", "--host", "127.0.0.1"],
+    }
+    assert c.http.post("/v1/models", json={"models": [spec]}).status_code == 200
+    # The token was good for one node: a second agent with it is refused.
+    c.agent_args["gpu02"] = agent_args(c, "gpu02", "gpu02", "--enroll-token-file", str(token_file))
+    c.start_agent("gpu02")
+    wait_until(lambda: "used up" in c.agent_log("gpu02"), timeout=20, what="gpu02 refused")
+    # Several reconcile passes: nothing placed on a node awaiting approval.
+    time.sleep(2)
+    assert c.get("/v1/replicas") == []
+    nodes = c.ctl("--token", ADMIN, "nodes")
+    assert "awaiting approval" in nodes and "cordoned" in nodes, nodes
+    assert "gets no replicas until an admin approves it" in c.agent_log("gpu01")
+    assert "awaiting approval" in c.ctl("--token", ADMIN, "credentials", "list")
+
+    out = c.ctl("--token", ADMIN, "credentials", "approve", "gpu01")
+    assert "approved" in out
+
+    def serving() -> bool:
+        return any(r["state"] == "ready" for r in c.get("/v1/replicas"))
+
+    wait_until(serving, timeout=30, what="a replica on gpu01 once approved", diagnose=c.logs)
+    assert [s["node"] for r in c.get("/v1/replicas") for s in r["shards"]] == ["gpu01"]
+    assert row(c, "gpu02") is None
+    tokens = c.ctl("--token", ADMIN, "credentials", "token", "list")
+    assert "used up" in tokens and "used 1 of 1" in tokens, tokens

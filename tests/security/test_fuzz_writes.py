@@ -51,6 +51,9 @@ VALID: dict[str, dict[str, Any]] = {
     "drain-plan": {"nodes": ["gpu01"]},
     "enroll": {"node": "gpu07"},
     "forget": {},
+    "approve": {},
+    "allow": {},
+    "token-create": {"ttl_s": 60, "uses": 2, "description": "rack 7"},
 }
 # Where engines are reached: it becomes the host of URLs every gateway uses.
 ADDRESSES = st.sampled_from(
@@ -113,7 +116,7 @@ def targeted(draw: st.DrawFn, kind: str) -> bytes:
 
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
-    kind = draw(st.sampled_from([*VALID, "delete-model", "revoke"]))
+    kind = draw(st.sampled_from([*VALID, "delete-model", "revoke", "token-delete"]))
     node = quote(draw(NODE_NAMES), safe="")
     method, path, token = {
         "report": ("POST", "/v1/agent/report", AGENT),
@@ -127,8 +130,12 @@ def requests(draw: st.DrawFn) -> tuple[str, str, bytes, str]:
         "enroll": ("POST", "/v1/agent/enroll", ENROLL),
         "forget": ("POST", f"/v1/nodes/{node}/forget", ADMIN),
         "revoke": ("DELETE", f"/v1/credentials/{node}", ADMIN),
+        "approve": ("POST", f"/v1/credentials/{node}/approve", ADMIN),
+        "allow": ("POST", f"/v1/credentials/{node}/allow", ADMIN),
+        "token-create": ("POST", "/v1/credentials/tokens", ADMIN),
+        "token-delete": ("DELETE", f"/v1/credentials/tokens/{node}", ADMIN),
     }[kind]
-    if kind in ("delete-model", "revoke"):
+    if kind in ("delete-model", "revoke", "token-delete"):
         body = b""
     elif kind in ("report", "gateway-status") and draw(st.booleans()):
         body = draw(targeted(kind))

@@ -206,6 +206,16 @@ def test_agent_token_file_lines_bind_nodes(tmp_path: Path) -> None:
     assert loaded.shared_agent
 
 
+def test_agent_token_file_node_names_are_normalised_or_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agents"
+    path.write_text("GPU01 tok-1\n")
+    one = Tokens.load(env={}, files={Role.AGENT: path}).identify("tok-1")
+    assert one is not None and one.node == "gpu01"
+    path.write_text("gpu01. tok-1\n")
+    with pytest.raises(ValueError, match="no trailing dot"):
+        Tokens.load(env={}, files={Role.AGENT: path})
+
+
 def start_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     return controller_parser().parse_args(["--state-dir", str(tmp_path), *extra])
 

@@ -29,6 +29,9 @@ def check_everything_reads_and_writes(store: StateStore) -> None:
     assert store.replicas()["r1"].nodes == ("n2",)
     assert store.backoffs() == {"m": Backoff("m", 2, 50.0, "crashed")}
     assert store.credentials() == {"n2": ("digest-2", 4.0, "enroll")}
+    # Credentials from before approval existed are approved; nothing else is there.
+    assert store.pending_credentials() == {}
+    assert store.enroll_tokens() == [] and store.enroll_allowed() == {}
     cordon = AdminInfo(flag=AdminFlag.CORDONED, reason="r", by="ops", at=20.0)
     store.set_admin("n2", cordon, action="cordon", by="ops", at=20.0)
     store.put_credential("n1", "digest-1", at=21.0, by="enroll")
@@ -118,3 +121,43 @@ def test_a_postgresql_store_from_before_opens_and_migrates(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         got = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
     assert got == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_schema_6_lowers_node_names_stored_before(tmp_path: Path) -> None:
+    """Reports name nodes in lower case from schema 6 on: a store from before keeps
+    its nodes, credentials, flags, history and replicas under the lowered names."""
+    store = Store(tmp_path)
+    store.close()
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    db.executemany(
+        "INSERT INTO nodes(name, first_seen) VALUES (?, ?)",
+        [("GPU-A01", 1.0), ("Gpu-B", 2.0), ("gpu-b", 3.0)],
+    )
+    db.execute(
+        "INSERT INTO node_admin(name, flag, reason, by, at) VALUES ('GPU-A01', 'cordoned', 'r', 'ops', 5)"
+    )
+    db.execute(
+        "INSERT INTO admin_events(node, action, by, at) VALUES ('GPU-A01', 'cordon', 'ops', 5)"
+    )
+    db.execute(
+        "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES ('GPU-A01', 'd', 4, 'e')"
+    )
+    shards = '[{"node": "GPU-A01", "rank": 0, "gpus": ["GPU-5c1b"]}]'
+    db.execute(
+        "INSERT INTO replicas(id, model, state, shards, created_at) VALUES ('r1', 'm', 'ready', ?, 6)",
+        (shards,),
+    )
+    db.execute("DELETE FROM schema_version WHERE version = 6")
+    db.commit()
+    db.close()
+
+    again = Store(tmp_path)
+    # Gpu-B stays as it was: its lowered name is another node's.
+    assert again.known_nodes() == {"gpu-a01": 1.0, "Gpu-B": 2.0, "gpu-b": 3.0}
+    assert set(again.admin()) == {"gpu-a01"}
+    assert set(again.credentials()) == {"gpu-a01"}
+    assert [e.action for e in again.history("gpu-a01")] == ["cordon"]
+    shard = again.replicas()["r1"].shards[0]
+    assert (shard.node, shard.gpus) == ("gpu-a01", ("GPU-5c1b",)), "GPU UUIDs keep their case"
+    again.close()
+    assert versions(tmp_path / STATE_FILE) == list(range(1, SCHEMA_VERSION + 1))

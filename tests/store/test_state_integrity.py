@@ -131,6 +131,16 @@ def tmpfs(path: Path, size: str, *options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def fill(d: Path) -> Path:
+    """Fill the file system `d` is on; the filler file. Unbuffered, so that no
+    write is left over to fail when the file is closed."""
+    filler = d / "filler"
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+    return filler
+
+
 # -- at start: one message, no traceback, never a silent empty start ------------------
 
 
@@ -217,11 +227,7 @@ def test_disk_full_refuses_writes_then_recovers_and_saves_every_sighting(
         controller.start()
         controller.report("before")
         assert controller.cordon("before").status_code == 200
-        filler = controller.state_dir / "filler"
-        with filler.open("wb") as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+        filler = fill(controller.state_dir)
 
         refused = controller.cordon("before")
         assert refused.status_code == 503, refused.text
@@ -252,11 +258,7 @@ def test_disk_full_refuses_writes_then_recovers_and_saves_every_sighting(
 def test_sigterm_during_disk_full_exits_0_with_a_logged_failure(controller: Controller) -> None:
     with tmpfs(controller.state_dir, "2m"):
         controller.start()
-        filler = controller.state_dir / "filler"
-        with filler.open("wb") as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+        fill(controller.state_dir)
         controller.report(f"late-{uuid.uuid4().hex[:6]}")
         assert controller.stop() == 0
         out = controller.output()
@@ -277,3 +279,67 @@ def test_a_node_cordoned_right_after_its_first_report_survives_sigkill(
     assert node.status_code == 200, node.text
     assert node.json()["row"]["admin"]["flag"] == "cordoned"
     assert controller.http.post("/v1/nodes/fresh/uncordon").status_code == 200
+
+
+# -- after a crash: a lost or damaged WAL is never a silent start (issue 25 item 6) ----
+
+
+def acknowledged_writes_then_sigkill(controller: Controller) -> None:
+    """Three cordons and a model, each answered 200, then a SIGKILL: all of it is
+    in the WAL, none of it checkpointed into the file."""
+    controller.start()
+    for node in ("n1", "n2", "n3"):
+        controller.report(node)
+    for node in ("n1", "n2", "n3"):
+        assert controller.cordon(node).status_code == 200
+    models = {"models": [{"name": "m", "source": "x", "engine": "fake", "min_replicas": 0}]}
+    assert controller.http.post("/v1/models", json=models).status_code == 200
+    assert controller.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert (controller.state_dir / f"{STATE}-wal").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "corrupted"])
+def test_a_wal_lost_after_sigkill_stops_the_start_and_reset_state_starts_empty(
+    controller: Controller, damage: str
+) -> None:
+    acknowledged_writes_then_sigkill(controller)
+    wal = controller.state_dir / f"{STATE}-wal"
+    size = wal.stat().st_size
+    if damage == "deleted":
+        wal.unlink()
+    elif damage == "truncated":
+        os.truncate(wal, size // 2)
+    else:  # 64 bytes flipped in the last frame (the model): SQLite drops it silently
+        data = bytearray(wal.read_bytes())
+        data[size - 200 : size - 136] = bytes(b ^ 0xFF for b in data[size - 200 : size - 136])
+        wal.write_bytes(bytes(data))
+
+    err = start_fails(controller)
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(controller.state_dir / STATE) in err and "behind its last committed write" in err
+    assert "acknowledged writes are lost" in err and "--reset-state" in err and "backup" in err
+    start_fails(controller)  # refused again: the refusal changed nothing
+
+    controller.start("--reset-state")
+    assert controller.http.get("/v1/nodes").json() == []
+    aside = {p.name for p in controller.state_dir.iterdir() if ".reset-" in p.name}
+    assert any(name.endswith(".revision") for name in aside), aside
+    assert any(not name.endswith((".revision", "-wal", "-shm")) for name in aside), aside
+
+
+@pytest.mark.slow
+def test_a_state_file_deleted_while_running_stops_the_next_start(controller: Controller) -> None:
+    controller.start()
+    controller.report("n1")
+    assert controller.cordon("n1").status_code == 200
+    (controller.state_dir / STATE).unlink()
+    assert controller.cordon("n1").status_code == 503
+    assert controller.stop() == 0
+
+    err = start_fails(controller)
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"state file {controller.state_dir / STATE} is missing" in err
+    assert "--reset-state" in err and "delete controller.sqlite3.revision" in err
+    assert "first start" not in err
+    assert not (controller.state_dir / STATE).exists()

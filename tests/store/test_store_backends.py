@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord
+from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, ShardRecord
 from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
 from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
 from llmgw.controller.stores.schema import SCHEMA_VERSION
@@ -95,6 +95,35 @@ def test_node_credentials_survive_a_reopen_and_revoke(open_store: StoreFactory) 
     assert again.delete_credential("n1") is True
     assert again.delete_credential("n1") is False
     assert again.credentials() == {}
+
+
+def test_an_enrollment_takes_one_use_of_its_token_in_its_transaction(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store()
+    store.put_enroll_token(EnrollToken("abc123", "d-tok", 1.0, "alice", expires_at=100.0, uses=2))
+    store.put_enroll_token(EnrollToken("old000", "d-old", 1.0, "alice", expires_at=10.0))
+    assert store.enroll("n1", "d1", at=5.0, by="t", pending=True, token="abc123")
+    assert store.enroll("n2", "d2", at=6.0, by="t", pending=False, token="abc123")
+    # Used up, and expired: nothing written, not even the credential.
+    assert not store.enroll("n3", "d3", at=7.0, by="t", pending=False, token="abc123")
+    assert not store.enroll("n3", "d3", at=10.0, by="t", pending=False, token="old000")
+    assert store.enroll("n3", "d3", at=10.0, by="static", pending=False, token=None)
+    store.add_nodes([("n4", 1.0)])
+    store.allow_enroll("n4", by="alice", at=8.0)
+    assert store.enroll_allowed() == {"n4": ("alice", 8.0)}
+    assert store.enroll("n4", "d4", at=9.0, by="t", pending=False, token=None)
+    store.close()
+    again = open_store()
+    assert again.enroll_allowed() == {}, "an allowance is used up by its enrollment"
+    assert [(t.id, t.used) for t in again.enroll_tokens()] == [("abc123", 2), ("old000", 0)]
+    assert set(again.credentials()) == {"n1", "n2", "n3", "n4"}
+    assert again.pending_credentials() == {"n1": 5.0}
+    assert again.approve_credential("n1", by="alice", at=11.0) is True
+    assert again.approve_credential("n1", by="alice", at=12.0) is False
+    assert again.pending_credentials() == {}
+    assert [(e.action, e.by) for e in again.history("n1")] == [("approve", "alice")]
+    assert again.delete_enroll_token("abc123") and not again.delete_enroll_token("abc123")
 
 
 def test_dump_and_load_copy_everything(

@@ -6,14 +6,15 @@ key, is `{serial}`. Every step is safe on a database that already has part of it
 because the databases made before this list had diverged: SQLite files at version 1
 have no `writer` table (PostgreSQL's version 1 does), SQLite files from before
 versions existed (0) may lack `force_at`, and `agent_credentials` was made on
-first use. `AddColumn` is an ALTER that is skipped when the column exists.
+first use. `AddColumn` is an ALTER that is skipped when the column exists;
+`LowerNodeNames` is a rewrite done in Python (`sql.lower_node_names`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "Step"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "LowerNodeNames", "Step"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,14 @@ class AddColumn:
     type: str
 
 
-Step = str | AddColumn
+@dataclass(frozen=True)
+class LowerNodeNames:
+    """Node names are kept in lower case from schema 6 on (`llmgw.wire.NodeName`): a
+    name stored before is lowered wherever it appears, unless its lowered form is
+    taken already (that row stays as it was, for an operator to forget)."""
+
+
+Step = str | AddColumn | LowerNodeNames
 
 # MIGRATIONS[v - 1]: the steps from version v - 1 to v.
 MIGRATIONS: list[list[Step]] = [
@@ -83,6 +91,21 @@ MIGRATIONS: list[list[Step]] = [
         # Why a replica leaves by the loop's own decision (a scale-down), so that a
         # restarted controller goes on stopping it instead of taking it back.
         AddColumn("replicas", "leaving", "TEXT"),
+    ],
+    # 6: bounded enrollment. Enrollment tokens made by `ctl credentials token create`
+    # (SHA-256 kept; an expiry and a use limit, NULL for none); nodes an admin allows
+    # to enroll although they reported before; a credential that awaits approval
+    # (pending 1; credentials issued before are approved) and the token that made it.
+    [
+        "CREATE TABLE IF NOT EXISTS enroll_tokens (id TEXT PRIMARY KEY,"
+        " digest TEXT NOT NULL UNIQUE, created_at DOUBLE PRECISION NOT NULL,"
+        " by TEXT NOT NULL, expires_at DOUBLE PRECISION, uses INTEGER,"
+        " used INTEGER NOT NULL DEFAULT 0, description TEXT)",
+        "CREATE TABLE IF NOT EXISTS enroll_allowed (node TEXT PRIMARY KEY, by TEXT NOT NULL,"
+        " at DOUBLE PRECISION NOT NULL)",
+        AddColumn("agent_credentials", "pending", "INTEGER NOT NULL DEFAULT 0"),
+        AddColumn("agent_credentials", "token", "TEXT"),
+        LowerNodeNames(),
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -19,10 +19,16 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar, Protocol
 
-from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord, StateDump
+from llmgw.controller.records import (
+    Backoff,
+    EnrollToken,
+    ReplicaRecord,
+    ShardRecord,
+    StateDump,
+)
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.store_errors import StateError
-from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
+from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn, LowerNodeNames
 from llmgw.wire import (
     AdminEvent,
     AdminFlag,
@@ -138,10 +144,33 @@ def migrate(s: Session, where: str) -> int:
             if isinstance(step, AddColumn):
                 if not s.rows(s.dialect.column_exists, (step.table, step.column)):
                     s.run(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}")
+            elif isinstance(step, LowerNodeNames):
+                lower_node_names(s)
             else:
                 s.run(step.format(serial=s.dialect.serial))
         s.run("INSERT INTO schema_version(version) VALUES (?)", (v,))
     return version
+
+
+def lower_node_names(s: Session) -> None:
+    """Schema 6: node names in lower case, as reports now name them (`LowerNodeNames`)."""
+    for table, column in (
+        ("nodes", "name"),
+        ("node_admin", "name"),
+        ("agent_credentials", "node"),
+    ):
+        taken = {r[column] for r in s.rows(f"SELECT {column} FROM {table}")}
+        for name in sorted(taken):
+            if name.lower() != name and name.lower() not in taken:
+                s.run(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (name.lower(), name))
+                taken.add(name.lower())
+    s.run("UPDATE admin_events SET node = lower(node) WHERE node <> lower(node)")
+    for r in s.rows("SELECT id, shards FROM replicas"):
+        shards = json.loads(r["shards"])
+        if any(shard["node"] != shard["node"].lower() for shard in shards):
+            for shard in shards:
+                shard["node"] = shard["node"].lower()
+            s.run("UPDATE replicas SET shards = ? WHERE id = ?", (json.dumps(shards), r["id"]))
 
 
 # -- queries ----------------------------------------------------------------------
@@ -177,6 +206,11 @@ _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (model) DO UPDATE SET failures=excluded.failures,"
     " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
+)
+# One use of an enrollment token, taken only while it is unexpired and not used up.
+_TOKEN_USE = (
+    "UPDATE enroll_tokens SET used = used + 1 WHERE id = ?"
+    " AND (uses IS NULL OR used < uses) AND (expires_at IS NULL OR expires_at > ?)"
 )
 _REVISION_BUMP = "UPDATE store_revision SET revision = revision + 1 WHERE id = 1"
 REVISION = "SELECT revision FROM store_revision WHERE id = 1"
@@ -414,6 +448,88 @@ class SqlStore:
     def delete_credential(self, node: str) -> bool:
         with self._tx() as s:
             return s.run("DELETE FROM agent_credentials WHERE node = ?", (node,)) > 0
+
+    # -- bounded enrollment: tokens with an expiry and a use limit, approval, allowances --
+
+    def enroll(
+        self, node: str, digest: str, *, at: float, by: str, pending: bool, token: str | None
+    ) -> bool:
+        """Issue a node's credential in one transaction with one use of `token` (when
+        given) and the node's allowance; False, with nothing written, when the token
+        has expired or is used up (another controller or request took its last use)."""
+        try:
+            with self._tx() as s:
+                if token is not None and s.run(_TOKEN_USE, (token, at)) == 0:
+                    raise _Spent
+                s.run("DELETE FROM enroll_allowed WHERE node = ?", (node,))
+                s.run(
+                    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (node, digest, at, by, int(pending), token),
+                )
+        except _Spent:
+            return False
+        return True
+
+    def pending_credentials(self) -> dict[str, float]:
+        """Nodes enrolled and not approved yet -> when they enrolled."""
+        rows = self._read("SELECT node, issued_at FROM agent_credentials WHERE pending = 1")
+        return {r["node"]: r["issued_at"] for r in rows}
+
+    def approve_credential(self, node: str, *, by: str, at: float) -> bool:
+        """Approve a pending credential, recorded in the node's admin history."""
+        with self._tx() as s:
+            done = s.run(
+                "UPDATE agent_credentials SET pending = 0 WHERE node = ? AND pending = 1", (node,)
+            )
+            if done:
+                s.run(_EVENT_ADD, (node, "approve", None, by, at, None))
+        return done > 0
+
+    def enroll_tokens(self) -> list[EnrollToken]:
+        return [
+            EnrollToken(
+                id=r["id"],
+                digest=r["digest"],
+                created_at=r["created_at"],
+                by=r["by"],
+                expires_at=r["expires_at"],
+                uses=r["uses"],
+                used=r["used"],
+                description=r["description"],
+            )
+            for r in self._read("SELECT * FROM enroll_tokens ORDER BY created_at, id")
+        ]
+
+    def put_enroll_token(self, t: EnrollToken) -> None:
+        with self._tx() as s:
+            s.run(
+                "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used,"
+                " description) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (t.id, t.digest, t.created_at, t.by, t.expires_at, t.uses, t.used, t.description),
+            )
+
+    def delete_enroll_token(self, token_id: str) -> bool:
+        with self._tx() as s:
+            return s.run("DELETE FROM enroll_tokens WHERE id = ?", (token_id,)) > 0
+
+    def enroll_allowed(self) -> dict[str, tuple[str, float]]:
+        """Nodes that reported before and that an admin allows to enroll -> (by, at)."""
+        return {r["node"]: (r["by"], r["at"]) for r in self._read("SELECT * FROM enroll_allowed")}
+
+    def allow_enroll(self, node: str, *, by: str, at: float) -> None:
+        """Allow one enrollment of a known node, recorded in its admin history."""
+        with self._tx() as s:
+            s.run(
+                "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
+                " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at",
+                (node, by, at),
+            )
+            s.run(_EVENT_ADD, (node, "allow enrollment", None, by, at, None))
+
+
+class _Spent(Exception):
+    """An enrollment token's use was not there to take: the transaction is rolled back."""
 
 
 # -- rows -----------------------------------------------------------------------------

@@ -11,6 +11,10 @@ that could not be stored raises `StoreUnavailable` (the API answers 503), so
 nothing is acknowledged that a restart would lose. SQLite keeps writing to a
 file that was deleted or replaced under it, so every write first checks that
 the path still names the file that is open.
+
+A lost or damaged WAL is not a silent start from older state: each commit moves a
+revision marker beside the file (stores/marker.py), and a start refuses a file whose
+revision is behind its marker, or a missing file when the marker says it existed.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from llmgw.controller.store_errors import StateError, StoreUnavailable
+from llmgw.controller.stores.marker import MARKER_SUFFIX, RevisionMarker
 from llmgw.controller.stores.sql import REVISION, SQLITE, Params, Row, Session, SqlStore, migrate
 
 __all__ = ["RESTORE_HINT", "STATE_FILE", "Store"]
@@ -46,6 +51,8 @@ class Store(SqlStore):
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
         existed = _check_state_file(state_dir, self.path)
+        self._marker = RevisionMarker(_marker_path(self.path))
+        _check_against_marker(self.path, existed, self._marker.read())
         if not existed:
             log.info("no state file at %s: starting with empty state (first start)", self.path)
         try:
@@ -71,6 +78,15 @@ class Store(SqlStore):
         except StateError:
             self._db.close()
             raise
+        try:  # from here on, what this file holds is what the marker records
+            self._marker.write(self.revision)
+        except OSError as exc:
+            self._db.close()
+            raise StateError(
+                f"cannot write the revision marker {self._marker.path}: {exc}; check that "
+                "the state directory is writable and not full"
+            ) from exc
+        self._marker_failing = False  # logged once until a marker write works again
         st = os.stat(self.path)
         # What the path must still name at every write (see `_check_file`).
         self._identity = (st.st_dev, st.st_ino)
@@ -82,10 +98,10 @@ class Store(SqlStore):
 
     @classmethod
     def reset(cls, state_dir: Path) -> Path | None:
-        """`--reset-state`: move the state file and its WAL aside, never
-        delete them. Returns where they went, or None when there was nothing to move."""
+        """`--reset-state`: move the state file, its WAL and its revision marker
+        aside, never delete them. Returns where they went, or None when there was nothing to move."""
         path = state_dir / STATE_FILE
-        parts = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")]
+        parts = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm", MARKER_SUFFIX)]
         if not any(part.exists() for part in parts):
             return None
         aside = path.with_name(f"{STATE_FILE}.reset-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -106,6 +122,28 @@ class Store(SqlStore):
 
     def close(self) -> None:
         self._db.close()
+        self._marker.close()
+
+    def _committed(self, revision: int) -> None:
+        """Move the marker before the write is acknowledged. The write itself is
+        stored, so a marker that cannot be written is logged, not refused: the next
+        start then cannot tell a lost WAL from a good one."""
+        try:
+            self._marker.write(revision)
+        except OSError as exc:
+            if not self._marker_failing:
+                self._marker_failing = True
+                log.error(
+                    "cannot write the revision marker %s (%s): a WAL lost in a crash from "
+                    "now on would go unnoticed at the next start; free space in the state "
+                    "directory",
+                    self._marker.path,
+                    exc,
+                )
+            return
+        if self._marker_failing:
+            self._marker_failing = False
+            log.warning("the revision marker %s is written again", self._marker.path)
 
     def _read(self, query: str, params: Params = ()) -> list[Row]:
         return self._session.rows(query, params)
@@ -206,6 +244,60 @@ def _check_state_file(state_dir: Path, path: Path) -> bool:
     if head != SQLITE_MAGIC:
         raise StateError(f"state file {path} is not a SQLite database: {RESTORE_HINT}")
     return True
+
+
+def _marker_path(path: Path) -> Path:
+    return path.with_name(path.name + MARKER_SUFFIX)
+
+
+def _check_against_marker(path: Path, existed: bool, marked: int | None) -> None:
+    """Refuse a state file that lost acknowledged writes: missing while its marker
+    exists, or at a revision below the marker's. Read-only, so a refused file and
+    its WAL keep what they hold (for a restore)."""
+    if marked is None:
+        return  # a first start, or a state file from before markers: one is written
+    marker = _marker_path(path)
+    if not existed:
+        raise StateError(
+            f"state file {path} is missing, but {marker.name} beside it says it held "
+            f"{marked} committed writes: it was deleted or moved since the last start; "
+            f"{_marker_hint(marker)}"
+        )
+    found = _stored_revision(path)
+    if found < marked:
+        raise StateError(
+            f"state file {path} is behind its last committed write (revision {found}, "
+            f"{marker.name} says {marked}): acknowledged writes are lost, most likely with "
+            f"its WAL {path.name}-wal (deleted, truncated or damaged after a crash); "
+            f"{_marker_hint(marker)}"
+        )
+
+
+def _marker_hint(marker: Path) -> str:
+    return (
+        f"restore it from a backup and delete {marker.name}, or start with --reset-state "
+        "to move it aside and start with empty state on purpose"
+    )
+
+
+def _stored_revision(path: Path) -> int:
+    """The revision the file holds, read without changing it (a read-only
+    connection never checkpoints or rewrites the WAL)."""
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StateError(f"cannot open the state file {path}: {exc}") from exc
+    try:
+        row = db.execute(REVISION).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return 0  # a file from before revisions (schema 3)
+        raise StateError(_open_failure(path, exc)) from exc
+    except sqlite3.DatabaseError as exc:
+        raise StateError(_open_failure(path, exc)) from exc
+    finally:
+        db.close()
+    return 0 if row is None else int(row[0])
 
 
 def _open_failure(path: Path, exc: sqlite3.DatabaseError) -> str:

@@ -1,0 +1,58 @@
+"""Taking a listening port: an address already in use is one readable line for a
+person (`PortInUse`), never a traceback. The controller, its `--metrics-listen`
+port, the agent's `--metrics-listen` port and the gateway all start through here."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+
+from aiohttp import web
+
+__all__ = ["PortInUse", "check_free", "start_site"]
+
+
+class PortInUse(Exception):
+    """The address to listen on is taken (message for a person)."""
+
+    def __init__(self, host: str, port: int, what: str) -> None:
+        super().__init__(
+            f"cannot listen on {host}:{port} for {what}: the address is already in use "
+            "(another llmgw or another program holds it); stop that one or choose another "
+            "address"
+        )
+
+
+async def start_site(
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    what: str,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    backlog: int = 128,
+) -> web.TCPSite:
+    """Listen on HOST:PORT with `runner`; `PortInUse` when the address is taken."""
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=backlog)
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(host, port, what) from exc
+        raise
+    return site
+
+
+def check_free(host: str, port: int, what: str) -> None:
+    """`PortInUse` unless HOST:PORT can be bound now: for a port another program
+    (SMG) will bind, so that a taken one is said before that program starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port, what) from exc
+            raise
