@@ -28,7 +28,8 @@ from console.keys import run_widget_binding, type_into
 from console.screens.modals import HelpScreen
 from console.state import Connection
 from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import PAD, KeyedTable
+from console.widgets.keyed_table import KeyedTable
+from console.widgets.widths import fill_width
 from llmgw.common import printable
 from llmgw.present import STYLE, Meaning, duration, timestamp
 from llmgw.wire import EventReason, EventView
@@ -84,20 +85,7 @@ class EventsTable(KeyedTable):
         self.fit()
 
     def fit(self) -> None:
-        """MESSAGE takes what is left; on a narrow terminal OBJECT gives up its tail
-        first (the event under the cursor is shown whole below the table)."""
-        fixed = ("message", "object")
-        others = sum(c.render_width for k, c in self.columns.items() if k not in fixed)
-        room = self.size.width - others - 1  # the vertical scrollbar
-        widths: dict[str, int | None] = {}
-        column = self.columns["object"]
-        if not column.hidden:
-            natural = max(column.content_width, column.label.cell_len)
-            width = min(natural, max(OBJECT_MIN, room - 4 * PAD - MESSAGE_MIN))
-            widths["object"] = None if width == natural else width
-            room -= width + 2 * PAD
-        widths["message"] = max(MESSAGE_MIN, room - 2 * PAD)
-        self.set_widths(widths)
+        fill_width(self, rest="message", rest_min=MESSAGE_MIN, give="object", give_min=OBJECT_MIN)
 
 
 def event_cells(e: EventView, now: float) -> tuple[Text, ...]:

@@ -18,13 +18,14 @@ from console.format import styled
 from console.screens.modals import HelpScreen
 from console.state import Connection
 from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import PAD, KeyedTable
+from console.widgets.keyed_table import KeyedTable
+from console.widgets.widths import fill_width
 from llmgw.common import printable
 from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
 from llmgw.wire import ModelView
 
 STATUS_MIN = 20  # narrower, the table scrolls sideways rather than cut every status
-MODEL_MIN = 18
+MODEL_MIN = 18  # the model under the cursor is shown whole below the table
 
 
 class ModelsTable(KeyedTable):
@@ -51,20 +52,7 @@ class ModelsTable(KeyedTable):
         self.fit()
 
     def fit(self) -> None:
-        """STATUS takes what is left; on a narrow terminal MODEL gives up its tail
-        first (the model under the cursor is shown whole below the table)."""
-        fixed = ("status", "model")
-        others = sum(c.render_width for k, c in self.columns.items() if k not in fixed)
-        room = self.size.width - others - 1  # the vertical scrollbar
-        column = self.columns["model"]
-        natural = max(column.content_width, column.label.cell_len)
-        width = min(natural, max(MODEL_MIN, room - 4 * PAD - STATUS_MIN))
-        self.set_widths(
-            {
-                "model": None if width == natural else width,
-                "status": max(STATUS_MIN, room - width - 4 * PAD),
-            }
-        )
+        fill_width(self, rest="status", rest_min=STATUS_MIN, give="model", give_min=MODEL_MIN)
 
 
 def model_cells(m: ModelView) -> tuple[Text, ...]:

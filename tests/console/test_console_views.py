@@ -303,6 +303,17 @@ async def test_a_failed_events_fetch_keeps_what_is_shown_and_says_why() -> None:
         assert [e.id for e in feed.events] == [1]
 
 
+async def test_at_80_columns_neither_view_scrolls_sideways(make_app: MakeApp) -> None:
+    """MODEL and OBJECT give up their tails before STATUS and MESSAGE do."""
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        models = await models_open(pilot)
+        assert models.virtual_size.width <= models.scrollable_content_region.width
+        assert models.columns["model"].width == 20  # cut with …; whole below the table
+        await pilot.press("escape")
+        events = await events_open(pilot, "e")
+        assert events.virtual_size.width <= events.scrollable_content_region.width
+
+
 def event(i: int, message: str = "placed 1 replica") -> EventView:
     return EventView(
         id=i, at=1000.0 + i, object="model/org/m", reason=EventReason.PLACED, message=message
