@@ -24,7 +24,7 @@ from textual.widgets import Footer, Input, Static
 
 from console.feeds import EventFeed, ViewsModel
 from console.format import styled
-from console.keys import run_widget_binding, type_into
+from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.modals import HelpScreen
 from console.state import Connection
 from console.widgets.header import ConnectionBanner
@@ -230,7 +230,7 @@ class EventsScreen(Screen[Any]):
     def take_paste(self, text: str) -> bool:
         if not self.typing():
             return False
-        type_into(self.query_one("#filter", Input), " ".join(text.splitlines()))
+        type_into(self.query_one("#filter", Input), pasted_line(text))
         self._filter_changed()
         return True
 

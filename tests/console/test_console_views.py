@@ -9,7 +9,9 @@ import httpx
 import pytest
 from console_fixtures import DEEPSEEK, LLAMA, MIXTRAL, Faults, LiveController
 from console_pilot import Clock, SnapCompare, loaded, repoll, spy_renders, until
+from textual.events import Paste
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from console.app import ConsoleApp
 from console.feeds import EventFeed, fetch_events
@@ -257,7 +259,12 @@ async def test_events_filter_like_the_nodes_table(make_app: MakeApp) -> None:
         assert all("gpu-a06" in " ".join(c.plain for c in row) for row in table.shown.values())
         await pilot.press("escape")
         assert table.row_count == everything
-        await pilot.press("escape")
+        # A paste goes to the box as one line, as in the nodes filter.
+        await pilot.press("slash")
+        pilot.app.post_message(Paste("Xid\t79\n"))
+        await until(pilot, lambda: table.row_count < everything)
+        assert pilot.app.screen.query_one("#filter", Input).value == "Xid 79"
+        await pilot.press("escape", "escape")
         await until(pilot, lambda: isinstance(pilot.app.screen, MainScreen))
 
 
