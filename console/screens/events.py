@@ -269,4 +269,4 @@ class EventsScreen(Screen[Any]):
             self.dismiss(None)  # the app's callback stops fetching events
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.model.readonly))
+        self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))

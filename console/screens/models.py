@@ -192,7 +192,7 @@ class ModelsScreen(Screen[Any]):
         self.action_events()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.model.readonly))
+        self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))
 
     def action_back(self) -> None:
         self.dismiss(None)  # the app's callback stops fetching models

@@ -18,6 +18,7 @@ from console.feeds import EventFeed, fetch_events
 from console.screens.detail import NodeDetailScreen
 from console.screens.events import EventsScreen, EventsTable, event_cells
 from console.screens.main import MainScreen
+from console.screens.modals import HelpScreen
 from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.client import AdminClient
 from llmgw.controller.app import FLEET
@@ -319,6 +320,22 @@ async def test_at_80_columns_neither_view_scrolls_sideways(make_app: MakeApp) ->
         await pilot.press("escape")
         events = await events_open(pilot, "e")
         assert events.virtual_size.width <= events.scrollable_content_region.width
+
+
+async def test_help_from_either_view_is_the_consoles_help(make_app: MakeApp) -> None:
+    async with make_app().run_test(size=(120, 40)) as pilot:
+        app = pilot.app
+        assert isinstance(app, ConsoleApp)
+        app.about = "llmgw demo: 12 simulated nodes"
+        await models_open(pilot)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert app.screen.about == app.about
+        await pilot.press("escape", "e")
+        await until(pilot, lambda: isinstance(app.screen, EventsScreen))
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert app.screen.about == app.about
 
 
 def event(i: int, message: str = "placed 1 replica") -> EventView:
