@@ -37,7 +37,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,7 +142,6 @@ class EngineSupervisor:
         extra_env: Mapping[str, str] | None = None,
         start_timeout_s: float = 1800.0,
         unhealthy_after: int = 3,
-        idle_tracker: Callable[[], IdleTracker] = IdleTracker,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.log_dir = self.state_dir / "logs"
@@ -156,7 +155,6 @@ class EngineSupervisor:
         self.health_timeout_s = health_timeout_s
         self.start_timeout_s = start_timeout_s
         self.unhealthy_after = max(1, unhealthy_after)
-        self.idle_tracker = idle_tracker  # the demo's presents engines idle since before it
         self.engine_host = engine_host
         # A rank that serves no HTTP (a multi-node worker) is ready once it has
         # stayed up this long; the leader's health covers the replica as a whole.
@@ -307,7 +305,7 @@ class EngineSupervisor:
         return Engine(
             assignment=a,
             template=template,
-            tracker=self.idle_tracker(),
+            tracker=IdleTracker(),
             state=ShardState.STARTING,
             port=port,
             log_path=log_path,
@@ -354,7 +352,7 @@ class EngineSupervisor:
         return Engine(
             assignment=a,
             template=template,
-            tracker=self.idle_tracker(),
+            tracker=IdleTracker(),
             state=ShardState.FAILED,
             error=error,
             exit_code=exit_code,
@@ -604,7 +602,7 @@ class EngineSupervisor:
             eng = Engine(
                 assignment=rec.assignment,
                 template=template,
-                tracker=self.idle_tracker(),
+                tracker=IdleTracker(),
                 state=_shard_state(rec.state),
                 port=rec.port or None,
                 log_path=log_path,

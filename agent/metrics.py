@@ -124,13 +124,8 @@ def counters_fell(before: Mapping[str, float], after: Mapping[str, float]) -> bo
 class IdleTracker:
     """Idle time of one engine from successive samples. Pure; the clock is injectable."""
 
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, *, quiet_before_s: float = 0.0
-    ) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        # How long the engine had been quiet before the first reading (0: unknown,
-        # so the clock starts then). Only a simulation knows: the demo's engines.
-        self._quiet_before_s = quiet_before_s
         self._baseline: dict[str, float] | None = None
         self._last_activity: float | None = None
         self.restarts = 0  # counter falls seen: how often the engine restarted under us
@@ -141,9 +136,10 @@ class IdleTracker:
         active = any(v > 0 for v in sample.gauges.values())
         counters = dict(sample.counters)
         if self._baseline is None:
-            # First reading: start the clock now, whatever the counters say.
+            # First reading: start the clock now, whatever the counters say. Never
+            # earlier: idleness is only what was observed, never more than the engine's age.
             self._baseline = counters
-            self._last_activity = now if active else now - self._quiet_before_s
+            self._last_activity = now
             return active
         if counters_fell(self._baseline, counters):
             self.restarts += 1

@@ -25,11 +25,21 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from console.commands import ADMIN_ACTIONS, AdminRequested
+from console.feeds import (
+    EventFeed,
+    EventsWanted,
+    ModelsView,
+    ModelsWanted,
+    fetch_events,
+    fetch_models,
+)
 from console.keys import KeyPipeline
 from console.screens.actions import AdminActions
 from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
+from console.screens.events import EventsScreen
 from console.screens.main import AdminMainScreen, MainScreen
 from console.screens.modals import DrainModal
+from console.screens.models import ModelsScreen
 from console.state import Connection, FleetView, Link, NodeView, backoff, error_words
 from console.textual_private import keep_pastes_in_order
 from console.widgets.nodes import NodesTable
@@ -55,6 +65,10 @@ class ConsoleApp(App[None]):
     fleet: var[FleetView | None] = var(None)
     connection: var[Connection] = var(Connection())
     node_view: var[NodeView | None] = var(None)
+    # Fetched while their screen is open (console/feeds.py). The feed is patched
+    # in place by each fetch and assigned again: always_update wakes the screen.
+    models_view: var[ModelsView | None] = var(None)
+    event_feed: var[EventFeed | None] = var(None, always_update=True)
     # No admin keys: --readonly, or a token that may only read (GET /v1/whoami).
     # Admin keys stay off until the controller has said the token may use them.
     readonly: var[bool] = var(True)
@@ -80,6 +94,7 @@ class ConsoleApp(App[None]):
         self.refresh_s = max(0.2, refresh)
         self.clock = clock
         self.watched_node: str | None = None
+        self.models_open = False
         self.polls = 0  # completed fetch cycles (tests wait on it)
         self._timer: Timer | None = None
         self._polling = False
@@ -245,6 +260,14 @@ class ConsoleApp(App[None]):
         await self._note_leader()
         if self.watched_node is not None:
             await self._fetch_node(self.watched_node)
+        if self.models_open:
+            view = await fetch_models(self.client, self.models_view)
+            if self.models_open:  # the screen may have closed meanwhile
+                self.models_view = view
+        if (feed := self.event_feed) is not None:
+            await fetch_events(self.client, feed)
+            if self.event_feed is feed:
+                self.event_feed = feed
         return self.refresh_s
 
     async def _fetch_node(self, name: str) -> None:
@@ -308,6 +331,25 @@ class ConsoleApp(App[None]):
         self.watched_node = None
         self.node_view = None
 
+    def on_models_wanted(self, message: ModelsWanted) -> None:
+        self.models_open = True
+        self.push_screen(ModelsScreen(), lambda _: self._close_models())
+        self.poll_now()
+
+    def _close_models(self) -> None:
+        self.models_open = False
+        self.models_view = None
+
+    def on_events_wanted(self, message: EventsWanted) -> None:
+        if isinstance(self.screen, EventsScreen):
+            return  # one events view at a time: its feed is the one fetched
+        self.event_feed = EventFeed(message.obj)
+        self.push_screen(EventsScreen(message.obj), lambda _: self._close_events())
+        self.poll_now()
+
+    def _close_events(self) -> None:
+        self.event_feed = None
+
     def on_nodes_table_filled(self, message: NodesTable.Filled) -> None:
         self.settle_heap()
 
@@ -322,6 +364,16 @@ class ConsoleApp(App[None]):
             )
             yield SystemCommand(
                 "Node detail", "Open the node under the cursor", screen.action_open_detail
+            )
+            yield SystemCommand(
+                "Models", "Every model: ready, rollouts, spread", screen.action_models
+            )
+            yield SystemCommand(
+                "Events", "What the controller decided by itself", screen.action_events
+            )
+        if isinstance(screen, NodeDetailScreen):
+            yield SystemCommand(
+                "Events", "What the controller did to this node", screen.action_events
             )
         if isinstance(screen, MainScreen | NodeDetailScreen):
             yield SystemCommand("Help", "Keys and what they do", screen.action_help)

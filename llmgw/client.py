@@ -31,6 +31,7 @@ from llmgw.leader import Endpoints, Following
 from llmgw.tls import client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
     DrainPlan,
+    EventList,
     FleetSummary,
     GatewayView,
     ModelSpec,
@@ -135,6 +136,10 @@ class AdminClient:
 
     async def replicas(self) -> list[ReplicaView]:
         return await self.run(api.replicas())
+
+    async def events(self, since: int = 0, obj: str | None = None) -> EventList:
+        """Events after id `since`, of `obj` (`node/NAME`, `model/NAME`) alone if given."""
+        return await self.run(api.events(since, obj))
 
     async def gateways(self) -> list[GatewayView]:
         return await self.run(api.gateways())

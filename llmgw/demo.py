@@ -45,7 +45,7 @@ from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
 from agent.sample_models import write_model
 from agent.storage import StorageDir, StorageScanner
-from llmgw.client import AdminClient
+from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.app import create_app
 from llmgw.controller.settings import ControllerSettings
@@ -56,7 +56,10 @@ log = logging.getLogger("llmgw.demo")
 FABRICS = ("ib-a", "ib-b", "ib-c")
 REPORT_INTERVAL_S = 2.0
 FAIL_CARD_AFTER_S = 180.0
-SIMULATED_QUIET_S = 15 * 60.0  # engines without traffic: quiet this long before the demo
+# Headless, the demo's terminal shows the banner and the controller's own decisions;
+# these loggers speak once per node, engine or request, so they say only what went wrong.
+PER_NODE_LOGGERS = ("agent", "httpx")
+SETTLE_S = 10.0  # at most this long for every node's first report before the banner
 ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"  # part of its traffic comes through the gateway
 SLEEPING_MODEL = "google/gemma-2-9b-it"  # at zero replicas until a request wakes it
 
@@ -273,7 +276,6 @@ def make_agent(
     )
     if engines:
         from agent.engines import EngineSupervisor
-        from agent.metrics import IdleTracker
 
         supervisor = EngineSupervisor(
             state_dir=root / "agents" / node.name,
@@ -281,10 +283,6 @@ def make_agent(
             address="127.0.0.1",
             engine_host="127.0.0.1",
             grace_s=3.0,
-            # The simulated fleet has been up for a while: an engine without
-            # traffic has been quiet since before the demo started, so the idle
-            # replicas pane fills within the first minute, not after ten.
-            idle_tracker=lambda: IdleTracker(quiet_before_s=SIMULATED_QUIET_S),
         )
         builder.engines = list(supervisor.templates)
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))
@@ -484,6 +482,7 @@ async def run_demo(
             tasks += [*gateway_tasks, asyncio.create_task(routed_traffic(gateway_url, stop))]
             if args.fail_card_after > 0:
                 tasks.append(asyncio.create_task(fail_a_card(agents, args.fail_card_after, stop)))
+        await _settled(url, len(fleet), settings.reconcile_interval_s)
         about = banner(url, fleet, root, headless=args.headless)
         if gateway_url is not None:
             about += "\n" + gateway_banner(gateway_url)
@@ -505,6 +504,21 @@ async def run_demo(
             await runner.cleanup()
         if own_root:
             shutil.rmtree(root, ignore_errors=True)
+
+
+async def _settled(url: str, nodes: int, reconcile_s: float) -> None:
+    """Until every node has reported and the controller has acted on what they said
+    (cordons for broken cards, the first placements): the banner then comes after
+    those lines instead of under them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_S
+    async with AdminClient(url) as client:
+        while loop.time() < deadline:
+            with contextlib.suppress(ControllerError, ControllerUnreachable):
+                if (await client.summary()).nodes.total >= nodes:
+                    break
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.5 * reconcile_s)  # one reconcile pass over every report
 
 
 async def _console(url: str, stop: asyncio.Event, about: str) -> None:
@@ -573,6 +587,9 @@ def main(argv: list[str]) -> int:
     if not args.headless:
         # The console owns the terminal: keep agent warnings out of its way.
         logging.getLogger().setLevel(logging.ERROR)
+    else:
+        for name in PER_NODE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
     async def _main() -> int:
         stop = asyncio.Event()

@@ -196,6 +196,12 @@ def rollout_words(rollout: Any) -> tuple[str, Meaning] | None:
     return progress, Meaning.MOVING
 
 
+def all_on_one_node(m: Any) -> bool:
+    """Every serving replica of a model (two or more) on one node: that node's failure,
+    reboot or drain takes the whole model (`ctl models` and the console flag it)."""
+    return bool(m.ready >= 2 and getattr(m, "nodes", 0) == 1)
+
+
 def model_words(m: Any) -> tuple[str, Meaning]:
     """A model's one-word state and why (a `ModelView`, or ctl's view of one)."""
     rolling = rollout_words(getattr(m, "rollout", None))
@@ -203,7 +209,7 @@ def model_words(m: Any) -> tuple[str, Meaning]:
         return rolling
     if not m.satisfied:
         return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
-    if m.ready >= 2 and getattr(m, "nodes", 0) == 1:
+    if all_on_one_node(m):
         return "satisfied, all on one node", Meaning.ATTENTION
     scaling = getattr(m, "scaling", None)
     if scaling and scaling.startswith("waking"):

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from argparse import Namespace
 from collections.abc import Awaitable, Callable
@@ -89,7 +90,8 @@ async def test_demo_fleet_end_to_end_in_process(capsys: pytest.CaptureFixture[st
         async def settled() -> bool:
             s = await client.summary()
             summary[:] = [s]
-            return s.nodes.ready == 12 and all(f.nodes == 4 for f in s.fabrics)
+            # Every node heard from (the ones with a broken card are cordoned by llmgw).
+            return s.nodes.total == 12 and all(f.nodes == 4 for f in s.fabrics)
 
         await until(settled)
         detail = await client.node("gpu-b03")
@@ -169,6 +171,51 @@ def test_llmgw_demo_command_runs_and_stops_on_ctrl_c() -> None:
             proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def _lines_of(proc: subprocess.Popen[str], into: list[str]) -> threading.Thread:
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            into.append(line.rstrip("\n"))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_headless_demo_ends_its_output_with_the_banner() -> None:
+    """No line per node, engine or request (issue 23 item 13: 48 lines after the
+    banner, and one per routed request for as long as it ran)."""
+    proc = subprocess.Popen(
+        [*DEMO, "--headless", "--port", "0", "--nodes", "12", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        _lines_of(proc, lines)
+        deadline = time.monotonic() + 60
+        while not any("traffic comes through it" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "\n".join(lines)
+            time.sleep(0.1)
+        time.sleep(8)  # engines start, become ready and serve routed requests meanwhile
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "\n".join(lines)
+    banner = next(i for i, line in enumerate(lines) if line.startswith("llmgw demo: 12 simulated"))
+    end = next(i for i, line in enumerate(lines) if "traffic comes through it" in line)
+    assert "controller says node" not in out and "HTTP Request" not in out, out
+    assert not [line for line in lines if " INFO agent." in line], out  # one per engine
+    assert len(lines[:banner]) <= 6, out  # the controller's first decisions, not a line a node
+    # Once every node has reported, the controller has acted on what they said: the
+    # banner stays in view (a decision a slow machine took late may follow it).
+    assert len(lines[end + 1 :]) <= 2, out
 
 
 def test_bad_node_count() -> None:
@@ -274,9 +321,10 @@ def test_closing_the_demos_terminal_stops_every_engine(sig: signal.Signals, tmp_
 
 
 @pytest.mark.slow
-async def test_every_pane_fills_within_the_first_minute(tmp_path: Path) -> None:
-    """Idle replicas show at once (engines quiet since before the demo), cards an
-    engine holds are in use with memory, and every disk names its filesystem."""
+async def test_panes_fill_and_idleness_is_only_what_was_observed(tmp_path: Path) -> None:
+    """Cards an engine holds are in use with memory, every disk names its filesystem,
+    and no replica is idle for longer than it has existed (issue 23 item 13: engines
+    were presented as quiet for 15 minutes before the demo, busy ones included)."""
     stop = asyncio.Event()
     urls: list[str] = []
     task = asyncio.create_task(
@@ -286,18 +334,24 @@ async def test_every_pane_fills_within_the_first_minute(tmp_path: Path) -> None:
         await until(lambda: asyncio.sleep(0, bool(urls)))
         async with AdminClient(urls[0]) as client:
 
-            async def idle_shows() -> bool:
-                return bool((await client.summary()).idle_replicas)
+            async def idleness_known() -> bool:
+                replicas = await client.replicas()
+                return len([r for r in replicas if r.idle_seconds is not None]) >= 3
 
-            await until(idle_shows, within=60)
+            await until(idleness_known, within=60)
+            await asyncio.sleep(2.0)  # a few more scrapes of every engine
+            now = time.time()
+            replicas = await client.replicas()
+            for r in replicas:
+                if r.idle_seconds is not None:
+                    assert r.idle_seconds <= now - r.created_at + 1.0, r
+            assert (await client.summary()).idle_replicas == []  # none is 10 minutes old
             busy = []
             for row in await client.nodes():
                 detail = await client.node(row.name)
                 busy += [g for g in detail.gpus if g.in_use]
                 assert all(s.fs_type for s in detail.storage), detail.storage
             assert busy and all(g.memory_used_mib for g in busy)
-            summary = await client.summary()
-            assert all(i.idle_seconds >= 600 for i in summary.idle_replicas)
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
+from console.feeds import EventsWanted
 from console.format import node_state_text, plural, size_text, state_text, styled
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, NodeView
@@ -234,6 +235,7 @@ class NodeDetailScreen(NodeScreen):
     BINDINGS = [
         Binding("escape", "back", "Back", priority=True),
         Binding("question_mark", "help", "Help", priority=True),
+        Binding("e", "events", "Events", show=False, priority=True),
     ]
 
     def __init__(self, name: str) -> None:
@@ -301,6 +303,9 @@ class NodeDetailScreen(NodeScreen):
     def targets(self) -> list[NodeRow]:
         row = self.row()
         return [row] if row else []
+
+    def action_events(self) -> None:
+        self.post_message(EventsWanted(f"node/{self.node_name}"))
 
     def action_back(self) -> None:
         self.dismiss(None)  # the app's callback stops fetching this node

@@ -10,6 +10,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Input
 
+from console.feeds import EventsWanted, ModelsWanted
 from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
@@ -46,6 +47,9 @@ class MainScreen(NodeScreen):
         ),
         Binding("escape", "clear", "Clear", show=False, priority=True),
         Binding("question_mark", "help", "Help", priority=True),
+        # Views of their own (console/screens/models.py, events.py), listed in the help.
+        Binding("m", "models", "Models", show=False, priority=True),
+        Binding("e", "events", "Events", show=False, priority=True),
     ]
 
     class DetailRequested(Message):
@@ -238,6 +242,12 @@ class MainScreen(NodeScreen):
         # k9s: space marks and moves on, so a run of nodes is quick to mark.
         if table.cursor_row < table.row_count - 1:
             table.move_cursor(row=table.cursor_row + 1)
+
+    def action_models(self) -> None:
+        self.post_message(ModelsWanted())
+
+    def action_events(self) -> None:
+        self.post_message(EventsWanted())
 
     def action_open_detail(self) -> None:
         row = self.nodes_table.selected

@@ -472,6 +472,8 @@ VIEW_KEYS = [
     ("↑↓ j k g G", "move (pgup / pgdn: a page)"),
     ("enter", "node detail (escape goes back)"),
     ("/", "filter nodes (escape clears)"),
+    ("m", "models: ready, rollouts, spread (e: its events)"),
+    ("e", "events llmgw decided by itself (on a node: its own)"),
     ("s / S", "sort by the next column (every column in turn) / reverse"),
     (
         " ".join(s.letter for s in SORTS[:3]) + " …",

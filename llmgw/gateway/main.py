@@ -158,22 +158,29 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    workdir = args.work_dir or Path(tempfile.mkdtemp(prefix="llmgw-gateway-"))
-    options = SmgOptions(
-        host=host,
-        port=port,
-        policy=args.policy,
-        keys=keys,
-        workdir=workdir,
-        request_timeout_s=args.request_timeout,
-    )
-    smg = Smg(options)
-    follower = Follower(args.controller, token, args.name, smg, args.wake_timeout)
-    auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
-    print(
-        f"llmgw gateway {args.name} listening on http://{args.listen} (policy {args.policy}, "
-        f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log",
-        flush=True,
-    )
-    asyncio.run(_serve(follower, smg))
+    with contextlib.ExitStack() as cleanup:
+        workdir = args.work_dir
+        if workdir is None:  # ours alone: removed at exit, however the gateway stops
+            temp = cleanup.enter_context(
+                tempfile.TemporaryDirectory(prefix="llmgw-gateway-", ignore_cleanup_errors=True)
+            )
+            workdir = Path(temp)
+        options = SmgOptions(
+            host=host,
+            port=port,
+            policy=args.policy,
+            keys=keys,
+            workdir=workdir,
+            request_timeout_s=args.request_timeout,
+        )
+        smg = Smg(options)
+        follower = Follower(args.controller, token, args.name, smg, args.wake_timeout)
+        auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
+        kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"
+        print(
+            f"llmgw gateway {args.name} listening on http://{args.listen} (policy {args.policy}, "
+            f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log{kept}",
+            flush=True,
+        )
+        asyncio.run(_serve(follower, smg))
     return 0

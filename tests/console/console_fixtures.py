@@ -133,6 +133,7 @@ class LiveController:
         self._runner: web.AppRunner | None = None
         self._agent_http: httpx.AsyncClient | None = None  # the agents' reports
         self.app: web.Application | None = None
+        self.agents: Agents | None = None  # the fixture fleet's agents, once filled
         # Replica ids are random in production; counted here, for snapshots.
         self._real_secrets = reconcile.secrets
         reconcile.secrets = _CountedIds()  # type: ignore[assignment]
@@ -373,6 +374,7 @@ def fill_small(c: LiveController) -> Agents:
         agents.report(skip=["gpu-b04"])
     c.clock.advance(2)
     c.settle()
+    c.agents = agents
     return agents
 
 

@@ -240,6 +240,21 @@ def test_keys_typed_behind_enter_go_to_the_detail_it_opens(
     time.sleep(0.3)
 
 
+def test_keys_typed_behind_e_go_to_the_events_view_it_opens(
+    fleet: Controller, console: Tmux
+) -> None:
+    # `e` then a filter in one write: the filter is the events view's, not the nodes'.
+    burst(console, ("e",), ("/",), ("-l", "gpu-a07 xid"), ("Enter",))
+    screen = console.wait_for(lambda s: "filter: gpu-a07 xid" in s, "the events filter")
+    assert "Events" in screen and "NAME" not in screen  # the nodes table is not on screen
+    console("send-keys", "-t", "t", "Escape")  # the filter goes
+    console.wait_for(lambda s: "filter:" not in s, "the filter cleared")
+    time.sleep(0.3)  # Escape Escape in one read is alt+Escape
+    console("send-keys", "-t", "t", "Escape")  # back to the nodes
+    console.wait_for(lambda s: "gpu-a01" in s and "MESSAGE" not in s, "back on the main screen")
+    time.sleep(0.3)
+
+
 def test_q_in_the_demos_console_takes_every_engine_with_it(tmp_path: Path) -> None:
     """`llmgw demo` in a terminal: quitting its console (q) stops its engines."""
     from tests.test_demo import _alive, _descendants

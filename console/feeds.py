@@ -1,0 +1,101 @@
+"""What the models and events views show, fetched by the app's poll loop while
+their screen is open (screens do no I/O and never import the app), and the
+messages a screen posts to open one.
+
+Events follow the controller's log as `kubectl get events -w` does: the first
+fetch takes what the controller keeps, every later one asks only for the
+events after the newest seen (`since=`), so only new ones cross the wire. The
+console keeps at most `MAX_EVENTS`, dropping the oldest first, as Textual's Log
+drops its oldest lines: a console left open for a week stays the same size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import ValidationError
+from textual.message import Message
+
+from console.state import ConsoleModel
+from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
+from llmgw.wire import EventList, EventView, ModelView
+
+MAX_EVENTS = 1000
+
+
+@dataclass(frozen=True, eq=False)
+class ModelsView:
+    """The last answer to `GET /v1/models`; on a failed fetch, the one before with why."""
+
+    models: tuple[ModelView, ...]
+    error: str | None = None
+
+
+class EventFeed:
+    """The events of one object (`node/NAME`, `model/NAME`), or of all, oldest first.
+    Owned by the app, which alone fetches into it; screens read it."""
+
+    def __init__(self, obj: str | None, limit: int = MAX_EVENTS) -> None:
+        self.obj = obj
+        self.events: deque[EventView] = deque(maxlen=limit)
+        self.cursor = 0  # the newest id seen: the next fetch asks for the ones after it
+        self.loaded = False  # the first answer came
+        self.error: str | None = None  # why the last fetch failed (the events stay)
+
+    def take(self, page: EventList) -> int:
+        """Add what the controller answered; returns how many events were new."""
+        new = [e for e in page.events if e.id > self.cursor]
+        self.events.extend(new)
+        self.cursor = max(self.cursor, page.cursor, *(e.id for e in new))
+        self.loaded, self.error = True, None
+        return len(new)
+
+
+class ViewsModel(ConsoleModel, Protocol):
+    """The app as the models and events screens see it."""
+
+    models_view: ModelsView | None
+    event_feed: EventFeed | None
+
+
+class ModelsWanted(Message):
+    """Open the models view (the app fetches models while it is open)."""
+
+
+class EventsWanted(Message):
+    """Open the events of `obj` (`node/NAME`, `model/NAME`; None: every event)."""
+
+    def __init__(self, obj: str | None = None) -> None:
+        super().__init__()
+        self.obj = obj
+
+
+def _why(exc: Exception, what: str) -> str:
+    if isinstance(exc, ControllerError):
+        if exc.status == 404:
+            return f"this controller serves no {what} (404): upgrade it to see them here"
+        return f"{exc.status} {exc.message}"
+    if isinstance(exc, ValidationError):
+        return f"answer not understood: {describe(exc)}"
+    return describe(exc)
+
+
+async def fetch_models(client: AdminClient, old: ModelsView | None) -> ModelsView:
+    """Never raises for a failed request: the last models stay, with why."""
+    try:
+        models = await client.models()
+    except (ControllerError, ControllerUnreachable, ValidationError) as exc:
+        return ModelsView(old.models if old else (), _why(exc, "models"))
+    return ModelsView(tuple(sorted(models, key=lambda m: m.spec.name.lower())))
+
+
+async def fetch_events(client: AdminClient, feed: EventFeed) -> None:
+    """The events after the newest seen, into `feed`; a failure is kept as its error."""
+    try:
+        page = await client.events(feed.cursor, feed.obj)
+    except (ControllerError, ControllerUnreachable, ValidationError) as exc:
+        feed.error = _why(exc, "events")
+        return
+    feed.take(page)

@@ -1,0 +1,198 @@
+"""The models view (`m`): each declared model's replicas, rollout and spread, in
+the words `ctl models` uses. Read-only; Enter or `e` opens a model's events."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from console.feeds import EventsWanted, ModelsView, ViewsModel
+from console.format import styled
+from console.screens.modals import HelpScreen
+from console.state import Connection
+from console.widgets.header import ConnectionBanner
+from console.widgets.keyed_table import KeyedTable
+from console.widgets.widths import fill_width
+from llmgw.common import printable
+from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
+from llmgw.wire import ModelView
+
+STATUS_MIN = 20  # narrower, the table scrolls sideways rather than cut every status
+MODEL_MIN = 18  # the model under the cursor is shown whole below the table
+
+
+class ModelsTable(KeyedTable):
+    """One row per model, keyed by its name; STATUS takes the width that is left."""
+
+    def on_mount(self) -> None:
+        for key, title in (
+            ("model", "MODEL"),
+            ("ready", "READY"),  # ready/desired, as kubectl's READY
+            ("start", "START"),
+            ("scale", "RANGE"),  # min_replicas-max_replicas, what demand may ask
+            ("rev", "REV"),
+            ("nodes", "NODES"),
+            ("status", "STATUS"),
+        ):
+            self.add_column(title, key=key)
+
+    def show(self, models: tuple[ModelView, ...]) -> None:
+        self.sync({m.spec.name: model_cells(m) for m in models})
+        self.fit()
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self.fit()
+
+    def fit(self) -> None:
+        fill_width(self, rest="status", rest_min=STATUS_MIN, give="model", give_min=MODEL_MIN)
+
+
+def model_cells(m: ModelView) -> tuple[Text, ...]:
+    words, meaning = model_words(m)
+    rollout = m.rollout
+    nodes = styled(m.nodes, "dim" if not m.nodes else "")
+    if all_on_one_node(m):  # one node's failure takes the whole model
+        nodes = styled(f"{m.nodes} ⚠", STYLE[Meaning.ATTENTION])
+    desired = desired_replicas(m)
+    ready = Meaning.BROKEN if not m.satisfied else Meaning.FINE
+    if m.satisfied and m.ready < desired:
+        ready = Meaning.ATTENTION  # above its minimum, short of what demand asks
+    s = m.spec
+    top = s.max_replicas if s.max_replicas is not None else s.min_replicas
+    return (
+        styled(printable(s.name), "bold"),
+        styled(f"{m.ready}/{desired}", STYLE[ready]),
+        styled(m.starting, STYLE[Meaning.STARTING] if m.starting else "dim"),
+        styled(s.min_replicas if top == s.min_replicas else f"{s.min_replicas}-{top}"),
+        styled(rollout.revision if rollout is not None else "-"),
+        nodes,
+        styled(printable(words), STYLE[meaning]),
+    )
+
+
+def desired_replicas(m: ModelView) -> int:
+    """What demand asks for now; a controller from before autoscaling sends none,
+    and then it is the minimum."""
+    return m.desired if "desired" in m.model_fields_set else m.spec.min_replicas
+
+
+def model_text(m: ModelView) -> Text:
+    """The model under the cursor, whole: its shape, its status, and the full reason
+    or failure the status cell cuts to one line."""
+    s = m.spec
+    words, meaning = model_words(m)
+    text = Text()
+    text.append(printable(s.name), style="bold")
+    text.append(
+        f"  {s.shards}x{s.gpus_per_shard} {s.gpu_class or 'any class'}  engine {s.engine}"
+        f"  source {printable(s.source)}",
+        style="dim",
+    )
+    text.append("\n" + printable(words), style=STYLE[meaning])
+    if m.scaling:  # why demand asks for this many: `in flight 12, target 4 -> 3`
+        text.append(f"  demand: {printable(m.scaling)}", style="dim")
+    rollout = m.rollout
+    if rollout is not None and rollout.state != "complete" and rollout.outdated:
+        text.append(
+            f"  revision {rollout.revision}: {rollout.updated} of {rollout.desired} ready,"
+            f" {rollout.outdated} of an older revision still running",
+            style="dim",
+        )
+    if rollout is not None and rollout.state in ("stalled", "waiting") and rollout.message:
+        why: str | None = rollout.message
+    else:
+        why = None if m.satisfied else m.unplaceable_reason
+    if why and why.strip() != one_line(why):
+        text.append("\n" + printable(why.strip(), keep_lines=True), style="dim")
+    elif m.last_failure:
+        text.append("\nlast failure: " + printable(m.last_failure.strip(), keep_lines=True))
+    if all_on_one_node(m):
+        text.append("\n⚠ every serving replica is on one node", style=STYLE[Meaning.ATTENTION])
+    return text
+
+
+class ModelsScreen(Screen[Any]):
+    # Priority: acted on as the key is read (see console/keys.py).
+    BINDINGS = [
+        Binding("escape", "back", "Back", priority=True),
+        Binding("e", "events", "Events", priority=True),
+        Binding("question_mark", "help", "Help", priority=True),
+    ]
+
+    _detail: Text | None = None
+
+    @property
+    def model(self) -> ViewsModel:
+        return cast(ViewsModel, self.app)
+
+    def compose(self) -> ComposeResult:
+        yield ConnectionBanner(id="banner")
+        with Vertical(id="models-pane", classes="pane"):
+            yield ModelsTable(id="models")
+        yield Static(id="model-detail", classes="cursor-detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        pane = self.query_one("#models-pane")
+        pane.border_title = "Models"
+        pane.border_subtitle = "loading…"
+        self.query_one(ModelsTable).focus()
+        self.watch(self.app, "models_view", self.show_view)
+        self.watch(self.app, "connection", self.show_connection)
+
+    def show_view(self, view: ModelsView | None) -> None:
+        if view is None:
+            return
+        self.query_one(ModelsTable).show(view.models)
+        self._show_detail()
+        short = sum(1 for m in view.models if not m.satisfied)
+        parts = [f"{len(view.models)} models", f"{short} short" if short else "all satisfied"]
+        if any(all_on_one_node(m) for m in view.models):
+            parts.append("⚠ all on one node")
+        if view.error:
+            parts.append(f"not updated: {view.error}")
+        self.query_one("#models-pane").border_subtitle = " · ".join(parts)
+
+    def show_connection(self, conn: Connection) -> None:
+        self.query_one(ConnectionBanner).show(conn, self.model.fleet, self.model.clock())
+        self.set_class(not conn.healthy, "-stale")
+
+    def selected(self) -> str | None:
+        return self.query_one(ModelsTable).cursor_key
+
+    def _show_detail(self) -> None:
+        view, name = self.model.models_view, self.selected()
+        found = next((m for m in view.models if m.spec.name == name), None) if view else None
+        text = model_text(found) if found is not None else Text("")
+        if text != self._detail:
+            self._detail = text
+            detail = self.query_one("#model-detail", Static)
+            detail.update(text)
+            detail.set_class(found is not None, "-visible")
+
+    @on(KeyedTable.RowHighlighted, "#models")
+    def _row_highlighted(self) -> None:
+        self._show_detail()
+
+    def action_events(self) -> None:
+        name = self.selected()
+        if name is not None:
+            self.post_message(EventsWanted(f"model/{name}"))
+
+    @on(KeyedTable.RowSelected, "#models")
+    def _row_selected(self) -> None:
+        self.action_events()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))
+
+    def action_back(self) -> None:
+        self.dismiss(None)  # the app's callback stops fetching models
