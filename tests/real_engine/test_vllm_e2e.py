@@ -127,6 +127,7 @@ def templates(path: Path, core: str) -> Path:
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; unset, vLLM takes most of the host's memory
         "HF_HUB_OFFLINE": "1",  # nothing is downloaded
         "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",  # the engine's log shows how far a slow start got
     }
     table = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     path.write_text(
@@ -172,8 +173,10 @@ class ModelLoad(Load):
     answer counts when it generated tokens; a pause between requests leaves the cores to
     the engines starting beside it."""
 
+    pause_s = 0.05
+
     def _one(self, http: httpx.Client, body: dict[str, Any], stream: bool) -> str | None:
-        time.sleep(0.05)
+        time.sleep(self.pause_s)
         if stream:
             return super()._one(http, body, stream)
         r = http.post(f"{self.url}/v1/chat/completions", json=body)
@@ -336,13 +339,18 @@ def median_bucket(cumulative: dict[float, float]) -> int:
     return bucket(le)
 
 
-@pytest.mark.timeout(START_S + 180)
+@pytest.mark.timeout(2 * START_S + 180)
 def test_4_drain_under_load_fails_no_request(walk: Walk) -> None:
     c = walk.c
     old = walk.ready_replica()
     assert old is not None
     node = node_of(old)
-    load = ModelLoad(walk.gw.url, MODEL).start()
+    load = ModelLoad(walk.gw.url, MODEL)
+    # The stand-in starts on the other core while this load keeps the first engine
+    # busy: a steady trickle, not a flood that leaves the start no CPU (one CI run
+    # saw a stand-in not ready 300 s after it started, with the load at full rate).
+    load.pause_s = 0.3
+    load.start()
     try:
         wait_until(lambda: load.ok >= 4, timeout=30, what="requests flowing", diagnose=walk.logs)
         c.ctl("drain", node, "--reason", "real-engine test")
@@ -352,7 +360,9 @@ def test_4_drain_under_load_fails_no_request(walk: Walk) -> None:
             return bool(row["admin"]["drained"])
 
         started = time.monotonic()
-        wait_until(drained, timeout=START_S, what=f"{node} drained", every=0.5, diagnose=walk.logs)
+        wait_until(
+            drained, timeout=2 * START_S, what=f"{node} drained", every=0.5, diagnose=walk.logs
+        )
         walk.timings["drain"] = round(time.monotonic() - started, 1)
         before = load.ok
         wait_until(lambda: load.ok >= before + 4, timeout=30, what="requests after the drain")
