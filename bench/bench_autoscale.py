@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,42 +38,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
+from bench.bench_faults import until
+from bench.bench_rollout import spec as rollout_spec
 from llmgw.controller.autoscale import Autoscaler
 from llmgw.wire import ModelSpec
 from tests.e2e.procs import Cluster
 from tests.gateway.gwprocs import Gateway, Load, wait_cluster_ready
 
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
-POLL_S = 0.05
-
-
-def until(check: Callable[[], Any], timeout: float = 180.0) -> float:
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError("the fleet did not get there in time")
-        time.sleep(POLL_S)
-    return time.monotonic() - t0
 
 
 def spec(name: str, load_s: float, **fields: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "source": f"org/{name}",
-        "gpus_per_shard": 1,
-        "engine": "fake",
-        "engine_args": [
-            "--load-seconds",
-            str(load_s),
-            "--host",
-            "127.0.0.1",
-            "--latency",
-            "0.05",
-            "--token-interval",
-            "0.1",
-        ],
-        **fields,
-    }
+    """bench_rollout's model (fake engine, a token every 0.1 s) with demand's fields."""
+    return {**rollout_spec(name, 1, load_s, []), **fields}
 
 
 def of(c: Cluster, name: str, state: str | None = None) -> list[dict[str, Any]]:

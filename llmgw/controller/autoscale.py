@@ -50,6 +50,7 @@ class Decision(NamedTuple):
     changed: int = 0  # +1 up, -1 down, 0 the same (an event when not 0)
     woke_at: float | None = None  # woken from zero and not serving yet: since when
     held: int = 0  # requests the gateways hold for it
+    reason: str = ""  # `why` without the countdown to a scale-down (what a scale-down cites)
 
 
 @dataclass
@@ -109,7 +110,8 @@ class Autoscaler:
             m.lower_since = None
         if serving or m.desired == 0:
             m.woke_at = None
-        why = f"in flight {mean:.3g}, target {target} -> {m.desired}"
+        reason = f"in flight {mean:.3g}, target {target} -> {m.desired}"
+        why = reason
         if m.woke_at is not None:
             why = f"waking for {now - m.woke_at:.0f}s: {held} request(s) held"
         elif m.desired == 0:
@@ -117,7 +119,7 @@ class Autoscaler:
         elif m.lower_since is not None and changed == 0:
             left = spec.scale_down_after_s - (now - m.lower_since)
             why += f" (down to {m.desired - 1} in {max(left, 0):.0f}s if it stays low)"
-        return Decision(m.desired, mean, why, changed, m.woke_at, held)
+        return Decision(m.desired, mean, why, changed, m.woke_at, held, reason)
 
     def forget(self, keep: set[str]) -> None:
         """Drop the memory of models no longer declared."""

@@ -945,7 +945,8 @@ class FleetState:
             now,
             self.wall(),
             gateway_in_flight,
-        ).model_copy(update={"waking": self._waking(now)})
+            self._waking(now),
+        )
 
     def _waking(self, now: float) -> list[WakingModel]:
         return [

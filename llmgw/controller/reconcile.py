@@ -251,6 +251,8 @@ class Reconciler:
         self._moved_at = 0
         self._cordons = FaultCordons()
         self._autoscaler = Autoscaler()
+        # The last short model no reclaim could make fit, and the capacity then.
+        self._reclaim_tried: tuple[ModelSpec, int] | None = None
         # Why a stand-in for a replica on a failed card cannot be placed, as last logged.
         self._fault_blocked: dict[str, str] = {}
 
@@ -297,6 +299,7 @@ class Reconciler:
         now, wall = fleet.clock(), fleet.wall()
         fleet.advance_time(now)
         statuses = fleet.replica_statuses()
+        read_at = fleet.capacity_version  # every replica moved moves it
         faults = card_faults(fleet)
         self._record_transitions(statuses, wall, faults)
         self._replace_lost(now)
@@ -306,7 +309,9 @@ class Reconciler:
         self._cordons.cordon(fleet, faults)
         self._replace_faulted(faults, now, wall)
         self._roll(faults, now, wall)
-        self._scale(faults, now)
+        if fleet.capacity_version != read_at:  # the steps before moved replicas
+            statuses = fleet.replica_statuses()
+        self._scale(statuses, faults, now)
         self._reclaim(faults, now)
         yield
         yield from self._fill_shortfalls(place_until)
@@ -658,7 +663,7 @@ class Reconciler:
 
     # -- 5. demand ---------------------------------------------------------------------------
 
-    def _scale(self, faults: Faults, now: float) -> None:
+    def _scale(self, statuses: dict[str, ReplicaStatus], faults: Faults, now: float) -> None:
         """Each model's desired count from its requests in flight (`autoscale`);
         above it, one replica at a time leaves through the stop handshake: one
         starting first (it serves nothing), else the least busy, newest first
@@ -670,8 +675,7 @@ class Reconciler:
         held = self.gate.gateways.held(now) if self.gate is not None else {}
         replaced = {r.replaces for r in fleet.records.values() if r.replaces}
         live: dict[str, list[ReplicaStatus]] = defaultdict(list)
-        # Read again: the steps before this one may have moved replicas.
-        for s in fleet.replica_statuses().values():
+        for s in statuses.values():
             if s.state is not ReplicaState.FAILED:
                 live[s.record.model].append(s)
         self._autoscaler.forget(set(fleet.models))
@@ -760,19 +764,13 @@ class Reconciler:
         be placed, from lower-priority models above theirs (`reclaim`): the
         chosen replicas leave as a scale-down's do; it is placed when they stop."""
         fleet = self.fleet
+        if not fleet.unplaceable_reasons:
+            return  # the common case: everything that must run, runs
         wall = fleet.wall()
-        statuses = [
-            s for s in fleet.replica_statuses().values() if s.state is not ReplicaState.FAILED
-        ]
-        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
-        staying: Counter[str] = Counter(
-            s.record.model
-            for s in statuses
-            if s.record.leaving is None and s.record.id not in replaced
-        )
-        pending = {
-            s.record.leaving for s in statuses if (s.record.leaving or "").startswith(RECLAIMED)
-        }
+        records = [r for r in fleet.records.values() if r.state is not ReplicaState.FAILED]
+        replaced = {r.replaces for r in records if r.replaces}
+        staying = Counter(r.model for r in records if r.leaving is None and r.id not in replaced)
+        pending = {r.leaving for r in records if (r.leaving or "").startswith(RECLAIMED)}
         short = sorted(
             (
                 spec
@@ -786,6 +784,11 @@ class Reconciler:
         if not short or any(f"{RECLAIMED} {short[0].name} " in p for p in pending if p):
             return  # nothing to do, or its room is on its way
         spec = short[0]
+        if self._reclaim_tried == (spec, fleet.capacity_version):
+            return  # nothing it could take has moved since no choice made it fit
+        statuses = [
+            s for s in fleet.replica_statuses().values() if s.state is not ReplicaState.FAILED
+        ]
         gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
         candidates = [
             Candidate(
@@ -805,12 +808,14 @@ class Reconciler:
             and s.state in (ReplicaState.READY, ReplicaState.STARTING)
         ]
         if not candidates:
+            self._reclaim_tried = (spec, fleet.capacity_version)
             return
         draining = [n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING]
         cards = {uuid: cls for entry in fleet.nodes.values() for uuid, cls, _ in entry.cards}
         nodes = snapshot(fleet, now, [*draining, *faults])
         picked = choose(spec, candidates, staying, nodes, cards)
         if not picked:
+            self._reclaim_tried = (spec, fleet.capacity_version)
             return
         why = f"{RECLAIMED} {spec.name} (priority {spec.priority})"
         for rec in picked:
@@ -832,7 +837,7 @@ class Reconciler:
 
     def _why_scaled(self, name: str) -> str:
         scaling = self.fleet.scaling(name)
-        return "fixed count" if scaling is None else scaling.why.split(" (", 1)[0]
+        return "fixed count" if scaling is None or not scaling.reason else scaling.reason
 
     def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
         """Events: originals stopped once their stand-ins served."""

@@ -37,6 +37,7 @@ from llmgw.wire import (
     ReplicaCounts,
     ReplicaState,
     StorageScope,
+    WakingModel,
 )
 
 
@@ -166,6 +167,7 @@ def build_summary(
     now: float,
     wall: float,
     gateway_in_flight: Mapping[str, int] | None = None,
+    waking: list[WakingModel] | None = None,
 ) -> FleetSummary:
     replica_counts = dict.fromkeys(ReplicaState, 0)
     serving: Counter[str] = Counter()
@@ -208,6 +210,7 @@ def build_summary(
         generated_at=wall,
         traffic=model_traffic(replicas, gateway_in_flight or {}),
         engines={e: n for e, n in sorted(totals.engines.items()) if n > 0},
+        waking=waking or [],
     )
 
 
