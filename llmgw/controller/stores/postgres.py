@@ -28,7 +28,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
-from llmgw.controller.stores.sql import POSTGRESQL, Params, Row, Session, SqlStore, migrate
+from llmgw.controller.stores.session import POSTGRESQL, Params, Row, Session, migrate
+from llmgw.controller.stores.sql import SqlStore
 
 log = logging.getLogger("llmgw.controller.store")
 

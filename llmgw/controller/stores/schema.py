@@ -7,7 +7,7 @@ because the databases made before this list had diverged: SQLite files at versio
 have no `writer` table (PostgreSQL's version 1 does), SQLite files from before
 versions existed (0) may lack `force_at`, and `agent_credentials` was made on
 first use. `AddColumn` is an ALTER that is skipped when the column exists;
-`LowerNodeNames` is a rewrite done in Python (`sql.lower_node_names`).
+`LowerNodeNames` is a rewrite done in Python (`session.lower_node_names`).
 """
 
 from __future__ import annotations

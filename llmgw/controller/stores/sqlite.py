@@ -30,7 +30,8 @@ from pathlib import Path
 
 from llmgw.controller.store_errors import StateError, StoreUnavailable
 from llmgw.controller.stores.marker import MARKER_SUFFIX, RevisionMarker
-from llmgw.controller.stores.sql import REVISION, SQLITE, Params, Row, Session, SqlStore, migrate
+from llmgw.controller.stores.session import SQLITE, Params, Row, Session, migrate
+from llmgw.controller.stores.sql import REVISION, SqlStore
 
 __all__ = ["RESTORE_HINT", "STATE_FILE", "Store"]
 
