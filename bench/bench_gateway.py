@@ -266,7 +266,7 @@ async def data_plane(args: argparse.Namespace) -> None:
 async def control_plane(replicas: int) -> None:
     from aiohttp.test_utils import TestServer
 
-    from llmgw.controller.app import FLEET, create_app
+    from llmgw.controller.app import create_app, term_of
     from llmgw.controller.reconcile import Reconciler
     from llmgw.controller.settings import ControllerSettings
     from llmgw.wire import ModelSpec, NodeReport
@@ -275,8 +275,10 @@ async def control_plane(replicas: int) -> None:
     app = create_app(ControllerSettings(state_dir=state, reconcile_interval_s=3600))
     server = TestServer(app)
     await server.start_server()
-    fleet = app[FLEET]
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=replicas, gpus_per_shard=1)])
+    fleet = term_of(app)
+    fleet.facts.put_models(
+        [ModelSpec(name="m", source="org/m", min_replicas=replicas, gpus_per_shard=1)]
+    )
 
     def report(i: int, ready: bool) -> NodeReport:
         node = f"n{i:05d}"
@@ -305,10 +307,10 @@ async def control_plane(replicas: int) -> None:
 
     reconciler = Reconciler(fleet)
     for i in range(replicas):
-        fleet.ingest(report(i, False))
+        fleet.replies.ingest(report(i, False))
     reconciler.tick()
     for i in range(replicas - 1):  # all but one ready
-        fleet.ingest(report(i, True))
+        fleet.replies.ingest(report(i, True))
     reconciler.tick()
     base = str(server.make_url(""))
     async with aiohttp.ClientSession() as http:
@@ -331,16 +333,20 @@ async def control_plane(replicas: int) -> None:
         cursor = full["cursor"]
         for what in ("ready", "stopping"):
             last = f"n{replicas - 1:05d}"
-            rid = fleet.replicas_on(last)[0].id if what == "ready" else sorted(fleet.records)[0]
+            rid = (
+                fleet.facts.replicas_on(last)[0].id
+                if what == "ready"
+                else sorted(fleet.facts.records)[0]
+            )
             want = (rid, "serving" if what == "ready" else "stopping")
             poll = asyncio.create_task(until(cursor, want))
             await asyncio.sleep(0.2)  # the poll is waiting
             t_change = time.perf_counter()
             if what == "ready":
-                fleet.ingest(report(replicas - 1, True))
+                fleet.replies.ingest(report(replicas - 1, True))
                 reconciler.tick()
             else:
-                fleet.mark_stopping(rid)
+                fleet.facts.mark_stopping(rid)
             ms, cursor = await poll
             results.append((what, (time.perf_counter() - t_change) * 1e3))
     await server.close()

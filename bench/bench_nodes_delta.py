@@ -1,6 +1,6 @@
 """Controller cost of a console poll: `GET /v1/nodes` against `?since=CURSOR`.
 
-Builds a real `FleetState` (SQLite store in a temporary directory), lets half the
+Builds a real `Term` (SQLite store in a temporary directory), lets half the
 fleet re-report unchanged and 5 % change, then times the full listing (the
 baseline, measured in the same run) and the delta a polling console gets,
 both encoded as the endpoint does it (each row's JSON kept from when it last
@@ -50,24 +50,24 @@ def run(nodes: int) -> None:
         clock = FakeClock()
         fleet = make_fleet(Path(tmp), clock)
         for i in range(nodes):
-            fleet.ingest(node_report(i))
-        fleet.flush()
-        cursor = fleet.nodes_since("").cursor
+            fleet.replies.ingest(node_report(i))
+        fleet.facts.flush()
+        cursor = fleet.rows.nodes_since("").cursor
         clock.advance(1)
         for i in range(0, nodes, 2):  # half the fleet reports, nothing new
-            fleet.ingest(node_report(i))
+            fleet.replies.ingest(node_report(i))
         for i in range(0, nodes, 20):  # 5 % change what they use
-            fleet.ingest(node_report(i, used=1))
+            fleet.replies.ingest(node_report(i, used=1))
 
-        delta = fleet.nodes_since(cursor)
-        full_bytes = len(b"".join(r.model_dump_json().encode() for r in fleet.rows()))
+        delta = fleet.rows.nodes_since(cursor)
+        full_bytes = len(b"".join(r.model_dump_json().encode() for r in fleet.rows.rows()))
         delta_bytes = len(delta.model_dump_json().encode())
         reps = max(3, 20_000 // nodes)
         t_full = best(fleet.rows_json, reps)
         # A console's cursor moves with each poll; a fixed one keeps the work equal.
-        t_delta = best(lambda: fleet.nodes_since_json(cursor), reps)
-        t_full_models = best(lambda: json_models(fleet.rows()), reps)
-        t_delta_models = best(lambda: json_model(fleet.nodes_since(cursor)), reps)
+        t_delta = best(lambda: fleet.rows.nodes_since_json(cursor), reps)
+        t_full_models = best(lambda: json_models(fleet.rows.rows()), reps)
+        t_delta_models = best(lambda: json_model(fleet.rows.nodes_since(cursor)), reps)
 
     print(f"{nodes} nodes, {len(delta.nodes)} rows changed since the console's last poll")
     print(f"  baseline GET /v1/nodes          {t_full * 1e3:7.1f} ms  {full_bytes / 1024:6.0f} KiB")

@@ -246,11 +246,11 @@ def passes_in_process(args: argparse.Namespace) -> None:
     """`--passes`: the reconcile passes themselves, in this process, on this checkout
     (or another, with PYTHONPATH=DIR): the first three after declaring the models,
     against a pass with no models, for the fleet sizes of the issue."""
-    from llmgw.controller.fleet import FleetState
     from llmgw.controller.main import tune_gc
     from llmgw.controller.reconcile import Reconciler
     from llmgw.controller.settings import ControllerSettings
     from llmgw.controller.store import Store
+    from llmgw.controller.term import Term
     from llmgw.wire import ModelSpec, NodeReport
 
     tune_gc()
@@ -267,15 +267,15 @@ def passes_in_process(args: argparse.Namespace) -> None:
     for label, n, models in cases:
         with tempfile.TemporaryDirectory() as tmp:
             state = Path(tmp)
-            fleet = FleetState(Store(state), ControllerSettings(state_dir=state))
+            fleet = Term.begin(Store(state), ControllerSettings(state_dir=state))
             for i in range(n):
                 body = json.dumps(synthetic_report(i)).encode()
-                fleet.ingest_json(NodeReport.model_validate_json(body), body)
+                fleet.replies.ingest_json(NodeReport.model_validate_json(body), body)
             reconciler = Reconciler(fleet)
             t0 = time.perf_counter()
             reconciler.tick()
             bare = time.perf_counter() - t0
-            fleet.put_models([ModelSpec.model_validate(m) for m in models])
+            fleet.facts.put_models([ModelSpec.model_validate(m) for m in models])
             took = []
             for _ in range(3):
                 t0 = time.perf_counter()

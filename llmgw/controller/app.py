@@ -19,6 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from llmgw import __version__
+from llmgw.controller import cursors
 from llmgw.controller.auth import (
     ADMIN_ROLES,
     AGENT_ROLES,
@@ -35,23 +36,13 @@ from llmgw.controller.authorize import RefusalLog, report_refusal
 from llmgw.controller.bodies import HANDLER_ARGS, body_guard
 from llmgw.controller.credentials import (
     AlreadyEnrolled,
-    Credentials,
     NotAllowed,
     NotRevocable,
     TokenSpent,
 )
-from llmgw.controller.endpoints import (
-    MAX_WAIT_S,
-    FeedHold,
-    Gateways,
-    TooManyGateways,
-    endpoint_of,
-    endpoints_since,
-    parse_cursor,
-)
+from llmgw.controller.endpoints import MAX_WAIT_S, TooManyGateways, endpoint_of
 from llmgw.controller.enroll_tokens import TooManyTokens, why_spent
 from llmgw.controller.enroll_tokens import view as token_view
-from llmgw.controller.fleet import FleetState
 from llmgw.controller.leadership import Leadership, not_the_leader
 from llmgw.controller.metrics import CONTENT_TYPE_LATEST, ControllerMetrics
 from llmgw.controller.ratelimit import Once, TokenBucket, retry_after
@@ -60,6 +51,7 @@ from llmgw.controller.revisions import same_engine
 from llmgw.controller.settings import ControllerSettings, split_listen
 from llmgw.controller.store import Fenced, Store, StoreUnavailable
 from llmgw.controller.stores import StateStore, open_lease, open_store, store_spec
+from llmgw.controller.term import Term
 from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
 from llmgw.listen import PortInUse, start_site
 from llmgw.wire import (
@@ -86,18 +78,20 @@ from llmgw.wire import (
 log = logging.getLogger("llmgw.controller")
 
 SETTINGS = web.AppKey("settings", ControllerSettings)
-FLEET = web.AppKey("fleet", FleetState)
-CREDENTIALS = web.AppKey("credentials", Credentials)
 REFUSALS = web.AppKey("refusals", RefusalLog)
 ENROLL_LIMIT = web.AppKey("enroll_limit", TokenBucket)
 ENROLL_REFUSALS = web.AppKey("enroll_refusals", Once)  # an event per node per hour
 # What a node credential may do: report as its node (and say who it is).
 NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
 METRICS = web.AppKey("metrics", ControllerMetrics)
-GATEWAYS = web.AppKey("gateways", Gateways)
-FEED_HOLD = web.AppKey("feed_hold", FeedHold)
 STORE = web.AppKey("store", StateStore)
 LEADERSHIP = web.AppKey("leadership", Leadership)
+
+
+def term_of(app: web.Application) -> Term:
+    """The term this controller leads (a follower answers only what needs none)."""
+    return app[LEADERSHIP].term
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -240,10 +234,10 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
             return error(401, "missing token: this controller needs a bearer token")
         identity = tokens.identify(presented)
         if identity is None:
-            node = request.app[CREDENTIALS].identify(presented)
+            node = term_of(request.app).credentials.identify(presented)
             identity = None if node is None else Identity(node, Role.AGENT, node)
         if identity is None:
-            enroll_token = request.app[CREDENTIALS].tokens.identify(presented)
+            enroll_token = term_of(request.app).credentials.tokens.identify(presented)
             if enroll_token is not None:
                 spent = why_spent(enroll_token, time.time())
                 if spent is not None:
@@ -333,14 +327,14 @@ async def agent_report(request: web.Request) -> web.Response:
         except BadRequest:
             metrics.reports.labels("rejected").inc()
             raise
-        fleet = request.app[FLEET]
+        fleet = term_of(request.app)
         identity: Identity = request["identity"]
-        refusal = report_refusal(identity, report, fleet.records)
+        refusal = report_refusal(identity, report, fleet.facts.records)
         if refusal is not None:
             metrics.reports.labels("refused").inc()
             request.app[REFUSALS].note(identity.node or report.node, refusal)
             return error(403, refusal)
-        body = fleet.ingest_json(report, await request.read())
+        body = fleet.replies.ingest_json(report, await request.read())
     metrics.reports.labels("ok").inc()
     return web.Response(body=body, content_type="application/json")
 
@@ -360,29 +354,29 @@ async def agent_enroll(request: web.Request) -> web.Response:
         return resp
     body = await parse_body(request, EnrollRequest)
     node, by, at = body.node, who(request), time.time()
-    fleet, creds = request.app[FLEET], request.app[CREDENTIALS]
+    fleet, creds = term_of(request.app), term_of(request.app).credentials
     pending = request.app[SETTINGS].enroll_approval
     try:
         secret = creds.enroll(
             node,
             by=by,
             at=at,
-            known=node in fleet.nodes,
+            known=node in fleet.facts.nodes,
             pending=pending,
             token=request.get("enroll_token"),
         )
     except (AlreadyEnrolled, NotAllowed) as exc:
         # Someone tried to take over a node that exists: worth an event, once an hour.
         if request.app[ENROLL_REFUSALS].due(node):
-            fleet.event(f"node/{node}", EventReason.ENROLL_REFUSED, f"{by}: {exc}")
+            fleet.facts.event(f"node/{node}", EventReason.ENROLL_REFUSED, f"{by}: {exc}")
         return error(409, str(exc))
     except TokenSpent as exc:
         return error(401, f"{exc}: ask an admin for a new one (llmgw ctl credentials token create)")
-    fleet.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
+    fleet.facts.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
     if pending:
-        fleet.await_approval(node, at)
+        fleet.facts.await_approval(node, at)
     else:  # revoked while it awaited approval, enrolled again since it was turned off
-        fleet.drop_approval(node)
+        fleet.facts.drop_approval(node)
     log.info(
         "node %s enrolled (%s): credential issued%s",
         node,
@@ -393,7 +387,7 @@ async def agent_enroll(request: web.Request) -> web.Response:
 
 
 async def list_credentials(request: web.Request) -> web.Response:
-    pending = request.app[FLEET].pending
+    pending = term_of(request.app).facts.pending
     return json_models(
         [
             CredentialView(
@@ -403,7 +397,7 @@ async def list_credentials(request: web.Request) -> web.Response:
                 by=c.by,
                 awaiting_approval=c.node in pending,
             )
-            for c in request.app[CREDENTIALS].list()
+            for c in term_of(request.app).credentials.list()
         ]
     )
 
@@ -411,7 +405,7 @@ async def list_credentials(request: web.Request) -> web.Response:
 async def revoke_credential(request: web.Request) -> web.Response:
     node = node_param(request, "node")
     try:
-        revoked = request.app[CREDENTIALS].revoke(node)
+        revoked = term_of(request.app).credentials.revoke(node)
     except NotRevocable as exc:
         return error(409, str(exc))
     if not revoked:
@@ -424,8 +418,8 @@ async def approve_credential(request: web.Request) -> web.Response:
     """Let an enrolled node take replicas (`ctl credentials approve`), as CSR approval."""
     node = node_param(request, "node")
     await parse_body(request, EmptyRequest, optional=True)
-    if not request.app[FLEET].approve(node, who(request)):
-        if not request.app[CREDENTIALS].holds(node):
+    if not term_of(request.app).facts.approve(node, who(request)):
+        if not term_of(request.app).credentials.holds(node):
             return error(404, f"node {node!r} holds no credential to approve")
         return error(409, f"node {node!r} awaits no approval: it may take replicas already")
     log.info("node %s approved by %s", node, who(request))
@@ -436,12 +430,12 @@ async def allow_enroll(request: web.Request) -> web.Response:
     """Let a node that has reported before enroll once (`ctl credentials allow`)."""
     node = node_param(request, "node")
     await parse_body(request, EmptyRequest, optional=True)
-    if node not in request.app[FLEET].nodes:
+    if node not in term_of(request.app).facts.nodes:
         return error(
             409, f"node {node!r} has never reported here: it may enroll without an allowance"
         )
     try:
-        request.app[CREDENTIALS].allow(node, by=who(request), at=time.time())
+        term_of(request.app).credentials.allow(node, by=who(request), at=time.time())
     except AlreadyEnrolled as exc:
         return error(409, str(exc))
     log.info("node %s allowed to enroll by %s", node, who(request))
@@ -451,7 +445,7 @@ async def allow_enroll(request: web.Request) -> web.Response:
 async def create_enroll_token(request: web.Request) -> web.Response:
     body = await parse_body(request, EnrollTokenRequest, optional=True)
     try:
-        secret, token = request.app[CREDENTIALS].tokens.create(
+        secret, token = term_of(request.app).credentials.tokens.create(
             by=who(request),
             at=time.time(),
             ttl_s=body.ttl_s or None,
@@ -466,12 +460,12 @@ async def create_enroll_token(request: web.Request) -> web.Response:
 
 async def list_enroll_tokens(request: web.Request) -> web.Response:
     now = time.time()
-    return json_models([token_view(t, now) for t in request.app[CREDENTIALS].tokens.list()])
+    return json_models([token_view(t, now) for t in term_of(request.app).credentials.tokens.list()])
 
 
 async def delete_enroll_token(request: web.Request) -> web.Response:
     token_id = request.match_info["id"]
-    if not request.app[CREDENTIALS].tokens.delete(token_id):
+    if not term_of(request.app).credentials.tokens.delete(token_id):
         return error(
             404, f"no enrollment token {token_id[:20]!r} (llmgw ctl credentials token list)"
         )
@@ -481,24 +475,24 @@ async def delete_enroll_token(request: web.Request) -> web.Response:
 
 async def forget_node(request: web.Request) -> web.Response:
     """Forget a node for good: credential revoked first, then its row and replicas."""
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     name = node_param(request)
-    fleet.require(name)
+    fleet.facts.require(name)
     await parse_body(request, EmptyRequest, optional=True)
     try:
-        revoked = request.app[CREDENTIALS].revoke(name)
+        revoked = term_of(request.app).credentials.revoke(name)
     except NotRevocable:
         revoked = False  # a file credential: the operator removes its line
-    fleet.forget_node(name, who(request))
+    fleet.facts.forget_node(name, who(request))
     log.info("node %s forgotten by %s", name, who(request))
     return web.json_response({"node": name, "forgotten": True, "credential_revoked": revoked})
 
 
 async def list_nodes(request: web.Request) -> web.Response:
     """Every row; with `?since=CURSOR` (even empty), only what changed after it."""
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     since = request.query.get("since")
-    body = fleet.rows_json() if since is None else fleet.nodes_since_json(since)
+    body = fleet.rows.rows_json() if since is None else fleet.rows.nodes_since_json(since)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -518,29 +512,29 @@ async def list_events(request: web.Request) -> web.Response:
             obj = "node/" + node_name(obj[5:])  # node/GPU01 is node gpu01's
         except ValueError as exc:
             raise BadRequest(f"for: {exc}") from None
-    return json_model(request.app[FLEET].events(int(since), obj))
+    return json_model(term_of(request.app).facts.events(int(since), obj))
 
 
 async def get_node(request: web.Request) -> web.Response:
-    return json_model(request.app[FLEET].detail(node_param(request)))
+    return json_model(term_of(request.app).rows.detail(node_param(request)))
 
 
 async def summary(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
-    return json_model(fleet.summary(request.app[GATEWAYS].in_flight(fleet.clock())))
+    fleet = term_of(request.app)
+    return json_model(fleet.summary(term_of(request.app).gateways.in_flight(fleet.facts.clock())))
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_models(request.app[FLEET].model_views())
+    return json_models(term_of(request.app).model_views())
 
 
 async def list_replicas(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
-    now = fleet.clock()
+    fleet = term_of(request.app)
+    now = fleet.facts.clock()
     urls = {
         rid: ep.url
-        for rid, rec in fleet.records.items()
-        if (ep := endpoint_of(fleet, rec, now)) is not None
+        for rid, rec in fleet.facts.records.items()
+        if (ep := endpoint_of(fleet.facts, rec, now)) is not None
     }
     return json_models(
         [v.model_copy(update={"url": urls.get(v.id)}) for v in fleet.replica_views()]
@@ -548,27 +542,29 @@ async def list_replicas(request: web.Request) -> web.Response:
 
 
 async def cordon(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     name = node_param(request)
-    fleet.require(name)
+    fleet.facts.require(name)
     body = await parse_body(request, ReasonRequest)
-    return json_model(fleet.set_flag(name, AdminFlag.CORDONED, body.reason, who(request)))
+    fleet.facts.set_flag(name, AdminFlag.CORDONED, body.reason, who(request))
+    return json_model(fleet.rows.row(name))
 
 
 async def uncordon(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     name = node_param(request)
-    fleet.require(name)
+    fleet.facts.require(name)
     await parse_body(request, EmptyRequest, optional=True)
-    return json_model(fleet.set_flag(name, AdminFlag.NONE, None, who(request)))
+    fleet.facts.set_flag(name, AdminFlag.NONE, None, who(request))
+    return json_model(fleet.rows.row(name))
 
 
 async def drain(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     name = node_param(request)
-    fleet.require(name)
+    fleet.facts.require(name)
     body = await parse_body(request, DrainRequest)
-    row = fleet.set_flag(
+    fleet.facts.set_flag(
         name,
         AdminFlag.DRAINING,
         body.reason,
@@ -576,7 +572,7 @@ async def drain(request: web.Request) -> web.Response:
         force=body.force,
         force_after_s=body.force_after_s,
     )
-    return json_model(row)
+    return json_model(fleet.rows.row(name))
 
 
 async def put_models(request: web.Request) -> web.Response:
@@ -585,7 +581,7 @@ async def put_models(request: web.Request) -> web.Response:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise BadRequest(f"model names must be unique; repeated: {', '.join(dupes)}")
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     dry_run = request.query.get("dry_run", "false")
     if dry_run not in ("true", "false"):
         raise BadRequest(f"dry_run must be true or false, not {printable(dry_run)!r}")
@@ -601,40 +597,40 @@ async def put_models(request: web.Request) -> web.Response:
                 for s in body.models
             ]
         )
-    fleet.put_models(body.models, who(request))
+    fleet.facts.put_models(body.models, who(request))
     applied = set(names)
     return json_models([v for v in fleet.model_views() if v.spec.name in applied])
 
 
 async def model_revisions(request: web.Request) -> web.Response:
-    return json_models(request.app[FLEET].model_revisions(request.match_info["name"]))
+    return json_models(term_of(request.app).facts.model_revisions(request.match_info["name"]))
 
 
 async def undo_rollout(request: web.Request) -> web.Response:
     body = await parse_body(request, RolloutUndo)
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     name = request.match_info["name"]
-    fleet.undo(name, body.to_revision, who(request))
+    fleet.facts.undo(name, body.to_revision, who(request))
     return json_model(next(v for v in fleet.model_views() if v.spec.name == name))
 
 
 async def delete_model(request: web.Request) -> web.Response:
-    request.app[FLEET].delete_model(request.match_info["name"])
+    term_of(request.app).facts.delete_model(request.match_info["name"])
     return web.Response(status=204)
 
 
 async def drain_plan(request: web.Request) -> web.Response:
     body = await parse_body(request, DrainPlanRequest)
-    fleet = request.app[FLEET]
+    fleet = term_of(request.app)
     for name in body.nodes:
-        fleet.require(name)
+        fleet.facts.require(name)
     return json_model(plan_drain(fleet, body.nodes))
 
 
 async def list_endpoints(request: web.Request) -> web.Response:
     """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
-    fleet = request.app[FLEET]
-    not_yet = request.app[FEED_HOLD].reason()  # a new leader, before the agents reported
+    fleet = term_of(request.app)
+    not_yet = term_of(request.app).feed_hold.reason()  # a new leader, before the agents reported
     if not_yet is not None:
         return error(503, not_yet)
     since = request.query.get("since", "")
@@ -644,24 +640,26 @@ async def list_endpoints(request: web.Request) -> web.Response:
         raise BadRequest("`wait` must be a number of seconds") from None
     if not 0 <= wait <= MAX_WAIT_S:
         raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
-    after = parse_cursor(fleet, since)
-    if wait and after is not None and after >= fleet.revision:
-        await fleet.wait_changed(after, wait)
-    return json_model(endpoints_since(fleet, since))
+    after = cursors.parse(since, fleet.run)
+    if wait and after is not None and after >= fleet.facts.revision:
+        await fleet.facts.wait_changed(after, wait)
+    return json_model(fleet.endpoints_since(since))
 
 
 async def gateway_status(request: web.Request) -> web.Response:
     # Bounded by the replicas that exist: a bigger status is not worth parsing.
-    body = await parse_body(request, GatewayStatus, limit=request.app[GATEWAYS].status_bytes())
+    body = await parse_body(
+        request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
+    )
     try:
-        request.app[GATEWAYS].report(body, by=who(request))
+        term_of(request.app).gateways.report(body, by=who(request))
     except TooManyGateways as exc:
         return error(429, str(exc))
     return web.Response(status=204)
 
 
 async def list_gateways(request: web.Request) -> web.Response:
-    return json_models(request.app[GATEWAYS].views())
+    return json_models(term_of(request.app).gateways.views())
 
 
 async def whoami(request: web.Request) -> web.Response:
@@ -734,21 +732,10 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     store = app[STORE] = open_store(spec, settings.url)
     if isinstance(store, Store):  # SQLite times its own transactions for /metrics
         store.on_write = app[METRICS].observe_store_write
-    fleet = app[FLEET] = FleetState(store, settings)
-    app[CREDENTIALS] = Credentials(store, settings.tokens)
     app[REFUSALS] = RefusalLog()
-    app[GATEWAYS] = Gateways(fleet)
-    app[FEED_HOLD] = FeedHold(fleet)
-    app[METRICS].gateways = app[GATEWAYS]
     # Leading runs the reconcile loop and the saves; a follower runs neither.
     lead = app[LEADERSHIP] = Leadership(
-        settings,
-        store,
-        fleet,
-        app[CREDENTIALS],
-        app[GATEWAYS],
-        app[METRICS],
-        lease=open_lease(spec, settings),
+        settings, store, app[METRICS], lease=open_lease(spec, settings)
     )
     await lead.start()
     yield

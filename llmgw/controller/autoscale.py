@@ -3,7 +3,7 @@
 Who calls: the reconcile loop, once a pass (`Reconciler._scale`), for every
 declared model, with the requests in flight on its serving replicas. What it may
 touch: nothing but its own memory; it answers a `Decision`, which the loop
-writes as a fact (`FleetState.set_scaling`) and every view reads: shortfalls
+writes as a fact (`Facts.set_scaling`) and every view reads: shortfalls
 place up to the desired count, rollouts roll to it, scale-downs go down to it.
 
 The memory is the loop's across passes, owned by one leadership term's

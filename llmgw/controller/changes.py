@@ -1,10 +1,12 @@
 """The change log of the controller's state: what changed, in order.
 
-`FleetState` appends one `Change` per change it makes (a node's row, an admin
-flag, a model, a replica, a backoff, an unplaceable reason); each gets the next
-revision. Everything incremental reads this log instead of keeping its own
-marks: `?since=` cursors, cached report replies, long polls, later the
-gateway's endpoint feed and replication.
+`Facts` (facts.py), the one writer, appends one `Change` per change it makes
+(a node's facts, an admin flag, a model, a replica, a backoff, an unplaceable
+reason); each gets the next revision. Everything derived follows this log
+instead of being told: the node rows and `?since=` answers (node_rows.py), the
+summary's totals (summary.py), cached report replies (replies.py), the
+capacity placement reads (`capacity_version`), long polls and the gateway's
+endpoint feed.
 
 Only the newest `HISTORY_KEPT` changes are kept. A reader whose revision is
 older than that cannot be told what it missed (`HistoryLost`) and must give a
@@ -25,8 +27,10 @@ HISTORY_KEPT = 100_000
 
 
 class ChangeKind(StrEnum):
-    NODE = "node"  # a node's row (added, changed or forgotten)
-    ADMIN = "admin"  # a node's admin flag (cordon, drain, deadline)
+    # A node's facts: added or forgotten, its report's digest, cards, faults,
+    # address or error changed, or it turned unreachable or came back.
+    NODE = "node"
+    ADMIN = "admin"  # a node's admin flag (cordon, drain, deadline, approval, why a drain waits)
     ASSIGNMENTS = "assignments"  # what a node's agent is told to run
     MODEL = "model"  # a model spec (added, changed or deleted)
     REPLICA = "replica"  # a replica record (added, changed or removed)
@@ -62,6 +66,7 @@ class ChangeLog:
         # The newest revision of each key, by kind: what the derived views compare.
         # (Dicts of str -> int, which the garbage collector does not track.)
         self._latest: dict[ChangeKind, dict[str, int]] = {kind: {} for kind in ChangeKind}
+        self._newest: dict[ChangeKind, int] = dict.fromkeys(ChangeKind, 0)  # by kind, any key
         self._changed: asyncio.Event | None = None  # made by the first waiter
 
     def append(self, kind: ChangeKind, key: str) -> int:
@@ -69,6 +74,7 @@ class ChangeLog:
         self._kinds.append(kind)
         self._keys.append(key)
         self._latest[kind][key] = self.revision
+        self._newest[kind] = self.revision
         while len(self._kinds) > HISTORY_KEPT:
             self._kinds.popleft()
             self._keys.popleft()
@@ -85,6 +91,10 @@ class ChangeLog:
     def latest(self, kind: ChangeKind, key: str) -> int:
         """The revision of the last change of this kind to this key (0: none this run)."""
         return self._latest[kind].get(key, 0)
+
+    def newest(self, *kinds: ChangeKind) -> int:
+        """The revision of the last change of any of these kinds, to any key (0: none)."""
+        return max(self._newest[kind] for kind in kinds)
 
     def forget_key(self, kind: ChangeKind, key: str) -> None:
         """Drop the per-key index entry of something gone (its changes stay in the log)."""

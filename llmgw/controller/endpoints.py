@@ -14,13 +14,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llmgw.controller import cursors
 from llmgw.controller.changes import ChangeKind, HistoryLost
-from llmgw.controller.fleet import BadCursor, FleetState
+from llmgw.controller.facts import Facts
+from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
+from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
+from llmgw.errors import BadCursor
 from llmgw.wire import (
     ASLEEP_PREFIX,
     UNPLACEABLE_PREFIX,
@@ -44,21 +47,10 @@ STATUS_BYTES_BASE = 64 * 1024
 STATUS_BYTES_PER_REPLICA = 1024
 MAX_WAIT_S = 30.0  # the longest long poll
 
-_CURSOR = re.compile(r"([0-9A-Fa-f]{1,32})\.([0-9]{1,64})")
 _SERVING_STATES = (ReplicaState.READY, ReplicaState.DRAINING)
 
 
-def parse_cursor(fleet: FleetState, since: str) -> int | None:
-    """The revision a cursor stands for; None when it is empty or from another run."""
-    if not since:
-        return None
-    m = _CURSOR.fullmatch(since)
-    if m is None:
-        raise BadCursor(since)
-    return int(m.group(2)) if m.group(1).lower() == fleet.epoch else None
-
-
-def endpoint_of(fleet: FleetState, rec: ReplicaRecord, now: float) -> Endpoint | None:
+def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None:
     """Where a replica is served, or None while it is not in routing."""
     if rec.state not in _SERVING_STATES:
         return None
@@ -83,8 +75,9 @@ def endpoint_of(fleet: FleetState, rec: ReplicaRecord, now: float) -> Endpoint |
     )
 
 
-def endpoints_since(fleet: FleetState, since: str) -> EndpointsDelta:
-    after = parse_cursor(fleet, since)
+def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
+    """The endpoints that changed after cursor `since` of this term's `run`."""
+    after = cursors.parse(since, run)
     now = fleet.clock()
     fleet.advance_time(now)
     records = fleet.records
@@ -112,7 +105,7 @@ def endpoints_since(fleet: FleetState, since: str) -> EndpointsDelta:
         elif changed is not None:
             removed.append(rid)
     return EndpointsDelta(
-        cursor=f"{fleet.epoch}.{fleet.revision}",
+        cursor=cursors.cursor(run, fleet.revision),
         full=changed is None,
         endpoints=endpoints,
         removed=removed,
@@ -120,24 +113,22 @@ def endpoints_since(fleet: FleetState, since: str) -> EndpointsDelta:
     )
 
 
-def unserved_reasons(fleet: FleetState, now: float) -> dict[str, str]:
+def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
     """Each declared model with no serving endpoint, and why, in words."""
     serving: set[str] = set()
-    starting: dict[str, int] = {}
     for rec in fleet.records.values():
-        if rec.model in serving:
-            continue
-        ep = endpoint_of(fleet, rec, now)
-        if ep is not None and ep.state == "serving":
-            serving.add(rec.model)
-        elif rec.state is ReplicaState.STARTING:
-            starting[rec.model] = starting.get(rec.model, 0) + 1
+        if rec.model not in serving:
+            ep = endpoint_of(fleet, rec, now)
+            if ep is not None and ep.state == "serving":
+                serving.add(rec.model)
+    counts = count_by_model(replica_statuses(fleet).values())
+    reasons = unplaceable_reasons(fleet)
     out = {}
     for name in fleet.models:
         if name in serving:
             continue
-        unplaceable = fleet.unplaceable_reasons.get(name)
-        n = starting.get(name, 0)
+        unplaceable = reasons.get(name)
+        n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
         if unplaceable is not None:
             out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
@@ -159,24 +150,22 @@ class FeedHold:
     leader has not had yet: a full answer now would tell every gateway that nothing
     serves. So it waits until each node leading a replica in routing has reported,
     or has turned unreachable (one grace period), and gateways keep routing as they
-    were meanwhile. Once open it stays open for the fleet's run (`fleet.epoch`, new
-    at every start and reload), so a poll does not scan every replica."""
+    were meanwhile. Once open it stays open for the term (each term builds its
+    own), so a poll does not scan every replica."""
 
-    def __init__(self, fleet: FleetState) -> None:
+    def __init__(self, fleet: Facts) -> None:
         self.fleet = fleet
-        self._open_for: str | None = None  # the fleet run (fleet.epoch) it opened in
+        self._open = False
 
     def reason(self) -> str | None:
-        fleet = self.fleet
-        if self._open_for == fleet.epoch:
+        if self._open:
             return None
-        why = _waiting_for_reports(fleet)
-        if why is None:
-            self._open_for = fleet.epoch
+        why = _waiting_for_reports(self.fleet)
+        self._open = why is None
         return why
 
 
-def _waiting_for_reports(fleet: FleetState) -> str | None:
+def _waiting_for_reports(fleet: Facts) -> str | None:
     now = fleet.clock()
     waiting = set()
     for rec in fleet.records.values():
@@ -209,11 +198,11 @@ class GatewaySeen:
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
 
-    def applied(self, fleet: FleetState) -> int | None:
-        """The revision it has applied, in `fleet`'s term; None for a cursor of
-        another term (a report kept from before a takeover means nothing now)."""
+    def applied(self, run: str) -> int | None:
+        """The revision it has applied, in the term of `run`; None for a cursor of
+        another term (one posted before a takeover means nothing now)."""
         try:
-            return parse_cursor(fleet, self.cursor)
+            return cursors.parse(self.cursor, run)
         except BadCursor:
             return None
 
@@ -231,7 +220,8 @@ class Gateways:
     MAX_NAMES_PER_TOKEN names (MAX_GATEWAYS in all), a status keeps entries only
     for replicas that exist, and one bigger than those could fill is not read."""
 
-    fleet: FleetState
+    fleet: Facts
+    run: str  # the term's: what an applied cursor is read against
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
 
     def status_bytes(self) -> int:
@@ -312,7 +302,7 @@ class Gateways:
 class StopGate:
     """Decides when a replica that must stop may be stopped (see the module docstring)."""
 
-    def __init__(self, fleet: FleetState, gateways: Gateways) -> None:
+    def __init__(self, fleet: Facts, gateways: Gateways) -> None:
         self.fleet = fleet
         self.gateways = gateways
 
@@ -332,7 +322,7 @@ class StopGate:
                 out.append(rid)
                 continue
             if all(
-                (applied := g.applied(fleet)) is not None
+                (applied := g.applied(self.gateways.run)) is not None
                 and applied >= revision
                 and (force or g.in_flight.get(rid, 0) == 0)
                 for g in live

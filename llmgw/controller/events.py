@@ -1,12 +1,12 @@
 """Events: every decision the controller takes by itself, as `kubectl get events`
 lists a cluster's, so that an operator can always answer "why did this move?".
 
-Who writes: the reconcile loop, `llmgw.controller.faults` and `FleetState`'s own
-decisions (a drain done or forced, a backoff), through `FleetState.event`. An
+Who writes: the reconcile loop, `llmgw.controller.faults` and `Facts`' own
+decisions (a drain done or forced, a backoff), through `Facts.event`. An
 operator's own actions are not events: they are the node's admin history.
 
 Kept: in memory, the newest `KEEP`, for `GET /v1/events`, the console and
-`ctl events -w`; in the store the same, written by `FleetState.flush` once a
+`ctl events -w`; in the store the same, written by `Facts.flush` once a
 second in one transaction (the decision itself is durable already; its event
 is lost only if the controller dies within that second). Nothing older than
 `KEEP_S` is kept anywhere. Ids come from here, one more each time, starting

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from llmgw.controller.fleet import BY_LLMGW, FleetState
+from llmgw.controller.admin_flags import BY_LLMGW
+from llmgw.controller.facts import Facts
 from llmgw.controller.nodes import CardFault
 from llmgw.controller.store import ReplicaRecord
 from llmgw.wire import AdminFlag, EventReason
@@ -33,7 +34,7 @@ FAULT_REASON_MAX = 200
 Faults = Mapping[str, Mapping[str, CardFault]]  # node -> card uuid -> fault
 
 
-def card_faults(fleet: FleetState) -> dict[str, dict[str, CardFault]]:
+def card_faults(fleet: Facts) -> dict[str, dict[str, CardFault]]:
     """Every failed card, by node and UUID, as last reported."""
     return {
         name: {f.uuid: f for f in entry.faults}
@@ -69,7 +70,7 @@ class FaultCordons:
     def __init__(self) -> None:
         self._acted: dict[str, frozenset[str]] = {}  # node -> failed cards seen
 
-    def cordon(self, fleet: FleetState, faults: Faults) -> None:
+    def cordon(self, fleet: Facts, faults: Faults) -> None:
         for gone in self._acted.keys() - faults.keys():
             del self._acted[gone]  # every card recovered (or the node was forgotten)
         for node, cards in faults.items():

@@ -7,10 +7,10 @@ once it expired. Each taking bumps the epoch, and every durable write is
 fenced by it in the store itself (postgres.py), so a deposed leader that is
 still running cannot write even before it notices.
 
-A term of leadership (epoch N) is: the store's fence set to N, the fleet state
-loaded again from the store (another controller may have written it since, and
-a fresh load gives every known node one grace period to report, as a restart
-does), the reconcile loop and the first-sighting saves running. A term ends
+A term of leadership (epoch N) is: the store's fence set to N, a new `Term`
+built from the store (another controller may have written it since, and a
+fresh load gives every known node one grace period to report, as a restart
+does), its reconcile loop and its first-sighting saves running. A term ends
 when the lease is lost (taken by another, or not renewed within the TTL, or a
 write came back fenced); the controller then follows: it answers 503 naming
 the leader, and keeps trying to take the lease.
@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from llmgw.controller.credentials import Credentials
-from llmgw.controller.endpoints import Gateways, StopGate
-from llmgw.controller.fleet import FleetState
+from llmgw.controller.facts import Facts
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.stores.base import StateStore
+from llmgw.controller.term import Term
 from llmgw.leader import LEADER_HEADER, NOT_THE_LEADER
 
 if TYPE_CHECKING:
@@ -58,9 +57,6 @@ class Leadership:
         self,
         settings: ControllerSettings,
         store: StateStore,
-        fleet: FleetState,
-        credentials: Credentials,
-        gateways: Gateways,
         metrics: ControllerMetrics,
         lease: PgLease | None = None,
         *,
@@ -68,9 +64,9 @@ class Leadership:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.fleet = fleet
-        self.credentials = credentials
-        self.gateways = gateways
+        # What the API serves: the term this controller leads, else the one it
+        # loaded at start or led last (a follower answers only /healthz and /metrics).
+        self.term = Term.begin(store, settings)
         self.metrics = metrics
         self.lease = lease
         self.clock = clock
@@ -128,7 +124,7 @@ class Leadership:
         leading, epoch = self.is_leader, self.epoch
         await self._cancel_tasks()
         if leading:
-            await _final_save(self.fleet)
+            await _final_save(self.term.facts)
         self._end("this controller is stopping", quiet=True)
         if self.lease is not None:
             if leading:
@@ -215,12 +211,12 @@ class Leadership:
     def _begin(self, epoch: int, *, reload: bool) -> None:
         self.store.epoch = epoch
         if reload:
-            self.fleet.reload()
-            self.credentials.reload()
+            self.term = self.term.next_term()
+        term = self.term
         self.epoch = epoch
         self.leader_url = self.settings.url
         self._leading = True
-        self.metrics.fleet = self.fleet
+        self.metrics.term = term
         self.metrics.leader.set(1)
         if self.lease is not None:
             self.metrics.epoch.set(epoch)
@@ -229,14 +225,10 @@ class Leadership:
                 "period to report",
                 epoch,
             )
-        reconciler = Reconciler(
-            self.fleet,
-            StopGate(self.fleet, self.gateways),
-            on_pass=self.metrics.observe_reconcile,
-        )
+        reconciler = Reconciler(term, term.stop_gate, on_pass=self.metrics.observe_reconcile)
         self._tasks = [
             asyncio.create_task(reconciler.run(self.settings.reconcile_interval_s)),
-            asyncio.create_task(_flush_every_second(self.fleet)),
+            asyncio.create_task(_flush_every_second(term.facts)),
         ]
 
     def _end(self, why: str, *, quiet: bool = False) -> None:
@@ -247,7 +239,7 @@ class Leadership:
         self.store.epoch = 0
         for task in self._tasks:
             task.cancel()
-        self.metrics.fleet = None
+        self.metrics.term = None
         self.metrics.leader.set(0)
         if not quiet:
             log.warning("no longer the leader (epoch %d): %s; following", self.epoch, why)
@@ -261,7 +253,7 @@ class Leadership:
                 await task
 
 
-async def _flush_every_second(fleet: FleetState) -> None:
+async def _flush_every_second(fleet: Facts) -> None:
     # Unsaved sightings stay queued until a save works; the store logs an
     # outage once, so this loop neither dies nor floods the log.
     while True:
@@ -270,7 +262,7 @@ async def _flush_every_second(fleet: FleetState) -> None:
             fleet.flush()
 
 
-async def _final_save(fleet: FleetState, tries: int = 5) -> None:
+async def _final_save(fleet: Facts, tries: int = 5) -> None:
     """At shutdown: save what is queued, retrying briefly; a failure is logged, never
     a crash (the nodes concerned are known again at their next report)."""
     for attempt in range(tries):

@@ -1,7 +1,7 @@
 """The controller's `/metrics`: the fleet summary and the controller's own health.
 
-Fleet facts are read at scrape time from the state owner (`FleetState.summary()`
-and its public views) by a custom collector, so they can never disagree with
+Fleet facts are read at scrape time from the leader's term (`Term.summary()`
+and its views) by a custom collector, so they can never disagree with
 `/v1/summary`: there is no second bookkeeping. The controller's own health
 (report handling, reconcile passes, store writes) is kept by ordinary
 prometheus_client instruments, updated by small hooks at the call sites.
@@ -19,8 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from llmgw.controller.endpoints import Gateways
-from llmgw.controller.fleet import FleetState
+from llmgw.controller.term import Term
 from llmgw.wire import EventReason, ModelTraffic, NodeState, ReplicaState
 
 GPU_BUCKETS = ("used", "free", "unschedulable", "unhealthy", "unknown")
@@ -35,24 +34,22 @@ class FleetCollector(Collector):
 
     def __init__(
         self,
-        fleet: Callable[[], FleetState | None],
-        gateways: Callable[[], Gateways | None],
+        term: Callable[[], Term | None],
         per_node: bool = False,
     ) -> None:
-        self._fleet = fleet
-        self._gateways = gateways
+        self._term = term
         self._per_node = per_node
 
     def describe(self) -> Iterable[Metric]:
         return []  # names depend on nothing at registration time; skip the probe collect
 
     def collect(self) -> Iterator[Metric]:
-        fleet = self._fleet()
-        if fleet is None:  # before startup or after shutdown
+        fleet = self._term()
+        if fleet is None:  # not leading: before startup, after shutdown, a follower
             return
-        gateways = self._gateways()
-        views = gateways.views() if gateways is not None else []
-        s = fleet.summary(gateways.in_flight(fleet.clock()) if gateways is not None else None)
+        gateways = fleet.gateways
+        views = gateways.views()
+        s = fleet.summary(gateways.in_flight(fleet.facts.clock()))
 
         nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=["state"])
         for state in NodeState:
@@ -62,14 +59,14 @@ class FleetCollector(Collector):
         yield CounterMetricFamily(
             "llmgw_nodes_turned_unreachable",
             "Times a node turned unreachable (no report within its grace) in this process.",
-            value=fleet.turned_unreachable,
+            value=fleet.facts.turned_unreachable,
         )
         events = CounterMetricFamily(
             "llmgw_events",
             "Decisions the controller took by itself (GET /v1/events), by reason, in this process.",
             labels=["reason"],
         )
-        counts = fleet.event_counts
+        counts = fleet.facts.event_counts
         for reason in EventReason:
             events.add_metric([reason.value], counts.get(reason, 0))
         yield events
@@ -155,12 +152,12 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "llmgw_drains_blocked",
             "Drains not progressing (`llmgw ctl nodes` says why).",
-            value=len(fleet.drain_blocked),
+            value=len(fleet.facts.drain_blocked),
         )
         yield GaugeMetricFamily(
             "llmgw_nodes_awaiting_approval",
             "Enrolled nodes that get no replicas until `llmgw ctl credentials approve`.",
-            value=len(fleet.pending),
+            value=len(fleet.facts.pending),
         )
 
         yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(views))
@@ -183,7 +180,7 @@ class FleetCollector(Collector):
         if self._per_node:
             yield from self._nodes(fleet)
 
-    def _models(self, fleet: FleetState, unplaceable: set[str]) -> Iterator[Metric]:
+    def _models(self, fleet: Term, unplaceable: set[str]) -> Iterator[Metric]:
         ready = GaugeMetricFamily("llmgw_model_ready_replicas", "Ready replicas.", labels=["model"])
         minimum = GaugeMetricFamily(
             "llmgw_model_min_replicas", "Declared minimum.", labels=["model"]
@@ -253,7 +250,7 @@ class FleetCollector(Collector):
                     family.add_metric([tr.model], value)
         yield from families.values()
 
-    def _nodes(self, fleet: FleetState) -> Iterator[Metric]:
+    def _nodes(self, fleet: Term) -> Iterator[Metric]:
         state = GaugeMetricFamily(
             "llmgw_node_state", "1 for a node's current state.", labels=["node", "state"]
         )
@@ -263,7 +260,7 @@ class FleetCollector(Collector):
         node_gpus = GaugeMetricFamily(
             "llmgw_node_gpus", "A node's GPUs by bucket.", labels=["node", "bucket"]
         )
-        for row in fleet.rows():
+        for row in fleet.rows.rows():
             state.add_metric([row.name, row.state.value], 1)
             if row.report_age_s is not None:
                 age.add_metric([row.name], row.report_age_s)
@@ -279,9 +276,8 @@ class ControllerMetrics:
 
     def __init__(self, per_node: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.fleet: FleetState | None = None
-        self.gateways: Gateways | None = None
-        self.registry.register(FleetCollector(lambda: self.fleet, lambda: self.gateways, per_node))
+        self.term: Term | None = None  # the leadership's, while it leads
+        self.registry.register(FleetCollector(lambda: self.term, per_node))
         r = self.registry
         self.reports = Counter("llmgw_reports", "Agent reports handled.", ["outcome"], registry=r)
         self.report_seconds = Histogram(

@@ -169,11 +169,10 @@ class NodeEntry:
 
     def update(
         self, report: NodeReport, raw: bytes, received_at: float, digest: NodeDigest
-    ) -> None:
-        # Keep the old digest object when nothing changed: the new one then dies
-        # young instead of joining the long-lived objects every GC pass walks.
-        if digest != self.digest:
-            self.digest = digest
+    ) -> bool:
+        """Take a report; True when a fact the node's row or placement reads changed
+        (its digest, cards, faults, address or GPU error), not just its age."""
+        changed = self.set_digest(digest)
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
         cards = tuple(
@@ -181,6 +180,7 @@ class NodeEntry:
         )
         if cards != self.cards:
             self.cards = cards
+            changed = True
         faults = tuple(
             CardFault(g.uuid, g.index, g.health_reason or "unhealthy")
             for g in report.gpus
@@ -188,11 +188,30 @@ class NodeEntry:
         )
         if faults != self.faults:
             self.faults = faults
-        self.interval_s, self.address, self.gpu_error = (
-            report.interval_s,
-            report.address,
-            report.gpu_error,
+            changed = True
+        if report.address != self.address or report.gpu_error != self.gpu_error:
+            self.address, self.gpu_error = report.address, report.gpu_error
+            changed = True
+        self.interval_s = report.interval_s
+        return changed
+
+    def set_digest(self, digest: NodeDigest) -> bool:
+        """The one writer of `digest` (a report, or the cards assigned on the node
+        changed); False when equal. The old object is kept then: the new one dies
+        young instead of joining the long-lived objects every GC pass walks."""
+        if digest == self.digest:
+            return False
+        self.digest = digest
+        return True
+
+    def listening(self) -> tuple[object, ...]:
+        """What the endpoint feed builds URLs from: the address and each rank 0's port."""
+        ports = sorted(
+            (s.replica_id, s.port or 0, s.state is ShardState.FAILED)
+            for s in self.shards
+            if s.rank == 0
         )
+        return (self.address, *ports)
 
     @property
     def report(self) -> NodeReport | None:

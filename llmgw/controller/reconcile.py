@@ -21,7 +21,7 @@ Every tick, from the fleet's current facts:
 
 The work of a pass is bounded whatever the specs say (a spec may ask for
 10,000 replicas): a model that did not fit is tried again only once the
-fleet's capacity has moved (`FleetState.capacity_version`) or its spec has
+fleet's capacity has moved (`Term.capacity_version`) or its spec has
 changed, and then once, not once per missing replica; a pass makes at most
 `attempts_per_pass` placement attempts (the rest wait for the next pass, which
 starts with the models this one did not reach); and `run` yields to the event
@@ -55,11 +55,11 @@ from typing import NamedTuple
 from llmgw.controller.autoscale import Autoscaler
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import FaultCordons, Faults, card_faults, fault_under
-from llmgw.controller.fleet import FleetState
 from llmgw.controller.reclaim import RECLAIMED, Candidate, choose
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.rollout import plan_rollout
 from llmgw.controller.store import ReplicaRecord, ShardRecord, StoreUnavailable
+from llmgw.controller.term import Term
 from llmgw.scheduler import (
     Fill,
     NodeCapacity,
@@ -99,7 +99,7 @@ PASS_S = 0.05
 
 
 def snapshot(
-    fleet: FleetState,
+    fleet: Term,
     now: float,
     excluded: Iterable[str] = (),
     names: Iterable[str] | None = None,
@@ -110,16 +110,16 @@ def snapshot(
     # A node holds a model when it has weights under the model's name or source:
     # looked up per weight held, not per declared model (200 models x 2,000 nodes).
     by_weights: dict[str, set[str]] = defaultdict(set)
-    for spec in fleet.models.values():
+    for spec in fleet.facts.models.values():
         by_weights[spec.name].add(spec.name)
         by_weights[spec.source].add(spec.name)
     out = []
-    entries = fleet.nodes
+    entries = fleet.facts.nodes
     for name in entries if names is None else names:
         entry = entries.get(name)
         if entry is None:
             continue
-        assigned = fleet.assigned_gpus(name)
+        assigned = fleet.facts.assigned_gpus(name)
         free: dict[str, list[str]] = defaultdict(list)
         for uuid, cls, usable in entry.cards:
             free.setdefault(cls, [])
@@ -132,9 +132,10 @@ def snapshot(
                 free={cls: tuple(sorted(uuids)) for cls, uuids in free.items()},
                 total_cards=len(entry.cards),
                 fabrics=entry.digest.fabrics,
-                schedulable=name not in excluded and fleet.state_of(name, now) is NodeState.READY,
+                schedulable=name not in excluded
+                and fleet.facts.state_of(name, now) is NodeState.READY,
                 holds=frozenset(holds),
-                runs=frozenset(rec.model for rec in fleet.replicas_on(name)),  # spread
+                runs=frozenset(rec.model for rec in fleet.facts.replicas_on(name)),  # spread
             )
         )
     return out
@@ -166,17 +167,17 @@ def record_from(
     )
 
 
-def wanted_classes(fleet: FleetState) -> frozenset[str]:
+def wanted_classes(fleet: Term) -> frozenset[str]:
     """The GPU classes declared specs ask for by name: a model that fits on any
     class leaves them to those that need them (llmgw.scheduler, Classes)."""
-    return frozenset(s.gpu_class for s in fleet.models.values() if s.gpu_class)
+    return frozenset(s.gpu_class for s in fleet.facts.models.values() if s.gpu_class)
 
 
-def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
+def drain_plan(fleet: Term, nodes: list[str]) -> DrainPlan:
     """The drain pre-check: what draining these nodes would do to each model."""
-    now = fleet.clock()
+    now = fleet.facts.clock()
     statuses = fleet.replica_statuses()
-    replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+    replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
     # A drain in progress: an original and its stand-in are left out (the
     # stand-in's cards are taken already). A stand-in whose original is gone is
     # an ordinary replica and must move like one.
@@ -185,9 +186,9 @@ def drain_plan(fleet: FleetState, nodes: list[str]) -> DrainPlan:
         for s in statuses.values()
         if s.state is not ReplicaState.FAILED
         and s.record.id not in replaced
-        and (s.record.replaces is None or s.record.replaces not in fleet.records)
+        and (s.record.replaces is None or s.record.replaces not in fleet.facts.records)
     ]
-    return plan_drain(fleet.models.values(), running, snapshot(fleet, now), set(nodes))
+    return plan_drain(fleet.facts.models.values(), running, snapshot(fleet, now), set(nodes))
 
 
 class _Want(NamedTuple):
@@ -212,7 +213,7 @@ class _Kept(NamedTuple):
 class Reconciler:
     def __init__(
         self,
-        fleet: FleetState,
+        fleet: Term,
         gate: StopGate | None = None,
         on_pass: Callable[[float, bool], None] | None = None,
         *,
@@ -296,17 +297,17 @@ class Reconciler:
         """One pass, in slices: it yields where other work may run in between.
         Past `place_until` (`time.perf_counter()`), placing stops at the next slice."""
         fleet = self.fleet
-        now, wall = fleet.clock(), fleet.wall()
-        fleet.advance_time(now)
+        now, wall = fleet.facts.clock(), fleet.facts.wall()
+        fleet.facts.advance_time(now)
         statuses = fleet.replica_statuses()
         read_at = fleet.capacity_version  # every replica moved moves it
-        faults = card_faults(fleet)
+        faults = card_faults(fleet.facts)
         self._record_transitions(statuses, wall, faults)
         self._replace_lost(now)
         self._retire_deleted()
         self._cancel_stopped_drains(faults)
         self._drain(now, wall)
-        self._cordons.cordon(fleet, faults)
+        self._cordons.cordon(fleet.facts, faults)
         self._replace_faulted(faults, now, wall)
         self._roll(faults, now, wall)
         if fleet.capacity_version != read_at:  # the steps before moved replicas
@@ -327,55 +328,57 @@ class Reconciler:
             for s in statuses.values()
             if s.state is ReplicaState.READY and s.record.state is ReplicaState.STARTING
         ]
-        fleet.put_replicas(became_ready)
+        fleet.facts.put_replicas(became_ready)
         for rec in became_ready:
-            fleet.clear_backoff(rec.model)
-            note = fleet.rollout_note(rec.model)
-            if note is not None and note[0] is RolloutState.STALLED and fleet.up_to_date(rec):
-                fleet.set_rollout_note(rec.model, None)  # the new revision serves after all
+            fleet.facts.clear_backoff(rec.model)
+            note = fleet.facts.rollout_note(rec.model)
+            if note is not None and note[0] is RolloutState.STALLED and fleet.facts.up_to_date(rec):
+                fleet.facts.set_rollout_note(rec.model, None)  # the new revision serves after all
         failed = [s for s in statuses.values() if s.state is ReplicaState.FAILED]
-        rolling = {r.model for r in fleet.records.values() if not fleet.up_to_date(r)}
+        rolling = {r.model for r in fleet.facts.records.values() if not fleet.facts.up_to_date(r)}
         for s in failed:
             log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
-            if s.record.model in rolling and fleet.up_to_date(s.record):
+            if s.record.model in rolling and fleet.facts.up_to_date(s.record):
                 why = (s.error or "engine failed")[:STALL_MESSAGE_MAX]
-                note = fleet.rollout_note(s.record.model)
+                note = fleet.facts.rollout_note(s.record.model)
                 if note is None or note[0] is not RolloutState.STALLED:
                     cause = why.strip().split("\n", 1)[0]
-                    fleet.event(
+                    fleet.facts.event(
                         f"model/{s.record.model}",
                         EventReason.ROLLOUT_STALLED,
                         f"revision {s.record.revision}: {s.record.id} failed, no more old "
                         f"replicas stop: {cause}",
                     )
-                fleet.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
+                fleet.facts.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
             # An engine that died with its card is not the spec's fault: it is
             # replaced at once, without backing the model off.
             if fault_under(s.record, faults) is None:
-                fleet.back_off(s.record.model, s.error or "engine failed", wall)
-        fleet.remove_replicas(s.record.id for s in failed)
+                fleet.facts.back_off(s.record.model, s.error or "engine failed", wall)
+        fleet.facts.remove_replicas(s.record.id for s in failed)
 
     # -- 2. nodes gone for good ------------------------------------------------------------
 
     def _replace_lost(self, now: float) -> None:
         fleet = self.fleet
-        limit = fleet.settings.replace_after_s
+        limit = fleet.facts.settings.replace_after_s
         lost = {
-            name for name, entry in fleet.nodes.items() if now > fleet.unreachable_at(entry) + limit
+            name
+            for name, entry in fleet.facts.nodes.items()
+            if now > fleet.facts.unreachable_at(entry) + limit
         }
-        doomed = [r.id for r in fleet.records.values() if lost.intersection(r.nodes)]
+        doomed = [r.id for r in fleet.facts.records.values() if lost.intersection(r.nodes)]
         gone_from = {
-            node: {r.id for r in fleet.records.values() if node in r.nodes} for node in lost
+            node: {r.id for r in fleet.facts.records.values() if node in r.nodes} for node in lost
         }
         if doomed:
             log.warning(
                 "replacing %d replica(s) on unreachable nodes %s", len(doomed), sorted(lost)
             )
-            fleet.remove_replicas(doomed)
+            fleet.facts.remove_replicas(doomed)
             for node in sorted(lost):
                 on_node = [rid for rid in doomed if rid in gone_from.get(node, ())]
                 if on_node:
-                    fleet.event(
+                    fleet.facts.event(
                         f"node/{node}",
                         EventReason.NODE_LOST,
                         f"unreachable for more than {limit:g}s: replicas {', '.join(on_node)} "
@@ -385,14 +388,14 @@ class Reconciler:
     def _retire_deleted(self) -> None:
         """Replicas of deleted models stop once the gateways have let go of them."""
         fleet = self.fleet
-        retired = {rid: fleet.records[rid].model for rid in fleet.retired_replicas()}
+        retired = {rid: fleet.facts.records[rid].model for rid in fleet.facts.retired_replicas()}
         stopped = self._stoppable(list(retired))
-        fleet.remove_replicas(stopped)
+        fleet.facts.remove_replicas(stopped)
         by_model: dict[str, list[str]] = defaultdict(list)
         for rid in stopped:
             by_model[retired[rid]].append(rid)
         for model, ids in sorted(by_model.items()):
-            fleet.event(
+            fleet.facts.event(
                 f"model/{model}", EventReason.STOPPED, f"model deleted: {', '.join(ids)} stopped"
             )
 
@@ -403,48 +406,54 @@ class Reconciler:
         card reads healthy again: its replicas stay, and stand-ins that are not
         serving yet are withdrawn."""
         fleet = self.fleet
-        draining = {n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING}
+        draining = {n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING}
         stale = [
             r
-            for r in fleet.records.values()
+            for r in fleet.facts.records.values()
             if r.state is ReplicaState.DRAINING
             and not draining.intersection(r.nodes)
             and fault_under(r, faults) is None
-            and fleet.up_to_date(r)  # an old one leaves for a rollout (`_roll`)
+            and fleet.facts.up_to_date(r)  # an old one leaves for a rollout (`_roll`)
             and r.leaving is None  # one leaves for a scale-down (`_scale`)
         ]
         if not stale:
             return
         ids = {r.id for r in stale}
-        stand_ins = [r for r in fleet.records.values() if r.replaces in ids]
-        fleet.remove_replicas(r.id for r in stand_ins if r.state is not ReplicaState.READY)
-        fleet.put_replicas(
+        stand_ins = [r for r in fleet.facts.records.values() if r.replaces in ids]
+        fleet.facts.remove_replicas(r.id for r in stand_ins if r.state is not ReplicaState.READY)
+        fleet.facts.put_replicas(
             replace(r, replaces=None) for r in stand_ins if r.state is ReplicaState.READY
         )
         # A draining replica's own error only ever says why it moves (a card fault).
-        fleet.put_replicas(replace(r, state=ReplicaState.READY, error=None) for r in stale)
+        fleet.facts.put_replicas(replace(r, state=ReplicaState.READY, error=None) for r in stale)
 
     def _drain(self, now: float, wall: float) -> None:
         fleet = self.fleet
-        for node in fleet.due_drains(wall):
+        for node in fleet.facts.due_drains(wall):
             log.warning("drain of %s not done by its deadline: forcing it", node)
-            fleet.force_drain(node, "deadline")
-        draining = sorted(n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING)
+            fleet.facts.force_drain(node, "deadline")
+        draining = sorted(
+            n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING
+        )
         if not draining:
             return
-        by_replaced = {r.replaces: r for r in fleet.records.values() if r.replaces}
+        by_replaced = {r.replaces: r for r in fleet.facts.records.values() if r.replaces}
         for node in draining:
-            on_node = [r for r in fleet.records.values() if node in r.nodes]
-            if fleet.admin_info(node).force:
+            on_node = [r for r in fleet.facts.records.values() if node in r.nodes]
+            if fleet.facts.admin_info(node).force:
                 forced = [r.id for r in on_node]
-                fleet.remove_replicas(self._stoppable(forced, force=True))
-                if any(rid in fleet.records for rid in forced):
+                fleet.facts.remove_replicas(self._stoppable(forced, force=True))
+                if any(rid in fleet.facts.records for rid in forced):
                     continue  # gateways are still letting go of them
                 # Their stand-ins, placed already, are ordinary replicas from now on.
                 stand_ins = [
-                    fleet.records.get(by_replaced[rid].id) for rid in forced if rid in by_replaced
+                    fleet.facts.records.get(by_replaced[rid].id)
+                    for rid in forced
+                    if rid in by_replaced
                 ]
-                fleet.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
+                fleet.facts.put_replicas(
+                    replace(r, replaces=None) for r in stand_ins if r is not None
+                )
                 on_node = []
             # Replacements that are ready let their originals go, once the
             # gateways route to the stand-ins and have let go of the originals.
@@ -455,17 +464,17 @@ class Reconciler:
                     if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
                 ]
             )
-            fleet.remove_replicas(done)
+            fleet.facts.remove_replicas(done)
             self._moved(done, by_replaced, f"drain of {node}")
             # Their stand-ins are ordinary replicas from now on.
-            stand_ins = [fleet.records.get(by_replaced[rid].id) for rid in done]
-            fleet.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
+            stand_ins = [fleet.facts.records.get(by_replaced[rid].id) for rid in done]
+            fleet.facts.put_replicas(replace(r, replaces=None) for r in stand_ins if r is not None)
             on_node = [r for r in on_node if r.id not in done]
             if not on_node:
-                fleet.mark_drained(node)
+                fleet.facts.mark_drained(node)
                 log.info("node %s drained", node)
                 continue
-            fleet.put_replicas(
+            fleet.facts.put_replicas(
                 r.with_state(ReplicaState.DRAINING)
                 for r in on_node
                 if r.state is not ReplicaState.DRAINING
@@ -475,10 +484,10 @@ class Reconciler:
                 for r in on_node
                 if r.id not in by_replaced
                 and r.leaving is None  # leaving for a scale-down: no stand-in
-                and r.model in fleet.models
-                and not fleet.backing_off(r.model, wall)
+                and r.model in fleet.facts.models
+                and not fleet.facts.backing_off(r.model, wall)
             ]
-            fleet.set_drain_blocked(
+            fleet.facts.set_drain_blocked(
                 node, self._place_replacements(needing, draining, now, wall, f"drain of {node}")
             )
 
@@ -492,16 +501,18 @@ class Reconciler:
         if not faults:
             self._fault_blocked.clear()
             return
-        draining = sorted(n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING)
-        by_replaced = {r.replaces: r for r in fleet.records.values() if r.replaces}
+        draining = sorted(
+            n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING
+        )
+        by_replaced = {r.replaces: r for r in fleet.facts.records.values() if r.replaces}
         hit = [
             (r, f)
-            for r in list(fleet.records.values())
+            for r in list(fleet.facts.records.values())
             if not set(draining).intersection(r.nodes)
             and (f := fault_under(r, faults))
             # One leaving for a rollout needs no stand-in: the rollout replaces it;
             # nor one leaving for a scale-down.
-            and not (r.state is ReplicaState.DRAINING and not fleet.up_to_date(r))
+            and not (r.state is ReplicaState.DRAINING and not fleet.facts.up_to_date(r))
             and r.leaving is None
         ]
         if not hit:
@@ -510,9 +521,9 @@ class Reconciler:
         starting = [r.id for r, _ in hit if r.state is ReplicaState.STARTING]
         if starting:
             log.warning("stopping %d starting replica(s) on failed cards", len(starting))
-            fleet.remove_replicas(starting)
+            fleet.facts.remove_replicas(starting)
         moving = [(r, f) for r, f in hit if r.state in (ReplicaState.READY, ReplicaState.DRAINING)]
-        fleet.put_replicas(
+        fleet.facts.put_replicas(
             r.with_state(ReplicaState.DRAINING, f"card fault: {f.describe()}")
             for r, f in moving
             if r.state is ReplicaState.READY
@@ -524,20 +535,20 @@ class Reconciler:
                 if (rep := by_replaced.get(r.id)) and rep.state is ReplicaState.READY
             ]
         )
-        fleet.remove_replicas(done)
+        fleet.facts.remove_replicas(done)
         self._moved(done, by_replaced, "a failed card")
-        fleet.put_replicas(
+        fleet.facts.put_replicas(
             replace(rep, replaces=None)
             for rid in done
-            if (rep := fleet.records.get(by_replaced[rid].id)) is not None
+            if (rep := fleet.facts.records.get(by_replaced[rid].id)) is not None
         )
         needing = [
-            fleet.records[r.id]
+            fleet.facts.records[r.id]
             for r, _ in moving
             if r.id not in by_replaced
-            and r.id in fleet.records
-            and r.model in fleet.models
-            and not fleet.backing_off(r.model, wall)
+            and r.id in fleet.facts.records
+            and r.model in fleet.facts.models
+            and not fleet.facts.backing_off(r.model, wall)
         ]
         excluded = [*draining, *faults]
         cause = {r.id: f"{f.describe()} on {r.shards[0].node}" for r, f in moving}
@@ -559,27 +570,27 @@ class Reconciler:
         """Models with replicas of an older revision: place new ones and let old
         ones go, as `llmgw.controller.rollout` says, and say why one waits."""
         fleet = self.fleet
-        draining = {n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING}
-        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        draining = {n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING}
+        replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
         by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
-        for r in fleet.records.values():
+        for r in fleet.facts.records.values():
             # A replica with a stand-in (a drain, a fault) counts as its stand-in.
             if (
-                r.model in fleet.models
+                r.model in fleet.facts.models
                 and r.state is not ReplicaState.FAILED
                 and r.id not in replaced
                 and r.leaving is None  # a scale-down's (`_scale`)
             ):
                 by_model[r.model].append(r)
         for name in sorted(by_model):
-            if all(fleet.up_to_date(r) for r in by_model[name]):
-                if (note := fleet.rollout_note(name)) and note[0] is RolloutState.WAITING:
-                    fleet.set_rollout_note(name, None)
+            if all(fleet.facts.up_to_date(r) for r in by_model[name]):
+                if (note := fleet.facts.rollout_note(name)) and note[0] is RolloutState.WAITING:
+                    fleet.facts.set_rollout_note(name, None)
                 continue
-            spec, revision = fleet.models[name], fleet.model_revision(name)
+            spec, revision = fleet.facts.models[name], fleet.facts.model_revision(name)
             new, old, leaving = [], [], []
             for r in by_model[name]:
-                if fleet.up_to_date(r):
+                if fleet.facts.up_to_date(r):
                     new.append(r)
                 elif (
                     r.state is ReplicaState.DRAINING
@@ -590,12 +601,12 @@ class Reconciler:
                 else:
                     old.append(r)
             stopped = self._stoppable(leaving)
-            fleet.remove_replicas(stopped)
-            note = fleet.rollout_note(name)
+            fleet.facts.remove_replicas(stopped)
+            note = fleet.facts.rollout_note(name)
             stalled = note is not None and note[0] is RolloutState.STALLED
             plan = plan_rollout(
                 spec,
-                fleet.desired_replicas(name),
+                fleet.facts.desired_replicas(name),
                 new,
                 old,
                 len(leaving) - len(stopped),
@@ -603,29 +614,29 @@ class Reconciler:
             )
             going = set(plan.leave)
             why = f"rollout: replaced by revision {revision}"
-            fleet.remove_replicas(
+            fleet.facts.remove_replicas(
                 r.id for r in old if r.id in going and r.state is ReplicaState.STARTING
             )
-            fleet.put_replicas(
+            fleet.facts.put_replicas(
                 r.with_state(ReplicaState.DRAINING, why)
                 for r in old
                 if r.id in going and r.state is ReplicaState.READY
             )
             if plan.leave:
                 log.info("rollout of %s to revision %d: %s leave", name, revision, plan.leave)
-                fleet.event(
+                fleet.facts.event(
                     f"model/{name}",
                     EventReason.ROLLOUT,
                     f"revision {revision}: {', '.join(plan.leave)} of an older revision "
                     "out of routing, to stop",
                 )
             if stopped:
-                fleet.event(
+                fleet.facts.event(
                     f"model/{name}",
                     EventReason.ROLLOUT,
                     f"revision {revision}: {', '.join(stopped)} stopped",
                 )
-            if not plan.place or fleet.backing_off(name, wall):
+            if not plan.place or fleet.facts.backing_off(name, wall):
                 continue
             results = place_many(
                 [spec] * plan.place,
@@ -633,7 +644,7 @@ class Reconciler:
                 wanted_classes(fleet),
             )
             placed = [record_from(p, wall, revision) for p in results if isinstance(p, Placement)]
-            fleet.put_replicas(placed)
+            fleet.facts.put_replicas(placed)
             if placed:
                 log.info(
                     "rollout of %s to revision %d: placed %s",
@@ -641,7 +652,7 @@ class Reconciler:
                     revision,
                     ", ".join(r.id for r in placed),
                 )
-                fleet.event(
+                fleet.facts.event(
                     f"model/{name}",
                     EventReason.ROLLOUT,
                     f"revision {revision}: {_placed_words(placed)}",
@@ -652,14 +663,14 @@ class Reconciler:
             if unplaceable:
                 waiting = (RolloutState.WAITING, unplaceable[0].reason)
                 if note != waiting and (note is None or note[0] is not RolloutState.WAITING):
-                    fleet.event(
+                    fleet.facts.event(
                         f"model/{name}",
                         EventReason.ROLLOUT,
                         f"revision {revision}: waiting: {unplaceable[0].reason}",
                     )
-                fleet.set_rollout_note(name, waiting)
+                fleet.facts.set_rollout_note(name, waiting)
             elif note is not None:
-                fleet.set_rollout_note(name, None)
+                fleet.facts.set_rollout_note(name, None)
 
     # -- 5. demand ---------------------------------------------------------------------------
 
@@ -673,14 +684,14 @@ class Reconciler:
         fleet = self.fleet
         gateways = self.gate.gateways.in_flight(now) if self.gate is not None else {}
         held = self.gate.gateways.held(now) if self.gate is not None else {}
-        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
         live: dict[str, list[ReplicaStatus]] = defaultdict(list)
         for s in statuses.values():
             if s.state is not ReplicaState.FAILED:
                 live[s.record.model].append(s)
-        self._autoscaler.forget(set(fleet.models))
-        fleet.forget_scaling(fleet.models)
-        for name, spec in sorted(fleet.models.items()):
+        self._autoscaler.forget(set(fleet.facts.models))
+        fleet.facts.forget_scaling(fleet.facts.models)
+        for name, spec in sorted(fleet.facts.models.items()):
             mine = live.get(name, [])
             staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
             ready = [s for s in staying if s.state is ReplicaState.READY]
@@ -688,11 +699,11 @@ class Reconciler:
             decision = self._autoscaler.decide(
                 spec, in_flight, len(staying), now, held=held.get(name, 0), serving=len(ready)
             )
-            before = fleet.desired_replicas(name)
-            fleet.set_scaling(name, decision)
+            before = fleet.facts.desired_replicas(name)
+            fleet.facts.set_scaling(name, decision)
             if decision.changed:
                 reason = EventReason.SCALED_UP if decision.changed > 0 else EventReason.SCALED_DOWN
-                fleet.event(
+                fleet.facts.event(
                     f"model/{name}", reason, f"{before} -> {decision.desired}: {decision.why}"
                 )
             self._scale_down(name, mine, replaced, faults, gateways)
@@ -706,17 +717,17 @@ class Reconciler:
         gateways: Mapping[str, int],
     ) -> None:
         fleet = self.fleet
-        desired = fleet.desired_replicas(name)
+        desired = fleet.facts.desired_replicas(name)
         leaving = [s.record for s in mine if s.record.leaving is not None]
         staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
         # Demand came back before they stopped (a reclaimed one stays reclaimed).
         undone = [r for r in leaving if not r.leaving or not r.leaving.startswith(RECLAIMED)]
         if undone and len(staying) < desired:
             back = undone[: desired - len(staying)]
-            fleet.put_replicas(
+            fleet.facts.put_replicas(
                 replace(r, state=ReplicaState.READY, leaving=None, error=None) for r in back
             )
-            fleet.event(
+            fleet.facts.event(
                 f"model/{name}",
                 EventReason.SCALED_UP,
                 f"{', '.join(r.id for r in back)} back in routing: wanted again",
@@ -724,14 +735,16 @@ class Reconciler:
             leaving = [r for r in leaving if r not in back]
         stopped = self._stoppable([r.id for r in leaving])
         if stopped:
-            fleet.remove_replicas(stopped)
-            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{', '.join(stopped)} stopped")
+            fleet.facts.remove_replicas(stopped)
+            fleet.facts.event(
+                f"model/{name}", EventReason.SCALED_DOWN, f"{', '.join(stopped)} stopped"
+            )
         excess = len(staying) - desired
         if (
             excess <= 0
             or leaving  # one at a time
             or any(s.record.replaces is not None for s in staying)  # a stand-in is pending
-            or not all(fleet.up_to_date(s.record) for s in mine)  # a rollout owns the counts
+            or not all(fleet.facts.up_to_date(s.record) for s in mine)  # a rollout owns the counts
             or any(fault_under(s.record, faults) is not None for s in staying)
         ):
             return
@@ -746,18 +759,22 @@ class Reconciler:
         ).record
         why = f"scale down to {desired}: {self._why_scaled(name)}"
         if pick.state is ReplicaState.STARTING:
-            fleet.remove_replicas([pick.id])
-            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped ({why})")
+            fleet.facts.remove_replicas([pick.id])
+            fleet.facts.event(
+                f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped ({why})"
+            )
             return
-        fleet.put_replicas([replace(pick, state=ReplicaState.DRAINING, leaving=why, error=why)])
-        fleet.event(
+        fleet.facts.put_replicas(
+            [replace(pick, state=ReplicaState.DRAINING, leaving=why, error=why)]
+        )
+        fleet.facts.event(
             f"model/{name}",
             EventReason.SCALED_DOWN,
             f"{pick.id} out of routing, to stop once the gateways let go ({why})",
         )
         if self._stoppable([pick.id]):  # no gateway to wait for
-            fleet.remove_replicas([pick.id])
-            fleet.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped")
+            fleet.facts.remove_replicas([pick.id])
+            fleet.facts.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped")
 
     def _reclaim(self, faults: Faults, now: float) -> None:
         """Room for the highest-priority model short of its minimum that cannot
@@ -766,18 +783,18 @@ class Reconciler:
         fleet = self.fleet
         if not fleet.unplaceable_reasons:
             return  # the common case: everything that must run, runs
-        wall = fleet.wall()
-        records = [r for r in fleet.records.values() if r.state is not ReplicaState.FAILED]
+        wall = fleet.facts.wall()
+        records = [r for r in fleet.facts.records.values() if r.state is not ReplicaState.FAILED]
         replaced = {r.replaces for r in records if r.replaces}
         staying = Counter(r.model for r in records if r.leaving is None and r.id not in replaced)
         pending = {r.leaving for r in records if (r.leaving or "").startswith(RECLAIMED)}
         short = sorted(
             (
                 spec
-                for name, spec in fleet.models.items()
+                for name, spec in fleet.facts.models.items()
                 if staying[name] < spec.min_replicas
                 and name in fleet.unplaceable_reasons
-                and not fleet.backing_off(name, wall)
+                and not fleet.facts.backing_off(name, wall)
             ),
             key=lambda spec: (-spec.priority, spec.name),
         )
@@ -793,15 +810,15 @@ class Reconciler:
         candidates = [
             Candidate(
                 s.record,
-                fleet.models[s.record.model],
+                fleet.facts.models[s.record.model],
                 s.state is ReplicaState.READY
                 and s.idle_since is not None
                 and now - s.idle_since >= IDLE_AFTER_S,
                 s.in_flight(gateways) or 0,
             )
             for s in statuses
-            if s.record.model in fleet.models
-            and fleet.models[s.record.model].priority < spec.priority
+            if s.record.model in fleet.facts.models
+            and fleet.facts.models[s.record.model].priority < spec.priority
             and s.record.leaving is None
             and s.record.replaces is None
             and s.record.id not in replaced
@@ -810,8 +827,8 @@ class Reconciler:
         if not candidates:
             self._reclaim_tried = (spec, fleet.capacity_version)
             return
-        draining = [n for n, info in fleet.admin.items() if info.flag is AdminFlag.DRAINING]
-        cards = {uuid: cls for entry in fleet.nodes.values() for uuid, cls, _ in entry.cards}
+        draining = [n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING]
+        cards = {uuid: cls for entry in fleet.facts.nodes.values() for uuid, cls, _ in entry.cards}
         nodes = snapshot(fleet, now, [*draining, *faults])
         picked = choose(spec, candidates, staying, nodes, cards)
         if not picked:
@@ -819,31 +836,31 @@ class Reconciler:
             return
         why = f"{RECLAIMED} {spec.name} (priority {spec.priority})"
         for rec in picked:
-            fleet.event(
+            fleet.facts.event(
                 f"model/{rec.model}",
                 EventReason.RECLAIMED,
                 f"{rec.id} out of routing, to stop: {why}, short of its minimum",
             )
-        fleet.put_replicas(
+        fleet.facts.put_replicas(
             replace(r, state=ReplicaState.DRAINING, leaving=why, error=why) for r in picked
         )
-        fleet.event(
+        fleet.facts.event(
             f"model/{spec.name}",
             EventReason.RECLAIMED,
             f"room for a replica: {', '.join(f'{r.id} ({r.model})' for r in picked)} to stop",
         )
         stopped = self._stoppable([r.id for r in picked])
-        fleet.remove_replicas(stopped)
+        fleet.facts.remove_replicas(stopped)
 
     def _why_scaled(self, name: str) -> str:
-        scaling = self.fleet.scaling(name)
+        scaling = self.fleet.facts.scaling(name)
         return "fixed count" if scaling is None or not scaling.reason else scaling.reason
 
     def _moved(self, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str) -> None:
         """Events: originals stopped once their stand-ins served."""
         for rid in done:
             stand_in = by_replaced[rid]
-            self.fleet.event(
+            self.fleet.facts.event(
                 f"model/{stand_in.model}",
                 EventReason.MOVED,
                 f"{rid} stopped ({why}): {stand_in.id} serves in its place",
@@ -863,17 +880,17 @@ class Reconciler:
             return None
         fleet = self.fleet
         results = place_many(
-            [fleet.models[r.model] for r in originals],
+            [fleet.facts.models[r.model] for r in originals],
             snapshot(fleet, now, excluded),
             wanted_classes(fleet),
         )
         placed, reasons = [], []
         for original, result in zip(originals, results, strict=True):
             if isinstance(result, Placement):
-                revision = fleet.model_revision(original.model)
+                revision = fleet.facts.model_revision(original.model)
                 stand_in = record_from(result, wall, revision, replaces=original.id)
                 placed.append(stand_in)
-                fleet.event(
+                fleet.facts.event(
                     f"model/{original.model}",
                     EventReason.STAND_IN,
                     f"{stand_in.id} placed on {', '.join(stand_in.nodes)} to stand in for "
@@ -881,7 +898,7 @@ class Reconciler:
                 )
             else:
                 reasons.append(f"{original.model}: {result.reason}")
-        fleet.put_replicas(placed)
+        fleet.facts.put_replicas(placed)
         return "; ".join(reasons) or None
 
     # -- 4. minimums ------------------------------------------------------------------------------
@@ -914,7 +931,7 @@ class Reconciler:
             place_up_to, basis = self._placer
         self._placer = None
         sliced = False
-        wants = self._shortfalls(fleet.wall(), done)
+        wants = self._shortfalls(fleet.facts.wall(), done)
         while wants and attempts_left and not (sliced and time.perf_counter() > place_until):
             if place_up_to is None:
                 basis, stale = seen_version, False
@@ -932,7 +949,7 @@ class Reconciler:
                 place_until = max(place_until, built + (built - building))
             else:
                 sliced = True
-                now, wall = fleet.clock(), fleet.wall()
+                now, wall = fleet.facts.clock(), fleet.facts.wall()
                 placed: list[ReplicaRecord] = []
                 settled: list[tuple[str, str | None]] = []  # (model, why it does not fit)
                 slice_left = self.attempts_per_slice
@@ -943,7 +960,7 @@ class Reconciler:
                     used = len(fill.placed) + (fill.unplaceable is not None)
                     slice_left, attempts_left = slice_left - used, attempts_left - used
                     good = [p for p in fill.placed if not stale or self._still_free(p, now)]
-                    revision = fleet.model_revision(spec.name)
+                    revision = fleet.facts.model_revision(spec.name)
                     placed.extend(record_from(p, wall, revision) for p in good)
                     if good:
                         started.add(spec.name)
@@ -967,14 +984,14 @@ class Reconciler:
                     else:  # out of attempts for the slice or pass: it fits, the rest later
                         wants[0] = _Want(spec, missing - len(fill.placed))
                         settled.append((spec.name, None))
-                fleet.put_replicas(placed)
+                fleet.facts.put_replicas(placed)
                 by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
                 for rec in placed:
                     by_model[rec.model].append(rec)
                 for name, recs in by_model.items():
-                    fleet.event(f"model/{name}", EventReason.PLACED, _placed_words(recs))
+                    fleet.facts.event(f"model/{name}", EventReason.PLACED, _placed_words(recs))
                 for name, why in settled:
-                    fleet.set_unplaceable(name, why)
+                    fleet.facts.set_unplaceable(name, why)
                 if placed:
                     log.info(
                         "placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed)
@@ -983,11 +1000,11 @@ class Reconciler:
                     basis = fleet.capacity_version
                 seen_version = self._expected = fleet.capacity_version
                 yield
-            fleet.advance_time()
+            fleet.facts.advance_time()
             if fleet.capacity_version != seen_version:  # moved by something else meanwhile
                 stale, seen_version = True, fleet.capacity_version
                 self._moved_at = seen_version
-                wants = self._shortfalls(fleet.wall(), done)
+                wants = self._shortfalls(fleet.facts.wall(), done)
         if wants:  # out of attempts or time: the next pass begins with the models not reached
             head = wants[0].spec.name
             self._resume = (head, head in started)
@@ -1001,40 +1018,40 @@ class Reconciler:
     ) -> Generator[None, None, list[NodeCapacity] | None]:
         """`snapshot(fleet, now)`, a step of nodes at a time. A node's entry is
         kept from the last snapshot while nothing placement reads of it has
-        changed (`FleetState.capacity_changed_at`) and the models are the same,
+        changed (`Term.capacity_changed_at`) and the models are the same,
         so a busy fleet costs a rebuild of the nodes that changed, not of all.
         None when time ran out first (past `until`, after a step at least)."""
         fleet = self.fleet
-        weights = tuple(sorted((spec.name, spec.source) for spec in fleet.models.values()))
+        weights = tuple(sorted((spec.name, spec.source) for spec in fleet.facts.models.values()))
         if weights != self._kept_weights:  # which node holds which model may differ
             self._kept.clear()
             self._kept_weights = weights
-        for gone in self._kept.keys() - fleet.nodes.keys():
+        for gone in self._kept.keys() - fleet.facts.nodes.keys():
             del self._kept[gone]
         stale = [
             name
-            for name in fleet.nodes
+            for name in fleet.facts.nodes
             if (kept := self._kept.get(name)) is None
             or kept.changed_at != fleet.capacity_changed_at(name)
         ]
         for start in range(0, len(stale), NODES_PER_STEP):
             chunk = stale[start : start + NODES_PER_STEP]
-            for cap in snapshot(fleet, fleet.clock(), names=chunk):
+            for cap in snapshot(fleet, fleet.facts.clock(), names=chunk):
                 self._kept[cap.name] = _Kept(fleet.capacity_changed_at(cap.name), cap)
             yield
             if start + NODES_PER_STEP < len(stale) and time.perf_counter() > until:
                 return None
-        return [self._kept[name].capacity for name in fleet.nodes if name in self._kept]
+        return [self._kept[name].capacity for name in fleet.facts.nodes if name in self._kept]
 
     def _still_free(self, placement: Placement, now: float) -> bool:
         """Whether a placement made on an older picture still fits the fleet as it is."""
         fleet = self.fleet
         for shard in placement.shards:
-            entry = fleet.nodes.get(shard.node)
-            if entry is None or fleet.state_of(shard.node, now) is not NodeState.READY:
+            entry = fleet.facts.nodes.get(shard.node)
+            if entry is None or fleet.facts.state_of(shard.node, now) is not NodeState.READY:
                 return False
             usable = {uuid for uuid, _, ok in entry.cards if ok}
-            if not usable.issuperset(shard.gpus) or fleet.assigned_gpus(shard.node) & set(
+            if not usable.issuperset(shard.gpus) or fleet.facts.assigned_gpus(shard.node) & set(
                 shard.gpus
             ):
                 return False
@@ -1048,16 +1065,16 @@ class Reconciler:
         Satisfied models lose their reason; models backing off, and those that
         did not fit with the same spec at the same capacity, are not tried."""
         fleet = self.fleet
-        replaced = {r.replaces for r in fleet.records.values() if r.replaces}
+        replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
         active: dict[str, int] = defaultdict(int)
-        for r in fleet.records.values():
+        for r in fleet.facts.records.values():
             # A draining replica and its stand-in are one replica between them; one
             # leaving for a scale-down is gone already (`_scale` takes it back first).
             if r.state is not ReplicaState.FAILED and r.id not in replaced and r.leaving is None:
                 active[r.model] += 1
-        for gone in self._did_not_fit.keys() - fleet.models.keys():
+        for gone in self._did_not_fit.keys() - fleet.facts.models.keys():
             del self._did_not_fit[gone]
-        names = sorted(fleet.models)
+        names = sorted(fleet.facts.models)
         first = 0
         if self._resume is not None:
             name, after = self._resume
@@ -1067,7 +1084,7 @@ class Reconciler:
         starving = max(
             (
                 spec.priority
-                for name, spec in fleet.models.items()
+                for name, spec in fleet.facts.models.items()
                 if active[name] < spec.min_replicas and name in fleet.unplaceable_reasons
             ),
             default=None,
@@ -1078,14 +1095,14 @@ class Reconciler:
         for name in names[first:] + names[:first]:
             if name in done:
                 continue
-            spec = fleet.models[name]
-            missing = fleet.desired_replicas(name) - active[name]
+            spec = fleet.facts.models[name]
+            missing = fleet.facts.desired_replicas(name) - active[name]
             if starving is not None and spec.priority < starving:
                 missing = min(missing, spec.min_replicas - active[name])
             if missing <= 0:
-                fleet.set_unplaceable(name, None)
+                fleet.facts.set_unplaceable(name, None)
                 self._did_not_fit.pop(name, None)
-            elif fleet.backing_off(name, wall):
+            elif fleet.facts.backing_off(name, wall):
                 continue
             elif (tried := self._did_not_fit.get(name)) and tried.spec == spec:
                 if tried.version == version:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.controller.nodes import ShardDigest
@@ -58,6 +59,20 @@ def replica_status(
     # report no idleness: take the latest activity among those that know.
     known = [s.idle_since for s in shards if s is not None and s.idle_since is not None]
     return ReplicaStatus(record, state, shards, max(known) if known else None)
+
+
+def count_by_model(statuses: Iterable[ReplicaStatus]) -> dict[str, Counter[ReplicaState]]:
+    """Each model's replicas by state: the one count every view and the reconcile
+    loop read (summary, model views, unserved reasons, shortfalls)."""
+    out: dict[str, Counter[ReplicaState]] = defaultdict(Counter)
+    for status in statuses:
+        out[status.record.model][status.state] += 1
+    return out
+
+
+def serving(counts: Mapping[ReplicaState, int]) -> int:
+    """Replicas that answer: a draining one still does until its stand-in is ready."""
+    return counts.get(ReplicaState.READY, 0) + counts.get(ReplicaState.DRAINING, 0)
 
 
 def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:

@@ -49,7 +49,7 @@ def plan_rollout(
     stalled: bool,
 ) -> RolloutPlan:
     """What one pass does for `spec`'s rollout to `desired` replicas (what demand
-    asks for now: `FleetState.desired_replicas`). `new` and `old`: the model's live
+    asks for now: `Facts.desired_replicas`). `new` and `old`: the model's live
     replicas of the current and of older revisions (none failed, none leaving);
     `leaving`: how many old ones are out of routing already."""
     new_ready = sum(r.state is ReplicaState.READY for r in new)

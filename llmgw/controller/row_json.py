@@ -24,7 +24,7 @@ _AGE = b'"report_age_s":null'  # cannot occur inside a JSON string: its quotes w
 
 
 def _age(entry: NodeEntry, now: float) -> bytes:
-    """A report age as pydantic writes it, rounded as `FleetState.row` rounds it."""
+    """A report age as pydantic writes it, rounded as `NodeRows.row` rounds it."""
     received = entry.received_at
     return b"null" if received is None else repr(round(now - received, 1)).encode()
 
@@ -54,7 +54,7 @@ class RowEncodings:
         now: float,
     ) -> list[bytes]:
         """Each entry's row as JSON, with its age at `now`.
-        `contents`: every row's content but its age (FleetState's fingerprints)."""
+        `contents`: every row's content but its age (NodeRows keeps them)."""
         parts, out = self._parts, []
         for name, entry in entries:
             head, tail = parts.get(name) or self._encode(name, contents[name])

@@ -5,8 +5,9 @@ Built from the same derived state as every table (node states from
 never disagree with them.
 
 Node-level figures are kept as running sums (`FleetTotals`): each node adds its
-contribution, and takes it back out before a changed one goes in. A summary of
-10,000 nodes then costs as much as one of ten; only replicas are walked.
+contribution, and takes it back out before a changed one goes in. `Totals`
+keeps them by following the change log (a node's facts, its admin flag), so a
+summary of 10,000 nodes costs as much as one of ten; only replicas are walked.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from llmgw.controller.changes import ChangeKind, HistoryLost
+from llmgw.controller.facts import Facts
 from llmgw.controller.nodes import CardCounts
-from llmgw.controller.replicas import ReplicaStatus
+from llmgw.controller.replicas import ReplicaStatus, count_by_model, serving
 from llmgw.wire import (
     IDLE_AFTER_S,
     AdminFlag,
@@ -157,6 +160,55 @@ class FleetTotals:
         return out
 
 
+class Totals:
+    """The running sums, following the facts: each node's contribution is built
+    again when the log says its facts or admin flag changed."""
+
+    def __init__(self, facts: Facts) -> None:
+        self._facts = facts
+        self._sums = FleetTotals()
+        self._of: dict[str, NodeFacts] = {}  # what each node last put into the sums
+        self._at = -1  # the log is read up to this revision (-1: not yet)
+
+    def current(self, now: float) -> FleetTotals:
+        facts = self._facts
+        facts.advance_time(now)
+        log = facts.log
+        if log.revision == self._at:
+            return self._sums
+        try:
+            touched = {c.key for c in log.since(self._at) if c.kind in _FOLLOWS}
+        except HistoryLost:  # the first look, or behind the history kept: every node
+            touched = self._of.keys() | facts.nodes.keys()
+        self._at = log.revision
+        for name in touched:
+            entry = facts.nodes.get(name)
+            old = self._of.get(name)
+            if entry is None:
+                if old is not None:
+                    self._sums.remove(self._of.pop(name))
+                continue
+            d = entry.digest
+            new = NodeFacts(
+                facts.state_of(name, now),
+                d.fabrics,
+                d.classes,
+                d.entirely_free,
+                d.models,
+                d.copies,
+                d.engines,
+            )
+            if new != old:
+                if old is not None:
+                    self._sums.remove(old)
+                self._sums.add(new)
+                self._of[name] = new
+        return self._sums
+
+
+_FOLLOWS = frozenset({ChangeKind.NODE, ChangeKind.ADMIN})
+
+
 def build_summary(
     totals: FleetTotals,
     admin: Mapping[str, AdminInfo],
@@ -170,15 +222,10 @@ def build_summary(
     waking: list[WakingModel] | None = None,
 ) -> FleetSummary:
     replica_counts = dict.fromkeys(ReplicaState, 0)
-    serving: Counter[str] = Counter()
-    starting: Counter[str] = Counter()
+    by_model = count_by_model(replicas.values())
     idle = []
     for r in replicas.values():
         replica_counts[r.state] += 1
-        if r.state in (ReplicaState.READY, ReplicaState.DRAINING):
-            serving[r.record.model] += 1  # a draining replica still answers until replaced
-        elif r.state is ReplicaState.STARTING:
-            starting[r.record.model] += 1
         if r.state is ReplicaState.READY and r.idle_since is not None:
             idle_s = now - r.idle_since
             if idle_s >= IDLE_AFTER_S:
@@ -192,8 +239,10 @@ def build_summary(
                 )
     idle.sort(key=lambda i: (-i.idle_seconds, i.id))
 
-    short = sorted(name for name, spec in models.items() if serving[name] < spec.min_replicas)
-    unplaceable = [name for name in short if starting[name] == 0]
+    short = sorted(
+        name for name, spec in models.items() if serving(by_model[name]) < spec.min_replicas
+    )
+    unplaceable = [name for name in short if by_model[name][ReplicaState.STARTING] == 0]
 
     return FleetSummary(
         nodes=totals.node_counts(),

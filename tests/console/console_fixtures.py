@@ -31,7 +31,7 @@ from fleet_factories import FakeClock, gpu, location, report
 
 from llmgw.client import AdminClient
 from llmgw.controller import reconcile
-from llmgw.controller.app import FLEET, create_app
+from llmgw.controller.app import create_app, term_of
 from llmgw.controller.auth import Tokens
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import (
@@ -163,10 +163,10 @@ class LiveController:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         # Frozen clocks: ages, "at" times and grace periods are the test's.
-        fleet = self.app[FLEET]
-        fleet.clock = self.clock
-        fleet.wall = lambda: NOW - 1000.0 + self.clock.t
-        fleet.started_at = self.clock()
+        fleet = term_of(self.app)
+        fleet.facts.clock = self.clock
+        fleet.facts.wall = lambda: NOW - 1000.0 + self.clock.t
+        fleet.facts.started_at = self.clock()
 
     def stop(self) -> None:
         if self._agent_http is not None:

@@ -21,7 +21,7 @@ from console.screens.main import MainScreen
 from console.screens.modals import HelpScreen
 from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.client import AdminClient
-from llmgw.controller.app import FLEET
+from llmgw.controller.app import term_of
 from llmgw.present import model_words
 from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
 
@@ -30,7 +30,7 @@ MakeApp = Callable[..., ConsoleApp]
 
 def wall(controller: LiveController) -> float:
     assert controller.app is not None
-    return controller.app[FLEET].wall()
+    return term_of(controller.app).facts.wall()
 
 
 async def models_open(pilot: Pilot[None]) -> ModelsTable:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgw.controller.fleet import FleetState
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
+from llmgw.controller.term import Term
 from llmgw.wire import NodeReport
 
 WALL_EPOCH = 1_790_000_000.0
@@ -25,8 +25,8 @@ class FakeClock:
         self.t += seconds
 
 
-def make_fleet(state_dir: Path, clock: FakeClock, **settings: Any) -> FleetState:
-    return FleetState(
+def make_fleet(state_dir: Path, clock: FakeClock, **settings: Any) -> Term:
+    return Term.begin(
         Store(state_dir),
         ControllerSettings(state_dir=state_dir, **settings),
         clock=clock,

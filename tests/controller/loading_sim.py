@@ -53,11 +53,11 @@ class LoadingSim(Sim):
             gpu(node, i, health=bad[i][0], reason=bad[i][1]) if i in bad else gpu(node, i)
             for i in range(8)
         ]
-        self.fleet.ingest(report(node, gpus=gpus, replicas=shards))
+        self.fleet.replies.ingest(report(node, gpus=gpus, replicas=shards))
 
     def traffic(self, replica_id: str, model: str) -> dict[str, object] | None:
         """What a ready engine reports it served (None: nothing to say)."""
         return None
 
     def on(self, node: str) -> list[tuple[str, ReplicaState]]:
-        return sorted((r.id, r.state) for r in self.fleet.records.values() if node in r.nodes)
+        return sorted((r.id, r.state) for r in self.fleet.facts.records.values() if node in r.nodes)

@@ -157,7 +157,7 @@ class DemandSim(LoadingSim):
         self.load: dict[str, int] = {}
 
     def traffic(self, replica_id: str, model: str) -> dict[str, object] | None:
-        records = self.fleet.records
+        records = self.fleet.facts.records
         serving = [
             r
             for r in records.values()
@@ -173,7 +173,7 @@ def fleet(tmp_path: Path, spec: ModelSpec = SPEC) -> DemandSim:
     sim = DemandSim(tmp_path, FakeClock(), ["gpu1", "gpu2", "gpu3", "gpu4"])
     for node in sim.nodes:
         sim.report(node)
-    sim.fleet.put_models([spec], "alice")
+    sim.fleet.facts.put_models([spec], "alice")
     for _ in range(3):
         sim.step()
     return sim
@@ -189,13 +189,13 @@ def test_load_scales_up_within_seconds_spread_over_nodes(tmp_path: Path) -> None
     sim.load["chat"] = 8
     for _ in range(6):
         sim.step()
-    live = list(sim.fleet.records.values())
+    live = list(sim.fleet.facts.records.values())
     assert len(live) == 3, live
     assert len({r.nodes for r in live}) == 3, "spread: one replica per node"
     [view] = sim.fleet.model_views()
     assert view.desired == 3 and view.ready == 3, view
     assert "target 2 -> 3" in (view.scaling or "")
-    reasons = [e.reason for e in sim.fleet.events(0, "model/chat").events]
+    reasons = [e.reason for e in sim.fleet.facts.events(0, "model/chat").events]
     assert EventReason.SCALED_UP in reasons
 
 
@@ -209,38 +209,38 @@ def test_load_gone_scales_down_one_at_a_time_through_the_handshake(tmp_path: Pat
     counts, leaving_seen = [], 0
     for _ in range(120):
         sim.step()
-        live = list(sim.fleet.records.values())
+        live = list(sim.fleet.facts.records.values())
         leaving = [r for r in live if r.leaving is not None]
         assert len(leaving) <= 1, "one at a time"
         for r in leaving:
             # Out of routing first: marked stopping before it goes.
-            assert r.state is ReplicaState.DRAINING and r.id in sim.fleet.stopping
+            assert r.state is ReplicaState.DRAINING and r.id in sim.fleet.facts.stopping
         leaving_seen += bool(leaving)
         counts.append(len(live))
     assert counts[-1] == 1, counts
     assert min(counts) == 1, "never below the minimum"
     assert leaving_seen >= 2
-    messages = [e.message for e in sim.fleet.events(0, "model/chat").events]
+    messages = [e.message for e in sim.fleet.facts.events(0, "model/chat").events]
     assert sum("out of routing" in m for m in messages) == 2, messages
     assert sum(m.endswith(" stopped") for m in messages) == 2, messages
 
 
 def test_a_leaving_replica_goes_on_leaving_after_a_restart(tmp_path: Path) -> None:
     sim = fleet(tmp_path, SPEC.model_copy(update={"min_replicas": 2, "max_replicas": None}))
-    assert len(sim.fleet.records) == 2
+    assert len(sim.fleet.facts.records) == 2
     # The operator lowers the count: one leaves, and the controller dies meanwhile.
-    sim.fleet.put_models([SPEC.model_copy(update={"max_replicas": None})], "alice")
+    sim.fleet.facts.put_models([SPEC.model_copy(update={"max_replicas": None})], "alice")
     sim.reconciler.gate = _Holding()  # gateways still route to it: it cannot stop yet
     sim.step()
-    [leaving] = [r for r in sim.fleet.records.values() if r.leaving is not None]
+    [leaving] = [r for r in sim.fleet.facts.records.values() if r.leaving is not None]
     sim.restart_controller()
-    assert sim.fleet.records[leaving.id].leaving == leaving.leaving
+    assert sim.fleet.facts.records[leaving.id].leaving == leaving.leaving
     sim.reconciler.gate = _Holding()
     sim.step()  # not taken back as a cancelled drain would be
-    assert sim.fleet.records[leaving.id].state is ReplicaState.DRAINING
+    assert sim.fleet.facts.records[leaving.id].state is ReplicaState.DRAINING
     sim.reconciler.gate = None  # the gateways let go
     sim.step()
-    assert leaving.id not in sim.fleet.records and len(sim.fleet.records) == 1
+    assert leaving.id not in sim.fleet.facts.records and len(sim.fleet.facts.records) == 1
 
 
 def test_demand_back_before_the_stop_takes_the_replica_back(tmp_path: Path) -> None:
@@ -253,16 +253,16 @@ def test_demand_back_before_the_stop_takes_the_replica_back(tmp_path: Path) -> N
     sim.reconciler.gate = hold
     for _ in range(80):
         sim.step()
-        if any(r.leaving for r in sim.fleet.records.values()):
+        if any(r.leaving for r in sim.fleet.facts.records.values()):
             break
-    [leaving] = [r for r in sim.fleet.records.values() if r.leaving is not None]
+    [leaving] = [r for r in sim.fleet.facts.records.values() if r.leaving is not None]
     sim.load["chat"] = 12
     for _ in range(int(WINDOW_S)):
         sim.step()
-    back = sim.fleet.records[leaving.id]
+    back = sim.fleet.facts.records[leaving.id]
     assert back.leaving is None and back.state is ReplicaState.READY
-    assert leaving.id not in sim.fleet.stopping, "back in routing"
-    assert len(sim.fleet.records) == 3, "taken back, not placed anew"
+    assert leaving.id not in sim.fleet.facts.stopping, "back in routing"
+    assert len(sim.fleet.facts.records) == 3, "taken back, not placed anew"
 
 
 class _LetsGoNextPass:
@@ -275,7 +275,7 @@ class _LetsGoNextPass:
 
     def ready_to_stop(self, ids: list[str], *, force: bool = False) -> list[str]:
         for rid in ids:
-            self.sim.fleet.mark_stopping(rid)
+            self.sim.fleet.facts.mark_stopping(rid)
         done = [rid for rid in ids if rid in self.asked]
         self.asked.update(ids)
         return done
@@ -316,11 +316,11 @@ def full_of_low(tmp_path: Path, low: ModelSpec = LOW) -> DemandSim:
     sim = DemandSim(tmp_path, FakeClock(), ["gpu1", "gpu2"])
     for node in sim.nodes:
         sim.report(node)
-    sim.fleet.put_models([low], "alice")
+    sim.fleet.facts.put_models([low], "alice")
     sim.load["low"] = 8
     for _ in range(6):
         sim.step()
-    assert len(sim.fleet.records) == 2
+    assert len(sim.fleet.facts.records) == 2
     return sim
 
 
@@ -328,34 +328,34 @@ def test_a_short_higher_priority_model_reclaims_a_replica_above_a_lower_ones_min
     tmp_path: Path,
 ) -> None:
     sim = full_of_low(tmp_path)
-    sim.fleet.put_models([LOW, HIGH], "alice")
+    sim.fleet.facts.put_models([LOW, HIGH], "alice")
     for _ in range(8):
         sim.step()
-    models = {r.model for r in sim.fleet.records.values()}
-    assert models == {"low", "high"}, sim.fleet.records
+    models = {r.model for r in sim.fleet.facts.records.values()}
+    assert models == {"low", "high"}, sim.fleet.facts.records
     [view] = [v for v in sim.fleet.model_views() if v.spec.name == "high"]
     assert view.satisfied
-    low_events = [e.message for e in sim.fleet.events(0, "model/low").events]
+    low_events = [e.message for e in sim.fleet.facts.events(0, "model/low").events]
     assert any("reclaimed for high (priority 10)" in m for m in low_events), low_events
     # The lower model keeps its minimum, and does not take the room back while
     # its demand still asks for 2: there is none.
     for _ in range(10):
         sim.step()
-    assert sorted(r.model for r in sim.fleet.records.values()) == ["high", "low"]
+    assert sorted(r.model for r in sim.fleet.facts.records.values()) == ["high", "low"]
 
 
 def test_never_below_a_lower_models_minimum_nor_for_equal_priority(tmp_path: Path) -> None:
     at_min = LOW.model_copy(update={"min_replicas": 2})
     sim = full_of_low(tmp_path, at_min)
-    sim.fleet.put_models([at_min, HIGH], "alice")
+    sim.fleet.facts.put_models([at_min, HIGH], "alice")
     for _ in range(8):
         sim.step()
-    assert {r.model for r in sim.fleet.records.values()} == {"low"}
+    assert {r.model for r in sim.fleet.facts.records.values()} == {"low"}
     assert "high" in sim.fleet.unplaceable_reasons
 
     sim = full_of_low(tmp_path / "equal")
     same = HIGH.model_copy(update={"priority": 0})
-    sim.fleet.put_models([LOW, same], "alice")
+    sim.fleet.facts.put_models([LOW, same], "alice")
     for _ in range(8):
         sim.step()
-    assert {r.model for r in sim.fleet.records.values()} == {"low"}
+    assert {r.model for r in sim.fleet.facts.records.values()} == {"low"}

@@ -1,4 +1,4 @@
-"""The change log of `FleetState`: one revision per change, a bounded history,
+"""The change log of `Term`: one revision per change, a bounded history,
 and long polls that wake on a change."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from fleet_factories import FakeClock, make_fleet, report
 
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
-from llmgw.controller.fleet import FleetState
 from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
 
 
@@ -21,10 +21,10 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, clock: FakeClock) -> FleetState:
+def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b"):
-        f.ingest(report(name, n_gpus=4))
+        f.replies.ingest(report(name, n_gpus=4))
     return f
 
 
@@ -32,46 +32,44 @@ def kinds(changes: list[Change]) -> list[tuple[ChangeKind, str]]:
     return [(c.kind, c.key) for c in changes]
 
 
-def test_each_change_gets_the_next_revision_with_its_kind_and_key(fleet: FleetState) -> None:
-    start = fleet.revision
-    fleet.set_flag("a", AdminFlag.CORDONED, "fan", "ops")
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
-    changes = fleet.changes_since(start)
-    assert [c.revision for c in changes] == list(range(start + 1, fleet.revision + 1))
-    assert kinds(changes) == [
-        (ChangeKind.ADMIN, "a"),
-        (ChangeKind.NODE, "a"),
-        (ChangeKind.MODEL, "m"),
-    ]
-    assert fleet.changes_since(fleet.revision) == []
+def test_each_change_gets_the_next_revision_with_its_kind_and_key(fleet: Term) -> None:
+    start = fleet.facts.revision
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan", "ops")
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+    changes = fleet.facts.changes_since(start)
+    assert [c.revision for c in changes] == list(range(start + 1, fleet.facts.revision + 1))
+    # The cordon changes the node's row too, but the row is a view (node_rows.py):
+    # the log says what the writer changed, the flag, and the view follows it.
+    assert kinds(changes) == [(ChangeKind.ADMIN, "a"), (ChangeKind.MODEL, "m")]
+    assert fleet.facts.changes_since(fleet.facts.revision) == []
 
 
-def test_a_report_that_changes_nothing_appends_nothing(fleet: FleetState, clock: FakeClock) -> None:
-    start = fleet.revision
+def test_a_report_that_changes_nothing_appends_nothing(fleet: Term, clock: FakeClock) -> None:
+    start = fleet.facts.revision
     clock.advance(1)
-    fleet.ingest(report("a", n_gpus=4))
-    assert fleet.changes_since(start) == []
-    fleet.ingest(report("a", n_gpus=3))
-    assert kinds(fleet.changes_since(start)) == [(ChangeKind.NODE, "a")]
+    fleet.replies.ingest(report("a", n_gpus=4))
+    assert fleet.facts.changes_since(start) == []
+    fleet.replies.ingest(report("a", n_gpus=3))
+    assert kinds(fleet.facts.changes_since(start)) == [(ChangeKind.NODE, "a")]
 
 
-def test_replicas_backoffs_and_reasons_are_logged(fleet: FleetState) -> None:
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
-    start = fleet.revision
+def test_replicas_backoffs_and_reasons_are_logged(fleet: Term) -> None:
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+    start = fleet.facts.revision
     rec = ReplicaRecord("r1", "m", ReplicaState.STARTING, (ShardRecord("a", 0, ("GPU-a-0",)),), 0.0)
-    fleet.put_replicas([rec])
-    assert kinds(fleet.changes_since(start)) == [
+    fleet.facts.put_replicas([rec])
+    assert kinds(fleet.facts.changes_since(start)) == [
         (ChangeKind.REPLICA, "r1"),
         (ChangeKind.ASSIGNMENTS, "a"),
         (ChangeKind.NODE, "a"),
     ]
-    start = fleet.revision
-    fleet.back_off("m", "CUDA out of memory", 0.0)
-    fleet.set_unplaceable("m", "no room")
-    fleet.set_unplaceable("m", "no room")  # the same reason again is no change
-    fleet.clear_backoff("m")
-    fleet.set_unplaceable("m", None)
-    assert kinds(fleet.changes_since(start)) == [
+    start = fleet.facts.revision
+    fleet.facts.back_off("m", "CUDA out of memory", 0.0)
+    fleet.facts.set_unplaceable("m", "no room")
+    fleet.facts.set_unplaceable("m", "no room")  # the same reason again is no change
+    fleet.facts.clear_backoff("m")
+    fleet.facts.set_unplaceable("m", None)
+    assert kinds(fleet.facts.changes_since(start)) == [
         (ChangeKind.BACKOFF, "m"),
         (ChangeKind.UNPLACEABLE, "m"),
         (ChangeKind.BACKOFF, "m"),
@@ -111,22 +109,30 @@ async def test_wait_changed_wakes_on_a_change_and_times_out_without_one() -> Non
 
 
 def test_forget_node_removes_row_flag_and_replicas_durably(
-    tmp_path: Path, fleet: FleetState, clock: FakeClock
+    tmp_path: Path, fleet: Term, clock: FakeClock
 ) -> None:
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
-    fleet.set_flag("b", AdminFlag.CORDONED, "dead PSU", "ops")
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+    fleet.facts.set_flag("b", AdminFlag.CORDONED, "dead PSU", "ops")
     shards = (ShardRecord("a", 0, ("GPU-a-0",)), ShardRecord("b", 1, ("GPU-b-0",)))
-    fleet.put_replicas([ReplicaRecord("r1", "m", ReplicaState.READY, shards, 0.0)])
+    fleet.facts.put_replicas([ReplicaRecord("r1", "m", ReplicaState.READY, shards, 0.0)])
     assert fleet.summary().nodes.total == 2
-    start = fleet.revision
-    fleet.forget_node("b", "ops")
-    assert "b" not in fleet.nodes and "b" not in fleet.admin and "r1" not in fleet.records
-    changes = kinds(fleet.changes_since(start))
+    start = fleet.facts.revision
+    fleet.facts.forget_node("b", "ops")
+    assert (
+        "b" not in fleet.facts.nodes
+        and "b" not in fleet.facts.admin
+        and "r1" not in fleet.facts.records
+    )
+    changes = kinds(fleet.facts.changes_since(start))
     assert (ChangeKind.NODE, "b") in changes and (ChangeKind.REPLICA, "r1") in changes
     assert (ChangeKind.ASSIGNMENTS, "a") in changes  # a's shard of r1 is gone too
     summary = fleet.summary()
     assert (summary.nodes.total, summary.nodes.cordoned, summary.replicas.ready) == (1, 0, 0)
-    assert fleet.row("a").replicas == 0
-    fleet.close()
+    assert fleet.rows.row("a").replicas == 0
+    fleet.facts.close()
     restarted = make_fleet(tmp_path, clock)
-    assert set(restarted.nodes) == {"a"} and not restarted.admin and not restarted.records
+    assert (
+        set(restarted.facts.nodes) == {"a"}
+        and not restarted.facts.admin
+        and not restarted.facts.records
+    )

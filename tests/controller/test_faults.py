@@ -11,7 +11,7 @@ from fleet_factories import FakeClock
 from loading_sim import LoadingSim as FaultSim
 from test_reconcile import MODEL
 
-from llmgw.controller.fleet import BY_LLMGW
+from llmgw.controller.admin_flags import BY_LLMGW
 from llmgw.wire import AdminFlag, ReplicaState
 
 XID = "fatal Xid 79 (GPU has fallen off the bus): reset the GPU or reboot the node"
@@ -22,7 +22,7 @@ def serving_sim(tmp_path: Path, clock: FakeClock, **settings: object) -> FaultSi
     sim = FaultSim(tmp_path, clock, [f"gpu{i}" for i in range(1, 5)], **settings)
     for node in sim.nodes:
         sim.report(node)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     for _ in range(3):  # placed, loading, ready
         sim.step()
     assert sorted(n for _, s, n in sim.replicas() if s is ReplicaState.READY) == [
@@ -34,7 +34,7 @@ def serving_sim(tmp_path: Path, clock: FakeClock, **settings: object) -> FaultSi
 
 def card_of(sim: FaultSim, node: str) -> int:
     """The index of a card the replica on `node` runs on."""
-    [rec] = [r for r in sim.fleet.records.values() if node in r.nodes]
+    [rec] = [r for r in sim.fleet.facts.records.values() if node in r.nodes]
     return int(rec.shards[0].gpus[0].rsplit("-", 1)[1])
 
 
@@ -52,28 +52,28 @@ def test_a_replica_on_a_failed_card_is_replaced_before_it_stops(
     sim.step()  # the stand-in placed
     sim.step()  # its engine is loading
     # The original keeps serving, marked draining with the card as the reason.
-    rec = sim.fleet.records[original]
+    rec = sim.fleet.facts.records[original]
     assert rec.state is ReplicaState.DRAINING
     assert rec.error is not None and "card fault: GPU" in rec.error and "Xid 79" in rec.error
-    stand_ins = [r for r in sim.fleet.records.values() if r.replaces == original]
+    stand_ins = [r for r in sim.fleet.facts.records.values() if r.replaces == original]
     assert [r.nodes for r in stand_ins] == [("gpu3",)]  # off gpu1, and spread off gpu2
     assert sim.serving() == 2
     # The node is cordoned, by llmgw, naming the card.
-    admin = sim.fleet.admin_info("gpu1")
+    admin = sim.fleet.facts.admin_info("gpu1")
     assert admin.flag is AdminFlag.CORDONED and admin.by == BY_LLMGW
     assert admin.reason is not None and admin.reason.startswith("card fault: GPU ")
     assert "GPU-gpu1" in admin.reason and "Xid 79" in admin.reason
-    history = sim.fleet.detail("gpu1").history
+    history = sim.fleet.rows.detail("gpu1").history
     assert [(e.action, e.by) for e in history][-1] == ("cordon", BY_LLMGW)
     # The stand-in ready: the original stops, the stand-in is an ordinary replica.
     sim.step()
     sim.step()
-    assert original not in sim.fleet.records
+    assert original not in sim.fleet.facts.records
     assert sorted(n for _, s, n in sim.replicas() if s is ReplicaState.READY) == [
         ("gpu2",),
         ("gpu3",),
     ]
-    assert all(r.replaces is None for r in sim.fleet.records.values())
+    assert all(r.replaces is None for r in sim.fleet.facts.records.values())
     assert sim.serving() == 2
 
 
@@ -83,8 +83,8 @@ def test_unknown_health_never_acts(tmp_path: Path, clock: FakeClock) -> None:
     for _ in range(3):
         sim.step()
     assert [s for _, s in sim.on("gpu1")] == [ReplicaState.READY]
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.NONE
-    assert len(sim.fleet.records) == 2
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.NONE
+    assert len(sim.fleet.facts.records) == 2
 
 
 def test_a_fault_on_an_idle_card_cordons_without_moving_anything(
@@ -95,8 +95,8 @@ def test_a_fault_on_an_idle_card_cordons_without_moving_anything(
     sim.health["gpu1"] = {idle: ("unhealthy", "uncorrectable ECC errors: 2")}
     sim.step()
     assert [s for _, s in sim.on("gpu1")] == [ReplicaState.READY]
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.CORDONED
-    assert len(sim.fleet.records) == 2
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.CORDONED
+    assert len(sim.fleet.facts.records) == 2
 
 
 def test_without_the_cordon_the_replica_still_moves(tmp_path: Path, clock: FakeClock) -> None:
@@ -104,12 +104,12 @@ def test_without_the_cordon_the_replica_still_moves(tmp_path: Path, clock: FakeC
     [(original, _)] = sim.on("gpu1")
     sim.health["gpu1"] = {card_of(sim, "gpu1"): ("unhealthy", XID)}
     sim.step()
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.NONE
-    [stand_in] = [r for r in sim.fleet.records.values() if r.replaces == original]
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.NONE
+    [stand_in] = [r for r in sim.fleet.facts.records.values() if r.replaces == original]
     assert "gpu1" not in stand_in.nodes  # elsewhere, though gpu1 has four good cards free
     sim.step()
     sim.step()
-    assert original not in sim.fleet.records and sim.serving() == 2
+    assert original not in sim.fleet.facts.records and sim.serving() == 2
 
 
 def test_the_cordon_outlives_the_fault_and_an_uncordon_is_not_overruled(
@@ -120,32 +120,32 @@ def test_the_cordon_outlives_the_fault_and_an_uncordon_is_not_overruled(
     sim.health["gpu1"] = {card: ("unhealthy", XID)}
     sim.step()
     sim.step()
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.CORDONED
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.CORDONED
     # The card is reset and reads healthy: the node stays cordoned.
     sim.health["gpu1"] = {}
     sim.step()
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.CORDONED
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.CORDONED
     # It fails again; the operator uncordons, knowing: that sticks for this fault.
     sim.health["gpu1"] = {card: ("unhealthy", XID)}
     sim.step()
-    sim.fleet.set_flag("gpu1", AdminFlag.NONE, None, "alice")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.NONE, None, "alice")
     sim.step()
     sim.step()
-    assert sim.fleet.admin_info("gpu1").flag is AdminFlag.NONE
+    assert sim.fleet.facts.admin_info("gpu1").flag is AdminFlag.NONE
     # Another card fails: a new fault, a new cordon.
     sim.health["gpu1"] = {card: ("unhealthy", XID), 7: ("unhealthy", "row remapping failed")}
     sim.step()
-    admin = sim.fleet.admin_info("gpu1")
+    admin = sim.fleet.facts.admin_info("gpu1")
     assert admin.flag is AdminFlag.CORDONED and admin.reason is not None
     assert admin.reason.startswith("card fault: GPU 7 ")
 
 
 def test_an_operators_cordon_keeps_its_reason(tmp_path: Path, clock: FakeClock) -> None:
     sim = serving_sim(tmp_path, clock)
-    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "PSU swap", "carol")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "PSU swap", "carol")
     sim.health["gpu1"] = {card_of(sim, "gpu1"): ("unhealthy", XID)}
     sim.step()
-    admin = sim.fleet.admin_info("gpu1")
+    admin = sim.fleet.facts.admin_info("gpu1")
     assert (admin.reason, admin.by) == ("PSU swap", "carol")
     assert [s for _, s in sim.on("gpu1")] == [ReplicaState.DRAINING]  # moves all the same
 
@@ -157,12 +157,12 @@ def test_a_card_that_recovers_before_the_stand_in_is_ready_keeps_its_replica(
     [(original, _)] = sim.on("gpu1")
     sim.health["gpu1"] = {card_of(sim, "gpu1"): ("unhealthy", XID)}
     sim.step()
-    assert sim.fleet.records[original].state is ReplicaState.DRAINING
+    assert sim.fleet.facts.records[original].state is ReplicaState.DRAINING
     sim.health["gpu1"] = {}
     sim.step()
-    rec = sim.fleet.records[original]
+    rec = sim.fleet.facts.records[original]
     assert (rec.state, rec.error) == (ReplicaState.READY, None)
-    assert len(sim.fleet.records) == 2  # the stand-in that was not serving yet is withdrawn
+    assert len(sim.fleet.facts.records) == 2  # the stand-in that was not serving yet is withdrawn
 
 
 def test_an_engine_that_died_with_its_card_is_replaced_at_once(
@@ -174,10 +174,10 @@ def test_an_engine_that_died_with_its_card_is_replaced_at_once(
     sim.failing.add("gpu1")
     sim.step()
     sim.step()
-    assert original not in sim.fleet.records
-    assert sim.fleet.backoffs == {}  # the card's fault, not the spec's: no backoff
-    assert len(sim.fleet.records) == 2
-    assert not any("gpu1" in r.nodes for r in sim.fleet.records.values())
+    assert original not in sim.fleet.facts.records
+    assert sim.fleet.facts.backoffs == {}  # the card's fault, not the spec's: no backoff
+    assert len(sim.fleet.facts.records) == 2
+    assert not any("gpu1" in r.nodes for r in sim.fleet.facts.records.values())
 
 
 def test_a_starting_replica_on_a_failed_card_stops_and_is_placed_again(
@@ -186,16 +186,16 @@ def test_a_starting_replica_on_a_failed_card_stops_and_is_placed_again(
     sim = FaultSim(tmp_path, clock, [f"gpu{i}" for i in range(1, 5)])
     for node in sim.nodes:
         sim.report(node)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     [(starting, state)] = sim.on("gpu1")
     assert state is ReplicaState.STARTING
     sim.health["gpu1"] = {card_of(sim, "gpu1"): ("unhealthy", XID)}
     sim.step()
     sim.step()
-    assert starting not in sim.fleet.records
-    assert len(sim.fleet.records) == 2
-    assert not any("gpu1" in r.nodes for r in sim.fleet.records.values())
+    assert starting not in sim.fleet.facts.records
+    assert len(sim.fleet.facts.records) == 2
+    assert not any("gpu1" in r.nodes for r in sim.fleet.facts.records.values())
 
 
 def test_a_replacement_interrupted_by_a_restart_finishes_without_doubling(
@@ -205,12 +205,12 @@ def test_a_replacement_interrupted_by_a_restart_finishes_without_doubling(
     [(original, _)] = sim.on("gpu1")
     sim.health["gpu1"] = {card_of(sim, "gpu1"): ("unhealthy", XID)}
     sim.step()
-    ids = set(sim.fleet.records)
+    ids = set(sim.fleet.facts.records)
     assert len(ids) == 3
     sim.restart_controller()
     sim.step()
-    assert set(sim.fleet.records) == ids, "nothing placed twice"
+    assert set(sim.fleet.facts.records) == ids, "nothing placed twice"
     sim.step()
     sim.step()
-    assert original not in sim.fleet.records and len(sim.fleet.records) == 2
+    assert original not in sim.fleet.facts.records and len(sim.fleet.facts.records) == 2
     assert sim.serving() == 2

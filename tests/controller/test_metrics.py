@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 from fleet_factories import gpu, location, report
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.controller.app import FLEET, create_app
+from llmgw.controller.app import create_app, term_of
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.settings import ControllerSettings
@@ -84,7 +84,7 @@ async def build_fleet(client: TestClient) -> None:
     ]
     r = await client.post("/v1/models", json={"models": models}, headers=auth(ADMIN))
     assert r.status == 200, await r.text()
-    Reconciler(client.app[FLEET]).tick()
+    Reconciler(term_of(client.app)).tick()
     # The qwen replica comes up and has been idle an hour; llama stays starting.
     replicas = await (await client.get("/v1/replicas", headers=auth(READ))).json()
     qwen = next(r for r in replicas if r["model"] == "qwen-7b")
@@ -234,8 +234,8 @@ async def test_turns_to_unreachable_are_a_counter(client: TestClient) -> None:
     text = await (await client.get("/metrics", headers=auth(READ))).text()
     assert "# TYPE llmgw_nodes_turned_unreachable_total counter" in text
     assert one(samples(text), "llmgw_nodes_turned_unreachable_total") == 0
-    fleet = client.app[FLEET]
-    fleet.turned_unreachable = 3  # counted by FleetState (test_summary)
+    fleet = term_of(client.app)
+    fleet.facts.turned_unreachable = 3  # counted by Term (test_summary)
     m = samples(await (await client.get("/metrics", headers=auth(READ))).text())
     assert one(m, "llmgw_nodes_turned_unreachable_total") == 3
 

@@ -18,13 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.client import AdminClient
-from llmgw.controller.app import FLEET, create_app
+from llmgw.controller.app import create_app, term_of
 from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.fleet import BadCursor, FleetState
+from llmgw.controller.node_rows import NodeRows
 from llmgw.controller.nodes import NodeEntry
 from llmgw.controller.row_json import RowEncodings
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.term import Term
+from llmgw.errors import BadCursor
 from llmgw.wire import AdminFlag, ModelSpec, NodeReport, NodeRow, NodesDelta, ReplicaState
 
 ClientFactory = Callable[..., Awaitable[TestClient]]
@@ -37,10 +39,10 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, clock: FakeClock) -> FleetState:
+def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b", "c"):
-        f.ingest(report(name, n_gpus=4))
+        f.replies.ingest(report(name, n_gpus=4))
     return f
 
 
@@ -48,9 +50,9 @@ def names(delta: NodesDelta) -> list[str]:
     return [r.name for r in delta.nodes]
 
 
-def caught_up(fleet: FleetState) -> str:
+def caught_up(fleet: Term) -> str:
     """A cursor that has seen everything so far."""
-    return fleet.nodes_since("").cursor
+    return fleet.rows.nodes_since("").cursor
 
 
 def replica(rid: str, node: str, gpus: list[str]) -> ReplicaRecord:
@@ -66,38 +68,34 @@ def replica(rid: str, node: str, gpus: list[str]) -> ReplicaRecord:
 # -- the fleet ------------------------------------------------------------------------
 
 
-def test_the_first_answer_is_full_with_every_row_and_age(
-    fleet: FleetState, clock: FakeClock
-) -> None:
+def test_the_first_answer_is_full_with_every_row_and_age(fleet: Term, clock: FakeClock) -> None:
     clock.advance(2.25)
-    delta = fleet.nodes_since("")
+    delta = fleet.rows.nodes_since("")
     assert delta.full
     assert names(delta) == ["a", "b", "c"]
-    assert delta.nodes == fleet.rows()
+    assert delta.nodes == fleet.rows.rows()
     assert delta.removed == []
     assert delta.report_ages == {"a": 2.2, "b": 2.2, "c": 2.2}  # rounded as in the rows
-    assert delta.cursor.startswith(f"{fleet.epoch}.")
+    assert delta.cursor.startswith(f"{fleet.run}.")
 
 
-def test_nothing_changed_sends_no_rows_but_every_age(fleet: FleetState, clock: FakeClock) -> None:
+def test_nothing_changed_sends_no_rows_but_every_age(fleet: Term, clock: FakeClock) -> None:
     cursor = caught_up(fleet)
     clock.advance(3)
-    delta = fleet.nodes_since(cursor)
+    delta = fleet.rows.nodes_since(cursor)
     assert not delta.full
     assert delta.nodes == []
     assert delta.cursor == cursor
     assert delta.report_ages == {"a": 3.0, "b": 3.0, "c": 3.0}
     clock.advance(1.5)
-    assert fleet.nodes_since(delta.cursor).report_ages == {"a": 4.5, "b": 4.5, "c": 4.5}
+    assert fleet.rows.nodes_since(delta.cursor).report_ages == {"a": 4.5, "b": 4.5, "c": 4.5}
 
 
-def test_a_report_that_changes_only_the_time_sends_no_row(
-    fleet: FleetState, clock: FakeClock
-) -> None:
+def test_a_report_that_changes_only_the_time_sends_no_row(fleet: Term, clock: FakeClock) -> None:
     cursor = caught_up(fleet)
     clock.advance(4)
-    fleet.ingest(report("b", n_gpus=4))
-    delta = fleet.nodes_since(cursor)
+    fleet.replies.ingest(report("b", n_gpus=4))
+    delta = fleet.rows.nodes_since(cursor)
     assert delta.nodes == []
     assert delta.report_ages == {"a": 4.0, "b": 0.0, "c": 4.0}
 
@@ -122,58 +120,56 @@ REPORT_CHANGES: dict[str, NodeReport] = {
 
 @pytest.mark.parametrize("changed", list(REPORT_CHANGES.values()), ids=list(REPORT_CHANGES))
 def test_a_report_that_changes_the_row_sends_that_row_only(
-    fleet: FleetState, clock: FakeClock, changed: NodeReport
+    fleet: Term, clock: FakeClock, changed: NodeReport
 ) -> None:
     cursor = caught_up(fleet)
-    before = fleet.row("b")
+    before = fleet.rows.row("b")
     clock.advance(1)
-    fleet.ingest(changed)
-    delta = fleet.nodes_since(cursor)
+    fleet.replies.ingest(changed)
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
-    assert delta.nodes[0] == fleet.row("b")
+    assert delta.nodes[0] == fleet.rows.row("b")
     assert delta.nodes[0] != before
     assert delta.cursor != cursor
-    assert fleet.nodes_since(delta.cursor).nodes == []  # and only once
+    assert fleet.rows.nodes_since(delta.cursor).nodes == []  # and only once
 
 
 @pytest.mark.parametrize(
     ("flag", "state"),
     [(AdminFlag.CORDONED, "cordoned"), (AdminFlag.DRAINING, "draining")],
 )
-def test_cordon_drain_and_uncordon_send_that_row(
-    fleet: FleetState, flag: AdminFlag, state: str
-) -> None:
+def test_cordon_drain_and_uncordon_send_that_row(fleet: Term, flag: AdminFlag, state: str) -> None:
     cursor = caught_up(fleet)
-    fleet.set_flag("c", flag, "PSU swap", "alice")
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.set_flag("c", flag, "PSU swap", "alice")
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["c"]
     assert (delta.nodes[0].state, delta.nodes[0].admin.reason) == (state, "PSU swap")
-    fleet.set_flag("c", AdminFlag.NONE, None, "alice")
-    delta = fleet.nodes_since(delta.cursor)
+    fleet.facts.set_flag("c", AdminFlag.NONE, None, "alice")
+    delta = fleet.rows.nodes_since(delta.cursor)
     assert names(delta) == ["c"]
     assert delta.nodes[0].state == "ready"
 
 
-def test_an_admin_change_that_keeps_the_state_is_sent(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
+def test_an_admin_change_that_keeps_the_state_is_sent(fleet: Term, clock: FakeClock) -> None:
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
     cursor = caught_up(fleet)
-    fleet.set_flag("a", AdminFlag.CORDONED, "fan and PSU", "bob")  # still cordoned
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan and PSU", "bob")  # still cordoned
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["a"]
     assert (delta.nodes[0].admin.reason, delta.nodes[0].admin.by) == ("fan and PSU", "bob")
     clock.advance(60)  # everything unreachable: liveness wins, the flag shows beside it
-    cursor = fleet.nodes_since(delta.cursor).cursor
-    fleet.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
-    delta = fleet.nodes_since(cursor)
+    cursor = fleet.rows.nodes_since(delta.cursor).cursor
+    fleet.facts.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert (delta.nodes[0].state, delta.nodes[0].admin.flag) == ("unreachable", "draining")
 
 
-def test_a_finished_drain_sends_the_row(fleet: FleetState) -> None:
-    fleet.set_flag("a", AdminFlag.DRAINING, "BIOS", "alice")
+def test_a_finished_drain_sends_the_row(fleet: Term) -> None:
+    fleet.facts.set_flag("a", AdminFlag.DRAINING, "BIOS", "alice")
     cursor = caught_up(fleet)
-    fleet.mark_drained("a")
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.mark_drained("a")
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["a"]
     assert delta.nodes[0].admin.drained
 
@@ -182,112 +178,115 @@ def test_a_node_turning_unreachable_with_time_alone_is_sent(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     fleet = make_fleet(tmp_path, clock)
-    fleet.ingest(report("fast", interval_s=5))  # unreachable after 3 x 5 + 5 s
-    fleet.ingest(report("slow", interval_s=60))
+    fleet.replies.ingest(report("fast", interval_s=5))  # unreachable after 3 x 5 + 5 s
+    fleet.replies.ingest(report("slow", interval_s=60))
     cursor = caught_up(fleet)
     clock.advance(19)
-    delta = fleet.nodes_since(cursor)
+    delta = fleet.rows.nodes_since(cursor)
     assert delta.nodes == []
     clock.advance(2)  # no request touches either node
-    delta = fleet.nodes_since(delta.cursor)
+    delta = fleet.rows.nodes_since(delta.cursor)
     assert names(delta) == ["fast"]
     assert delta.nodes[0].state == "unreachable"
     assert delta.report_ages == {"fast": 21.0, "slow": 21.0}
-    fleet.ingest(report("fast", interval_s=5))
-    delta = fleet.nodes_since(delta.cursor)
+    fleet.replies.ingest(report("fast", interval_s=5))
+    delta = fleet.rows.nodes_since(delta.cursor)
     assert names(delta) == ["fast"]
     assert delta.nodes[0].state == "ready"
 
 
-def test_a_replica_assignment_sends_the_rows_it_touches(fleet: FleetState) -> None:
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+def test_a_replica_assignment_sends_the_rows_it_touches(fleet: Term) -> None:
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
     cursor = caught_up(fleet)
-    fleet.put_replicas([replica("r1", "a", ["GPU-a-0"])])
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.put_replicas([replica("r1", "a", ["GPU-a-0"])])
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["a"]
     assert (delta.nodes[0].replicas, delta.nodes[0].gpus_used) == (1, 1)
-    fleet.remove_replicas(["r1"])
-    delta = fleet.nodes_since(delta.cursor)
+    fleet.facts.remove_replicas(["r1"])
+    delta = fleet.rows.nodes_since(delta.cursor)
     assert names(delta) == ["a"]
     assert (delta.nodes[0].replicas, delta.nodes[0].gpus_used) == (0, 0)
 
 
-def test_a_replica_count_change_alone_is_sent(fleet: FleetState) -> None:
+def test_a_replica_count_change_alone_is_sent(fleet: Term) -> None:
     """A replica holding no card on this node still changes the count."""
-    fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
     cursor = caught_up(fleet)
-    fleet.put_replicas([replica("r1", "b", [])])
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.put_replicas([replica("r1", "b", [])])
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert (delta.nodes[0].replicas, delta.nodes[0].gpus_used) == (1, 0)
 
 
-def test_why_a_drain_waits_is_sent(fleet: FleetState) -> None:
-    fleet.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
+def test_why_a_drain_waits_is_sent(fleet: Term) -> None:
+    fleet.facts.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
     cursor = caught_up(fleet)
-    fleet.set_drain_blocked("b", "waiting for a stand-in for r1")  # as the reconcile loop does
-    delta = fleet.nodes_since(cursor)
+    fleet.facts.set_drain_blocked(
+        "b", "waiting for a stand-in for r1"
+    )  # as the reconcile loop does
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert delta.nodes[0].drain_blocked == "waiting for a stand-in for r1"
-    fleet.set_drain_blocked("b", None)
-    assert names(fleet.nodes_since(delta.cursor)) == ["b"]
+    fleet.facts.set_drain_blocked("b", None)
+    assert names(fleet.rows.nodes_since(delta.cursor)) == ["b"]
 
 
-def test_a_new_node_is_sent_to_every_older_cursor(fleet: FleetState) -> None:
+def test_a_new_node_is_sent_to_every_older_cursor(fleet: Term) -> None:
     cursor = caught_up(fleet)
-    fleet.ingest(report("d"))
-    delta = fleet.nodes_since(cursor)
+    fleet.replies.ingest(report("d"))
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["d"]
     assert set(delta.report_ages) == {"a", "b", "c", "d"}
 
 
 def test_two_consumers_each_get_what_changed_since_their_own_cursor(
-    fleet: FleetState, clock: FakeClock
+    fleet: Term, clock: FakeClock
 ) -> None:
     first = caught_up(fleet)
-    fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
-    second = fleet.nodes_since(first).cursor  # this consumer has seen a's cordon
-    fleet.ingest(report("b", n_gpus=2))
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
+    second = fleet.rows.nodes_since(first).cursor  # this consumer has seen a's cordon
+    fleet.replies.ingest(report("b", n_gpus=2))
     clock.advance(1)
-    assert names(fleet.nodes_since(first)) == ["a", "b"]
-    assert names(fleet.nodes_since(second)) == ["b"]
-    fleet.set_flag("c", AdminFlag.CORDONED, "fan", "alice")
-    assert names(fleet.nodes_since(first)) == ["a", "b", "c"]
-    assert names(fleet.nodes_since(second)) == ["b", "c"]
+    assert names(fleet.rows.nodes_since(first)) == ["a", "b"]
+    assert names(fleet.rows.nodes_since(second)) == ["b"]
+    fleet.facts.set_flag("c", AdminFlag.CORDONED, "fan", "alice")
+    assert names(fleet.rows.nodes_since(first)) == ["a", "b", "c"]
+    assert names(fleet.rows.nodes_since(second)) == ["b", "c"]
 
 
-def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: FleetState) -> None:
+def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: Term) -> None:
     older = caught_up(fleet)
-    fleet.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
-    newer = fleet.nodes_since(older).cursor
-    fleet.forget_node("b", "ops")
-    delta = fleet.nodes_since(older)
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
+    newer = fleet.rows.nodes_since(older).cursor
+    fleet.facts.forget_node("b", "ops")
+    delta = fleet.rows.nodes_since(older)
     assert (names(delta), delta.removed) == (["a"], ["b"])
     assert set(delta.report_ages) == {"a", "c"}
-    assert fleet.nodes_since(newer).removed == ["b"]
-    assert fleet.nodes_since(delta.cursor).removed == []
-    full = fleet.nodes_since("")
+    assert fleet.rows.nodes_since(newer).removed == ["b"]
+    assert fleet.rows.nodes_since(delta.cursor).removed == []
+    full = fleet.rows.nodes_since("")
     assert (names(full), full.removed) == (["a", "c"], [])
     for cursor in (older, newer, "", delta.cursor):  # what the endpoint sends says the same
         assert (
-            fleet.nodes_since_json(cursor) == fleet.nodes_since(cursor).model_dump_json().encode()
+            fleet.rows.nodes_since_json(cursor)
+            == fleet.rows.nodes_since(cursor).model_dump_json().encode()
         )
 
 
 def test_a_cursor_older_than_the_tombstones_kept_gets_a_full_answer(
-    fleet: FleetState, monkeypatch: pytest.MonkeyPatch
+    fleet: Term, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("llmgw.controller.changes.HISTORY_KEPT", 1)
+    monkeypatch.setattr("llmgw.controller.node_rows.REMOVALS_KEPT", 1)
     older = caught_up(fleet)
-    fleet.forget_node("a", "ops")
-    middle = fleet.nodes_since(older).cursor
-    fleet.forget_node("b", "ops")  # a's change is dropped to keep one
-    newest = fleet.nodes_since(middle)
+    fleet.facts.forget_node("a", "ops")
+    middle = fleet.rows.nodes_since(older).cursor
+    fleet.facts.forget_node("b", "ops")  # a's change is dropped to keep one
+    newest = fleet.rows.nodes_since(middle)
     assert newest.removed == ["b"]
-    delta = fleet.nodes_since(older)
+    delta = fleet.rows.nodes_since(older)
     assert delta.full
     assert names(delta) == ["c"]
-    assert fleet.nodes_since(middle).removed == ["b"]
+    assert fleet.rows.nodes_since(middle).removed == ["b"]
 
 
 class RowWithVersion(NodeRow):
@@ -295,52 +294,61 @@ class RowWithVersion(NodeRow):
 
 
 def test_a_field_added_to_the_row_is_sent_without_anything_else_to_change(
-    fleet: FleetState, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    fleet: Term, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whatever a row shows, `?since=` carries its change: the fingerprint is the
     row's own content. Add a field (here the agent's version, which no other
-    part of the row depends on) the way a developer would, and nothing else."""
-    content = FleetState._row_content
+    part of the row depends on) the way a developer would: kept by the node's
+    entry, which says when a report changed what it keeps, and shown in the row."""
+    content = NodeRows._content_of
+    update = NodeEntry.update
 
-    def with_version(self: FleetState, name: str, now: float) -> dict[str, Any]:
-        report = self.nodes[name].report
-        return {**content(self, name, now), "agent_version": report and report.agent_version}
+    def with_version(self: NodeRows, name: str, now: float) -> dict[str, Any]:
+        return {**content(self, name, now), "agent_version": versions.get(name)}
 
-    monkeypatch.setattr(FleetState, "_row_content", with_version)
-    monkeypatch.setattr("llmgw.controller.fleet.NodeRow", RowWithVersion)
+    versions: dict[str, str | None] = {}
+
+    def keep_version(self: NodeEntry, report: NodeReport, *args: Any) -> bool:
+        changed = versions.get(self.name) != report.agent_version
+        versions[self.name] = report.agent_version
+        return update(self, report, *args) or changed
+
+    monkeypatch.setattr(NodeRows, "_content_of", with_version)
+    monkeypatch.setattr(NodeEntry, "update", keep_version)
+    monkeypatch.setattr("llmgw.controller.node_rows.NodeRow", RowWithVersion)
     cursor = caught_up(fleet)
     clock.advance(1)
-    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
-    delta = fleet.nodes_since(cursor)
+    fleet.replies.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert isinstance(delta.nodes[0], RowWithVersion)
     assert delta.nodes[0].agent_version == "2.0"
     clock.advance(1)
-    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
-    assert fleet.nodes_since(delta.cursor).nodes == []  # and only once
+    fleet.replies.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    assert fleet.rows.nodes_since(delta.cursor).nodes == []  # and only once
 
 
 def test_a_cursor_from_another_run_gets_a_full_answer(tmp_path: Path, clock: FakeClock) -> None:
     first = make_fleet(tmp_path, clock)
     for name in ("a", "b"):
-        first.ingest(report(name))
+        first.replies.ingest(report(name))
     cursor = caught_up(first)
-    first.flush()
-    first.close()
+    first.facts.flush()
+    first.facts.close()
     restarted = make_fleet(tmp_path, clock)  # the same store: a controller restart
-    assert restarted.epoch != first.epoch
-    delta = restarted.nodes_since(cursor)
+    assert restarted.run != first.run
+    delta = restarted.rows.nodes_since(cursor)
     assert delta.full
     assert names(delta) == ["a", "b"]
     assert delta.report_ages == {"a": None, "b": None}  # no report this run yet
-    assert delta.cursor.startswith(f"{restarted.epoch}.")
-    assert restarted.nodes_since(delta.cursor).nodes == []
+    assert delta.cursor.startswith(f"{restarted.run}.")
+    assert restarted.rows.nodes_since(delta.cursor).nodes == []
 
 
-def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: FleetState) -> None:
+def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: Term) -> None:
     cursor = caught_up(fleet)
     epoch, rev = cursor.split(".")
-    delta = fleet.nodes_since(f"{epoch}.{int(rev) + 5}")
+    delta = fleet.rows.nodes_since(f"{epoch}.{int(rev) + 5}")
     assert delta.full
     assert names(delta) == ["a", "b", "c"]
     assert delta.cursor == cursor
@@ -350,16 +358,16 @@ def test_a_cursor_not_yet_issued_gets_a_full_answer(fleet: FleetState) -> None:
     "bad",
     ["abc", "zz.1", "1f.", ".1", "1f.-1", "1f.2.3", "1f.x", " 1f.1", "1f.1 ", "1f." + "9" * 80],
 )
-def test_a_malformed_cursor_is_refused(fleet: FleetState, bad: str) -> None:
+def test_a_malformed_cursor_is_refused(fleet: Term, bad: str) -> None:
     cursor = caught_up(fleet)
     with pytest.raises(BadCursor, match="since"):
-        fleet.nodes_since(bad)
-    assert fleet.nodes_since(cursor).cursor == cursor
+        fleet.rows.nodes_since(bad)
+    assert fleet.rows.nodes_since(cursor).cursor == cursor
 
 
 @pytest.mark.parametrize("age", [0.0, 0.1, 2.25, 59.96, 600.0, 12345.6, 86400.5, 1e9 + 0.3, -0.4])
-def test_an_age_is_encoded_as_pydantic_writes_it(fleet: FleetState, age: float) -> None:
-    content = fleet.row("a").model_dump(exclude={"report_age_s"})
+def test_an_age_is_encoded_as_pydantic_writes_it(fleet: Term, age: float) -> None:
+    content = fleet.rows.row("a").model_dump(exclude={"report_age_s"})
     entry = NodeEntry("a", 0.0)
     entry.received_at = 5000.0
     (encoded,) = RowEncodings().rows([("a", entry)], {"a": content}, 5000.0 + age)
@@ -367,9 +375,9 @@ def test_an_age_is_encoded_as_pydantic_writes_it(fleet: FleetState, age: float) 
     assert encoded == row.model_dump_json().encode()
 
 
-def test_a_row_whose_text_looks_like_the_age_field_is_encoded_whole(fleet: FleetState) -> None:
-    fleet.set_flag("a", AdminFlag.CORDONED, '"report_age_s":null', "alice")
-    assert fleet.rows_json() == pydantic_list(fleet.rows())
+def test_a_row_whose_text_looks_like_the_age_field_is_encoded_whole(fleet: Term) -> None:
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, '"report_age_s":null', "alice")
+    assert fleet.rows.rows_json() == pydantic_list(fleet.rows.rows())
 
 
 # -- over HTTP -------------------------------------------------------------------------------
@@ -493,32 +501,32 @@ def pydantic_list(rows: list[NodeRow]) -> bytes:
 async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
     app = create_app(ControllerSettings(state_dir=state_dir, reconcile_interval_s=3600))
     async with TestServer(app) as server:
-        fleet = app[FLEET]
-        clock = FakeClock(fleet.clock())
-        fleet.clock = clock  # ages then agree between two requests
-        fleet.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
+        fleet = term_of(app)
+        clock = FakeClock(fleet.facts.clock())
+        fleet.facts.clock = clock  # ages then agree between two requests
+        fleet.facts.put_models([ModelSpec(name="m", source="org/m", min_replicas=0)])
         last: dict[str, NodeReport] = {}
         consumers = [Consumer(), Consumer()]
         async with AdminClient(str(server.make_url(""))) as admin:
 
             async def poll(consumer: Consumer) -> None:
                 # The cached encodings (row_json) are byte for byte what the models write.
-                listed = fleet.rows_json()
-                assert listed == pydantic_list(fleet.rows())
-                since = fleet.nodes_since_json(consumer.cursor)
-                assert since == fleet.nodes_since(consumer.cursor).model_dump_json().encode()
+                listed = fleet.rows.rows_json()
+                assert listed == pydantic_list(fleet.rows.rows())
+                since = fleet.rows.nodes_since_json(consumer.cursor)
+                assert since == fleet.rows.nodes_since(consumer.cursor).model_dump_json().encode()
                 consumer.merge(await admin.nodes_since(consumer.cursor))
                 assert (consumer.rows, consumer.ages) == plain(await admin.nodes())
 
             for act in actions:
                 kind, *args = act
                 name = args[0] if kind not in ("time", "poll") else ""
-                known = name in fleet.nodes
+                known = name in fleet.facts.nodes
                 if kind == "report":
                     last[name] = node_report(name, *args[1:])
-                    fleet.ingest(last[name])
+                    fleet.replies.ingest(last[name])
                 elif kind == "same report" and name in last:
-                    fleet.ingest(last[name])
+                    fleet.replies.ingest(last[name])
                 elif kind == "admin" and known:
                     if args[1] == "cordon":
                         await admin.cordon(name, args[2])
@@ -530,13 +538,15 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
                     clock.advance(args[0])
                 elif kind == "replica" and known:
                     rid = f"r-{name}"
-                    if rid in fleet.records:
-                        fleet.remove_replicas([rid])
+                    if rid in fleet.facts.records:
+                        fleet.facts.remove_replicas([rid])
                     else:
-                        fleet.put_replicas([replica(rid, name, [f"GPU-{name}-3"])])
+                        fleet.facts.put_replicas([replica(rid, name, [f"GPU-{name}-3"])])
                 elif kind == "drain blocked" and known:
-                    blocked = fleet.drain_blocked.get(name)
-                    fleet.set_drain_blocked(name, None if blocked else "waiting for a stand-in")
+                    blocked = fleet.facts.drain_blocked.get(name)
+                    fleet.facts.set_drain_blocked(
+                        name, None if blocked else "waiting for a stand-in"
+                    )
                 elif kind == "poll":
                     await poll(consumers[args[0]])
             for consumer in consumers:

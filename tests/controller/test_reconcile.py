@@ -38,7 +38,7 @@ class Sim:
 
     def restart_controller(self) -> None:
         """As after SIGKILL: only what the store holds survives."""
-        self.fleet.flush()
+        self.fleet.facts.flush()
         self.fleet = make_fleet(self.state_dir, self.clock, backoff_base_s=10.0, **self.settings)
         self.reconciler = Reconciler(self.fleet)
 
@@ -61,7 +61,7 @@ class Sim:
         gpus = [gpu(node, i, cls) for i in range(8)] if cls else None
         if node in self.busy:
             gpus = [gpu(node, i, in_use=True) for i in range(8)]
-        self.fleet.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
+        self.fleet.replies.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
 
     def step(self, ready: bool = True, seconds: float = 1.0) -> None:
         """One report interval: every live agent reports, then one tick."""
@@ -73,7 +73,7 @@ class Sim:
 
     def replicas(self, model: str = "llama") -> list[tuple[str, ReplicaState, tuple[str, ...]]]:
         return sorted(
-            (r.id, r.state, r.nodes) for r in self.fleet.records.values() if r.model == model
+            (r.id, r.state, r.nodes) for r in self.fleet.facts.records.values() if r.model == model
         )
 
     def serving(self, model: str = "llama") -> int:
@@ -96,7 +96,7 @@ def sim_with(tmp_path: Path, clock: FakeClock, n: int = 4, **settings: float) ->
 def sim_serving(tmp_path: Path, clock: FakeClock) -> Sim:
     """Four nodes with MODEL applied and two steps run: its replicas placed and serving."""
     sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
     return sim
@@ -105,14 +105,14 @@ def sim_serving(tmp_path: Path, clock: FakeClock) -> Sim:
 def test_replicas_of_a_model_spread_over_nodes(tmp_path: Path, clock: FakeClock) -> None:
     """Issue 21: both replicas of a model landed on the first node of an idle fleet."""
     sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     assert sorted(nodes for _, _, nodes in sim.replicas()) == [("gpu1",), ("gpu2",)]
     sim.step()
     [view] = sim.fleet.model_views()
     assert (view.ready, view.nodes) == (2, 2)
     # A drain's stand-in avoids the node that runs the other replica too.
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "BIOS update", "ops")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "BIOS update", "ops")
     sim.step()
     stand_in = [nodes for _, s, nodes in sim.replicas() if s is ReplicaState.STARTING]
     assert stand_in == [("gpu3",)]
@@ -122,7 +122,7 @@ def test_a_model_view_counts_the_nodes_under_its_serving_replicas(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     sim = sim_with(tmp_path, clock, n=1)  # one node: both replicas on it
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     [view] = sim.fleet.model_views()
     assert (view.ready, view.starting, view.nodes) == (0, 2, 0)  # starting ones serve nothing
@@ -133,7 +133,7 @@ def test_a_model_view_counts_the_nodes_under_its_serving_replicas(
 
 def test_places_the_minimum_and_marks_ready(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step(ready=False)
     assert [s for _, s, _ in sim.replicas()] == [ReplicaState.STARTING] * 2
     assert sim.fleet.summary().replicas.starting == 2
@@ -147,14 +147,16 @@ def test_prefers_nodes_holding_the_weights(tmp_path: Path, clock: FakeClock) -> 
     sim = sim_with(tmp_path, clock)
     sim.weights["gpu3"] = ["meta/llama-8b"]
     sim.report("gpu3")
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
     sim.step()
     assert [nodes for _, _, nodes in sim.replicas()] == [("gpu3",)]
 
 
 def test_assignments_reach_the_agent_with_cards(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "engine_args": ["--x"]})])
+    sim.fleet.facts.put_models(
+        [MODEL.model_copy(update={"min_replicas": 1, "engine_args": ["--x"]})]
+    )
     sim.step()
     (rid, _, (node,)) = sim.replicas()[0]
     [a] = sim.fleet.assignments_for(node)
@@ -173,7 +175,7 @@ def test_assignments_reach_the_agent_with_cards(tmp_path: Path, clock: FakeClock
 def test_a_crash_looping_engine_backs_off(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
     sim.failing.add("gpu1")
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     placements = 0
     seen: set[str] = set()
     for _ in range(200):  # 200 s
@@ -186,27 +188,27 @@ def test_a_crash_looping_engine_backs_off(tmp_path: Path, clock: FakeClock) -> N
     assert 3 <= placements <= 7
     view = sim.fleet.model_views()[0]
     assert view.last_failure and "CUDA out of memory" in view.last_failure
-    assert sim.fleet.backoffs["llama"].failures >= 3
+    assert sim.fleet.facts.backoffs["llama"].failures >= 3
 
 
 def test_backoff_clears_once_a_replica_is_ready(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
     sim.failing.add("gpu1")
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
     sim.step()
-    assert "llama" in sim.fleet.backoffs
+    assert "llama" in sim.fleet.facts.backoffs
     sim.failing.clear()
     for _ in range(30):
         sim.step()
     assert [s for _, s, _ in sim.replicas()] == [ReplicaState.READY]
-    assert "llama" not in sim.fleet.backoffs
+    assert "llama" not in sim.fleet.facts.backoffs
 
 
 def test_unplaceable_model_says_why(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=2)
     big = ModelSpec(name="big", source="s", min_replicas=1, gpus_per_shard=8, shards=3)
-    sim.fleet.put_models([big])
+    sim.fleet.facts.put_models([big])
     sim.step()
     summary = sim.fleet.summary()
     assert summary.unplaceable == ["big"]
@@ -220,7 +222,7 @@ def test_drain_moves_every_replica_without_dropping_below_minimum(
     sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
     before = {rid for rid, _, nodes in sim.replicas() if victim in nodes}
-    sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS update", "ops")
+    sim.fleet.facts.set_flag(victim, AdminFlag.DRAINING, "BIOS update", "ops")
     sim.step()  # stand-ins start; originals keep serving
     assert sim.serving() >= 2
     assert all(rid in {r for r, _, _ in sim.replicas()} for rid in before)
@@ -229,31 +231,31 @@ def test_drain_moves_every_replica_without_dropping_below_minimum(
         assert sim.serving() >= 2
     left = [rid for rid, _, nodes in sim.replicas() if victim in nodes]
     assert left == []
-    row = sim.fleet.row(victim)
+    row = sim.fleet.rows.row(victim)
     assert row.state == "cordoned" and row.admin.drained and row.admin.reason == "BIOS update"
     assert len(sim.replicas()) == 2
 
 
 def test_a_drain_that_cannot_place_waits_and_says_why(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
     for _ in range(3):
         sim.step()
-    row = sim.fleet.row("gpu1")
+    row = sim.fleet.rows.row("gpu1")
     assert row.state == "draining" and row.drain_blocked and "llama" in row.drain_blocked
     assert len(sim.replicas()) == 1
 
 
 def test_force_drain_stops_at_once(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "fire", "ops", force=True)
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "fire", "ops", force=True)
     sim.step()
     assert sim.fleet.assignments_for("gpu1") == []
-    assert sim.fleet.row("gpu1").admin.drained
+    assert sim.fleet.rows.row("gpu1").admin.drained
 
 
 def test_a_forced_drain_leaves_its_stand_ins_ordinary_replicas(
@@ -262,19 +264,19 @@ def test_a_forced_drain_leaves_its_stand_ins_ordinary_replicas(
     """A stand-in still loading when the drain is forced is kept, and no longer
     names the original that was stopped (as when a drain completes normally)."""
     sim = sim_with(tmp_path, clock, n=2)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
     sim.step()
     [(original, _, (node,))] = sim.replicas()
-    sim.fleet.set_flag(node, AdminFlag.DRAINING, "swap", "ops")
+    sim.fleet.facts.set_flag(node, AdminFlag.DRAINING, "swap", "ops")
     sim.step(ready=False)
-    [stand_in] = [r for r in sim.fleet.records.values() if r.replaces == original]
-    sim.fleet.set_flag(node, AdminFlag.DRAINING, "swap", "ops", force=True)
+    [stand_in] = [r for r in sim.fleet.facts.records.values() if r.replaces == original]
+    sim.fleet.facts.set_flag(node, AdminFlag.DRAINING, "swap", "ops", force=True)
     sim.step(ready=False)
-    assert sim.fleet.row(node).admin.drained
-    assert list(sim.fleet.records) == [stand_in.id]
-    assert sim.fleet.records[stand_in.id].replaces is None
+    assert sim.fleet.rows.row(node).admin.drained
+    assert list(sim.fleet.facts.records) == [stand_in.id]
+    assert sim.fleet.facts.records[stand_in.id].replaces is None
     sim.restart_controller()  # and so it is stored
-    assert sim.fleet.records[stand_in.id].replaces is None
+    assert sim.fleet.facts.records[stand_in.id].replaces is None
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["running", "after a restart"])
@@ -284,44 +286,46 @@ def test_a_drain_deadline_is_forced_when_due(
     """A drain that cannot finish waits until its deadline, then is forced by the
     controller itself; the deadline is durable, so a restart keeps it."""
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
-    row = sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=30)
-    assert row.admin.force_at == sim.fleet.wall() + 30 and not row.admin.force
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=30)
+    row = sim.fleet.rows.row("gpu1")
+    assert row.admin.force_at == sim.fleet.facts.wall() + 30 and not row.admin.force
     for _ in range(5):
         sim.step(seconds=5)  # 25 s: not due
-    assert sim.fleet.row("gpu1").drain_blocked and len(sim.replicas()) == 1
+    assert sim.fleet.rows.row("gpu1").drain_blocked and len(sim.replicas()) == 1
     if restart:
         sim.restart_controller()
-        assert sim.fleet.admin_info("gpu1").force_at == row.admin.force_at
+        assert sim.fleet.facts.admin_info("gpu1").force_at == row.admin.force_at
     sim.step(seconds=6)  # 31 s
     assert sim.fleet.assignments_for("gpu1") == []
     assert sim.replicas() == [] or all(n != ("gpu1",) for _, _, n in sim.replicas())
-    assert sim.fleet.row("gpu1").admin.drained
-    actions = [e.action for e in sim.fleet.detail("gpu1").history]
+    assert sim.fleet.rows.row("gpu1").admin.drained
+    actions = [e.action for e in sim.fleet.rows.detail("gpu1").history]
     assert actions[:3] == ["drained", "drain forced (deadline)", "drain"]
-    assert sim.fleet.detail("gpu1").history[2].force_at == row.admin.force_at
+    assert sim.fleet.rows.detail("gpu1").history[2].force_at == row.admin.force_at
 
 
 def test_a_new_drain_or_uncordon_drops_the_deadline(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
-    assert sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops").admin.force_at is None
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
-    sim.fleet.set_flag("gpu1", AdminFlag.NONE, None, "ops")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
+    assert sim.fleet.rows.row("gpu1").admin.force_at is None
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.NONE, None, "ops")
     clock.advance(20)
-    assert sim.fleet.due_drains(sim.fleet.wall()) == []
+    assert sim.fleet.facts.due_drains(sim.fleet.facts.wall()) == []
 
 
 def test_uncordon_mid_drain_keeps_the_replicas(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=2)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
     sim.step()
     node = sim.replicas()[0][2][0]
-    sim.fleet.set_flag(node, AdminFlag.DRAINING, "x", "ops")
+    sim.fleet.facts.set_flag(node, AdminFlag.DRAINING, "x", "ops")
     sim.step(ready=False)
     assert len(sim.replicas()) == 2
-    sim.fleet.set_flag(node, AdminFlag.NONE, None, "ops")
+    sim.fleet.facts.set_flag(node, AdminFlag.NONE, None, "ops")
     sim.step(ready=False)
     assert [(s, n) for _, s, n in sim.replicas()] == [(ReplicaState.READY, (node,))]
 
@@ -331,7 +335,7 @@ def test_controller_killed_mid_drain_finishes_after_restart(
 ) -> None:
     sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
-    sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
+    sim.fleet.facts.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
     sim.step(ready=False)
     mid = sim.replicas()
     sim.restart_controller()
@@ -340,7 +344,7 @@ def test_controller_killed_mid_drain_finishes_after_restart(
         sim.step()
     assert len(sim.replicas()) == 2
     assert not any(victim in nodes for _, _, nodes in sim.replicas())
-    assert sim.fleet.row(victim).admin.drained
+    assert sim.fleet.rows.row(victim).admin.drained
 
 
 def test_restart_neither_duplicates_nor_loses_replicas(tmp_path: Path, clock: FakeClock) -> None:
@@ -356,7 +360,7 @@ def test_replicas_on_a_lost_node_are_replaced_and_orphans_dropped(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     sim = sim_with(tmp_path, clock, n=2, replace_after_s=60.0)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1, "gpus_per_shard": 8})])
     sim.step()
     (rid, _, (node,)) = sim.replicas()[0]
     sim.down.add(node)
@@ -374,9 +378,9 @@ def test_replicas_on_a_lost_node_are_replaced_and_orphans_dropped(
 
 def test_deleting_a_model_stops_its_replicas(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
-    sim.fleet.delete_model("llama")
+    sim.fleet.facts.delete_model("llama")
     sim.step()
     assert sim.replicas() == []
     assert all(sim.fleet.assignments_for(n) == [] for n in sim.nodes)
@@ -384,7 +388,7 @@ def test_deleting_a_model_stops_its_replicas(tmp_path: Path, clock: FakeClock) -
 
 def test_drain_plan_names_models_that_would_fall_short(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=2)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 2, "gpus_per_shard": 8})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 2, "gpus_per_shard": 8})])
     sim.step()
     sim.step()
     plan = drain_plan(sim.fleet, ["gpu1"])
@@ -398,17 +402,17 @@ def test_moved_replicas_count_in_the_next_drain_plan(tmp_path: Path, clock: Fake
     turn must move them (the pre-check once ignored former stand-ins)."""
     sim = sim_serving(tmp_path, clock)
     victim = sim.replicas()[0][2][0]
-    sim.fleet.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
+    sim.fleet.facts.set_flag(victim, AdminFlag.DRAINING, "BIOS", "ops")
     for _ in range(5):
         sim.step()
-    assert sim.fleet.row(victim).admin.drained
-    assert all(r.replaces is None for r in sim.fleet.records.values())
+    assert sim.fleet.rows.row(victim).admin.drained
+    assert all(r.replaces is None for r in sim.fleet.facts.records.values())
     hosts = sorted({n for _, _, nodes in sim.replicas() for n in nodes})
     plan = drain_plan(sim.fleet, hosts)
     assert plan.replicas_to_move == 2
     # A stand-in recorded before this fix (its original gone) counts too.
-    sim.fleet.put_replicas(
-        dataclasses.replace(r, replaces="gone") for r in list(sim.fleet.records.values())
+    sim.fleet.facts.put_replicas(
+        dataclasses.replace(r, replaces="gone") for r in list(sim.fleet.facts.records.values())
     )
     assert drain_plan(sim.fleet, hosts).replicas_to_move == 2
 
@@ -419,62 +423,64 @@ def test_an_engine_that_crashes_while_draining_is_not_counted_ready(
     """A drain that waits (nowhere to move) must not hide a crash: the model
     falls short, the failure is kept, and the empty node ends drained."""
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
     sim.step()
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops")
     sim.step()
-    assert sim.fleet.row("gpu1").drain_blocked
+    assert sim.fleet.rows.row("gpu1").drain_blocked
     sim.failing.add("gpu1")
     sim.step()
     [view] = sim.fleet.model_views()
     assert view.ready == 0 and not view.satisfied
     assert view.last_failure == "CUDA out of memory"
     assert sim.replicas() == []
-    assert sim.fleet.row("gpu1").admin.drained
+    assert sim.fleet.rows.row("gpu1").admin.drained
 
 
 def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    first = json.loads(sim.fleet.ingest_json(report("gpu1")))
+    first = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))
     assert (first["state"], first["assignments"]) == ("ready", [])
-    assert sim.fleet.ingest_json(report("gpu1")) == sim.fleet.ingest_json(report("gpu1"))
-    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")
-    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["admin_flag"] == "cordoned"
-    sim.fleet.set_flag("gpu1", AdminFlag.NONE, None, "ops")
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    assert sim.fleet.replies.ingest_json(report("gpu1")) == sim.fleet.replies.ingest_json(
+        report("gpu1")
+    )
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")
+    assert json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["admin_flag"] == "cordoned"
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.NONE, None, "ops")
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.reconciler.tick()
-    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
     assert assignment["model"] == "llama" and len(assignment["gpus"]) == 4
-    sim.fleet.put_models(
+    sim.fleet.facts.put_models(
         [MODEL.model_copy(update={"min_replicas": 1, "source": "elsewhere/llama"})]
     )
     # A changed source is rolled out: the engine keeps what it was started with
     # until a replica of the new revision takes its place (this one never reported
     # ready, so it serves nothing and goes at once).
-    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == MODEL.source
     sim.reconciler.tick()
-    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == "elsewhere/llama"
-    sim.fleet.delete_model("llama")
+    sim.fleet.facts.delete_model("llama")
     sim.reconciler.tick()  # no gateway: stopped on the next pass
-    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
+    assert json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"] == []
 
 
 def test_leader_addresses_reach_followers_and_new_nodes_keep_cached_replies(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     sim = sim_with(tmp_path, clock, n=2)
-    sim.fleet.put_models(
+    sim.fleet.facts.put_models(
         [ModelSpec(name="two", source="s", min_replicas=1, gpus_per_shard=8, shards=2)]
     )
     sim.step(ready=False)
-    [rec] = sim.fleet.records.values()
+    [rec] = sim.fleet.facts.records.values()
     leader, follower = rec.shards[0].node, rec.shards[1].node
 
     def ingest(node: str, address: str | None = None) -> bytes:
-        return sim.fleet.ingest_json(report(node).model_copy(update={"address": address}))
+        return sim.fleet.replies.ingest_json(report(node).model_copy(update={"address": address}))
 
     def leader_address() -> str | None:
         [assignment] = json.loads(ingest(follower))["assignments"]
@@ -490,14 +496,14 @@ def test_leader_addresses_reach_followers_and_new_nodes_keep_cached_replies(
 
 def test_a_forced_drain_survives_a_restart(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.step()
-    sim.fleet.set_flag("gpu1", AdminFlag.DRAINING, "fire", "ops", force=True)
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "fire", "ops", force=True)
     sim.restart_controller()
-    assert sim.fleet.admin_info("gpu1").force
+    assert sim.fleet.facts.admin_info("gpu1").force
     sim.step()
     assert sim.fleet.assignments_for("gpu1") == []
-    assert sim.fleet.row("gpu1").admin.drained
+    assert sim.fleet.rows.row("gpu1").admin.drained
 
 
 # -- bounded passes (issue 10 item 3) ---------------------------------------------------
@@ -543,7 +549,7 @@ def test_a_model_that_cannot_fit_is_tried_once_per_capacity_change(
     tmp_path: Path, clock: FakeClock, attempts: list[str]
 ) -> None:
     sim = sim_with(tmp_path, clock, n=2)
-    sim.fleet.put_models([BIG])
+    sim.fleet.facts.put_models([BIG])
     sim.step()
     assert attempts == ["big"]  # not 10,000 attempts
     assert reasons_everywhere(sim, "big") == {scheduler_says(sim, BIG, attempts)}
@@ -554,7 +560,7 @@ def test_a_model_that_cannot_fit_is_tried_once_per_capacity_change(
     sim.nodes.append("gpu3")  # a new node reports: capacity moved
     sim.step()
     assert attempts == ["big"]
-    sim.fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")  # and again
+    sim.fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")  # and again
     sim.step()
     sim.step()
     assert attempts == ["big", "big"]
@@ -566,7 +572,7 @@ def test_a_model_that_did_not_fit_is_placed_once_capacity_arrives(
 ) -> None:
     sim = sim_with(tmp_path, clock, n=2)
     b200 = ModelSpec(name="b200", source="s", min_replicas=2, gpus_per_shard=8, gpu_class="B200")
-    sim.fleet.put_models([b200])
+    sim.fleet.facts.put_models([b200])
     sim.step()
     sim.step()
     assert reasons_everywhere(sim, "b200") == {
@@ -595,7 +601,7 @@ def test_a_model_is_not_tried_again_for_its_other_missing_replicas_in_a_pass(
 ) -> None:
     sim = sim_with(tmp_path, clock, n=2)
     many = MODEL.model_copy(update={"min_replicas": 10_000, "gpus_per_shard": 8})
-    sim.fleet.put_models([many])
+    sim.fleet.facts.put_models([many])
     sim.step()
     assert attempts == ["llama"] * 3  # two fit, the third does not, the rest are not tried
     assert len(sim.replicas()) == 2
@@ -615,7 +621,7 @@ def test_a_pass_makes_at_most_its_attempts_and_the_next_goes_on_fairly(
     one_gpu = {"gpus_per_shard": 1}
     a = MODEL.model_copy(update={"name": "a", "min_replicas": 12, **one_gpu})
     b = MODEL.model_copy(update={"name": "b", "min_replicas": 1, **one_gpu})
-    sim.fleet.put_models([a, b])
+    sim.fleet.facts.put_models([a, b])
     counts = []
     for _ in range(4):
         sim.step(ready=False)
@@ -632,12 +638,12 @@ async def test_the_event_loop_runs_between_the_slices_of_a_pass(
 ) -> None:
     sim = sim_with(tmp_path, clock, n=4)
     sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 20, "gpus_per_shard": 1})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 20, "gpus_per_shard": 1})])
     seen: list[int] = []
 
     async def other_work() -> None:
         while True:
-            seen.append(len(sim.fleet.records))
+            seen.append(len(sim.fleet.facts.records))
             await asyncio.sleep(0)
 
     task = asyncio.create_task(other_work())
@@ -658,17 +664,17 @@ async def test_a_change_between_slices_is_seen_by_the_next(
     sim = sim_with(tmp_path, clock, n=2)
     sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=4, slice_s=60.0, pass_s=60.0)
     many = MODEL.model_copy(update={"min_replicas": 16, "gpus_per_shard": 1})
-    sim.fleet.put_models([many])
+    sim.fleet.facts.put_models([many])
     before_cordon: set[str] = set()
 
     async def operator() -> None:
         for _ in range(1_000_000):  # every turn of the loop, until the first slice commits
             await asyncio.sleep(0)
-            if sim.fleet.records:
+            if sim.fleet.facts.records:
                 break
-        before_cordon.update(sim.fleet.records)
+        before_cordon.update(sim.fleet.facts.records)
         if change == "cordoned":
-            sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
+            sim.fleet.facts.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops")
         else:  # something outside the controller's knowledge took every card
             sim.busy.add("gpu2")  # and its agent keeps saying so
             sim.report("gpu2")
@@ -676,9 +682,9 @@ async def test_a_change_between_slices_is_seen_by_the_next(
     task = asyncio.create_task(operator())
     await sim.reconciler.run_pass()
     await task
-    after = [r for r in sim.fleet.records.values() if r.id not in before_cordon]
+    after = [r for r in sim.fleet.facts.records.values() if r.id not in before_cordon]
     assert len(before_cordon) == 4 and len(after) == 8 - sum(
-        r.nodes == ("gpu1",) for r in sim.fleet.records.values() if r.id in before_cordon
+        r.nodes == ("gpu1",) for r in sim.fleet.facts.records.values() if r.id in before_cordon
     )
     assert all(r.nodes == ("gpu1",) for r in after)
     sim.step()
@@ -704,23 +710,23 @@ def test_capacity_version_moves_with_what_placement_reads_and_only_then(
         before = fleet.capacity_version
         if callable(action):
             action()
-        fleet.advance_time()
+        fleet.facts.advance_time()
         if fleet.capacity_version != before:
             moves.append(what)
 
     check("unchanged report", lambda: sim.report("gpu1"))
     check("new node", lambda: sim.report("gpu3"))
     busy = [gpu("gpu1", i, in_use=i == 0) for i in range(8)]
-    check("a card in use", lambda: fleet.ingest(report("gpu1", gpus=busy)))
+    check("a card in use", lambda: fleet.replies.ingest(report("gpu1", gpus=busy)))
     swapped = [*busy[:7], gpu("gpu1", 9)]  # same counts, another card
-    check("a card swapped", lambda: fleet.ingest(report("gpu1", gpus=swapped)))
+    check("a card swapped", lambda: fleet.replies.ingest(report("gpu1", gpus=swapped)))
     check("weights", lambda: (sim.weights.update(gpu2=["m"]), sim.report("gpu2")))
-    check("cordon", lambda: fleet.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops"))
-    check("model", lambda: fleet.put_models([MODEL]))
+    check("cordon", lambda: fleet.facts.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops"))
+    check("model", lambda: fleet.facts.put_models([MODEL]))
     check("placed", sim.reconciler.tick)
     check("time passes, nothing due", lambda: clock.advance(1))
     check("unreachable", lambda: clock.advance(60))
-    check("forgotten", lambda: fleet.forget_node("gpu3", "ops"))
+    check("forgotten", lambda: fleet.facts.forget_node("gpu3", "ops"))
     assert moves == [
         "new node",
         "a card in use",
@@ -755,12 +761,12 @@ async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapsho
         ModelSpec(name=f"m{g:02d}", source="s", min_replicas=1, gpus_per_shard=g)
         for g in range(9, 29)
     ]
-    sim.fleet.put_models(specs)
+    sim.fleet.facts.put_models(specs)
 
     async def churn() -> None:
         for i in range(10_000):
             flip = [gpu("gpu2", k, in_use=k == 7 and i % 2 == 0) for k in range(8)]
-            sim.fleet.ingest(report("gpu2", gpus=flip))
+            sim.fleet.replies.ingest(report("gpu2", gpus=flip))
             await asyncio.sleep(0)
 
     task = asyncio.create_task(churn())
@@ -795,16 +801,20 @@ def test_the_snapshot_kept_between_passes_is_the_fleet_as_it_is(
 
     changes = [
         lambda: None,
-        lambda: fleet.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops"),
-        lambda: fleet.ingest(report("gpu2", gpus=[gpu("gpu2", i, in_use=i < 3) for i in range(8)])),
-        lambda: (fleet.put_models([MODEL]), sim.step()),
+        lambda: fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops"),
+        lambda: fleet.replies.ingest(
+            report("gpu2", gpus=[gpu("gpu2", i, in_use=i < 3) for i in range(8)])
+        ),
+        lambda: (fleet.facts.put_models([MODEL]), sim.step()),
         lambda: (sim.weights.update(gpu3=["meta/llama-8b"]), sim.report("gpu3")),
-        lambda: fleet.put_models([MODEL.model_copy(update={"name": "other", "source": "x/y"})]),
+        lambda: fleet.facts.put_models(
+            [MODEL.model_copy(update={"name": "other", "source": "x/y"})]
+        ),
         lambda: (sim.weights.update(gpu3=["x/y"]), sim.report("gpu3")),
         lambda: sim.report("gpu4"),
-        lambda: fleet.forget_node("gpu4", "ops"),
-        lambda: fleet.remove_replicas(list(fleet.records)),
-        lambda: (clock.advance(60), fleet.advance_time()),
+        lambda: fleet.facts.forget_node("gpu4", "ops"),
+        lambda: fleet.facts.remove_replicas(list(fleet.facts.records)),
+        lambda: (clock.advance(60), fleet.facts.advance_time()),
     ]
     for change in changes:
         change()
@@ -820,11 +830,11 @@ async def test_a_pass_out_of_time_leaves_the_rest_to_the_next(
     sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=0.0)
     few = MODEL.model_copy(update={"min_replicas": 5, "gpus_per_shard": 1})
     never = [BIG.model_copy(update={"name": f"never-{i}", "min_replicas": 1}) for i in range(3)]
-    sim.fleet.put_models([few, *never])
+    sim.fleet.facts.put_models([few, *never])
     progress = []
     for _ in range(6):
         await sim.reconciler.run_pass()
-        progress.append((len(sim.fleet.records), len(sim.fleet.unplaceable_reasons)))
+        progress.append((len(sim.fleet.facts.records), len(sim.fleet.unplaceable_reasons)))
     # One slice (two attempts) a pass. Each pass starts after the model the last
     # one stopped in, so the three that never fit are not kept waiting for "llama";
     # looking at them again after "llama"'s placements (which only take cards
@@ -850,7 +860,7 @@ def test_a_burst_of_placements_is_not_slowed_by_models_that_cannot_fit(
     sim.reconciler = Reconciler(sim.fleet, attempts_per_pass=6)
     burst = MODEL.model_copy(update={"min_replicas": 24, "gpus_per_shard": 1})
     never = [BIG.model_copy(update={"name": f"z{i}", "min_replicas": 1}) for i in range(3)]
-    sim.fleet.put_models([burst, *never])
+    sim.fleet.facts.put_models([burst, *never])
     per_pass = []
     while len(sim.replicas()) < 24:
         sim.step(ready=False)

@@ -29,7 +29,7 @@ def serving(tmp_path: Path, clock: FakeClock, spec: ModelSpec = SPEC, n: int = 4
     sim = LoadingSim(tmp_path, clock, [f"gpu{i}" for i in range(1, n + 1)])
     for node in sim.nodes:
         sim.report(node)
-    sim.fleet.put_models([spec], "alice")
+    sim.fleet.facts.put_models([spec], "alice")
     for _ in range(3):
         sim.step()
     assert [s for _, s, _ in sim.replicas()] == [ReplicaState.READY] * spec.min_replicas
@@ -37,7 +37,7 @@ def serving(tmp_path: Path, clock: FakeClock, spec: ModelSpec = SPEC, n: int = 4
 
 
 def revisions(sim: LoadingSim) -> dict[str, int]:
-    return {r.id: r.revision for r in sim.fleet.records.values()}
+    return {r.id: r.revision for r in sim.fleet.facts.records.values()}
 
 
 def rollout(sim: LoadingSim):  # type: ignore[no-untyped-def]
@@ -47,16 +47,16 @@ def rollout(sim: LoadingSim):  # type: ignore[no-untyped-def]
 
 def test_the_revision_moves_with_the_engine_fields_only(tmp_path: Path, clock: FakeClock) -> None:
     sim = serving(tmp_path, clock)
-    assert sim.fleet.model_revision("llama") == 1
+    assert sim.fleet.facts.model_revision("llama") == 1
     before = dict(revisions(sim))
     # Counts and rollout policy: no revision, nothing restarts or moves.
-    sim.fleet.put_models([SPEC.model_copy(update={"max_surge": 2})], "bob")
+    sim.fleet.facts.put_models([SPEC.model_copy(update={"max_surge": 2})], "bob")
     for _ in range(3):
         sim.step()
-    assert sim.fleet.model_revision("llama") == 1 and revisions(sim) == before
-    sim.fleet.put_models([CHANGED], "carol")
-    assert sim.fleet.model_revision("llama") == 2
-    [first, second] = sim.fleet.model_revisions("llama")
+    assert sim.fleet.facts.model_revision("llama") == 1 and revisions(sim) == before
+    sim.fleet.facts.put_models([CHANGED], "carol")
+    assert sim.fleet.facts.model_revision("llama") == 2
+    [first, second] = sim.fleet.facts.model_revisions("llama")
     assert (first.revision, first.by, first.change) == (1, "alice", "created")
     assert (second.revision, second.by) == (2, "carol")
     assert second.change == "engine_args: --load-seconds 5 -> --load-seconds 6"
@@ -71,7 +71,7 @@ def test_a_rollout_surges_one_and_never_drops_below_the_minimum(
 ) -> None:
     sim = serving(tmp_path, clock)
     old = set(revisions(sim))
-    sim.fleet.put_models([CHANGED], "carol")
+    sim.fleet.facts.put_models([CHANGED], "carol")
     seen_ready, seen_total = [], []
     for _ in range(30):
         sim.step()
@@ -92,7 +92,7 @@ def test_a_rollout_surges_one_and_never_drops_below_the_minimum(
         0,
         2,
     )
-    for node in {n for r in sim.fleet.records.values() for n in r.nodes}:
+    for node in {n for r in sim.fleet.facts.records.values() for n in r.nodes}:
         for a in sim.fleet.assignments_for(node):
             assert a.engine_args == ["--load-seconds", "6"]
 
@@ -103,7 +103,7 @@ def test_never_fewer_ready_than_desired_minus_max_unavailable(
     """A leaving replica is out of routing at once: with max_unavailable 0 it only
     leaves once a new one is ready, so ready + leaving never drops below desired."""
     sim = serving(tmp_path, clock)
-    sim.fleet.put_models([CHANGED], "carol")
+    sim.fleet.facts.put_models([CHANGED], "carol")
     low = 99
     for _ in range(30):
         sim.step()
@@ -120,11 +120,11 @@ def test_never_fewer_ready_than_desired_minus_max_unavailable(
 def test_max_unavailable_without_surge_stops_first(tmp_path: Path, clock: FakeClock) -> None:
     spec = SPEC.model_copy(update={"max_surge": 0, "max_unavailable": 1})
     sim = serving(tmp_path, clock, spec)
-    sim.fleet.put_models([spec.model_copy(update={"engine_args": ["-v"]})], "carol")
+    sim.fleet.facts.put_models([spec.model_copy(update={"engine_args": ["-v"]})], "carol")
     totals = []
     for _ in range(30):
         sim.step()
-        totals.append(len(sim.fleet.records))
+        totals.append(len(sim.fleet.facts.records))
         if rollout(sim).state is RolloutState.COMPLETE:
             break
     assert rollout(sim).state is RolloutState.COMPLETE
@@ -136,43 +136,43 @@ def test_a_failing_new_revision_stalls_and_the_old_replicas_keep_serving(
 ) -> None:
     sim = serving(tmp_path, clock)
     old = set(revisions(sim))
-    sim.fleet.put_models([SPEC.model_copy(update={"engine_args": [BROKEN]})], "carol")
+    sim.fleet.facts.put_models([SPEC.model_copy(update={"engine_args": [BROKEN]})], "carol")
     for _ in range(8):
         sim.step()
     view = rollout(sim)
     assert view.state is RolloutState.STALLED
     assert view.message is not None and "unknown argument --exit-at-start" in view.message
     # The old replicas serve; none was stopped.
-    ready = {r.id for r in sim.fleet.records.values() if r.state is ReplicaState.READY}
+    ready = {r.id for r in sim.fleet.facts.records.values() if r.state is ReplicaState.READY}
     assert old <= ready
     assert view.outdated == 2 and view.updated == 0
     # Undo, as `ctl rollout undo` does: the old engine fields again, a new revision;
     # the old replicas are up to date again and the stall is over.
-    sim.fleet.put_models([SPEC], "carol")
-    assert sim.fleet.model_revision("llama") == 3
+    sim.fleet.facts.put_models([SPEC], "carol")
+    assert sim.fleet.facts.model_revision("llama") == 3
     for _ in range(3):
         sim.step()
     view = rollout(sim)
     assert view.state is RolloutState.COMPLETE and old <= set(revisions(sim))
-    assert len(sim.fleet.records) == 2
+    assert len(sim.fleet.facts.records) == 2
 
 
 def test_no_room_for_a_surge_replica_waits_and_says_why(tmp_path: Path, clock: FakeClock) -> None:
     big = SPEC.model_copy(update={"gpus_per_shard": 8})  # a whole node each, two nodes
     sim = serving(tmp_path, clock, big, n=2)
-    sim.fleet.put_models([big.model_copy(update={"engine_args": ["-v"]})], "carol")
+    sim.fleet.facts.put_models([big.model_copy(update={"engine_args": ["-v"]})], "carol")
     for _ in range(3):
         sim.step()
     view = rollout(sim)
     assert view.state is RolloutState.WAITING
     assert view.message is not None and "needs 1 node with 8 free" in view.message
-    records = list(sim.fleet.records.values())
+    records = list(sim.fleet.facts.records.values())
     assert len(records) == 2 and all(r.state is ReplicaState.READY for r in records)
 
 
 def test_a_restart_mid_rollout_places_nothing_twice(tmp_path: Path, clock: FakeClock) -> None:
     sim = serving(tmp_path, clock)
-    sim.fleet.put_models([CHANGED], "carol")
+    sim.fleet.facts.put_models([CHANGED], "carol")
     sim.step()  # the surge replica placed
     placed = set(revisions(sim))
     assert len(placed) == 3

@@ -10,8 +10,8 @@ from fleet_factories import FakeClock, gpu, location, make_fleet, report
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.controller.fleet import FleetState
 from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, FleetSummary, ModelSpec, ReplicaState
 
 
@@ -21,7 +21,7 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, clock: FakeClock) -> FleetState:
+def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     return make_fleet(tmp_path, clock)
 
 
@@ -36,22 +36,22 @@ def by_fabric(summary: FleetSummary) -> dict[str, dict[str, object]]:
 # -- nodes --------------------------------------------------------------------------
 
 
-def test_node_counts_by_state_sum_to_total(fleet: FleetState, clock: FakeClock) -> None:
+def test_node_counts_by_state_sum_to_total(fleet: Term, clock: FakeClock) -> None:
     for name in ["a", "b", "c", "d", "e"]:
-        fleet.ingest(report(name))
-    fleet.set_flag("b", AdminFlag.CORDONED, "fan", "ops")
-    fleet.set_flag("c", AdminFlag.DRAINING, "bios", "ops")
+        fleet.replies.ingest(report(name))
+    fleet.facts.set_flag("b", AdminFlag.CORDONED, "fan", "ops")
+    fleet.facts.set_flag("c", AdminFlag.DRAINING, "bios", "ops")
     clock.advance(10)
     for name in ["a", "b", "c", "d"]:
-        fleet.ingest(report(name))
+        fleet.replies.ingest(report(name))
     clock.advance(15)  # e last reported 25 s ago: past 3 x 5 s + 5 s
     n = fleet.summary().nodes
     assert (n.ready, n.cordoned, n.draining, n.unreachable) == (2, 1, 1, 1)
     assert n.total == n.ready + n.cordoned + n.draining + n.unreachable == 5
 
 
-def test_one_missed_report_never_flips_a_node(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.ingest(report("a", interval_s=5))
+def test_one_missed_report_never_flips_a_node(fleet: Term, clock: FakeClock) -> None:
+    fleet.replies.ingest(report("a", interval_s=5))
     clock.advance(11)  # two reports missed
     assert fleet.summary().nodes.ready == 1
     clock.advance(8.9)  # 19.9 s: still inside 3 intervals + 5 s
@@ -60,50 +60,50 @@ def test_one_missed_report_never_flips_a_node(fleet: FleetState, clock: FakeCloc
     assert fleet.summary().nodes.unreachable == 1
 
 
-def test_grace_scales_with_the_node_interval(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.ingest(report("slow", interval_s=30))
+def test_grace_scales_with_the_node_interval(fleet: Term, clock: FakeClock) -> None:
+    fleet.replies.ingest(report("slow", interval_s=30))
     clock.advance(60)
     assert fleet.summary().nodes.ready == 1
 
 
-def test_liveness_wins_but_the_admin_flag_is_kept(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.ingest(report("a"))
-    fleet.set_flag("a", AdminFlag.CORDONED, "disk", "ops")
+def test_liveness_wins_but_the_admin_flag_is_kept(fleet: Term, clock: FakeClock) -> None:
+    fleet.replies.ingest(report("a"))
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "disk", "ops")
     clock.advance(60)
-    row = fleet.row("a")
+    row = fleet.rows.row("a")
     assert row.state == "unreachable"
     assert row.admin.flag is AdminFlag.CORDONED and row.admin.reason == "disk"
     assert fleet.summary().nodes.unreachable == 1
-    fleet.ingest(report("a"))
-    assert fleet.row("a").state == "cordoned"
+    fleet.replies.ingest(report("a"))
+    assert fleet.rows.row("a").state == "cordoned"
 
 
-def test_a_node_that_comes_back_is_ready_again(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.ingest(report("a"))
+def test_a_node_that_comes_back_is_ready_again(fleet: Term, clock: FakeClock) -> None:
+    fleet.replies.ingest(report("a"))
     clock.advance(100)
     assert fleet.summary().nodes.unreachable == 1
-    fleet.ingest(report("a"))
+    fleet.replies.ingest(report("a"))
     assert fleet.summary().nodes.ready == 1
 
 
 # -- GPUs -----------------------------------------------------------------------------
 
 
-def test_gpus_are_counted_per_card_by_class(fleet: FleetState) -> None:
+def test_gpus_are_counted_per_card_by_class(fleet: Term) -> None:
     mixed = [
         gpu("m", 0, "H100-SXM-80GB"),
         gpu("m", 1, "H100-SXM-80GB"),
         gpu("m", 2, "A100-SXM-40GB"),
     ]
-    fleet.ingest(report("m", gpus=mixed))
-    fleet.ingest(report("h", n_gpus=8))
+    fleet.replies.ingest(report("m", gpus=mixed))
+    fleet.replies.ingest(report("h", n_gpus=8))
     classes = by_class(fleet.summary())
     assert classes["H100-SXM-80GB"]["total"] == 10
     assert classes["A100-SXM-40GB"]["total"] == 1
     assert [g.gpu_class for g in fleet.summary().gpus] == ["A100-SXM-40GB", "H100-SXM-80GB"]
 
 
-def test_free_is_total_minus_used_minus_unhealthy(fleet: FleetState) -> None:
+def test_free_is_total_minus_used_minus_unhealthy(fleet: Term) -> None:
     cards = [
         gpu("a", 0, in_use=True),
         gpu("a", 1, health="unhealthy", reason="Xid 79"),
@@ -111,38 +111,38 @@ def test_free_is_total_minus_used_minus_unhealthy(fleet: FleetState) -> None:
         gpu("a", 3),
         gpu("a", 4),
     ]
-    fleet.ingest(report("a", gpus=cards))
+    fleet.replies.ingest(report("a", gpus=cards))
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["total"], c["used"], c["unhealthy"], c["free"]) == (5, 1, 2, 2)
     assert c["free"] == c["total"] - c["used"] - c["unhealthy"]
 
 
-def test_unknown_health_is_never_free(fleet: FleetState) -> None:
-    fleet.ingest(report("a", gpus=[gpu("a", 0, health="unknown"), gpu("a", 1)]))
+def test_unknown_health_is_never_free(fleet: Term) -> None:
+    fleet.replies.ingest(report("a", gpus=[gpu("a", 0, health="unknown"), gpu("a", 1)]))
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["unknown"], c["free"]) == (1, 1)
 
 
 def test_cards_on_nodes_that_take_no_work_are_unschedulable_not_free(
-    fleet: FleetState, clock: FakeClock
+    fleet: Term, clock: FakeClock
 ) -> None:
     for name in ["ready", "cordoned", "draining", "gone"]:
-        fleet.ingest(report(name, n_gpus=2))
-    fleet.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
-    fleet.set_flag("draining", AdminFlag.DRAINING, "x", "ops")
+        fleet.replies.ingest(report(name, n_gpus=2))
+    fleet.facts.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
+    fleet.facts.set_flag("draining", AdminFlag.DRAINING, "x", "ops")
     clock.advance(15)
     for name in ["ready", "cordoned", "draining"]:
-        fleet.ingest(report(name, n_gpus=2))
+        fleet.replies.ingest(report(name, n_gpus=2))
     clock.advance(10)
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["total"], c["free"], c["unschedulable"]) == (8, 2, 6)
     assert c["total"] == c["used"] + c["unhealthy"] + c["unknown"] + c["unschedulable"] + c["free"]
 
 
-def test_cards_assigned_to_replicas_are_used(fleet: FleetState) -> None:
-    fleet.ingest(report("a", n_gpus=4))
-    fleet.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=2)])
-    fleet.put_replicas([replica("r1", "m", [("a", ["GPU-a-0", "GPU-a-1"])])])
+def test_cards_assigned_to_replicas_are_used(fleet: Term) -> None:
+    fleet.replies.ingest(report("a", n_gpus=4))
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=2)])
+    fleet.facts.put_replicas([replica("r1", "m", [("a", ["GPU-a-0", "GPU-a-1"])])])
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["used"], c["free"]) == (2, 2)
 
@@ -150,10 +150,10 @@ def test_cards_assigned_to_replicas_are_used(fleet: FleetState) -> None:
 # -- fabrics ------------------------------------------------------------------------------
 
 
-def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: FleetState) -> None:
-    fleet.ingest(report("a", fabrics=["ib-b"]))
-    fleet.ingest(report("b", fabrics=["ib-a", "ib-b"]))
-    fleet.ingest(report("c", fabrics=[]))
+def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: Term) -> None:
+    fleet.replies.ingest(report("a", fabrics=["ib-b"]))
+    fleet.replies.ingest(report("b", fabrics=["ib-a", "ib-b"]))
+    fleet.replies.ingest(report("c", fabrics=[]))
     summary = fleet.summary()
     assert [f.fabric for f in summary.fabrics] == ["ib-a", "ib-b"]
     fabrics = by_fabric(summary)
@@ -162,35 +162,35 @@ def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: FleetState
 
 
 def test_largest_free_block_counts_only_entirely_free_ready_nodes(
-    fleet: FleetState, clock: FakeClock
+    fleet: Term, clock: FakeClock
 ) -> None:
-    fleet.ingest(report("free1"))
-    fleet.ingest(report("free2"))
-    fleet.ingest(
+    fleet.replies.ingest(report("free1"))
+    fleet.replies.ingest(report("free2"))
+    fleet.replies.ingest(
         report("one-busy", gpus=[gpu("x", 0, in_use=True)] + [gpu("x", i) for i in range(1, 8)])
     )
-    fleet.ingest(
+    fleet.replies.ingest(
         report(
             "one-broken",
             gpus=[gpu("y", 0, health="unhealthy")] + [gpu("y", i) for i in range(1, 8)],
         )
     )
-    fleet.ingest(report("one-unknown", gpus=[gpu("z", 0, health="unknown"), gpu("z", 1)]))
-    fleet.ingest(report("no-gpus", gpus=[]))
-    fleet.ingest(report("cordoned"))
-    fleet.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
+    fleet.replies.ingest(report("one-unknown", gpus=[gpu("z", 0, health="unknown"), gpu("z", 1)]))
+    fleet.replies.ingest(report("no-gpus", gpus=[]))
+    fleet.replies.ingest(report("cordoned"))
+    fleet.facts.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
     assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 2
     clock.advance(25)
-    fleet.ingest(report("free1"))  # free2 is now unreachable
+    fleet.replies.ingest(report("free1"))  # free2 is now unreachable
     assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 1
 
 
-def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: FleetState) -> None:
+def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: Term) -> None:
     filer = location(
         "/mnt/models", ["meta/llama-70b"], scope="shared", source="filer1:/export/models"
     )
     for i in range(20):
-        fleet.ingest(report(f"n{i:02d}", storage=[filer]))
+        fleet.replies.ingest(report(f"n{i:02d}", storage=[filer]))
     fabric = fleet.summary().fabrics[0]
     assert fabric.models_present == 1
     assert fabric.nodes_with_weights == 20
@@ -203,12 +203,14 @@ def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: FleetState) -> Non
     )
 
 
-def test_nodes_with_weights_and_models_present(fleet: FleetState) -> None:
-    fleet.ingest(report("looks-not", storage=None))  # not configured
-    fleet.ingest(report("found-nothing", storage=[location("/models", [])]))
-    fleet.ingest(report("one", storage=[location("/models", ["a/x"])]))
-    fleet.ingest(report("two", storage=[location("/models", ["a/x", "b/y"])]))
-    fleet.ingest(report("other-fabric", fabrics=["ib-b"], storage=[location("/m", ["c/z"])]))
+def test_nodes_with_weights_and_models_present(fleet: Term) -> None:
+    fleet.replies.ingest(report("looks-not", storage=None))  # not configured
+    fleet.replies.ingest(report("found-nothing", storage=[location("/models", [])]))
+    fleet.replies.ingest(report("one", storage=[location("/models", ["a/x"])]))
+    fleet.replies.ingest(report("two", storage=[location("/models", ["a/x", "b/y"])]))
+    fleet.replies.ingest(
+        report("other-fabric", fabrics=["ib-b"], storage=[location("/m", ["c/z"])])
+    )
     fabrics = by_fabric(fleet.summary())
     assert fabrics["ib-a"]["nodes"] == 4
     assert fabrics["ib-a"]["nodes_with_weights"] == 2
@@ -217,10 +219,10 @@ def test_nodes_with_weights_and_models_present(fleet: FleetState) -> None:
     assert fabrics["ib-b"]["models_present"] == 1
 
 
-def test_a_node_told_nothing_ranks_like_one_that_found_nothing(fleet: FleetState) -> None:
-    fleet.ingest(report("a", storage=None))
+def test_a_node_told_nothing_ranks_like_one_that_found_nothing(fleet: Term) -> None:
+    fleet.replies.ingest(report("a", storage=None))
     first = by_fabric(fleet.summary())["ib-a"]
-    fleet.ingest(report("a", storage=[location("/models", [])]))
+    fleet.replies.ingest(report("a", storage=[location("/models", [])]))
     assert by_fabric(fleet.summary())["ib-a"] == first
 
 
@@ -252,8 +254,8 @@ def shard(
     }
 
 
-def test_replica_counts_and_model_satisfaction(fleet: FleetState) -> None:
-    fleet.put_models(
+def test_replica_counts_and_model_satisfaction(fleet: Term) -> None:
+    fleet.facts.put_models(
         [
             ModelSpec(name="ok", source="s", min_replicas=1),
             ModelSpec(name="starting-up", source="s", min_replicas=1),
@@ -261,7 +263,7 @@ def test_replica_counts_and_model_satisfaction(fleet: FleetState) -> None:
             ModelSpec(name="aa-stuck", source="s", min_replicas=1),
         ]
     )
-    fleet.put_replicas(
+    fleet.facts.put_replicas(
         [
             replica("r-ok", "ok", [("a", ["GPU-a-0"])]),
             replica("r-start", "starting-up", [("a", ["GPU-a-1"])]),
@@ -269,7 +271,7 @@ def test_replica_counts_and_model_satisfaction(fleet: FleetState) -> None:
             replica("r-drain", "zz-stuck", [("a", ["GPU-a-3"])], state="draining"),
         ]
     )
-    fleet.ingest(
+    fleet.replies.ingest(
         report(
             "a",
             replicas=[
@@ -288,10 +290,10 @@ def test_replica_counts_and_model_satisfaction(fleet: FleetState) -> None:
 
 
 def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
-    fleet: FleetState, clock: FakeClock
+    fleet: Term, clock: FakeClock
 ) -> None:
-    fleet.put_models([ModelSpec(name="m", source="s")])
-    fleet.put_replicas(
+    fleet.facts.put_models([ModelSpec(name="m", source="s")])
+    fleet.facts.put_replicas(
         [
             replica(
                 "two-node", "m", [("a", ["GPU-a-0", "GPU-a-1"]), ("b", ["GPU-b-0", "GPU-b-1"])]
@@ -301,7 +303,7 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
             replica("unknown", "m", [("a", ["GPU-a-4"])]),
         ]
     )
-    fleet.ingest(
+    fleet.replies.ingest(
         report(
             "a",
             replicas=[
@@ -312,44 +314,48 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
             ],
         )
     )
-    fleet.ingest(report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)]))
+    fleet.replies.ingest(
+        report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)])
+    )
     idle = fleet.summary().idle_replicas
     assert [(r.id, r.gpus) for r in idle] == [("older", 1), ("two-node", 4)]
     assert idle[0].idle_seconds == pytest.approx(3600)
     # Time passing makes the busy one idle too, with no new report.
     clock.advance(580)
-    fleet.ingest(report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)]))
+    fleet.replies.ingest(
+        report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)])
+    )
     ids = [r.id for r in fleet.summary().idle_replicas]
     assert ids == ["older", "two-node", "busy"]
     assert "unknown" not in ids
 
 
-def test_activity_takes_a_replica_off_the_idle_list(fleet: FleetState, clock: FakeClock) -> None:
-    fleet.put_models([ModelSpec(name="m", source="s")])
-    fleet.put_replicas([replica("r", "m", [("a", ["GPU-a-0"])])])
-    fleet.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=900)]))
+def test_activity_takes_a_replica_off_the_idle_list(fleet: Term, clock: FakeClock) -> None:
+    fleet.facts.put_models([ModelSpec(name="m", source="s")])
+    fleet.facts.put_replicas([replica("r", "m", [("a", ["GPU-a-0"])])])
+    fleet.replies.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=900)]))
     assert [r.id for r in fleet.summary().idle_replicas] == ["r"]
     clock.advance(5)
-    fleet.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=1)]))
+    fleet.replies.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=1)]))
     assert fleet.summary().idle_replicas == []
 
 
 # -- consistency --------------------------------------------------------------------------------
 
 
-def test_a_cordon_shows_at_once_despite_the_cache(fleet: FleetState) -> None:
-    fleet.ingest(report("a"))
+def test_a_cordon_shows_at_once_despite_the_cache(fleet: Term) -> None:
+    fleet.replies.ingest(report("a"))
     assert fleet.summary().nodes.ready == 1
-    fleet.set_flag("a", AdminFlag.CORDONED, "x", "ops")
+    fleet.facts.set_flag("a", AdminFlag.CORDONED, "x", "ops")
     assert fleet.summary().nodes.cordoned == 1
 
 
-def test_reason_groups_list_nodes_like_sinfo_r(fleet: FleetState) -> None:
+def test_reason_groups_list_nodes_like_sinfo_r(fleet: Term) -> None:
     for name in ["g1", "g2", "g3"]:
-        fleet.ingest(report(name))
-    fleet.set_flag("g1", AdminFlag.CORDONED, "PSU swap", "alice")
-    fleet.set_flag("g3", AdminFlag.CORDONED, "PSU swap", "alice")
-    fleet.set_flag("g2", AdminFlag.DRAINING, "BIOS update", "bob")
+        fleet.replies.ingest(report(name))
+    fleet.facts.set_flag("g1", AdminFlag.CORDONED, "PSU swap", "alice")
+    fleet.facts.set_flag("g3", AdminFlag.CORDONED, "PSU swap", "alice")
+    fleet.facts.set_flag("g2", AdminFlag.DRAINING, "BIOS update", "bob")
     groups = [(g.reason, g.flag, g.by, g.nodes) for g in fleet.summary().reasons]
     assert groups == [
         ("BIOS update", AdminFlag.DRAINING, "bob", ["g2"]),
@@ -380,19 +386,19 @@ def test_summary_never_disagrees_with_the_nodes_table(
     fleet = make_fleet(tmp_path_factory.mktemp("state"), clock)
     for i, (_, _, n, bad) in enumerate(plan):
         cards = [gpu(f"n{i}", j, health="unhealthy" if j < bad else "healthy") for j in range(n)]
-        fleet.ingest(report(f"n{i}", gpus=cards))
+        fleet.replies.ingest(report(f"n{i}", gpus=cards))
     for i, (flag, _, _, _) in enumerate(plan):
         if flag != "ready":
-            fleet.set_flag(f"n{i}", AdminFlag(flag), "reason", "ops")
+            fleet.facts.set_flag(f"n{i}", AdminFlag(flag), "reason", "ops")
     clock.advance(15)
     for i, (_, stops, n, bad) in enumerate(plan):
         if not stops:
             cards = [
                 gpu(f"n{i}", j, health="unhealthy" if j < bad else "healthy") for j in range(n)
             ]
-            fleet.ingest(report(f"n{i}", gpus=cards))
+            fleet.replies.ingest(report(f"n{i}", gpus=cards))
     clock.advance(10)
-    rows = fleet.rows()
+    rows = fleet.rows.rows()
     summary = fleet.summary()
     states = Counter(r.state.value for r in rows)
     assert summary.nodes.model_dump() == {
@@ -412,20 +418,20 @@ def test_summary_never_disagrees_with_the_nodes_table(
     assert sum(f.largest_free_block for f in summary.fabrics) == free_nodes
 
 
-def test_every_turn_to_unreachable_is_counted(fleet: FleetState, clock: FakeClock) -> None:
+def test_every_turn_to_unreachable_is_counted(fleet: Term, clock: FakeClock) -> None:
     """A node that drops out and comes back between two scrapes shows in the
     counter, not in the sampled gauge (llmgw_nodes_turned_unreachable)."""
-    fleet.ingest(report("a", interval_s=5))
-    fleet.ingest(report("b", interval_s=5))
-    assert fleet.turned_unreachable == 0
+    fleet.replies.ingest(report("a", interval_s=5))
+    fleet.replies.ingest(report("b", interval_s=5))
+    assert fleet.facts.turned_unreachable == 0
     for turns in (1, 2):
         clock.advance(21)  # past 3 intervals + 5 s
-        fleet.ingest(report("b", interval_s=5))  # b keeps reporting
+        fleet.replies.ingest(report("b", interval_s=5))  # b keeps reporting
         assert fleet.summary().nodes.unreachable == 1
         fleet.summary()  # looking again is not another turn
-        assert fleet.turned_unreachable == turns
-        fleet.ingest(report("a", interval_s=5))  # back
+        assert fleet.facts.turned_unreachable == turns
+        fleet.replies.ingest(report("a", interval_s=5))  # back
         assert fleet.summary().nodes.unreachable == 0
     # A new leader's term (reload) keeps the count: it is a counter.
-    fleet.reload()
-    assert fleet.turned_unreachable == 2
+    fleet = fleet.next_term()
+    assert fleet.facts.turned_unreachable == 2

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw.controller.endpoints import Gateways, StopGate, endpoints_since
-from llmgw.controller.fleet import FleetState
+from llmgw.controller.endpoints import Gateways
 from llmgw.controller.reconcile import Reconciler
+from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
@@ -16,14 +16,17 @@ MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_sh
 class Sim:
     def __init__(self, tmp_path: Path, **settings: float) -> None:
         self.clock = FakeClock()
-        self.fleet: FleetState = make_fleet(tmp_path, self.clock, **settings)
-        self.gateways = Gateways(self.fleet)
-        self.reconciler = Reconciler(self.fleet, StopGate(self.fleet, self.gateways))
+        self.fleet: Term = make_fleet(tmp_path, self.clock, **settings)
+        self.reconciler = Reconciler(self.fleet, self.fleet.stop_gate)
         self.nodes = ["gpu1", "gpu2"]
         self.down: set[str] = set()
         self.idle_s = 0.0  # what every engine says of its idleness
         self.traffic: dict[str, object] | None = None  # what every rank 0 says it served
         self.port_shift = 0  # engines restarted in place listen on new ports
+
+    @property
+    def gateways(self) -> Gateways:
+        return self.fleet.gateways
 
     def step(self) -> None:
         self.clock.advance(1.0)
@@ -44,7 +47,7 @@ class Sim:
                 for a in self.fleet.assignments_for(node)
             ]
             rep = report(node, replicas=shards).model_copy(update={"address": f"10.0.0.{i + 1}"})
-            self.fleet.ingest(rep)
+            self.fleet.replies.ingest(rep)
         self.reconciler.tick()
 
     def summary(self) -> FleetSummary:
@@ -57,22 +60,22 @@ class Sim:
 
 def test_feed_gives_urls_then_only_changes(tmp_path: Path) -> None:
     sim = Sim(tmp_path)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
-    assert endpoints_since(sim.fleet, "").endpoints == []  # starting: not in routing
-    assert endpoints_since(sim.fleet, "").unserved == {"llama": "1 replica starting"}
+    assert sim.fleet.endpoints_since("").endpoints == []  # starting: not in routing
+    assert sim.fleet.endpoints_since("").unserved == {"llama": "1 replica starting"}
     sim.step()
-    full = endpoints_since(sim.fleet, "")
+    full = sim.fleet.endpoints_since("")
     assert full.full and full.unserved == {}
     (ep,) = full.endpoints
     assert ep.state == "serving" and ep.url.startswith("http://10.0.0.") and ep.fabric == "ib-a"
-    quiet = endpoints_since(sim.fleet, full.cursor)
+    quiet = sim.fleet.endpoints_since(full.cursor)
     assert not quiet.full and quiet.endpoints == [] and quiet.removed == []
     # A node turning unreachable leaves routing at once (not after replace_after_s).
     sim.down.add(ep.node)
     for _ in range(30):
         sim.step()
-    gone = endpoints_since(sim.fleet, quiet.cursor)
+    gone = sim.fleet.endpoints_since(quiet.cursor)
     assert ep.replica_id in gone.removed
 
 
@@ -80,77 +83,77 @@ def test_a_new_port_for_the_same_replica_is_in_the_feed(tmp_path: Path) -> None:
     """An engine restarted in place keeps its replica id and listens on a new port:
     the feed must say so, or gateways route to the old port for ever (issue 21)."""
     sim = Sim(tmp_path)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
-    full = endpoints_since(sim.fleet, "")
+    full = sim.fleet.endpoints_since("")
     (ep,) = full.endpoints
     sim.port_shift = 100
     sim.step()
-    delta = endpoints_since(sim.fleet, full.cursor)
+    delta = sim.fleet.endpoints_since(full.cursor)
     assert [(e.replica_id, e.url) for e in delta.endpoints] == [
         (ep.replica_id, ep.url.rsplit(":", 1)[0] + f":{int(ep.url.rsplit(':', 1)[1]) + 100}")
     ]
-    quiet = endpoints_since(sim.fleet, delta.cursor)
+    quiet = sim.fleet.endpoints_since(delta.cursor)
     assert quiet.endpoints == [] and quiet.removed == []
 
 
 def test_a_drain_waits_for_every_live_gateway(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=30.0)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
-    (old,) = endpoints_since(sim.fleet, "").endpoints
-    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
-    sim.fleet.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    (old,) = sim.fleet.endpoints_since("").endpoints
+    sim.gateway("gw-a", sim.fleet.endpoints_since("").cursor)
+    sim.fleet.facts.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
     for _ in range(4):
         sim.step()
-    view = {e.replica_id: e.state for e in endpoints_since(sim.fleet, "").endpoints}
+    view = {e.replica_id: e.state for e in sim.fleet.endpoints_since("").endpoints}
     assert view[old.replica_id] == "stopping" and list(view.values()).count("serving") == 1
     # The gateway has not applied the change yet: the old replica keeps running.
     sim.step()
-    assert old.replica_id in sim.fleet.records
+    assert old.replica_id in sim.fleet.facts.records
     # Applied, but a request is still in flight to it: still running.
-    cursor = endpoints_since(sim.fleet, "").cursor
+    cursor = sim.fleet.endpoints_since("").cursor
     sim.gateway("gw-a", cursor, {old.replica_id: 1})
     sim.step()
-    assert old.replica_id in sim.fleet.records
+    assert old.replica_id in sim.fleet.facts.records
     sim.gateway("gw-a", cursor, {old.replica_id: 0})
     sim.step()
-    assert old.replica_id not in sim.fleet.records
-    assert sim.fleet.row(old.node).admin.drained
+    assert old.replica_id not in sim.fleet.facts.records
+    assert sim.fleet.rows.row(old.node).admin.drained
 
 
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=5.0)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
-    (old,) = endpoints_since(sim.fleet, "").endpoints
+    (old,) = sim.fleet.endpoints_since("").endpoints
     sim.gateway("stuck", "")  # reports, never applies anything
-    sim.fleet.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    sim.fleet.facts.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
     for _ in range(4):
         sim.step()
         sim.gateway("stuck", "")
-    assert old.replica_id in sim.fleet.records
+    assert old.replica_id in sim.fleet.facts.records
     for _ in range(5):
         sim.step()
         sim.gateway("stuck", "")
-    assert old.replica_id not in sim.fleet.records
+    assert old.replica_id not in sim.fleet.facts.records
 
     sim2 = Sim(tmp_path / "b")
-    sim2.fleet.put_models([MODEL])
+    sim2.fleet.facts.put_models([MODEL])
     sim2.step()
     sim2.step()
-    (ep,) = endpoints_since(sim2.fleet, "").endpoints
-    sim2.fleet.set_flag(ep.node, AdminFlag.DRAINING, "bios", "ops", force=True)
+    (ep,) = sim2.fleet.endpoints_since("").endpoints
+    sim2.fleet.facts.set_flag(ep.node, AdminFlag.DRAINING, "bios", "ops", force=True)
     sim2.step()
-    assert ep.replica_id not in sim2.fleet.records  # as before gateways existed
+    assert ep.replica_id not in sim2.fleet.facts.records  # as before gateways existed
 
 
 def test_requests_seen_by_a_gateway_count_for_idleness(tmp_path: Path) -> None:
     sim = Sim(tmp_path)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.idle_s = 900.0  # the engine's counters say: nothing for 15 minutes
     sim.step()
@@ -168,53 +171,53 @@ def test_requests_seen_by_a_gateway_count_for_idleness(tmp_path: Path) -> None:
 
 def test_a_deleted_model_stops_only_after_the_gateways_let_go(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=30.0)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
-    (ep,) = endpoints_since(sim.fleet, "").endpoints
-    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
-    sim.fleet.delete_model("llama")
+    (ep,) = sim.fleet.endpoints_since("").endpoints
+    sim.gateway("gw-a", sim.fleet.endpoints_since("").cursor)
+    sim.fleet.facts.delete_model("llama")
     sim.step()
     # Out of routing at once, but its engine keeps its assignment: the gateway
     # has not applied the change yet and may still send it a request.
-    delta = endpoints_since(sim.fleet, "")
+    delta = sim.fleet.endpoints_since("")
     assert [(e.replica_id, e.state) for e in delta.endpoints] == [(ep.replica_id, "stopping")]
     assert [a.replica_id for a in sim.fleet.assignments_for(ep.node)] == [ep.replica_id]
     sim.gateway("gw-a", delta.cursor, {ep.replica_id: 2})
     sim.step()
-    assert ep.replica_id in sim.fleet.records  # requests still in flight
+    assert ep.replica_id in sim.fleet.facts.records  # requests still in flight
     sim.gateway("gw-a", delta.cursor, {ep.replica_id: 0})
     sim.step()
-    assert ep.replica_id not in sim.fleet.records
+    assert ep.replica_id not in sim.fleet.facts.records
     assert sim.fleet.assignments_for(ep.node) == []
-    assert ep.replica_id in endpoints_since(sim.fleet, delta.cursor).removed
+    assert ep.replica_id in sim.fleet.endpoints_since(delta.cursor).removed
     # Declared again: placed afresh, nothing left over from the old one.
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
-    assert [r.id for r in sim.fleet.records.values()] != [ep.replica_id]
+    assert [r.id for r in sim.fleet.facts.records.values()] != [ep.replica_id]
 
 
 def test_a_model_declared_again_while_stopping_keeps_serving(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=30.0)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     sim.step()
     sim.step()
-    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    (ep,) = sim.fleet.endpoints_since("").endpoints
     sim.gateway("gw-a", "")  # live, never applies: the stop waits
-    sim.fleet.delete_model("llama")
+    sim.fleet.facts.delete_model("llama")
     sim.step()
-    assert endpoints_since(sim.fleet, "").endpoints[0].state == "stopping"
-    sim.fleet.put_models([MODEL])
+    assert sim.fleet.endpoints_since("").endpoints[0].state == "stopping"
+    sim.fleet.facts.put_models([MODEL])
     sim.gateway("gw-a", "")
     sim.step()
-    (again,) = endpoints_since(sim.fleet, "").endpoints
+    (again,) = sim.fleet.endpoints_since("").endpoints
     assert (again.replica_id, again.state) == (ep.replica_id, "serving")
-    assert len(sim.fleet.records) == 1  # nothing placed twice
+    assert len(sim.fleet.facts.records) == 1  # nothing placed twice
 
 
 def test_traffic_per_model_from_engines_and_gateways(tmp_path: Path) -> None:
     sim = Sim(tmp_path)
-    sim.fleet.put_models([MODEL.model_copy(update={"min_replicas": 2})])
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 2})])
     sim.step()
     sim.traffic = {
         "requests_per_s": 3.0,
@@ -228,7 +231,7 @@ def test_traffic_per_model_from_engines_and_gateways(tmp_path: Path) -> None:
     assert traffic.in_flight == 2 and traffic.p50_latency_s == 0.2
     assert traffic.prefix_hit_rate == 0.5
     # A gateway that holds more requests in flight than the engine reports wins.
-    ids = sorted(sim.fleet.records)
+    ids = sorted(sim.fleet.facts.records)
     sim.gateways.report(GatewayStatus(name="gw", cursor="", in_flight={ids[0]: 7}))
     (traffic,) = sim.summary().traffic
     assert traffic.in_flight == 7 + 1
@@ -261,19 +264,21 @@ def test_a_gateway_report_from_before_a_takeover_never_lets_a_replica_stop(
     starts a new term: a status posted before it (a revision of the old term) must
     not count as having applied a stop marked in the new one (issue 20 item 3)."""
     sim = Sim(tmp_path, stop_grace_s=30.0)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     for _ in range(3):
         sim.step()
     for i in range(50):  # the old term's revisions run far ahead of the new one's
-        sim.fleet.set_flag("gpu2", AdminFlag.CORDONED, f"r{i}", "ops")
-    (ep,) = endpoints_since(sim.fleet, "").endpoints
-    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)  # applied all of the old term
-    sim.fleet.set_flag("gpu2", AdminFlag.NONE, "", "ops")
-    sim.fleet.reload()  # the takeover: a new term, its revisions from the start
-    gate = StopGate(sim.fleet, sim.gateways)
+        sim.fleet.facts.set_flag("gpu2", AdminFlag.CORDONED, f"r{i}", "ops")
+    (ep,) = sim.fleet.endpoints_since("").endpoints
+    applied = sim.fleet.endpoints_since("").cursor  # all of the old term
+    sim.gateway("gw-a", applied)
+    sim.fleet.facts.set_flag("gpu2", AdminFlag.NONE, "", "ops")
+    sim.fleet = sim.fleet.next_term()  # the takeover: a new term, its revisions from the start
+    sim.gateway("gw-a", applied)  # its next status, before it read the new leader's feed
+    gate = sim.fleet.stop_gate
     assert gate.ready_to_stop([ep.replica_id]) == [], "the old report applied nothing of this term"
     # Once the gateway reports in this term, the stop goes on as usual.
-    sim.gateway("gw-a", endpoints_since(sim.fleet, "").cursor)
+    sim.gateway("gw-a", sim.fleet.endpoints_since("").cursor)
     assert gate.ready_to_stop([ep.replica_id]) == [ep.replica_id]
 
 
@@ -281,22 +286,22 @@ def test_forgetting_a_node_leaves_nothing_of_its_replicas_behind(tmp_path: Path)
     """Every removal path cleans every structure a replica has (issue 20 item 1):
     forget_node as remove_replicas does."""
     sim = Sim(tmp_path)
-    sim.fleet.put_models([MODEL])
+    sim.fleet.facts.put_models([MODEL])
     for _ in range(2):
         sim.step()
-    (ep,) = endpoints_since(sim.fleet, "").endpoints
+    (ep,) = sim.fleet.endpoints_since("").endpoints
     sim.gateways.report(
         GatewayStatus(name="gw", cursor="", in_flight={}, requests={ep.replica_id: 1})
     )
     sim.gateways.report(
         GatewayStatus(name="gw", cursor="", in_flight={}, requests={ep.replica_id: 5})
     )
-    sim.fleet.mark_stopping(ep.replica_id)
-    sim.fleet.delete_model("llama")  # its replica retires through the stop handshake
+    sim.fleet.facts.mark_stopping(ep.replica_id)
+    sim.fleet.facts.delete_model("llama")  # its replica retires through the stop handshake
     fleet = sim.fleet
-    assert fleet._gateway_activity and fleet._retiring and fleet._stopping
-    fleet.forget_node(ep.node, "ops")
-    assert ep.replica_id not in fleet.records
-    assert not fleet._gateway_activity, "gateway activity of a forgotten replica"
-    assert not fleet._retiring, "a retiring model with no replica left"
-    assert not fleet._stopping
+    assert fleet.facts.gateway_activity and fleet.facts.retiring and fleet.facts.stopping
+    fleet.facts.forget_node(ep.node, "ops")
+    assert ep.replica_id not in fleet.facts.records
+    assert not fleet.facts.gateway_activity, "gateway activity of a forgotten replica"
+    assert not fleet.facts.retiring, "a retiring model with no replica left"
+    assert not fleet.facts.stopping

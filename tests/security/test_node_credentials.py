@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import FLEET, create_app
+from llmgw.controller.app import create_app, term_of
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.main import parser as controller_parser
 from llmgw.controller.main import settings_from_args
@@ -107,7 +107,7 @@ async def test_a_node_may_not_report_another_nodes_shard(
     a, b = (SHARED, SHARED) if shared else (CRED["gpu01"], CRED["gpu02"])
     await post_report(c, a, "gpu01")
     await post_report(c, b, "gpu02")
-    c.server.app[FLEET].put_replicas([replica("r-b", "gpu02")])
+    term_of(c.server.app).facts.put_replicas([replica("r-b", "gpu02")])
     before = await node_views(c)
     for state in ("failed", "ready"):
         forged = [{"id": "r-b", "model": "m", "state": state, "gpus": ["GPU-gpu02-0"]}]
@@ -183,7 +183,7 @@ async def test_forget_revokes_and_removes_the_node_and_its_replicas(
     resp = await c.post("/v1/agent/enroll", json={"node": "gpu03"}, headers=auth(ENROLL))
     secret = (await resp.json())["credential"]
     await post_report(c, secret, "gpu03")
-    c.server.app[FLEET].put_replicas([replica("r3", "gpu03")])
+    term_of(c.server.app).facts.put_replicas([replica("r3", "gpu03")])
     resp = await c.post("/v1/nodes/gpu03/forget", headers=auth(ADMIN))
     assert resp.status == 200
     assert (await resp.json())["credential_revoked"] is True

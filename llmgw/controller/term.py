@@ -1,0 +1,151 @@
+"""`Term`: everything one leadership term builds, and nothing that outlives it.
+
+A start or a takeover builds a whole new term from the store, and the leadership
+swaps to it (leadership.py); nothing is re-initialised in place, so nothing from
+an earlier term (a gateway's applied cursor, a cached reply, a capacity version,
+the reconcile loop's memory) can be read against this one's revisions.
+
+    Term
+    ├── facts        the one writer (facts.py): store, then memory, then the change log
+    ├── rows         node rows, `?since=`, node detail (node_rows.py): follow the log
+    ├── totals       the summary's running sums (summary.py): follow the log
+    ├── replies      agents' report replies, cached by revision (replies.py)
+    ├── gateways     the gateways' statuses, the feed hold, the stop gate (endpoints.py)
+    └── credentials  issued node credentials and enrollment tokens (credentials.py)
+
+Capacity, what placement reads, is the log itself: its version is the newest
+change of a kind placement reads, so it needs no counter beside the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from llmgw.controller import cursors, model_views
+from llmgw.controller.changes import ChangeKind
+from llmgw.controller.credentials import Credentials
+from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
+from llmgw.controller.facts import Facts
+from llmgw.controller.node_rows import NodeRows
+from llmgw.controller.replicas import ReplicaStatus
+from llmgw.controller.replies import Replies, assignments_for
+from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.stores.base import StateStore
+from llmgw.controller.summary import Totals, build_summary
+from llmgw.wire import EndpointsDelta, FleetSummary, ModelView, ReplicaView, ShardAssignment
+
+# What placement reads: a node's facts, its flag, the cards assigned on it (by
+# node); the specs and the replicas (the whole fleet).
+NODE_CAPACITY = (ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS)
+CAPACITY = (*NODE_CAPACITY, ChangeKind.MODEL, ChangeKind.REPLICA)
+
+
+@dataclass(frozen=True)
+class Term:
+    run: str  # in every cursor this term issues (cursors.py)
+    facts: Facts
+    rows: NodeRows
+    totals: Totals
+    replies: Replies
+    gateways: Gateways
+    feed_hold: FeedHold
+    stop_gate: StopGate
+    credentials: Credentials
+
+    @classmethod
+    def begin(
+        cls,
+        store: StateStore,
+        settings: ControllerSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        after: Term | None = None,
+    ) -> Term:
+        """A new term from what the store holds now. `after`: the term before it
+        in this process, whose counters go on (counters never go back)."""
+        facts = Facts(store, settings, clock=clock, wall=wall)
+        if after is not None:
+            facts.carry_counts(after.facts)
+        run = cursors.new_run()
+        gateways = Gateways(facts, run)
+        return cls(
+            run=run,
+            facts=facts,
+            rows=NodeRows(facts, run),
+            totals=Totals(facts),
+            replies=Replies(facts),
+            gateways=gateways,
+            feed_hold=FeedHold(facts),
+            stop_gate=StopGate(facts, gateways),
+            credentials=Credentials(store, settings.tokens),
+        )
+
+    def next_term(self) -> Term:
+        """The term a takeover after this one builds: this term's last events saved
+        first, then everything read again from the store (which another controller
+        may have written meanwhile); the same clocks, the counters going on."""
+        facts = self.facts
+        facts.flush_events()
+        return Term.begin(
+            facts.store, facts.settings, clock=facts.clock, wall=facts.wall, after=self
+        )
+
+    # -- reads composed of several views -------------------------------------------------
+
+    def summary(self, gateway_in_flight: Mapping[str, int] | None = None) -> FleetSummary:
+        """`gateway_in_flight`: requests the gateways hold per replica (`Gateways.in_flight`)."""
+        facts = self.facts
+        now = facts.clock()
+        admin = facts.admin
+        return build_summary(
+            self.totals.current(now),
+            {**facts.pending, **admin} if facts.pending else admin,
+            facts.nodes,
+            model_views.replica_statuses(facts),
+            facts.models,
+            model_views.unplaceable_reasons(facts),
+            now,
+            facts.wall(),
+            gateway_in_flight,
+            model_views.waking(facts, now),
+        )
+
+    def endpoints_since(self, since: str) -> EndpointsDelta:
+        """The endpoint feed after cursor `since` (`GET /v1/endpoints`)."""
+        return endpoints_since(self.facts, self.run, since)
+
+    def model_views(self) -> list[ModelView]:
+        return model_views.model_views(self.facts)
+
+    def replica_views(self) -> list[ReplicaView]:
+        return model_views.replica_views(self.facts)
+
+    def replica_statuses(self) -> dict[str, ReplicaStatus]:
+        return model_views.replica_statuses(self.facts)
+
+    @property
+    def unplaceable_reasons(self) -> Mapping[str, str]:
+        return model_views.unplaceable_reasons(self.facts)
+
+    def assignments_for(self, node: str) -> list[ShardAssignment]:
+        return assignments_for(self.facts, node)
+
+    # -- capacity: what placement reads, as the log says it changed --------------------------
+
+    @property
+    def capacity_version(self) -> int:
+        """Moves whenever something placement reads may have changed: a node's facts
+        (state, cards, fabrics, weights held), its flag, the cards assigned on it, a
+        node forgotten, replicas placed or removed, model specs. The reconcile loop
+        tries a model that cannot be placed again only once this has moved."""
+        self.facts.advance_time()
+        return self.facts.log.newest(*CAPACITY)
+
+    def capacity_changed_at(self, node: str) -> int:
+        """The `capacity_version` of the last change to what placement reads of this
+        node (0: none this term)."""
+        log = self.facts.log
+        return max(log.latest(kind, node) for kind in NODE_CAPACITY)
