@@ -40,12 +40,22 @@ class Picture:
     """The fleet as placement sees it: a placer over one snapshot, which matched
     the fleet at capacity version `basis`. Each call of `place_up_to` takes the
     cards it hands out, so the placer follows this loop's own placements (the
-    filling step moves `basis` on after committing them); it does not follow
-    anyone else's: then it is `stale`."""
+    filling step moves `basis` on after committing them, `committed`); it does
+    not follow anyone else's: then it is `stale` (`moved_under`), for good."""
 
     place_up_to: Callable[[ModelSpec, int], Fill]
     basis: int
     stale: bool = False
+
+    def committed(self, version: int) -> None:
+        """This loop committed what the placer handed out, which left the fleet at
+        `version`: unless stale, the picture matches it."""
+        if not self.stale:
+            self.basis = version
+
+    def moved_under(self) -> None:
+        """Something other than this loop moved capacity since `basis`."""
+        self.stale = True
 
 
 class Look(enum.Enum):
@@ -111,15 +121,15 @@ class LoopMemory:
 
     cordons: FaultCordons = field(default_factory=FaultCordons)
     autoscaler: Autoscaler = field(default_factory=Autoscaler)
-    _did_not_fit: dict[str, _Tried] = field(default_factory=dict)
-    _expected: int = -1
-    _moved_at: int = 0
-    _picture: Picture | None = None
-    _kept: dict[str, _Kept] = field(default_factory=dict)
-    _kept_weights: tuple[tuple[str, str], ...] = ()
-    _resume: tuple[str, bool] | None = None  # (model, just after it)
-    _reclaim_tried: tuple[ModelSpec, int] | None = None
-    _fault_blocked: dict[str, str] = field(default_factory=dict)
+    _did_not_fit: dict[str, _Tried] = field(default_factory=dict, init=False)
+    _expected: int = field(default=-1, init=False)  # the version after this loop's last commit
+    _moved_at: int = field(default=0, init=False)  # when something else last moved capacity
+    _picture: Picture | None = field(default=None, init=False)
+    _kept: dict[str, _Kept] = field(default_factory=dict, init=False)
+    _kept_weights: tuple[tuple[str, str], ...] = field(default=(), init=False)
+    _resume: tuple[str, bool] | None = field(default=None, init=False)  # (model, just after it)
+    _reclaim_tried: tuple[ModelSpec, int] | None = field(default=None, init=False)
+    _fault_blocked: dict[str, str] = field(default_factory=dict, init=False)
 
     # -- 1, 2: models that did not fit, and who moved capacity ------------------------
 

@@ -151,7 +151,7 @@ class _Filling:
             if good:
                 self.started.add(spec.name)
             if len(good) < len(fill.placed):
-                # The picture is out of date where it matters: a fresh one.
+                # The picture is wrong where it matters: a fresh one.
                 wants[0] = _Want(spec, missing - len(good))
                 self.picture = None
                 break
@@ -183,9 +183,8 @@ class _Filling:
             fleet.set_unplaceable(name, why)
         if placed:
             log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
-        if self.picture is not None and not self.picture.stale:
-            # The placer took what was just committed: it matches.
-            self.picture.basis = fleet.capacity_version
+        if self.picture is not None:  # the placer took what was just committed
+            self.picture.committed(fleet.capacity_version)
         self.seen_version = fleet.capacity_version
         self.memory.note_committed(self.seen_version)
 
@@ -197,7 +196,7 @@ class _Filling:
         if fleet.capacity_version != self.seen_version:  # moved by something else meanwhile
             self.seen_version = fleet.capacity_version
             if self.picture is not None:
-                self.picture.stale = True
+                self.picture.moved_under()
             self.memory.note_capacity_seen(self.seen_version)
             self.wants = shortfalls(fleet, self.memory, fleet.wall(), self.done)
 
