@@ -1,6 +1,6 @@
 """Capacity follows demand: how many replicas each model should have now.
 
-Who calls: the reconcile loop, once a pass (`Reconciler._scale`), for every
+Who calls: the reconcile loop, once a pass (`llmgw.controller.demand.scale`), for every
 declared model, with the requests in flight on its serving replicas. What it may
 touch: nothing but its own memory; it answers a `Decision`, which the loop
 writes as a fact (`Facts.set_scaling`) and every view reads: shortfalls

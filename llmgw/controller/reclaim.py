@@ -1,12 +1,12 @@
 """Reclaim by priority: room for a model short of its minimum, taken from
 replicas of lower-priority models above their own minimum.
 
-Who calls: the reconcile loop (`Reconciler._reclaim`), once a pass, for the
+Who calls: the reconcile loop (`llmgw.controller.demand.reclaim`), once a pass, for the
 highest-priority model that is short and cannot be placed. `choose` is pure:
 it picks; the loop marks the picked replicas leaving (out of routing, stopped
 once the gateways let go, as a scale-down) and the short model is placed by
 the usual shortfall step once their cards are free. While it is short, models
-of lower priority do not grow (`Reconciler._shortfalls`), so the room goes to it.
+of lower priority do not grow (`shortfalls.shortfalls`), so the room goes to it.
 
 The rules:
 

@@ -1,6 +1,6 @@
 """Rolling a changed spec out: new replicas first, old ones through the stop handshake.
 
-`plan_rollout` is pure: the reconcile loop (`Reconciler._roll`) calls it once per
+`plan_rollout` is pure: the reconcile loop (`llmgw.controller.rolling.roll`) calls it once per
 pass for each model that has replicas of an older revision, with the model's
 replicas as they are, and then places and stops what it says. Nothing here is
 remembered between passes: a controller killed mid-rollout starts again from the

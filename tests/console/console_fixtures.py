@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
 from fleet_factories import FakeClock, gpu, location, report
 
 from llmgw.client import AdminClient
-from llmgw.controller import reconcile
+from llmgw.controller import placing
 from llmgw.controller.app import create_app, term_of
 from llmgw.controller.auth import Tokens
 from llmgw.controller.settings import ControllerSettings
@@ -135,8 +135,8 @@ class LiveController:
         self.app: web.Application | None = None
         self.agents: Agents | None = None  # the fixture fleet's agents, once filled
         # Replica ids are random in production; counted here, for snapshots.
-        self._real_secrets = reconcile.secrets
-        reconcile.secrets = _CountedIds()  # type: ignore[assignment]
+        self._real_secrets = placing.secrets
+        placing.secrets = _CountedIds()  # type: ignore[assignment]
 
     @property
     def url(self) -> str:
@@ -182,7 +182,7 @@ class LiveController:
         self.start()
 
     def close(self) -> None:
-        reconcile.secrets = self._real_secrets
+        placing.secrets = self._real_secrets
         self.stop()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

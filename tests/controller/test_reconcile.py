@@ -13,6 +13,7 @@ import pytest
 from fleet_factories import FakeClock, gpu, location, make_fleet, report
 
 import llmgw.scheduler
+from llmgw.controller.picture import snapshot_in_steps
 from llmgw.controller.reconcile import Reconciler, drain_plan, snapshot
 from llmgw.scheduler import Placement, Unplaceable, place
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
@@ -745,16 +746,16 @@ async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapsho
 ) -> None:
     """Capacity moving under a pass (a busy fleet) costs no fleet-wide rebuild per
     slice: one snapshot per pass, and every model still gets its exact reason."""
-    import llmgw.controller.reconcile as reconcile
+    import llmgw.controller.picture as picture
 
     built: list[int] = []
-    real = reconcile.snapshot
+    real = picture.snapshot
 
     def counting(*args: object, **kwargs: object) -> object:
         built.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(reconcile, "snapshot", counting)
+    monkeypatch.setattr(picture, "snapshot", counting)
     sim = sim_with(tmp_path, clock, n=2)
     sim.reconciler = Reconciler(sim.fleet, attempts_per_slice=2, slice_s=60.0, pass_s=60.0)
     specs = [
@@ -792,7 +793,7 @@ def test_the_snapshot_kept_between_passes_is_the_fleet_as_it_is(
     fleet, reconciler = sim.fleet, sim.reconciler
 
     def kept() -> list[object]:
-        steps = reconciler._snapshot_in_steps()
+        steps = snapshot_in_steps(fleet, reconciler.memory)
         while True:
             try:
                 next(steps)
