@@ -374,9 +374,9 @@ async def agent_enroll(request: web.Request) -> web.Response:
         return error(401, f"{exc}: ask an admin for a new one (llmgw ctl credentials token create)")
     fleet.facts.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
     if pending:
-        fleet.facts.await_approval(node, at)
+        fleet.facts.approvals.await_approval(node, at)
     else:  # revoked while it awaited approval, enrolled again since it was turned off
-        fleet.facts.drop_approval(node)
+        fleet.facts.approvals.drop(node)
     log.info(
         "node %s enrolled (%s): credential issued%s",
         node,
@@ -387,7 +387,7 @@ async def agent_enroll(request: web.Request) -> web.Response:
 
 
 async def list_credentials(request: web.Request) -> web.Response:
-    pending = term_of(request.app).facts.pending
+    pending = term_of(request.app).facts.approvals.pending
     return json_models(
         [
             CredentialView(
@@ -418,8 +418,9 @@ async def approve_credential(request: web.Request) -> web.Response:
     """Let an enrolled node take replicas (`ctl credentials approve`), as CSR approval."""
     node = node_param(request, "node")
     await parse_body(request, EmptyRequest, optional=True)
-    if not term_of(request.app).facts.approve(node, who(request)):
-        if not term_of(request.app).credentials.holds(node):
+    term = term_of(request.app)
+    if not term.facts.approvals.approve(node, who(request), term.facts.wall()):
+        if not term.credentials.holds(node):
             return error(404, f"node {node!r} holds no credential to approve")
         return error(409, f"node {node!r} awaits no approval: it may take replicas already")
     log.info("node %s approved by %s", node, who(request))

@@ -96,9 +96,10 @@ class ChangeLog:
         """The revision of the last change of any of these kinds, to any key (0: none)."""
         return max(self._newest[kind] for kind in kinds)
 
-    def forget_key(self, kind: ChangeKind, key: str) -> None:
-        """Drop the per-key index entry of something gone (its changes stay in the log)."""
-        self._latest[kind].pop(key, None)
+    def forget_key(self, key: str) -> None:
+        """Drop the per-key index entries of something gone (its changes stay in the log)."""
+        for latest in self._latest.values():
+            latest.pop(key, None)
 
     def since(self, revision: int) -> list[Change]:
         """Every change after `revision`, oldest first; `HistoryLost` when that is unknown."""

@@ -11,7 +11,7 @@ the controller's database. Enrollment is bounded, as kubeadm bounds joining:
   (`ctl credentials allow NODE`): the allowance is used up by that enrollment;
 - tokens made with `ctl credentials token create` expire and count their uses
   (`enroll_tokens.py`); with --enroll-approval a new credential awaits an admin's
-  approval before its node gets work (`Facts.await_approval`).
+  approval before its node gets work (`Approvals.await_approval`).
 
 Credentials from `--agent-token-file NODE TOKEN` lines are listed too; they live
 in the operator's file, so they are revoked by editing it.

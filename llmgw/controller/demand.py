@@ -50,7 +50,7 @@ def scale(
         if s.state is not ReplicaState.FAILED:
             live[s.record.model].append(s)
     memory.autoscaler.forget(set(fleet.facts.models))
-    fleet.facts.forget_scaling(fleet.facts.models)
+    fleet.facts.decisions.forget_scaling(fleet.facts.models)
     for name, spec in sorted(fleet.facts.models.items()):
         mine = live.get(name, [])
         staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
@@ -60,7 +60,7 @@ def scale(
             spec, in_flight, len(staying), now, held=held.get(name, 0), serving=len(ready)
         )
         before = fleet.facts.desired_replicas(name)
-        fleet.facts.set_scaling(name, decision)
+        fleet.facts.decisions.set_scaling(name, decision)
         if decision.changed:
             reason = EventReason.SCALED_UP if decision.changed > 0 else EventReason.SCALED_DOWN
             fleet.facts.event(
@@ -133,7 +133,7 @@ def _scale_down(
 
 
 def _why_scaled(fleet: Term, name: str) -> str:
-    scaling = fleet.facts.scaling(name)
+    scaling = fleet.facts.decisions.scaling(name)
     return "fixed count" if scaling is None or not scaling.reason else scaling.reason
 
 

@@ -17,6 +17,7 @@ stand-in waits in the loop's memory (`LoopMemory.note_fault_blocked`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 
 from llmgw.controller.endpoints import StopGate
@@ -26,7 +27,7 @@ from llmgw.controller.picture import snapshot
 from llmgw.controller.placing import place_stand_ins, report_moved, stoppable
 from llmgw.controller.term import Term
 from llmgw.scheduler import RunningReplica, plan_drain
-from llmgw.wire import AdminFlag, DrainPlan, ReplicaState
+from llmgw.wire import AdminFlag, AdminInfo, DrainPlan, ReplicaState
 
 __all__ = ["cancel_called_off", "drain", "drain_plan", "replace_faulted"]
 
@@ -80,7 +81,7 @@ def cancel_called_off(fleet: Term, faults: Faults) -> None:
 def drain(fleet: Term, gate: StopGate | None, now: float, wall: float) -> None:
     """Each replica on a draining node gets a stand-in elsewhere, then stops;
     drains past their deadline are forced."""
-    for node in fleet.facts.due_drains(wall):
+    for node in due_drains(fleet.facts.admin, wall):
         log.warning("drain of %s not done by its deadline: forcing it", node)
         fleet.facts.force_drain(node, "deadline")
     draining = sorted(n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING)
@@ -133,7 +134,7 @@ def drain(fleet: Term, gate: StopGate | None, now: float, wall: float) -> None:
             and r.model in fleet.facts.models
             and not fleet.facts.backing_off(r.model, wall)
         ]
-        fleet.facts.set_drain_blocked(
+        fleet.facts.decisions.set_drain_blocked(
             node, place_stand_ins(fleet, needing, draining, now, wall, f"drain of {node}")
         )
 
@@ -213,3 +214,15 @@ def replace_faulted(
     blocked = {r.id: why for r in needing if why}
     for rid, reason in memory.note_fault_blocked(blocked).items():
         log.warning("no stand-in for %s (on a failed card): %s", rid, reason)
+
+
+def due_drains(admin: Mapping[str, AdminInfo], wall: float) -> list[str]:
+    """Draining nodes whose deadline has passed and that are not forced yet."""
+    return sorted(
+        name
+        for name, info in admin.items()
+        if info.flag is AdminFlag.DRAINING
+        and not info.force
+        and info.force_at is not None
+        and wall >= info.force_at
+    )

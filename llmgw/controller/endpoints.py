@@ -181,7 +181,7 @@ def _waiting_for_reports(fleet: Facts) -> str | None:
         return None
     names = ", ".join(sorted(waiting)[:5]) + (" …" if len(waiting) > 5 else "")
     return (
-        f"this controller began to lead {now - fleet.started_at:.0f} s ago and waits for "
+        f"this controller began to lead {now - fleet.liveness.started_at:.0f} s ago and waits for "
         f"{len(waiting)} node(s) serving replicas to report ({names}); keep routing as is "
         "and ask again"
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 
+from llmgw.controller.stores.base import StateStore
 from llmgw.wire import EventReason, EventView
 
 __all__ = ["KEEP", "KEEP_S", "Events"]
@@ -55,6 +56,20 @@ class Events:
     @property
     def newest(self) -> int:
         return self._next - 1
+
+    def save(self, store: StateStore, now_wall: float) -> None:
+        """Write the events not yet written, and drop what is older than `KEEP_S`;
+        a failed write keeps them for the next save."""
+        unsaved = self.unsaved()
+        if not unsaved:
+            return
+        oldest = now_wall - KEEP_S
+        try:
+            store.add_events(unsaved, keep_after_id=unsaved[-1].id - KEEP, keep_after=oldest)
+        except Exception:
+            self.put_back(unsaved)
+            raise
+        self.forget_before(oldest)
 
     def unsaved(self) -> list[EventView]:
         """The events not yet written, handed over once (the caller writes them)."""

@@ -12,19 +12,20 @@ Others read through read-only mappings and the lookups below.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 from llmgw.controller import admin_flags
 from llmgw.controller.admin_flags import BY_LLMGW, NO_ADMIN
-from llmgw.controller.autoscale import Decision
+from llmgw.controller.approvals import Approvals
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog
+from llmgw.controller.decisions import Decisions
 from llmgw.controller.events import KEEP as EVENTS_KEPT
-from llmgw.controller.events import KEEP_S as EVENTS_KEPT_S
 from llmgw.controller.events import Events
+from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import NodeEntry, digest_report, node_state
 from llmgw.controller.revisions import Revisions, same_engine, undone
 from llmgw.controller.settings import ControllerSettings
@@ -41,8 +42,19 @@ from llmgw.wire import (
     NodeReport,
     NodeState,
     ReplicaState,
-    RolloutState,
 )
+
+V = TypeVar("V")
+
+
+class ReadOnly(Generic[V]):
+    """What others may read of a private mapping of `Facts`: a read-only view of it."""
+
+    def __init__(self, attr: str) -> None:
+        self._attr = attr
+
+    def __get__(self, facts: Any, owner: type | None = None) -> Mapping[str, V]:
+        return MappingProxyType(getattr(facts, self._attr))
 
 
 class Facts:
@@ -60,7 +72,7 @@ class Facts:
         self.settings = settings
         self.clock = clock
         self.wall = wall
-        self.started_at = clock()
+        self.liveness = Liveness(settings, started_at=clock())
         self.log = ChangeLog()  # appended here only; everything derived reads it
         self._entries = {n: NodeEntry(n, seen) for n, seen in store.known_nodes().items()}
         self._admin: dict[str, AdminInfo] = store.admin()
@@ -69,17 +81,8 @@ class Facts:
         self._backoffs: dict[str, Backoff] = store.backoffs()
         self.revisions = Revisions(store.revisions())  # read-only outside this class
         self._events = Events(store.events(EVENTS_KEPT))
-        # Enrolled nodes awaiting an admin's approval (--enroll-approval): cordoned
-        # by llmgw, so nothing is placed there, until `ctl credentials approve`.
-        self._pending = {
-            n: admin_flags.awaiting(at) for n, at in store.pending_credentials().items()
-        }
-        # The reconcile loop's decisions: why a rollout waits or stalled, each
-        # autoscaled model's desired count, why a model cannot be placed, why a drain waits.
-        self._rollout_notes: dict[str, tuple[RolloutState, str]] = {}
-        self._scaling: dict[str, Decision] = {}
-        self._unplaceable: dict[str, str] = {}
-        self._drain_blocked: dict[str, str] = {}
+        self.decisions = Decisions(self.log, self.event)  # the reconcile loop's, soft
+        self.approvals = Approvals(store, self.log, self.event, self._entries.__contains__)
         # Replicas out of routing before their stop: id -> (revision, monotonic time)
         # of the change that marked them (the gateway handshake, endpoints.py).
         self._stopping: dict[str, tuple[int, float]] = {}
@@ -89,73 +92,28 @@ class Facts:
         self._retiring: dict[str, ModelSpec] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
         self._index_records()
-        # (moment a node turns unreachable, node): popped lazily as time passes.
-        self._deadlines: list[tuple[float, str]] = []
         # Times a node turned unreachable, for /metrics: counted at the moment,
         # since a node back within minutes never shows in a sampled gauge.
         self.turned_unreachable = 0
         # First sightings are written in batches: one fsync per node would stall
         # the loop when a whole fleet registers at once.
         self._unsaved_nodes: dict[str, float] = {}
-        for name, entry in self._entries.items():
-            heapq.heappush(self._deadlines, (self.unreachable_at(entry), name))
+        self.liveness.watch(self._entries.values())
 
-    # -- read-only views of the facts ------------------------------------------------------
+    # -- what others may read: read-only views of the facts -------------------------------------
+
+    nodes: ReadOnly[NodeEntry] = ReadOnly("_entries")
+    admin: ReadOnly[AdminInfo] = ReadOnly("_admin")
+    models: ReadOnly[ModelSpec] = ReadOnly("_models")
+    records: ReadOnly[ReplicaRecord] = ReadOnly("_records")
+    backoffs: ReadOnly[Backoff] = ReadOnly("_backoffs")
+    stopping: ReadOnly[tuple[int, float]] = ReadOnly("_stopping")
+    gateway_activity: ReadOnly[float] = ReadOnly("_gateway_activity")
+    retiring: ReadOnly[ModelSpec] = ReadOnly("_retiring")  # deleted, replicas still stopping
 
     @property
     def store(self) -> StateStore:
         return self._store
-
-    @property
-    def nodes(self) -> Mapping[str, NodeEntry]:
-        return MappingProxyType(self._entries)
-
-    @property
-    def admin(self) -> Mapping[str, AdminInfo]:
-        return MappingProxyType(self._admin)
-
-    @property
-    def pending(self) -> Mapping[str, AdminInfo]:
-        """Nodes enrolled and awaiting approval (what their rows show)."""
-        return MappingProxyType(self._pending)
-
-    @property
-    def models(self) -> Mapping[str, ModelSpec]:
-        return MappingProxyType(self._models)
-
-    @property
-    def records(self) -> Mapping[str, ReplicaRecord]:
-        return MappingProxyType(self._records)
-
-    @property
-    def backoffs(self) -> Mapping[str, Backoff]:
-        return MappingProxyType(self._backoffs)
-
-    @property
-    def unplaceable(self) -> Mapping[str, str]:
-        """The scheduler's reasons only; `views.unplaceable_reasons` adds failures."""
-        return MappingProxyType(self._unplaceable)
-
-    @property
-    def drain_blocked(self) -> Mapping[str, str]:
-        return MappingProxyType(self._drain_blocked)
-
-    @property
-    def stopping(self) -> Mapping[str, tuple[int, float]]:
-        return MappingProxyType(self._stopping)
-
-    @property
-    def gateway_activity(self) -> Mapping[str, float]:
-        return MappingProxyType(self._gateway_activity)
-
-    @property
-    def retiring(self) -> Mapping[str, ModelSpec]:
-        """Deleted models whose replicas are still stopping."""
-        return MappingProxyType(self._retiring)
-
-    @property
-    def scalings(self) -> Mapping[str, Decision]:
-        return MappingProxyType(self._scaling)
 
     @property
     def revision(self) -> int:
@@ -190,19 +148,13 @@ class Facts:
 
     def admin_info(self, name: str) -> AdminInfo:
         """The node's admin flag; else, awaiting approval, a cordon by llmgw saying so."""
-        return self._admin.get(name) or self._pending.get(name) or NO_ADMIN
-
-    def grace_s(self, entry: NodeEntry) -> float:
-        return entry.grace_s(self.settings.grace_intervals, self.settings.grace_extra_s)
-
-    def unreachable_at(self, entry: NodeEntry) -> float:
-        """The moment (monotonic) this node turns unreachable unless it reports."""
-        return entry.last_heard(self.started_at) + self.grace_s(entry)
+        return self._admin.get(name) or self.approvals.pending.get(name) or NO_ADMIN
 
     def state_of(self, name: str, now: float | None = None) -> NodeState:
         entry = self._entries[name]
         now = self.clock() if now is None else now
-        return node_state(entry, self.admin_info(name), now, self.grace_s(entry), self.started_at)
+        live = self.liveness
+        return node_state(entry, self.admin_info(name), now, live.grace_s(entry), live.started_at)
 
     def model_revision(self, model: str) -> int:
         """The model's current revision (0: declared before revisions, never changed since)."""
@@ -224,39 +176,18 @@ class Facts:
         spec, running = self._models.get(rec.model), self.spec_of(rec)
         return spec is None or running is None or same_engine(spec, running)
 
-    def rollout_note(self, model: str) -> tuple[RolloutState, str] | None:
-        return self._rollout_notes.get(model)
-
     def desired_replicas(self, model: str) -> int:
         """How many replicas `model` should have now: what demand asked for, within
         its spec's bounds (which may have moved since), else its minimum."""
         spec = self._models[model]
-        scaling = self._scaling.get(model)
+        scaling = self.decisions.scaling(model)
         if scaling is None:
             return spec.min_replicas
         return min(max(scaling.desired, spec.min_replicas), spec.most_replicas)
 
-    def scaling(self, model: str) -> Decision | None:
-        return self._scaling.get(model)
-
-    def retired_replicas(self) -> list[str]:
-        """Replicas of models no longer declared: to stop."""
-        return [r.id for r in self._records.values() if r.model not in self._models]
-
     def backing_off(self, model: str, wall: float) -> bool:
         backoff = self._backoffs.get(model)
         return backoff is not None and wall < backoff.retry_at
-
-    def due_drains(self, wall: float) -> list[str]:
-        """Draining nodes whose deadline has passed and that are not forced yet."""
-        return sorted(
-            name
-            for name, info in self._admin.items()
-            if info.flag is AdminFlag.DRAINING
-            and not info.force
-            and info.force_at is not None
-            and wall >= info.force_at
-        )
 
     # -- agent reports and liveness -----------------------------------------------------------
 
@@ -266,7 +197,7 @@ class Facts:
         now = self.clock()
         node = report.node
         entry = self._entries.get(node)
-        changed = entry is None or now > self.unreachable_at(entry)  # new, or back
+        changed = entry is None or now > self.liveness.unreachable_at(entry)  # new, or back
         if entry is None:
             entry = self._entries[node] = NodeEntry(node, self.wall())
             self._unsaved_nodes[node] = entry.first_seen
@@ -286,7 +217,7 @@ class Facts:
             self.log.append(ChangeKind.LISTENING, node)
         if changed:
             self.log.append(ChangeKind.NODE, node)
-        heapq.heappush(self._deadlines, (self.unreachable_at(entry), node))
+        self.liveness.watch((entry,))
         self.advance_time(now)
         return now
 
@@ -296,13 +227,9 @@ class Facts:
         Called by every reader that shows liveness and by the reconcile loop
         each pass, so time-driven changes reach the log within a pass."""
         now = self.clock() if now is None else now
-        heap = self._deadlines
-        while heap and heap[0][0] < now:
-            deadline, name = heapq.heappop(heap)
-            entry = self._entries.get(name)
-            if entry is not None and deadline == self.unreachable_at(entry):  # else superseded
-                self.turned_unreachable += 1
-                self.log.append(ChangeKind.NODE, name)
+        for name in self.liveness.turned(now, self._entries):
+            self.turned_unreachable += 1
+            self.log.append(ChangeKind.NODE, name)
 
     def mark_stopping(self, replica_id: str) -> tuple[int, float]:
         """Take a replica out of routing before it is stopped; returns (revision, when)."""
@@ -343,26 +270,15 @@ class Facts:
     def carry_counts(self, before: Facts) -> None:
         """A new term's counters go on from the last term's: never back in one process."""
         self.turned_unreachable = before.turned_unreachable
-        self._events.counts = before._events.counts
+        self._events.counts = before.event_counts  # type: ignore[assignment]
 
     def flush_events(self) -> None:
-        unsaved = self._events.unsaved()
-        if not unsaved:
-            return
-        oldest = self.wall() - EVENTS_KEPT_S
-        try:
-            self._store.add_events(
-                unsaved, keep_after_id=unsaved[-1].id - EVENTS_KEPT, keep_after=oldest
-            )
-        except Exception:
-            self._events.put_back(unsaved)
-            raise
-        self._events.forget_before(oldest)
+        self._events.save(self._store, self.wall())
 
     def history(self, name: str) -> list[AdminInfo]:
         return self._store.history(name)
 
-    # -- admin flags and approval ----------------------------------------------------------------
+    # -- admin flags ----------------------------------------------------------------
 
     def set_flag(
         self,
@@ -376,7 +292,7 @@ class Facts:
     ) -> None:
         """Cordon, drain or uncordon a node (see `admin_flags.flag_info`)."""
         self.require(name)
-        if flag is AdminFlag.NONE and name in self._pending and name not in self._admin:
+        if flag is AdminFlag.NONE and name in self.approvals.pending and name not in self._admin:
             raise AwaitsApproval(name)
         at = self.wall()
         info = admin_flags.flag_info(flag, reason, by, at, force=force, force_after_s=force_after_s)
@@ -411,47 +327,8 @@ class Facts:
             self._admin.pop(name, None)
         else:
             self._admin[name] = info
-        self._drain_blocked.pop(name, None)
+        self.decisions.node_flagged(name)
         self.log.append(ChangeKind.ADMIN, name)
-
-    def set_drain_blocked(self, node: str, why: str | None) -> None:
-        """Why a drain of `node` is not progressing (None: it is, or it is over)."""
-        if self._drain_blocked.get(node) == (why or None) or node not in self._entries:
-            return
-        if why:
-            self._drain_blocked[node] = why
-        else:
-            self._drain_blocked.pop(node, None)
-        self.log.append(ChangeKind.ADMIN, node)
-
-    def await_approval(self, name: str, enrolled_at: float) -> None:
-        """A node enrolled (its credential stored as pending): no work until approved."""
-        self._pending[name] = admin_flags.awaiting(enrolled_at)
-        self._approval_changed(name)
-        self.event(
-            f"node/{name}",
-            EventReason.AWAITING_APPROVAL,
-            f"enrolled; gets no replicas until an admin approves it "
-            f"(llmgw ctl credentials approve {name})",
-        )
-
-    def approve(self, name: str, by: str) -> bool:
-        """An admin approved the node: it may take replicas (False: nothing awaited)."""
-        if name not in self._pending:
-            return False
-        self._store.approve_credential(name, by=by, at=self.wall())
-        del self._pending[name]
-        self._approval_changed(name)
-        return True
-
-    def drop_approval(self, name: str) -> None:
-        """The node enrolled again without needing approval: it awaits nothing any more."""
-        if self._pending.pop(name, None) is not None:
-            self._approval_changed(name)
-
-    def _approval_changed(self, name: str) -> None:
-        if name in self._entries:
-            self.log.append(ChangeKind.ADMIN, name)
 
     def forget_node(self, name: str, by: str) -> None:
         """Forget a node for good: its row, admin flag and replicas go, durably.
@@ -462,21 +339,16 @@ class Facts:
         doomed = [r.id for r in self._by_node.get(name, ())]
         self._store.forget_node(name, doomed, by=by, at=self.wall())
         self._unsaved_nodes.pop(name, None)
+        self.approvals.drop(name)  # before the entry goes: an ADMIN change of its row
         del self._entries[name]
-        flagged = [d.pop(name, None) for d in (self._admin, self._drain_blocked, self._pending)]
-        if any(f is not None for f in flagged):
+        flagged = self._admin.pop(name, None) is not None
+        if self.decisions.node_flagged(name) or flagged:
             self.log.append(ChangeKind.ADMIN, name)
         self.log.append(ChangeKind.NODE, name)
         self._replicas_moved(self._drop_replicas(doomed) - {name})
-        for kind in (
-            ChangeKind.NODE,
-            ChangeKind.ADMIN,
-            ChangeKind.ASSIGNMENTS,
-            ChangeKind.LISTENING,
-        ):
-            self.log.forget_key(kind, name)
+        self.log.forget_key(name)
 
-    # -- models, revisions, backoffs, unplaceable reasons ---------------------------------------
+    # -- models, revisions, backoffs ---------------------------------------
 
     def put_models(
         self, specs: Iterable[ModelSpec], by: str = BY_LLMGW, *, why: str | None = None
@@ -488,7 +360,7 @@ class Facts:
         self._store.put_models(specs, at, revisions)
         self.revisions.add(revisions)
         for rev in revisions:
-            self._rollout_notes.pop(rev.spec.name, None)  # a new revision: a new rollout
+            self.decisions.new_rollout(rev.spec.name)
         names = set()
         for spec in specs:
             names.add(spec.name)
@@ -517,11 +389,10 @@ class Facts:
         self._store.delete_model(name)  # its backoff and revisions go with it
         spec = self._models.pop(name)
         self.revisions.forget(name)
-        self._rollout_notes.pop(name, None)
         self.log.append(ChangeKind.MODEL, name)
         if self._backoffs.pop(name, None) is not None:
             self.log.append(ChangeKind.BACKOFF, name)
-        self.set_unplaceable(name, None)
+        self.decisions.model_deleted(name)
         # Its replicas go with it, but through the stop handshake: the reconcile
         # loop stops them (`retired_replicas`) once the gateways have let go.
         if any(r.model == name for r in self._records.values()):
@@ -550,40 +421,6 @@ class Facts:
             self._store.clear_backoff(model)
             del self._backoffs[model]
             self.log.append(ChangeKind.BACKOFF, model)
-
-    def set_unplaceable(self, model: str, reason: str | None) -> None:
-        """Why `model` cannot be placed (None: it can, or needs nothing)."""
-        if self._unplaceable.get(model) == reason:
-            return
-        if reason is not None and model not in self._unplaceable:  # not each new number
-            self.event(f"model/{model}", EventReason.UNPLACEABLE, reason)
-        if reason is None:
-            del self._unplaceable[model]
-        else:
-            self._unplaceable[model] = reason
-        self.log.append(ChangeKind.UNPLACEABLE, model)
-
-    def set_rollout_note(self, model: str, note: tuple[RolloutState, str] | None) -> None:
-        """Why a rollout waits or stalled (None: it does neither); the reconcile loop's."""
-        if self._rollout_notes.get(model) == note:
-            return
-        if note is None:
-            self._rollout_notes.pop(model, None)
-        else:
-            self._rollout_notes[model] = note
-        self.log.append(ChangeKind.MODEL, model)
-
-    def set_scaling(self, model: str, decision: Decision) -> None:
-        """The autoscaler's answer for `model` (the reconcile loop's, each pass);
-        a change of the desired count is a change of the model's view."""
-        old = self._scaling.get(model)
-        self._scaling[model] = decision
-        if old is None or old.desired != decision.desired:
-            self.log.append(ChangeKind.MODEL, model)
-
-    def forget_scaling(self, keep: Iterable[str]) -> None:
-        for model in self._scaling.keys() - set(keep):
-            del self._scaling[model]
 
     # -- replicas -------------------------------------------------------------------------------
 

@@ -152,12 +152,12 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "llmgw_drains_blocked",
             "Drains not progressing (`llmgw ctl nodes` says why).",
-            value=len(fleet.facts.drain_blocked),
+            value=len(fleet.facts.decisions.drain_blocked),
         )
         yield GaugeMetricFamily(
             "llmgw_nodes_awaiting_approval",
             "Enrolled nodes that get no replicas until `llmgw ctl credentials approve`.",
-            value=len(fleet.facts.pending),
+            value=len(fleet.facts.approvals.pending),
         )
 
         yield GaugeMetricFamily("llmgw_gateways", "Gateways that posted status.", value=len(views))

@@ -63,7 +63,7 @@ def unplaceable_reasons(facts: Facts) -> Mapping[str, str]:
     reason, else the failure its replicas keep ending with (an engine no node
     has, say). The one wording every view shows: ctl models, ctl status, the
     console, the gateway's 503."""
-    reasons = dict(facts.unplaceable)
+    reasons = dict(facts.decisions.unplaceable)
     wall = facts.wall()
     for name, backoff in facts.backoffs.items():
         if name in reasons or not backoff.last_failure:
@@ -79,7 +79,7 @@ def waking(facts: Facts, now: float) -> list[WakingModel]:
     """Models woken from zero by a request, still without a ready replica."""
     return [
         WakingModel(model=name, seconds=round(now - d.woke_at, 1), held=d.held)
-        for name, d in sorted(facts.scalings.items())
+        for name, d in sorted(facts.decisions.scalings.items())
         if d.woke_at is not None
     ]
 
@@ -108,7 +108,7 @@ def model_views(facts: Facts) -> list[ModelView]:
         ready = serving(mine)
         backoff = facts.backoffs.get(name)
         desired = facts.desired_replicas(name)
-        scaling = facts.scaling(name)
+        scaling = facts.decisions.scaling(name)
         why = scaling.why if scaling is not None and spec.autoscaled else None
         live = ready + mine[ReplicaState.STARTING]
         if why is not None and desired > live and ready >= spec.min_replicas:
@@ -139,7 +139,7 @@ def model_views(facts: Facts) -> list[ModelView]:
 
 def _rollout_view(facts: Facts, spec: ModelSpec, updated: int, outdated: int) -> RolloutView:
     desired = facts.desired_replicas(spec.name)
-    note = facts.rollout_note(spec.name)
+    note = facts.decisions.rollout_note(spec.name)
     if outdated == 0 and updated >= desired:
         state, message = RolloutState.COMPLETE, None
     elif note is not None:

@@ -159,7 +159,7 @@ class NodeRows:
             "models": sorted(d.models),
             "replicas": len(facts.replicas_on(name)),
             "gpu_error": entry.gpu_error,
-            "drain_blocked": facts.drain_blocked.get(name),
+            "drain_blocked": facts.decisions.drain_blocked.get(name),
         }
 
 

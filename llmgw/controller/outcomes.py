@@ -43,16 +43,18 @@ def record_transitions(
     fleet.facts.put_replicas(became_ready)
     for rec in became_ready:
         fleet.facts.clear_backoff(rec.model)
-        note = fleet.facts.rollout_note(rec.model)
+        note = fleet.facts.decisions.rollout_note(rec.model)
         if note is not None and note[0] is RolloutState.STALLED and fleet.facts.up_to_date(rec):
-            fleet.facts.set_rollout_note(rec.model, None)  # the new revision serves after all
+            fleet.facts.decisions.set_rollout_note(
+                rec.model, None
+            )  # the new revision serves after all
     failed = [s for s in statuses.values() if s.state is ReplicaState.FAILED]
     rolling = {r.model for r in fleet.facts.records.values() if not fleet.facts.up_to_date(r)}
     for s in failed:
         log.warning("replica %s of %s failed: %s", s.record.id, s.record.model, s.error)
         if s.record.model in rolling and fleet.facts.up_to_date(s.record):
             why = (s.error or "engine failed")[:STALL_MESSAGE_MAX]
-            note = fleet.facts.rollout_note(s.record.model)
+            note = fleet.facts.decisions.rollout_note(s.record.model)
             if note is None or note[0] is not RolloutState.STALLED:
                 cause = why.strip().split("\n", 1)[0]
                 fleet.facts.event(
@@ -61,7 +63,7 @@ def record_transitions(
                     f"revision {s.record.revision}: {s.record.id} failed, no more old "
                     f"replicas stop: {cause}",
                 )
-            fleet.facts.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
+            fleet.facts.decisions.set_rollout_note(s.record.model, (RolloutState.STALLED, why))
         # An engine that died with its card is not the spec's fault: it is
         # replaced at once, without backing the model off.
         if fault_under(s.record, faults) is None:
@@ -77,7 +79,7 @@ def replace_lost(fleet: Term, now: float) -> None:
     lost = {
         name
         for name, entry in fleet.facts.nodes.items()
-        if now > fleet.facts.unreachable_at(entry) + limit
+        if now > fleet.facts.liveness.unreachable_at(entry) + limit
     }
     doomed = [r.id for r in fleet.facts.records.values() if lost.intersection(r.nodes)]
     gone_from = {
@@ -99,7 +101,8 @@ def replace_lost(fleet: Term, now: float) -> None:
 
 def retire_deleted(fleet: Term, gate: StopGate | None) -> None:
     """Replicas of deleted models stop once the gateways have let go of them."""
-    retired = {rid: fleet.facts.records[rid].model for rid in fleet.facts.retired_replicas()}
+    models = fleet.facts.models  # replicas of models no longer declared: to stop
+    retired = {r.id: r.model for r in fleet.facts.records.values() if r.model not in models}
     stopped = stoppable(gate, list(retired))
     fleet.facts.remove_replicas(stopped)
     by_model: dict[str, list[str]] = defaultdict(list)

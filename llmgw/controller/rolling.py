@@ -43,8 +43,10 @@ def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: f
             by_model[r.model].append(r)
     for name in sorted(by_model):
         if all(fleet.facts.up_to_date(r) for r in by_model[name]):
-            if (note := fleet.facts.rollout_note(name)) and note[0] is RolloutState.WAITING:
-                fleet.facts.set_rollout_note(name, None)
+            if (note := fleet.facts.decisions.rollout_note(name)) and note[
+                0
+            ] is RolloutState.WAITING:
+                fleet.facts.decisions.set_rollout_note(name, None)
             continue
         spec, revision = fleet.facts.models[name], fleet.facts.model_revision(name)
         new, old, leaving = [], [], []
@@ -61,7 +63,7 @@ def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: f
                 old.append(r)
         stopped = stoppable(gate, leaving)
         fleet.facts.remove_replicas(stopped)
-        note = fleet.facts.rollout_note(name)
+        note = fleet.facts.decisions.rollout_note(name)
         stalled = note is not None and note[0] is RolloutState.STALLED
         plan = plan_rollout(
             spec,
@@ -127,6 +129,6 @@ def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: f
                     EventReason.ROLLOUT,
                     f"revision {revision}: waiting: {unplaceable[0].reason}",
                 )
-            fleet.facts.set_rollout_note(name, waiting)
+            fleet.facts.decisions.set_rollout_note(name, waiting)
         elif note is not None:
-            fleet.facts.set_rollout_note(name, None)
+            fleet.facts.decisions.set_rollout_note(name, None)

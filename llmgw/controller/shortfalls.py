@@ -178,7 +178,7 @@ class _Filling:
         for name, recs in by_model.items():
             fleet.facts.event(f"model/{name}", EventReason.PLACED, placed_words(recs))
         for name, why in settled:
-            fleet.facts.set_unplaceable(name, why)
+            fleet.facts.decisions.set_unplaceable(name, why)
         if placed:
             log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
         if self.picture is not None:  # the placer took what was just committed
@@ -245,7 +245,7 @@ def shortfalls(fleet: Term, memory: LoopMemory, wall: float, done: set[str]) -> 
         if starving is not None and spec.priority < starving:
             missing = min(missing, spec.min_replicas - active[name])
         if missing <= 0:
-            fleet.facts.set_unplaceable(name, None)
+            fleet.facts.decisions.set_unplaceable(name, None)
             memory.note_fits(name)
         elif fleet.facts.backing_off(name, wall):
             continue

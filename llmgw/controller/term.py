@@ -102,7 +102,7 @@ class Term:
         admin = facts.admin
         return build_summary(
             self.totals.current(now),
-            {**facts.pending, **admin} if facts.pending else admin,
+            {**facts.approvals.pending, **admin} if facts.approvals.pending else admin,
             facts.nodes,
             model_views.replica_statuses(facts),
             facts.models,

@@ -166,7 +166,7 @@ class LiveController:
         fleet = term_of(self.app)
         fleet.facts.clock = self.clock
         fleet.facts.wall = lambda: NOW - 1000.0 + self.clock.t
-        fleet.facts.started_at = self.clock()
+        fleet.facts.liveness.started_at = self.clock()
 
     def stop(self) -> None:
         if self._agent_http is not None:

@@ -65,10 +65,10 @@ def test_replicas_backoffs_and_reasons_are_logged(fleet: Term) -> None:
     ]
     start = fleet.facts.revision
     fleet.facts.back_off("m", "CUDA out of memory", 0.0)
-    fleet.facts.set_unplaceable("m", "no room")
-    fleet.facts.set_unplaceable("m", "no room")  # the same reason again is no change
+    fleet.facts.decisions.set_unplaceable("m", "no room")
+    fleet.facts.decisions.set_unplaceable("m", "no room")  # the same reason again is no change
     fleet.facts.clear_backoff("m")
-    fleet.facts.set_unplaceable("m", None)
+    fleet.facts.decisions.set_unplaceable("m", None)
     assert kinds(fleet.facts.changes_since(start)) == [
         (ChangeKind.BACKOFF, "m"),
         (ChangeKind.UNPLACEABLE, "m"),

@@ -221,13 +221,13 @@ def test_a_replica_count_change_alone_is_sent(fleet: Term) -> None:
 def test_why_a_drain_waits_is_sent(fleet: Term) -> None:
     fleet.facts.set_flag("b", AdminFlag.DRAINING, "BIOS", "alice")
     cursor = caught_up(fleet)
-    fleet.facts.set_drain_blocked(
+    fleet.facts.decisions.set_drain_blocked(
         "b", "waiting for a stand-in for r1"
     )  # as the reconcile loop does
     delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert delta.nodes[0].drain_blocked == "waiting for a stand-in for r1"
-    fleet.facts.set_drain_blocked("b", None)
+    fleet.facts.decisions.set_drain_blocked("b", None)
     assert names(fleet.rows.nodes_since(delta.cursor)) == ["b"]
 
 
@@ -543,8 +543,8 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
                     else:
                         fleet.facts.put_replicas([replica(rid, name, [f"GPU-{name}-3"])])
                 elif kind == "drain blocked" and known:
-                    blocked = fleet.facts.drain_blocked.get(name)
-                    fleet.facts.set_drain_blocked(
+                    blocked = fleet.facts.decisions.drain_blocked.get(name)
+                    fleet.facts.decisions.set_drain_blocked(
                         name, None if blocked else "waiting for a stand-in"
                     )
                 elif kind == "poll":

@@ -13,6 +13,7 @@ import pytest
 from fleet_factories import FakeClock, gpu, location, make_fleet, report
 
 import llmgw.scheduler
+from llmgw.controller.drains import due_drains
 from llmgw.controller.picture import snapshot_in_steps
 from llmgw.controller.reconcile import Reconciler, drain_plan, snapshot
 from llmgw.scheduler import Placement, Unplaceable, place
@@ -315,7 +316,7 @@ def test_a_new_drain_or_uncordon_drops_the_deadline(tmp_path: Path, clock: FakeC
     sim.fleet.facts.set_flag("gpu1", AdminFlag.DRAINING, "swap", "ops", force_after_s=10)
     sim.fleet.facts.set_flag("gpu1", AdminFlag.NONE, None, "ops")
     clock.advance(20)
-    assert sim.fleet.facts.due_drains(sim.fleet.facts.wall()) == []
+    assert due_drains(sim.fleet.facts.admin, sim.fleet.facts.wall()) == []
 
 
 def test_uncordon_mid_drain_keeps_the_replicas(tmp_path: Path, clock: FakeClock) -> None:
