@@ -75,12 +75,12 @@ class Replies:
             log.latest(ChangeKind.ADMIN, node),
             log.latest(ChangeKind.ASSIGNMENTS, node),
         )
+        if len(self._last) > len(facts.nodes):  # a node was forgotten: its reply goes too
+            for gone in self._last.keys() - facts.nodes.keys():
+                del self._last[gone]
         cached = self._last.get(node)
         if cached is not None and cached[0] == key:
             return cached[1]
         body = reply(facts, node, now).model_dump_json().encode()
         self._last[node] = (key, body)
-        if len(self._last) > len(facts.nodes):  # a node was forgotten: its reply goes too
-            for gone in self._last.keys() - facts.nodes.keys():
-                del self._last[gone]
         return body
