@@ -68,9 +68,9 @@ PASS_S = 0.05
 
 
 class Reconciler:
-    """Runs the passes of one leadership term. Holds the fleet (whose methods
-    every step writes through), the stop gate (None: stop at once) and the
-    loop's memory; nothing else survives a pass."""
+    """Runs the passes of one leadership term. Holds the term (whose facts every
+    step writes through), the stop gate (None: stop at once) and the loop's memory
+    (the term's); nothing else survives a pass."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class Reconciler:
         self.attempts_per_slice = attempts_per_slice
         self.slice_s = slice_s
         self.pass_s = pass_s
-        self.memory = LoopMemory() if memory is None else memory
+        self.memory = fleet.memory if memory is None else memory  # the term's
 
     async def run(self, interval_s: float) -> None:
         while True:

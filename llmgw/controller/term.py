@@ -11,7 +11,8 @@ the reconcile loop's memory) can be read against this one's revisions.
     ├── totals       the summary's running sums (summary.py): follow the log
     ├── replies      agents' report replies, cached by revision (replies.py)
     ├── gateways     the gateways' statuses, the feed hold, the stop gate (endpoints.py)
-    └── credentials  issued node credentials and enrollment tokens (credentials.py)
+    ├── credentials  issued node credentials and enrollment tokens (credentials.py)
+    └── memory       what the reconcile loop remembers across passes (loop_memory.py)
 
 Capacity, what placement reads, is the log itself: its version is the newest
 change of a kind placement reads, so it needs no counter beside the log.
@@ -28,6 +29,7 @@ from llmgw.controller.changes import ChangeKind
 from llmgw.controller.credentials import Credentials
 from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
 from llmgw.controller.facts import Facts
+from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.node_rows import NodeRows
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.replies import Replies, assignments_for
@@ -53,6 +55,7 @@ class Term:
     feed_hold: FeedHold
     stop_gate: StopGate
     credentials: Credentials
+    memory: LoopMemory  # what the reconcile loop remembers across its passes
 
     @classmethod
     def begin(
@@ -81,6 +84,7 @@ class Term:
             feed_hold=FeedHold(facts),
             stop_gate=StopGate(facts, gateways),
             credentials=Credentials(store, settings.tokens),
+            memory=LoopMemory(),
         )
 
     def next_term(self) -> Term:
