@@ -239,10 +239,13 @@ def build_summary(
                 )
     idle.sort(key=lambda i: (-i.idle_seconds, i.id))
 
+    none: Counter[ReplicaState] = Counter()
     short = sorted(
-        name for name, spec in models.items() if serving(by_model[name]) < spec.min_replicas
+        name
+        for name, spec in models.items()
+        if serving(by_model.get(name, none)) < spec.min_replicas
     )
-    unplaceable = [name for name in short if by_model[name][ReplicaState.STARTING] == 0]
+    unplaceable = [n for n in short if by_model.get(n, none)[ReplicaState.STARTING] == 0]
 
     return FleetSummary(
         nodes=totals.node_counts(),
