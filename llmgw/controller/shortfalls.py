@@ -42,6 +42,7 @@ from typing import NamedTuple
 from llmgw.controller.loop_memory import Look, LoopMemory, Picture
 from llmgw.controller.picture import picture_in_steps, still_free
 from llmgw.controller.placing import placed_words, record_from
+from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
 from llmgw.controller.term import Term
 from llmgw.wire import EventReason, ModelSpec, ReplicaState
@@ -217,12 +218,14 @@ def shortfalls(fleet: Term, memory: LoopMemory, wall: float, done: set[str]) -> 
     Satisfied models lose their reason; models backing off, and those that
     did not fit with the same spec at the same capacity, are not tried."""
     replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
-    active: dict[str, int] = defaultdict(int)
-    for r in fleet.facts.records.values():
-        # A draining replica and its stand-in are one replica between them; one
-        # leaving for a scale-down is gone already (`demand.scale` takes it back first).
-        if r.state is not ReplicaState.FAILED and r.id not in replaced and r.leaving is None:
-            active[r.model] += 1
+    # A draining replica and its stand-in are one replica between them; one leaving
+    # for a scale-down is gone already (`demand.scale` takes it back first).
+    counts = count_by_model(
+        s
+        for s in fleet.replica_statuses().values()
+        if s.record.id not in replaced and s.record.leaving is None
+    )
+    active = {m: c.total() - c[ReplicaState.FAILED] for m, c in counts.items()}
     memory.forget_models(fleet.facts.models.keys())
     # While a model is short and cannot be placed, lower-priority models do
     # not grow above their minimum: the room reclaimed for it goes to it.
@@ -230,7 +233,7 @@ def shortfalls(fleet: Term, memory: LoopMemory, wall: float, done: set[str]) -> 
         (
             spec.priority
             for name, spec in fleet.facts.models.items()
-            if active[name] < spec.min_replicas and name in fleet.unplaceable_reasons
+            if active.get(name, 0) < spec.min_replicas and name in fleet.unplaceable_reasons
         ),
         default=None,
     )
@@ -241,9 +244,9 @@ def shortfalls(fleet: Term, memory: LoopMemory, wall: float, done: set[str]) -> 
         if name in done:
             continue
         spec = fleet.facts.models[name]
-        missing = fleet.facts.desired_replicas(name) - active[name]
+        missing = fleet.facts.desired_replicas(name) - active.get(name, 0)
         if starving is not None and spec.priority < starving:
-            missing = min(missing, spec.min_replicas - active[name])
+            missing = min(missing, spec.min_replicas - active.get(name, 0))
         if missing <= 0:
             fleet.facts.decisions.set_unplaceable(name, None)
             memory.note_fits(name)
