@@ -125,8 +125,8 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 class ControllerProcess:
     """One `llmgw controller` process for a test. Every test that starts a
-    controller process starts it here: the argv (`--listen`, `--state-dir` or
-    `--store`, then `args`), the environment (`clean_env()` plus `env`), a free
+    controller process starts it here: the argv (`--listen`, `--store` if given
+    else `--state-dir`, then `args`), the environment (`clean_env()` plus `env`), a free
     port unless one is given, its output in `log`, the wait for `/healthz`, and
     the stop (SIGTERM to its process group, SIGKILL if it outstays the timeout).
 
@@ -173,10 +173,10 @@ class ControllerProcess:
 
     def argv(self, *extra: str) -> list[str]:
         where: list[str] = []
-        if self.state_dir is not None:
-            where += ["--state-dir", str(self.state_dir)]
-        if self.store is not None:
+        if self.store is not None:  # the store given wins over state_dir
             where += ["--store", self.store]
+        elif self.state_dir is not None:
+            where += ["--state-dir", str(self.state_dir)]
         return llmgw(
             "controller", "--listen", f"{self.host}:{self.port}", *where, *self.args, *extra
         )

