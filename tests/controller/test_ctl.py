@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,14 +14,9 @@ import pytest
 from fleet_factories import location, report
 
 from llmgw.wire import NodeReport
+from tests.e2e.procs import ControllerProcess, free_port
 
 AGENT, ADMIN = "agent-t0ken", "admin-t0ken"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def llmgw(
@@ -40,46 +33,28 @@ def llmgw(
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     state = tmp_path_factory.mktemp("ctl-state")
-    env = {**os.environ, "LLMGW_AGENT_TOKEN": AGENT, "LLMGW_ADMIN_TOKEN": ADMIN}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmgw",
-            "controller",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--state-dir",
-            str(state),
-            "--allow-shared-agent-token",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = ControllerProcess(
+        state.with_name(f"{state.name}-controller.log"),
+        state_dir=state,
+        args=["--allow-shared-agent-token"],
+        env={"LLMGW_AGENT_TOKEN": AGENT, "LLMGW_ADMIN_TOKEN": ADMIN},
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, "controller did not start"
-        time.sleep(0.1)
-    send(
-        url,
-        report("gpu001", storage=[location("/models", ["meta/llama-8b"], "shared", "filer:/m")]),
-    )
-    send(url, report("gpu002", fabrics=["ib-b"]))
-    send(url, report("gpu003"))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    proc.start()
+    url = proc.url
+    try:
+        send(
+            url,
+            report(
+                "gpu001", storage=[location("/models", ["meta/llama-8b"], "shared", "filer:/m")]
+            ),
+        )
+        send(url, report("gpu002", fabrics=["ib-b"]))
+        send(url, report("gpu003"))
+        yield url
+    finally:
+        proc.stop()
+        proc.close()
 
 
 def send(url: str, r: NodeReport) -> None:

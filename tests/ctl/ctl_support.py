@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from typing import Any
 
 import httpx
 
+from tests.e2e.procs import ControllerProcess
+
 AGENT, ADMIN, READ = "agent-t0ken", "admin-t0ken", "read-t0ken"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gpu(node: str, index: int, cls: str = "H100-SXM-80GB") -> dict[str, Any]:
@@ -56,7 +51,7 @@ def report(
 
 
 class Controller:
-    def __init__(self, url: str, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, url: str, proc: ControllerProcess) -> None:
         self.url = url
         self.proc = proc
         # One client throughout: each new httpx client sets up TLS (~40 ms).
@@ -105,49 +100,25 @@ class Controller:
 
 @contextmanager
 def controller_process(state: Path, **env_extra: str) -> Iterator[Controller]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "LLMGW_AGENT_TOKEN": AGENT,
-        "LLMGW_ADMIN_TOKEN": ADMIN,
-        "LLMGW_READ_TOKEN": READ,
-        **env_extra,
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmgw",
-            "controller",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--state-dir",
-            str(state),
-            "--allow-shared-agent-token",  # the bench-style fleet reports with one token
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = ControllerProcess(
+        state.with_name(f"{state.name}-controller.log"),
+        state_dir=state,
+        args=["--allow-shared-agent-token"],  # the bench-style fleet reports with one token
+        env={
+            "LLMGW_AGENT_TOKEN": AGENT,
+            "LLMGW_ADMIN_TOKEN": ADMIN,
+            "LLMGW_READ_TOKEN": READ,
+            **env_extra,
+        },
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, "controller did not start"
-        time.sleep(0.1)
-    controller = Controller(url, proc)
+    proc.start()
+    controller = Controller(proc.url, proc)
     try:
         yield controller
     finally:
         controller.http.close()
-        proc.terminate()
-        proc.wait(timeout=10)
+        proc.stop()
+        proc.close()
 
 
 def llmgw(

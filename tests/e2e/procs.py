@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -123,6 +123,160 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class ControllerProcess:
+    """One `llmgw controller` process for a test. Every test that starts a
+    controller process starts it here: the argv (`--listen`, `--store` if given
+    else `--state-dir`, then `args`), the environment (`clean_env()` plus `env`), a free
+    port unless one is given, its output in `log`, the wait for `/healthz`, and
+    the stop (SIGTERM to its process group, SIGKILL if it outstays the timeout).
+
+    It can be started again in place (same port, same state). `run()` runs the
+    same command to its end instead, for a start that must fail.
+    """
+
+    def __init__(
+        self,
+        log: Path,
+        *,
+        state_dir: Path | None = None,
+        store: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+        scheme: str = "http",
+    ) -> None:
+        self.log = log
+        self.state_dir = state_dir
+        self.store = store
+        self.host = host
+        self.port = free_port() if port is None else port
+        self.args = tuple(args)
+        self.extra_env = dict(env or {})
+        self.cwd = cwd
+        self.preexec_fn = preexec_fn
+        self.url = f"{scheme}://{host}:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        """A client onto this controller (plain HTTP), made on first use."""
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, timeout=5.0)
+        return self._http
+
+    def env(self) -> dict[str, str]:
+        return {**clean_env(), **self.extra_env}
+
+    def argv(self, *extra: str) -> list[str]:
+        where: list[str] = []
+        if self.store is not None:  # the store given wins over state_dir
+            where += ["--store", self.store]
+        elif self.state_dir is not None:
+            where += ["--state-dir", str(self.state_dir)]
+        return llmgw(
+            "controller", "--listen", f"{self.host}:{self.port}", *where, *self.args, *extra
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def healthy(self) -> bool | None:
+        """/healthz answers 200 (None while it does not answer at all)."""
+        try:
+            return self.http.get("/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return None
+
+    def start(
+        self,
+        *extra: str,
+        ready: Callable[[], Any] | None = None,
+        what: str = "the controller to answer /healthz",
+        timeout: float = 20,
+        diagnose: Callable[[], str] | None = None,
+    ) -> None:
+        """Start it with `args` and `extra`; wait until `ready()` (default: /healthz
+        answers 200). If it exits first, fail with `diagnose()` (default: its log)."""
+        assert self.proc is None or self.proc.poll() is not None, "the controller is running"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            proc = self.proc = subprocess.Popen(
+                self.argv(*extra),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=self.preexec_fn,
+            )
+        check = ready or self.healthy
+        said = diagnose or (lambda: _tail(self.log))
+
+        def up() -> Any:
+            if proc.poll() is not None:
+                raise AssertionError(f"controller exited {proc.returncode}\n{said()}")
+            return check()
+
+        try:
+            wait_until(up, timeout=timeout, what=what)
+        except BaseException:
+            _stop(proc, signal.SIGKILL, timeout=10)  # never left running by a failed start
+            raise
+
+    def run(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the same command to its end (a start that must fail), output captured."""
+        return subprocess.run(
+            self.argv(*extra),
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.cwd,
+            timeout=timeout,
+            preexec_fn=self.preexec_fn,
+        )
+
+    # -- the process ----------------------------------------------------------------
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        assert self.proc is not None, "the controller was never started"
+        return self.proc
+
+    @property
+    def pid(self) -> int:
+        return self._running().pid
+
+    def poll(self) -> int | None:
+        return self._running().poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._running().wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to its process group (SIGSTOP, SIGCONT, ...)."""
+        _kill_group(self._running(), sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        """Send `sig`, SIGKILL it if it outstays `timeout`; its exit status."""
+        return _stop(self._running(), sig, timeout)
+
+    def close(self) -> None:
+        """Killed if still running (a paused one too); the client closed."""
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_group(self.proc, signal.SIGCONT)  # a paused one must be able to die
+            _stop(self.proc, signal.SIGKILL, timeout=10)
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+
 class Cluster:
     """A controller on a fixed port and state dir (so it can be restarted in
     place), agents by name, and the engines they run."""
@@ -133,7 +287,7 @@ class Cluster:
         self.tag = uuid.uuid4().hex
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.controller: subprocess.Popen[bytes] | None = None
+        self.controller: ControllerProcess | None = None
         self.controller_args: tuple[str, ...] = ()
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.agent_args: dict[str, list[str]] = {}
@@ -168,30 +322,19 @@ class Cluster:
         """Start (or restart, with the same port, state dir and options) the controller."""
         if extra:
             self.controller_args = extra
-        assert self.controller is None or self.controller.poll() is not None
-        argv = llmgw(
-            "controller",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--state-dir",
-            str(self.root / "controller"),
-            *self.controller_args,
-        )
-        proc = self.controller = self._spawn(argv, self.root / "controller.log")
-
-        def healthy() -> bool | None:
-            if proc.poll() is not None:
-                raise AssertionError(f"controller exited {proc.returncode}\n{self.logs()}")
-            try:
-                return self.http.get("/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return None
-
-        wait_until(healthy, timeout=20, what="the controller to answer /healthz")
+        if self.controller is None:
+            self.controller = ControllerProcess(
+                self.root / "controller.log",
+                state_dir=self.root / "controller",
+                port=self.port,
+                env={TAG_VAR: self.tag},
+                cwd=self.root,
+            )
+        self.controller.start(*self.controller_args, diagnose=self.logs)
 
     def kill_controller(self, sig: int = signal.SIGKILL) -> int:
         assert self.controller is not None
-        return _stop(self.controller, sig, timeout=10)
+        return self.controller.stop(sig, timeout=10)
 
     # -- agents ------------------------------------------------------------------
 
@@ -318,7 +461,7 @@ class Cluster:
         for proc in self.agents.values():
             _stop(proc, signal.SIGKILL, timeout=10)
         if self.controller is not None:
-            _stop(self.controller, signal.SIGKILL, timeout=10)
+            self.controller.close()
         self.http.close()
         # Engines live in sessions of their own: find them by the tag.
         for _ in range(50):

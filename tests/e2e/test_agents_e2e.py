@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agent.sample_models import write_model
-from tests.e2e.procs import clean_env, free_port, llmgw
+from tests.e2e.procs import ControllerProcess, clean_env, llmgw
 
 pytestmark = pytest.mark.slow
 
@@ -43,40 +42,17 @@ def half_download(directory: Path) -> None:
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        llmgw(
-            "controller",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--state-dir",
-            str(tmp_path / "controller"),
-            "--log-level",
-            "warning",
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-        text=True,
+    proc = ControllerProcess(
+        tmp_path / "controller.log",
+        state_dir=tmp_path / "controller",
+        args=["--log-level", "warning"],
     )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"controller did not start: {proc.communicate()[1]}")
-        time.sleep(0.1)
-    yield url
-    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        proc.start()
+        yield proc.url
+        proc.stop()
+    finally:
+        proc.close()
 
 
 def status(url: str) -> dict[str, Any]:

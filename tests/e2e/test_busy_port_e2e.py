@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.procs import clean_env, free_port, llmgw
+from tests.e2e.procs import ControllerProcess, clean_env, free_port, llmgw
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +37,20 @@ def start_fails(argv: list[str]) -> str:
 
 
 def test_the_controller_on_a_taken_port(taken: int, tmp_path: Path) -> None:
-    argv = llmgw("controller", "--listen", f"127.0.0.1:{taken}", "--state-dir", str(tmp_path))
-    line = start_fails(argv)
+    controller = ControllerProcess(tmp_path / "controller.log", state_dir=tmp_path, port=taken)
+    line = start_fails(controller.argv())
     assert line.startswith("llmgw controller: cannot listen on 127.0.0.1:")
     assert f":{taken} for the API: the address is already in use" in line
     assert "choose another address" in line
 
 
 def test_the_controllers_metrics_port_taken(taken: int, tmp_path: Path) -> None:
-    argv = llmgw(
-        "controller",
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--metrics-listen",
-        f"127.0.0.1:{taken}",
-        "--state-dir",
-        str(tmp_path),
+    controller = ControllerProcess(
+        tmp_path / "controller.log",
+        state_dir=tmp_path,
+        args=["--metrics-listen", f"127.0.0.1:{taken}"],
     )
-    line = start_fails(argv)
+    line = start_fails(controller.argv())
     assert f"cannot listen on 127.0.0.1:{taken} for --metrics-listen" in line
 
 

@@ -4,15 +4,13 @@ are given every controller's URL (`--controller A,B`)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.e2e.procs import Cluster, _stop, _tail, free_port, llmgw, wait_until
+from tests.e2e.procs import TAG_VAR, Cluster, ControllerProcess, _tail, wait_until
 
 LEASE_TTL_S = 3.0  # short, so a test's failover takes seconds (the default is 8)
 
@@ -21,10 +19,20 @@ class HaCluster(Cluster):
     def __init__(self, root: Path, pg_url: str, controllers: int = 2) -> None:
         super().__init__(root)
         self.pg_url = pg_url
-        self.ports = [free_port() for _ in range(controllers)]
-        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.controllers = [
+            ControllerProcess(
+                self.root / f"controller-{i}.log",
+                store=pg_url,
+                args=("--lease-ttl", str(LEASE_TTL_S)),
+                env={TAG_VAR: self.tag},
+                cwd=self.root,
+            )
+            for i in range(controllers)
+        ]
+        self.procs: dict[int, ControllerProcess] = {}  # those started
+        self.ports = [c.port for c in self.controllers]
+        self.urls = [c.url for c in self.controllers]
         self.url = ",".join(self.urls)  # what agents and ctl are given
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.clients = [httpx.Client(base_url=u, timeout=5.0) for u in self.urls]
         self.extra: tuple[str, ...] = ()
 
@@ -32,25 +40,18 @@ class HaCluster(Cluster):
         """Start controller `i`; wait until it answers /healthz (in `role`, if given)."""
         if extra:
             self.extra = extra
-        argv = llmgw(
-            "controller",
-            "--listen",
-            f"127.0.0.1:{self.ports[i]}",
-            "--store",
-            self.pg_url,
-            "--lease-ttl",
-            str(LEASE_TTL_S),
-            *self.extra,
-        )
-        proc = self.procs[i] = self._spawn(argv, self.root / f"controller-{i}.log")
 
         def up() -> bool | None:
-            if proc.poll() is not None:
-                raise AssertionError(f"controller {i} exited {proc.returncode}\n{self.logs()}")
             health = self.health(i)
             return health is not None and (role is None or health["role"] == role)
 
-        wait_until(up, timeout=20, what=f"controller {i} to answer /healthz as {role}")
+        self.procs[i] = self.controllers[i]
+        self.procs[i].start(
+            *self.extra,
+            ready=up,
+            what=f"controller {i} to answer /healthz as {role}",
+            diagnose=self.logs,
+        )
 
     def health(self, i: int) -> dict[str, Any] | None:
         try:
@@ -77,10 +78,10 @@ class HaCluster(Cluster):
         return wait_until(one, timeout=timeout, what="one leader", diagnose=self.logs)
 
     def signal(self, i: int, sig: int) -> None:
-        os.killpg(self.procs[i].pid, sig)
+        self.procs[i].send_signal(sig)
 
     def kill(self, i: int) -> None:
-        _stop(self.procs[i], signal.SIGKILL, timeout=10)
+        self.procs[i].stop(signal.SIGKILL, timeout=10)
 
     def leader_get(self, path: str) -> Any:
         """GET from whichever controller leads now (None while none does)."""
@@ -108,9 +109,7 @@ class HaCluster(Cluster):
 
     def close(self) -> None:
         for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGCONT)  # a paused one must be able to die
-            _stop(proc, signal.SIGKILL, timeout=10)
+            proc.close()  # a paused one too
         for client in self.clients:
             client.close()
         super().close()

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import resource
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,44 +17,30 @@ import httpx
 import pytest
 
 from llmgw.controller.serve import _Once, connection_cap, quiet_fd_exhaustion
-from tests.e2e.procs import clean_env, free_port, llmgw, wait_until
+from tests.e2e.procs import ControllerProcess, wait_until
 
 NOFILE = 256
-CONTROLLER_ARGS = ("controller", "--idle-timeout", "1", "--body-timeout", "1")
+CONTROLLER_ARGS = ("--idle-timeout", "1", "--body-timeout", "1")
 
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[tuple[str, int, Path]]:
-    port = free_port()
     log = tmp_path / "controller.log"
 
     def few_fds() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            llmgw(
-                "controller",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--state-dir",
-                str(tmp_path / "s"),
-                "--idle-timeout",
-                "1",
-                "--body-timeout",
-                "1",
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=clean_env(),
-            preexec_fn=few_fds,
-        )
+    proc = ControllerProcess(
+        log, state_dir=tmp_path / "s", args=CONTROLLER_ARGS, preexec_fn=few_fds
+    )
+    port = proc.port
     try:
-        wait_until(lambda: healthy(port), timeout=20, what="controller up")
+        proc.start(ready=lambda: healthy(port), what="controller up")
         yield "127.0.0.1", port, log
     finally:
         proc.terminate()
         assert proc.wait(10) == 0, log.read_text()[-2000:]
+        proc.close()
 
 
 def healthy(port: int) -> bool:

