@@ -33,6 +33,7 @@ from llmgw.controller.store import Backoff, ReplicaRecord
 from llmgw.controller.stores.base import StateStore
 from llmgw.errors import AwaitsApproval, UnknownModel, UnknownNode
 from llmgw.wire import (
+    AdminEvent,
     AdminFlag,
     AdminInfo,
     EventList,
@@ -275,7 +276,7 @@ class Facts:
     def flush_events(self) -> None:
         self._events.save(self._store, self.wall())
 
-    def history(self, name: str) -> list[AdminInfo]:
+    def history(self, name: str) -> list[AdminEvent]:
         return self._store.history(name)
 
     # -- admin flags ----------------------------------------------------------------
