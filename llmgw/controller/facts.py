@@ -111,6 +111,7 @@ class Facts:
     stopping: ReadOnly[tuple[int, float]] = ReadOnly("_stopping")
     gateway_activity: ReadOnly[float] = ReadOnly("_gateway_activity")
     retiring: ReadOnly[ModelSpec] = ReadOnly("_retiring")  # deleted, replicas still stopping
+    by_node: ReadOnly[list[ReplicaRecord]] = ReadOnly("_by_node")  # nodes with replicas
 
     @property
     def store(self) -> StateStore:

@@ -40,7 +40,7 @@ def replica_statuses(facts: Facts) -> dict[str, ReplicaStatus]:
     the engines' own counters, whichever is later."""
     reported: dict[tuple[str, int], ShardDigest] = {}
     nodes = facts.nodes
-    for node in {n for rec in facts.records.values() for n in rec.nodes}:
+    for node in facts.by_node:
         entry = nodes.get(node)
         if entry is not None:
             for shard in entry.shards:
