@@ -81,6 +81,7 @@ from llmgw.wire import (
     RolloutUndo,
     node_name,
     printable,
+    validate_json,
 )
 
 log = logging.getLogger("llmgw.controller")
@@ -149,11 +150,15 @@ async def parse_body(
     With `optional`, an empty body stands for `{}`. `limit`: a smaller bound than
     the app's, a 413 before the body is parsed (or read, when its length is said).
     """
-    timeout = request.app[SETTINGS].body_timeout_s
     if limit is not None and (request.content_length or 0) > limit:
         raise TooLarge(limit)
+    timeout = request.app[SETTINGS].body_timeout_s
     try:
-        raw = await asyncio.wait_for(request.read(), timeout)  # 413 past client_max_size
+        if request.content.is_eof():  # all of it came with the headers (a report): no wait
+            raw = await request.read()  # 413 past client_max_size
+        else:  # the deadline as a timer on this task (wait_for would add a task per read)
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
     except TimeoutError:
         raise SlowBody(f"the request body did not arrive within {timeout:g} s") from None
     except ConnectionResetError:  # closed or reset mid-body (aiohttp: "Connection lost")
@@ -168,7 +173,7 @@ async def parse_body(
         else:
             raise BadRequest("the request needs a JSON body")
     try:
-        return model.model_validate_json(raw)
+        return validate_json(model, raw)
     except ValidationError as exc:
         detail = validation_detail(exc)
         where = ", ".join(d["loc"] for d in detail[:3])
@@ -206,16 +211,18 @@ FOLLOWER_PATHS = frozenset({"/healthz", "/metrics"})
 async def leader_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Only the leader takes reports, admin writes and reads of the fleet."""
     lead = request.app.get(LEADERSHIP)
-    if lead is None or request.path in FOLLOWER_PATHS:
+    if lead is None:
         return await handler(request)
-    if not lead.is_leader:
-        return not_the_leader(lead.leader_url)
-    response = await handler(request)
-    if request.method == "GET" and not lead.is_leader:
+    if lead.is_leader:
+        response = await handler(request)
+        if lead.is_leader or request.method != "GET" or request.path in FOLLOWER_PATHS:
+            return response
         # Stepped down while it waited (a long poll): its answer is no longer the fleet's.
         # A write that got here was stored under the fence, so its answer stands.
         return not_the_leader(lead.leader_url)
-    return response
+    if request.path in FOLLOWER_PATHS:
+        return await handler(request)
+    return not_the_leader(lead.leader_url)
 
 
 def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -230,7 +237,8 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
         if allowed is None:  # public (healthz) or not found
             return await handler(request)
         if not tokens.enabled:
-            request["identity"] = Identity(_claimed_user(request) or "anonymous", None)
+            claimed = _claimed_user(request)
+            request["identity"] = ANONYMOUS if claimed is None else Identity(claimed, None)
             return await handler(request)
         header = request.headers.get("Authorization")
         if header is not None and not _is_text(header):
@@ -265,15 +273,15 @@ def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web
                 403, f"{_article(str(identity.role))} token cannot do this; it needs {need} token"
             )
         claimed = _claimed_user(request)
-        name = (
-            f"{identity.name} ({claimed})"
-            if claimed and claimed != identity.name
-            else identity.name
-        )
-        request["identity"] = Identity(name, identity.role, identity.node)
+        if claimed and claimed != identity.name:
+            identity = Identity(f"{identity.name} ({claimed})", identity.role, identity.node)
+        request["identity"] = identity
         return await handler(request)
 
     return middleware
+
+
+ANONYMOUS = Identity("anonymous", None)  # open mode (no tokens), no user said
 
 
 def _article(word: str) -> str:
@@ -283,7 +291,10 @@ def _article(word: str) -> str:
 
 def _claimed_user(request: web.Request) -> str | None:
     """The operator's login name as the client says it: recorded beside the token's identity."""
-    user = request.headers.get("X-LLMGW-User", "").strip()
+    user = request.headers.get("X-LLMGW-User")
+    if user is None:  # agents and gateways say no user
+        return None
+    user = user.strip()
     if not _is_text(user) or _has_control(user):
         raise BadRequest("the X-LLMGW-User header must be printable UTF-8 text")
     return user[:64] or None
@@ -326,22 +337,24 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def agent_report(request: web.Request) -> web.Response:
-    metrics = request.app[METRICS]
-    with metrics.report_seconds.time():
+    started, outcome = time.perf_counter(), None
+    try:
         try:
             report = await parse_body(request, NodeReport)
         except BadRequest:
-            metrics.reports.labels("rejected").inc()
+            outcome = "rejected"
             raise
         fleet = request.app[FLEET]
         identity: Identity = request["identity"]
         refusal = report_refusal(identity, report, fleet.records)
         if refusal is not None:
-            metrics.reports.labels("refused").inc()
+            outcome = "refused"
             request.app[REFUSALS].note(identity.node or report.node, refusal)
             return error(403, refusal)
         body = fleet.ingest_json(report, await request.read())
-    metrics.reports.labels("ok").inc()
+        outcome = "ok"
+    finally:
+        request.app[METRICS].reports.observe(time.perf_counter() - started, outcome)
     return web.Response(body=body, content_type="application/json")
 
 

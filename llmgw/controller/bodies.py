@@ -27,7 +27,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _encoded(request: web.Request) -> str | None:
     """The body's content coding, when it has one other than identity."""
-    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    coding = request.headers.get("Content-Encoding")
+    if coding is None:  # (nearly every request: nothing more to look at)
+        return None
+    coding = coding.strip().lower()
     return coding if coding not in ("", "identity") and request.body_exists else None
 
 
