@@ -32,7 +32,7 @@ from llmgw.controller.auth import (
     bearer,
 )
 from llmgw.controller.authorize import RefusalLog, report_refusal
-from llmgw.controller.bodies import HANDLER_ARGS, body_guard
+from llmgw.controller.bodies import HANDLER_ARGS, close_if_unread, refused_encoding
 from llmgw.controller.credentials import (
     AlreadyEnrolled,
     Credentials,
@@ -152,11 +152,12 @@ async def parse_body(
     """
     if limit is not None and (request.content_length or 0) > limit:
         raise TooLarge(limit)
-    timeout = request.app[SETTINGS].body_timeout_s
+    timeout = 0.0
     try:
         if request.content.is_eof():  # all of it came with the headers (a report): no wait
             raw = await request.read()  # 413 past client_max_size
         else:  # the deadline as a timer on this task (wait_for would add a task per read)
+            timeout = request.app[SETTINGS].body_timeout_s
             async with asyncio.timeout(timeout):
                 raw = await request.read()
     except TimeoutError:
@@ -183,46 +184,50 @@ async def parse_body(
 # -- middleware ----------------------------------------------------------------------
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Each error carries its status and message (llmgw.errors)."""
-    try:
-        return await handler(request)
-    except ServerError as exc:
-        resp = error(exc.status, exc.message, exc.detail)
-        if exc.close:
-            resp.force_close()
-        return resp
-    except Fenced as exc:  # a deposed leader's write: nothing stored, here is the leader
-        return not_the_leader(exc.leader, str(exc))
-    except StoreUnavailable as exc:  # nothing was stored, nothing changed
-        return error(503, str(exc))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return error(exc.status, exc.reason)
-        raise
-
-
 # What a follower still answers itself: who leads, and its own process metrics.
 FOLLOWER_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 @web.middleware
-async def leader_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Only the leader takes reports, admin writes and reads of the fleet."""
-    lead = request.app.get(LEADERSHIP)
-    if lead is None:
-        return await handler(request)
-    if lead.is_leader:
-        response = await handler(request)
-        if lead.is_leader or request.method != "GET" or request.path in FOLLOWER_PATHS:
-            return response
-        # Stepped down while it waited (a long poll): its answer is no longer the fleet's.
-        # A write that got here was stored under the fence, so its answer stands.
-        return not_the_leader(lead.leader_url)
-    if request.path in FOLLOWER_PATHS:
-        return await handler(request)
-    return not_the_leader(lead.leader_url)
+async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What every request meets before auth, in one layer (each layer costs every
+    request a call and a coroutine): a compressed body refused (llmgw.controller.bodies);
+    only the leader takes reports, admin writes and reads of the fleet; each error
+    answered with its status and message (llmgw.errors)."""
+    resp = refused_encoding(request)
+    if resp is None:
+        try:
+            lead = request.app.get(LEADERSHIP)
+            if lead is None or lead.is_leader:
+                resp = await handler(request)
+                if (
+                    lead is not None
+                    and not lead.is_leader
+                    and request.method == "GET"
+                    and request.path not in FOLLOWER_PATHS
+                ):
+                    # Stepped down while it waited (a long poll): its answer is no longer
+                    # the fleet's. A write that got here was stored under the fence, so
+                    # its answer stands.
+                    resp = not_the_leader(lead.leader_url)
+            elif request.path in FOLLOWER_PATHS:
+                resp = await handler(request)
+            else:
+                resp = not_the_leader(lead.leader_url)
+        except ServerError as exc:
+            resp = error(exc.status, exc.message, exc.detail)
+            if exc.close:
+                resp.force_close()
+        except Fenced as exc:  # a deposed leader's write: nothing stored, here is the leader
+            resp = not_the_leader(exc.leader, str(exc))
+        except StoreUnavailable as exc:  # nothing was stored, nothing changed
+            resp = error(503, str(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            resp = error(exc.status, exc.reason)
+    close_if_unread(request, resp)
+    return resp
 
 
 def auth_middleware(settings: ControllerSettings) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -725,7 +730,7 @@ ROUTE_ROLES = {f"{method} {path}": roles for method, path, _, roles in ROUTES}
 def create_app(settings: ControllerSettings) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[body_guard, errors_middleware, leader_middleware, auth_middleware(settings)],
+        middlewares=[front_middleware, auth_middleware(settings)],
         handler_args=HANDLER_ARGS,
     )
     app[SETTINGS] = settings
