@@ -365,7 +365,7 @@ async def compare_before(args: argparse.Namespace) -> None:
     server_cpu = cores[0]
     if len(cores) > 1:
         os.sched_setaffinity(0, set(cores[1:]))  # the load generator: the other cores
-    before = Path(args.before).resolve()
+    before = Path(args.before)  # (made absolute by main)
     print(
         f"python {sys.version.split()[0]}; CPU per report, {before} against {ROOT}; server "
         f"pinned to core {server_cpu}, closed loop ({args.concurrency} in flight, "
@@ -379,8 +379,15 @@ async def compare_before(args: argparse.Namespace) -> None:
             got: dict[str, dict[str, float]] = {}
             for name, code in codes if i % 2 == 0 else codes[::-1]:
                 got[name] = await measure(
-                    "controller", bodies, n, args.reports, args.concurrency, args.seconds,
-                    code=code, cpu=server_cpu, summary=False,
+                    "controller",
+                    bodies,
+                    n,
+                    args.reports,
+                    args.concurrency,
+                    args.seconds,
+                    code=code,
+                    cpu=server_cpu,
+                    summary=False,
                 )
             ratios.append(got["after"]["cpu_us"] / got["before"]["cpu_us"])
             print(
@@ -510,6 +517,8 @@ def main() -> None:
     elif args.serve == "controller":
         serve_controller(args.port, args.state_dir, args.store)
     else:
+        if args.before:
+            args.before = str(Path(args.before).resolve())
         asyncio.run(main_async(args))
 
 

@@ -25,7 +25,6 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
-
 from pydantic_core import CoreConfig, SchemaValidator
 
 from llmgw.common import printable as printable  # (re-exported: the agent's import)
@@ -71,7 +70,7 @@ def _text(min_length: int | None = None, max_length: int = 256, **kw: Any) -> An
 
 
 E = TypeVar("E", bound=StrEnum)
-I = TypeVar("I", bound="Inbound")
+Body = TypeVar("Body", bound=BaseModel)
 # An enum field takes its value's string from Python callers too (YAML, tests);
 # only exact values match, so nothing is coerced.
 ByValue = Annotated[E, Strict(False)]
@@ -245,7 +244,7 @@ def _lean(model: type[BaseModel]) -> SchemaValidator:
     return lean
 
 
-def validate_json(model: type[I], raw: bytes) -> I:
+def validate_json(model: type[Body], raw: bytes) -> Body:
     """`model.model_validate_json(raw)`, for the bodies the controller receives.
 
     The text patterns are the costliest part of validating a report: a regex
@@ -255,7 +254,7 @@ def validate_json(model: type[I], raw: bytes) -> I:
     full schema, which says which field holds what."""
     if may_hold_control(raw):
         return model.model_validate_json(raw)
-    return _lean(model).validate_json(raw)  # type: ignore[no-any-return]
+    return _lean(model).validate_json(raw)
 
 
 class Outbound(BaseModel):

@@ -194,7 +194,7 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
     request a call and a coroutine): a compressed body refused (llmgw.controller.bodies);
     only the leader takes reports, admin writes and reads of the fleet; each error
     answered with its status and message (llmgw.errors)."""
-    resp = refused_encoding(request)
+    resp: web.StreamResponse | None = refused_encoding(request)
     if resp is None:
         try:
             lead = request.app.get(LEADERSHIP)
@@ -226,6 +226,7 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
             if exc.status < 400:
                 raise
             resp = error(exc.status, exc.reason)
+    assert resp is not None
     close_if_unread(request, resp)
     return resp
 
