@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.client import AdminClient
-from llmgw.controller.app import FLEET, create_app
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.fleet import BadCursor, FleetState
+from llmgw.controller.keys import FLEET
 from llmgw.controller.nodes import NodeEntry
 from llmgw.controller.row_json import RowEncodings
 from llmgw.controller.settings import ControllerSettings
