@@ -1,13 +1,13 @@
 """Controller benchmark: report handling and /v1/summary at fleet scale.
 
     python bench/bench_controller.py [--nodes 2000 10000] [--reports 20000]
-    python bench/bench_controller.py --before DIR [--pairs 3] [--nodes 200 1000 10000]
+    python bench/bench_controller.py --before DIR [--also DIR ...] [--pairs 3] [--nodes 200 1000 10000]
 
 With `--before DIR` (another checkout, e.g. `git worktree add --detach
 /tmp/before 68b7456`) it instead measures the CPU the controller spends per
-report, DIR's code against this one, in `--pairs` alternating pairs: closed
-loop (`--concurrency` in flight), the server pinned to one core and the load
-generator to the other.
+report, DIR's code against this one (and `--also DIR ...`, more checkouts), in
+`--pairs` rounds whose order rotates: closed loop (`--concurrency` in flight),
+the server pinned to one core and the load generator to the other.
 
 The server runs in its own process (one core); this process is the load
 generator. Each figure is printed next to a floor measured in the same run: a
@@ -360,24 +360,27 @@ async def summary_latency(
 
 
 async def compare_before(args: argparse.Namespace) -> None:
-    """CPU per report: DIR's controller against this one, alternating pairs."""
+    """CPU per report: DIR's controller against this one (and any --also), in rounds
+    whose order rotates."""
     cores = sorted(os.sched_getaffinity(0))
     server_cpu = cores[0]
     if len(cores) > 1:
         os.sched_setaffinity(0, set(cores[1:]))  # the load generator: the other cores
-    before = Path(args.before)  # (made absolute by main)
+    trees = [("before", Path(args.before)), ("this", ROOT)]
+    trees += [(Path(d).name, Path(d)) for d in args.also or []]
     print(
-        f"python {sys.version.split()[0]}; CPU per report, {before} against {ROOT}; server "
-        f"pinned to core {server_cpu}, closed loop ({args.concurrency} in flight, "
-        f"{args.reports} reports a run), {args.pairs} alternating pairs\n"
+        f"python {sys.version.split()[0]}; CPU per report against {trees[0][1]} (before): "
+        + ", ".join(f"{name} = {code}" for name, code in trees[1:])
+        + f"; server pinned to core {server_cpu}, closed loop ({args.concurrency} in flight, "
+        f"{args.reports} reports a run), {args.pairs} rounds, order rotating\n"
     )
     for n in args.nodes:
         bodies = [json.dumps(synthetic_report(i)).encode() for i in range(n)]
-        ratios = []
+        ratios: dict[str, list[float]] = {name: [] for name, _ in trees[1:]}
         for i in range(args.pairs):
-            codes = [("before", before), ("after", ROOT)]
+            k = i % len(trees)
             got: dict[str, dict[str, float]] = {}
-            for name, code in codes if i % 2 == 0 else codes[::-1]:
+            for name, code in trees[k:] + trees[:k]:
                 got[name] = await measure(
                     "controller",
                     bodies,
@@ -389,14 +392,22 @@ async def compare_before(args: argparse.Namespace) -> None:
                     cpu=server_cpu,
                     summary=False,
                 )
-            ratios.append(got["after"]["cpu_us"] / got["before"]["cpu_us"])
+            base = got["before"]["cpu_us"]
+            for name in ratios:
+                ratios[name].append(got[name]["cpu_us"] / base)
             print(
-                f"  {n:>6} nodes, pair {i + 1}: before {got['before']['cpu_us']:6.1f} us/report "
-                f"({got['before']['rate']:5.0f}/s), after {got['after']['cpu_us']:6.1f} us/report "
-                f"({got['after']['rate']:5.0f}/s) = {ratios[-1]:.3f} x",
+                f"  {n:>6} nodes, round {i + 1}: "
+                + ", ".join(
+                    f"{name} {got[name]['cpu_us']:6.1f} us/report ({got[name]['rate']:5.0f}/s)"
+                    for name, _ in trees
+                ),
                 flush=True,
             )
-        print(f"  {n:>6} nodes: median {statistics.median(ratios):.3f} x before's CPU per report\n")
+        print(
+            f"  {n:>6} nodes, median of {args.pairs}: "
+            + ", ".join(f"{name} {statistics.median(r):.3f} x before" for name, r in ratios.items())
+            + "\n"
+        )
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -511,6 +522,9 @@ def main() -> None:
     p.add_argument(
         "--before", metavar="DIR", help="CPU per report of DIR's controller against this one's"
     )
+    p.add_argument(
+        "--also", metavar="DIR", nargs="+", help="with --before: more checkouts in the same rounds"
+    )
     args = p.parse_args()
     if args.serve == "floor":
         serve_floor(args.port)
@@ -519,6 +533,7 @@ def main() -> None:
     else:
         if args.before:
             args.before = str(Path(args.before).resolve())
+            args.also = [str(Path(d).resolve()) for d in args.also or []]
         asyncio.run(main_async(args))
 
 
