@@ -120,14 +120,25 @@ def serve_floor(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def serve_controller(port: int, state_dir: str, store: str | None = None) -> None:
+# With --stub-ingest: what a report costs outside the state owner (its ingest_json
+# answers a constant reply without looking), to tell the two apart across checkouts.
+STUB_REPLY = b'{"node":"x","admin_flag":"none","state":"ready","assignments":[]}'
+
+
+def serve_controller(
+    port: int, state_dir: str, store: str | None = None, stub_ingest: bool = False
+) -> None:
     import llmgw
+    import llmgw.controller.fleet as fleet_module
 
     print(f"controller from {Path(llmgw.__file__).parent.parent}", file=sys.stderr)
     from llmgw.controller.app import create_app
     from llmgw.controller.main import tune_gc
     from llmgw.controller.settings import ControllerSettings
 
+    if stub_ingest:  # (FleetState; Fleet in older checkouts)
+        owner = getattr(fleet_module, "FleetState", None) or fleet_module.Fleet
+        owner.ingest_json = lambda self, report, raw: STUB_REPLY
     tune_gc()  # as `llmgw controller` does
 
     extra = {"store": store} if store else {}  # (older checkouts have no store setting)
@@ -150,7 +161,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class Server:
     def __init__(
-        self, kind: str, store: str | None = None, code: Path = ROOT, cpu: int | None = None
+        self,
+        kind: str,
+        store: str | None = None,
+        code: Path = ROOT,
+        cpu: int | None = None,
+        stub_ingest: bool = False,
     ) -> None:
         self.kind = kind
         self.port = free_port()
@@ -167,6 +183,8 @@ class Server:
         ]
         if store:
             args += ["--store", store]
+        if stub_ingest:
+            args += ["--stub-ingest"]
         env = {**os.environ, "PYTHONPATH": str(code)}
         self.proc = subprocess.Popen(args, env=env)
         if cpu is not None:
@@ -292,10 +310,11 @@ async def measure(
     code: Path = ROOT,
     cpu: int | None = None,
     summary: bool = True,
+    stub_ingest: bool = False,
 ) -> dict[str, float]:
     """Also the CPU the controller (and the database server, given its pid)
     spent per report during the load: steadier than a rate on a shared box."""
-    server = Server(kind, store, code, cpu)
+    server = Server(kind, store, code, cpu, stub_ingest)
     connector = aiohttp.TCPConnector(limit=concurrency)
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -372,7 +391,9 @@ async def compare_before(args: argparse.Namespace) -> None:
         f"python {sys.version.split()[0]}; CPU per report against {trees[0][1]} (before): "
         + ", ".join(f"{name} = {code}" for name, code in trees[1:])
         + f"; server pinned to core {server_cpu}, closed loop ({args.concurrency} in flight, "
-        f"{args.reports} reports a run), {args.pairs} rounds, order rotating\n"
+        f"{args.reports} reports a run), {args.pairs} rounds, order rotating"
+        + (", the state owner's ingest_json stubbed out" if args.stub_ingest else "")
+        + "\n"
     )
     for n in args.nodes:
         bodies = [json.dumps(synthetic_report(i)).encode() for i in range(n)]
@@ -391,6 +412,7 @@ async def compare_before(args: argparse.Namespace) -> None:
                     code=code,
                     cpu=server_cpu,
                     summary=False,
+                    stub_ingest=args.stub_ingest,
                 )
             base = got["before"]["cpu_us"]
             for name in ratios:
@@ -523,13 +545,18 @@ def main() -> None:
         "--before", metavar="DIR", help="CPU per report of DIR's controller against this one's"
     )
     p.add_argument(
+        "--stub-ingest",
+        action="store_true",
+        help="with --before: the state owner's ingest_json answers a constant (the rest's cost)",
+    )
+    p.add_argument(
         "--also", metavar="DIR", nargs="+", help="with --before: more checkouts in the same rounds"
     )
     args = p.parse_args()
     if args.serve == "floor":
         serve_floor(args.port)
     elif args.serve == "controller":
-        serve_controller(args.port, args.state_dir, args.store)
+        serve_controller(args.port, args.state_dir, args.store, args.stub_ingest)
     else:
         if args.before:
             args.before = str(Path(args.before).resolve())
