@@ -1,6 +1,13 @@
 """Controller benchmark: report handling and /v1/summary at fleet scale.
 
     python bench/bench_controller.py [--nodes 2000 10000] [--reports 20000]
+    python bench/bench_controller.py --before DIR [--also DIR ...] [--pairs 3] [--nodes 200 1000 10000]
+
+With `--before DIR` (another checkout, e.g. `git worktree add --detach
+/tmp/before 68b7456`) it instead measures the CPU the controller spends per
+report, DIR's code against this one (and `--also DIR ...`, more checkouts), in
+`--pairs` rounds whose order rotates: closed loop (`--concurrency` in flight),
+the server pinned to one core and the load generator to the other.
 
 The server runs in its own process (one core); this process is the load
 generator. Each figure is printed next to a floor measured in the same run: a
@@ -113,16 +120,30 @@ def serve_floor(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def serve_controller(port: int, state_dir: str, store: str | None = None) -> None:
+# With --stub-ingest: what a report costs outside the state owner (its ingest_json
+# answers a constant reply without looking), to tell the two apart across checkouts.
+STUB_REPLY = b'{"node":"x","admin_flag":"none","state":"ready","assignments":[]}'
+
+
+def serve_controller(
+    port: int, state_dir: str, store: str | None = None, stub_ingest: bool = False
+) -> None:
+    import llmgw.controller.fleet as fleet_module
+
+    import llmgw
+
+    print(f"controller from {Path(llmgw.__file__).parent.parent}", file=sys.stderr)
     from llmgw.controller.app import create_app
     from llmgw.controller.main import tune_gc
     from llmgw.controller.settings import ControllerSettings
 
+    if stub_ingest:  # (FleetState; Fleet in older checkouts)
+        owner = getattr(fleet_module, "FleetState", None) or fleet_module.Fleet
+        owner.ingest_json = lambda self, report, raw: STUB_REPLY
     tune_gc()  # as `llmgw controller` does
 
-    settings = ControllerSettings(
-        state_dir=Path(state_dir), listen=f"127.0.0.1:{port}", store=store
-    )
+    extra = {"store": store} if store else {}  # (older checkouts have no store setting)
+    settings = ControllerSettings(state_dir=Path(state_dir), listen=f"127.0.0.1:{port}", **extra)
     app = create_app(settings)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
@@ -136,8 +157,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 class Server:
-    def __init__(self, kind: str, store: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        store: str | None = None,
+        code: Path = ROOT,
+        cpu: int | None = None,
+        stub_ingest: bool = False,
+    ) -> None:
         self.kind = kind
         self.port = free_port()
         self.tmp = tempfile.TemporaryDirectory()
@@ -153,7 +184,12 @@ class Server:
         ]
         if store:
             args += ["--store", store]
-        self.proc = subprocess.Popen(args)
+        if stub_ingest:
+            args += ["--stub-ingest"]
+        env = {**os.environ, "PYTHONPATH": str(code)}
+        self.proc = subprocess.Popen(args, env=env)
+        if cpu is not None:
+            os.sched_setaffinity(self.proc.pid, {cpu})
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def wait(self, session: aiohttp.ClientSession) -> None:
@@ -272,10 +308,14 @@ async def measure(
     seconds: int,
     store: str | None = None,
     database_pid: int | None = None,
+    code: Path = ROOT,
+    cpu: int | None = None,
+    summary: bool = True,
+    stub_ingest: bool = False,
 ) -> dict[str, float]:
     """Also the CPU the controller (and the database server, given its pid)
     spent per report during the load: steadier than a rate on a shared box."""
-    server = Server(kind, store)
+    server = Server(kind, store, code, cpu, stub_ingest)
     connector = aiohttp.TCPConnector(limit=concurrency)
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -299,7 +339,7 @@ async def measure(
                 sent = reports
             out["cpu_us"] = (cpu_seconds([server.proc.pid]) - cpu0) / sent * 1e6
             out["db_cpu_s"] = cpu_seconds(db) - db0
-            if kind == "controller":
+            if kind == "controller" and summary:
                 out.update(await summary_latency(session, server.url, bodies, n_nodes))
             return out
     finally:
@@ -339,7 +379,64 @@ async def summary_latency(
     }
 
 
+async def compare_before(args: argparse.Namespace) -> None:
+    """CPU per report: DIR's controller against this one (and any --also), in rounds
+    whose order rotates."""
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpu = cores[0]
+    if len(cores) > 1:
+        os.sched_setaffinity(0, set(cores[1:]))  # the load generator: the other cores
+    trees = [("before", Path(args.before)), ("this", ROOT)]
+    trees += [(Path(d).name, Path(d)) for d in args.also or []]
+    print(
+        f"python {sys.version.split()[0]}; CPU per report against {trees[0][1]} (before): "
+        + ", ".join(f"{name} = {code}" for name, code in trees[1:])
+        + f"; server pinned to core {server_cpu}, closed loop ({args.concurrency} in flight, "
+        f"{args.reports} reports a run), {args.pairs} rounds, order rotating"
+        + (", the state owner's ingest_json stubbed out" if args.stub_ingest else "")
+        + "\n"
+    )
+    for n in args.nodes:
+        bodies = [json.dumps(synthetic_report(i)).encode() for i in range(n)]
+        ratios: dict[str, list[float]] = {name: [] for name, _ in trees[1:]}
+        for i in range(args.pairs):
+            k = i % len(trees)
+            got: dict[str, dict[str, float]] = {}
+            for name, code in trees[k:] + trees[:k]:
+                got[name] = await measure(
+                    "controller",
+                    bodies,
+                    n,
+                    args.reports,
+                    args.concurrency,
+                    args.seconds,
+                    code=code,
+                    cpu=server_cpu,
+                    summary=False,
+                    stub_ingest=args.stub_ingest,
+                )
+            base = got["before"]["cpu_us"]
+            for name in ratios:
+                ratios[name].append(got[name]["cpu_us"] / base)
+            print(
+                f"  {n:>6} nodes, round {i + 1}: "
+                + ", ".join(
+                    f"{name} {got[name]['cpu_us']:6.1f} us/report ({got[name]['rate']:5.0f}/s)"
+                    for name, _ in trees
+                ),
+                flush=True,
+            )
+        print(
+            f"  {n:>6} nodes, median of {args.pairs}: "
+            + ", ".join(f"{name} {statistics.median(r):.3f} x before" for name, r in ratios.items())
+            + "\n"
+        )
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    if args.before:
+        await compare_before(args)
+        return
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; server in one process (one core)"
     )
@@ -442,13 +539,29 @@ def main() -> None:
         action="store_true",
         help="also run the controller on a PostgreSQL store (embedded) and compare",
     )
-    p.add_argument("--pairs", type=int, default=4, help="SQLite/PostgreSQL pairs with --postgresql")
+    p.add_argument(
+        "--pairs", type=int, default=4, help="pairs with --postgresql or --before (alternating)"
+    )
+    p.add_argument(
+        "--before", metavar="DIR", help="CPU per report of DIR's controller against this one's"
+    )
+    p.add_argument(
+        "--stub-ingest",
+        action="store_true",
+        help="with --before: the state owner's ingest_json answers a constant (the rest's cost)",
+    )
+    p.add_argument(
+        "--also", metavar="DIR", nargs="+", help="with --before: more checkouts in the same rounds"
+    )
     args = p.parse_args()
     if args.serve == "floor":
         serve_floor(args.port)
     elif args.serve == "controller":
-        serve_controller(args.port, args.state_dir, args.store)
+        serve_controller(args.port, args.state_dir, args.store, args.stub_ingest)
     else:
+        if args.before:
+            args.before = str(Path(args.before).resolve())
+            args.also = [str(Path(d).resolve()) for d in args.also or []]
         asyncio.run(main_async(args))
 
 

@@ -9,7 +9,7 @@ each alike:
 
 Prints medians and the ratio to the baseline; never asserts timings.
 
-    .venv/bin/python bench/bench_ctl.py [--nodes 2000] [--runs 21] [--before DIR]
+    .venv/bin/python bench/bench_ctl.py [--nodes 2000] [--runs 21] [--before DIR] [--h11]
 """
 
 from __future__ import annotations
@@ -46,6 +46,43 @@ def seed(url: str, nodes: int) -> None:
             ).raise_for_status()
 
 
+# `--h11`: one GET /v1/nodes from a fresh interpreter, through ctl's own HTTP/1.1
+# connection and through h11 (the maintained sans-I/O library) over a socket.
+GET_HTTP1 = """
+import sys
+from urllib.parse import urlsplit
+from llmgw import http1
+u = urlsplit(sys.argv[1])
+c = http1.Connection(u.hostname, u.port, connect_timeout_s=3, read_timeout_s=10)
+status, _, body = c.request("GET", "/v1/nodes", {"Authorization": "Bearer " + sys.argv[2]})
+assert status == 200 and len(body) > 1000, status
+"""
+GET_H11 = """
+import socket, sys
+from urllib.parse import urlsplit
+import h11
+u = urlsplit(sys.argv[1])
+s = socket.create_connection((u.hostname, u.port))
+c = h11.Connection(h11.CLIENT)
+headers = [("Host", u.netloc), ("Authorization", "Bearer " + sys.argv[2])]
+s.sendall(c.send(h11.Request(method="GET", target="/v1/nodes", headers=headers)))
+s.sendall(c.send(h11.EndOfMessage()))
+parts, status = [], 0
+while True:
+    ev = c.next_event()
+    if ev is h11.NEED_DATA:
+        c.receive_data(s.recv(262144))
+    elif isinstance(ev, h11.Response):
+        status = ev.status_code
+    elif isinstance(ev, h11.Data):
+        parts.append(ev.data)
+    elif isinstance(ev, h11.EndOfMessage):
+        break
+body = b"".join(parts)
+assert status == 200 and len(body) > 1000, status
+"""
+
+
 def timed(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=cwd)
@@ -61,6 +98,11 @@ def main() -> None:
         metavar="DIR",
         help="also time ctl from another checkout (e.g. `git worktree add /tmp/before main`)",
     )
+    p.add_argument(
+        "--h11",
+        action="store_true",
+        help="also time one GET /v1/nodes from a fresh interpreter: llmgw.http1 against h11",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp, controller_process(Path(tmp)) as c:
         seed(c.url, a.nodes)
@@ -72,6 +114,9 @@ def main() -> None:
             "llmgw ctl status": ([py, "-m", "llmgw", "ctl", "status"], here),
             "llmgw ctl nodes": ([py, "-m", "llmgw", "ctl", "nodes"], here),
         }
+        if a.h11:
+            cases["GET /v1/nodes, llmgw.http1"] = ([py, "-c", GET_HTTP1, c.url, ADMIN], here)
+            cases["GET /v1/nodes, h11"] = ([py, "-c", GET_H11, c.url, ADMIN], here)
         if a.before:  # `python -m` runs the package found in the working directory first
             cases["before: llmgw ctl status"] = ([py, "-m", "llmgw", "ctl", "status"], a.before)
             cases["before: llmgw ctl nodes"] = ([py, "-m", "llmgw", "ctl", "nodes"], a.before)
@@ -87,7 +132,7 @@ def main() -> None:
     print(f"{a.nodes} nodes, {a.runs} runs each, medians (interleaved):")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {name:<28} {med * 1e3:7.1f} ms   {med / base:5.2f} x baseline")
+        print(f"  {name:<30} {med * 1e3:7.1f} ms   {med / base:5.2f} x baseline")
 
 
 if __name__ == "__main__":

@@ -266,7 +266,8 @@ async def data_plane(args: argparse.Namespace) -> None:
 async def control_plane(replicas: int) -> None:
     from aiohttp.test_utils import TestServer
 
-    from llmgw.controller.app import create_app, term_of
+    from llmgw.controller.app import create_app
+    from llmgw.controller.keys import term_of
     from llmgw.controller.reconcile import Reconciler
     from llmgw.controller.settings import ControllerSettings
     from llmgw.wire import ModelSpec, NodeReport

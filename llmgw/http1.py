@@ -7,12 +7,20 @@ what a client of one known server needs: one request at a time on a kept-alive
 connection, bodies framed by Content-Length, chunked or the end of the
 connection; TLS through a caller's `ssl.SSLContext` (ssl is imported by whoever
 builds one). Anything else in the answer is a `ProtocolError`.
+
+A plain connection uses `_socket`, the C module under `socket`: `socket`'s import
+(its enums, `selectors`) costs a one-shot ctl 2 ms, and `_Reader` does what its
+`makefile("rb")` did here. TLS needs `socket.socket` (ssl wraps one) and imports it.
 """
 
 from __future__ import annotations
 
-import socket
-from typing import Any
+import _socket
+
+# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_LINE = 65536  # a status or header line
 MAX_HEADERS = 100
@@ -38,6 +46,80 @@ def _check(target: str, *parts: str) -> None:
 Response = tuple[int, dict[str, str], bytes]
 
 
+class _Reader:
+    """Buffered reads from a socket: a line, a count of bytes, or all until closed."""
+
+    __slots__ = ("_buf", "_pos", "_sock")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._buf = b""
+        self._pos = 0
+
+    def _more(self) -> bool:
+        chunk: bytes = self._sock.recv(65536)
+        if not chunk:
+            return False
+        self._buf = self._buf[self._pos :] + chunk
+        self._pos = 0
+        return True
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next LF, at most `limit` bytes (less at the end)."""
+        while True:
+            end = self._buf.find(b"\n", self._pos, self._pos + limit)
+            if end >= 0:
+                end += 1
+                break
+            if len(self._buf) - self._pos >= limit or not self._more():
+                end = min(len(self._buf), self._pos + limit)
+                break
+        line = self._buf[self._pos : end]
+        self._pos = end
+        return line
+
+    def read(self, n: int | None = None) -> bytes:
+        """`n` bytes (fewer if the connection ends first); None: all until it ends."""
+        if n is None:
+            while self._more():
+                pass
+            data = self._buf[self._pos :]
+            self._buf, self._pos = b"", 0
+            return data
+        have = self._buf[self._pos : self._pos + n]
+        self._pos += len(have)
+        if len(have) == n:
+            return have
+        out = bytearray(n)  # a large body goes straight into its buffer
+        out[: len(have)] = have
+        view, got = memoryview(out), len(have)
+        while got < n:
+            k = self._sock.recv_into(view[got:])
+            if not k:
+                break
+            got += k
+        return bytes(view[:got])
+
+    def close(self) -> None:
+        self._buf, self._pos = b"", 0
+
+
+def _open(host: str | bytes, port: int, timeout: float) -> Any:
+    """A connected plain socket, each address in turn (as socket.create_connection)."""
+    failure: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        return sock
+    raise failure or OSError("getaddrinfo returned no address")
+
+
 class Connection:
     """One connection to `host:port`, opened on first use and kept alive."""
 
@@ -53,24 +135,29 @@ class Connection:
         self.host, self.port = host, port
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self.tls = tls
-        self._sock: socket.socket | None = None
-        self._file: Any = None
+        self._sock: Any = None  # a _socket.socket, or an ssl.SSLSocket
+        self._file: _Reader | None = None
         self.reused = False  # the next request goes on a connection that answered before
 
     def connect(self) -> None:
         # An ASCII name as bytes: a str would load the idna codec first (~1 ms).
         host: str | bytes = self.host.encode() if self.host.isascii() else self.host
-        address: Any = (host, self.port)  # typeshed wants a str; getaddrinfo takes bytes
-        sock = socket.create_connection(address, timeout=self.connect_timeout_s)
+        if self.tls is None:
+            sock = _open(host, self.port, self.connect_timeout_s)
+        else:
+            import socket
+
+            address: Any = (host, self.port)  # typeshed wants a str; getaddrinfo takes bytes
+            sock = socket.create_connection(address, timeout=self.connect_timeout_s)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self.read_timeout_s)
         except BaseException:
             sock.close()
             raise
-        self._sock, self._file, self.reused = sock, sock.makefile("rb"), False
+        self._sock, self._file, self.reused = sock, _Reader(sock), False
 
     def close(self) -> None:
         if self._file is not None:
@@ -103,7 +190,8 @@ class Connection:
     # -- reading the answer -----------------------------------------------------------
 
     def _line(self) -> bytes:
-        line: bytes = self._file.readline(MAX_LINE + 1)
+        assert self._file is not None
+        line = self._file.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             raise ProtocolError("header line too long")
         return line
@@ -137,13 +225,15 @@ class Connection:
             return (status, headers, self._chunked()), keep
         length = headers.get("content-length")
         if length is None:  # framed by the end of the connection
+            assert self._file is not None
             return (status, headers, self._file.read()), False
         if not length.isdigit():
             raise ProtocolError(f"bad Content-Length {length[:20]!r}")
         return (status, headers, self._exactly(int(length))), keep
 
     def _exactly(self, n: int) -> bytes:
-        data: bytes = self._file.read(n)
+        assert self._file is not None
+        data = self._file.read(n)
         if len(data) != n:
             raise ProtocolError(f"the answer ended after {len(data)} of {n} bytes")
         return data

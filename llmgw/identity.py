@@ -8,7 +8,6 @@ console and the login name for ctl).
 
 from __future__ import annotations
 
-import getpass
 import os
 from collections.abc import Mapping
 
@@ -23,6 +22,11 @@ def operator_name(env: Mapping[str, str] | None = None) -> str | None:
     sudo_user = env.get("SUDO_USER", "").strip()
     if sudo_user and os.geteuid() == 0:
         return sudo_user
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):  # getpass.getuser's order
+        if user := os.environ.get(name):
+            return user
+    import getpass  # (its import loads termios: a one-shot `ctl` pays it only here)
+
     try:
         return getpass.getuser() or None
     except Exception:  # getpass raises OSError, or KeyError from pwd, when it cannot say

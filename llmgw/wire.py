@@ -25,6 +25,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic_core import CoreConfig, SchemaValidator
 
 from llmgw.common import printable as printable  # (re-exported: the agent's import)
 
@@ -51,6 +52,8 @@ NODE_NAME_RULE = (
 )
 
 
+# Inbound JSON bodies are validated by `validate_json`: a body that cannot hold a
+# control character skips the two patterns above (see there).
 # What a 400 says instead of quoting the pattern.
 PATTERN_MESSAGES = {
     NO_CONTROL_PATTERN: "control characters (newline, escape, ...) are not allowed here",
@@ -67,6 +70,7 @@ def _text(min_length: int | None = None, max_length: int = 256, **kw: Any) -> An
 
 
 E = TypeVar("E", bound=StrEnum)
+Body = TypeVar("Body", bound=BaseModel)
 # An enum field takes its value's string from Python callers too (YAML, tests);
 # only exact values match, so nothing is coerced.
 ByValue = Annotated[E, Strict(False)]
@@ -127,6 +131,14 @@ MiB = Annotated[int, Field(ge=0, le=2**40)]
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+# An IPv4 dotted quad as ipaddress takes it (no leading zeros), or a host name
+# whose labels `_HOST_LABEL` takes and which is not all digits and dots.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PLAIN_ADDRESS = re.compile(
+    rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+    r"|(?=[0-9.]*[A-Za-z-])(?=.{1,253}\Z)"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 ADDRESS_RULE = "a host name or an IP literal (gpu-a01.example.com, 10.0.0.7, fd00::7)"
 
 
@@ -138,6 +150,8 @@ def host_problem(value: str) -> str | None:
     literal is IPv4 dotted-quad or IPv6 without brackets or zone. Anything else
     (a space, a slash, a percent sign, a port) would make an engine URL that no
     gateway can use."""
+    if _PLAIN_ADDRESS.fullmatch(value):  # what nearly every report carries: one regex
+        return None
     if not value or len(value) > 253:
         return f"must be {ADDRESS_RULE}: 1 to 253 characters"
     if ":" in value:
@@ -178,6 +192,69 @@ class Inbound(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, defer_build=True
     )
+
+
+# -- validating a JSON body -------------------------------------------------------
+
+# How a control character can get into a string of a JSON text: as an escape
+# (`\n`, `\u001b`, `\u0085`, `\u007f`), or as a raw DEL or C1 character (raw C0
+# characters are invalid JSON: the parser refuses them in a string). The escape
+# scan is run only when the body holds a backslash at all.
+_CONTROL_ESCAPE = re.compile(rb"\\(?:[bfnrt]|u00[0-1]|u00[89]|u007[fF])")
+_TEXT_PATTERNS = frozenset({NO_CONTROL_PATTERN, LINES_ONLY_PATTERN})
+
+
+def may_hold_control(raw: bytes) -> bool:
+    """Whether some string of the JSON text `raw` may hold a control character
+    (C0, DEL or C1). False is certain; True may be a false alarm (`\\\\n`)."""
+    return (
+        b"\x7f" in raw
+        or b"\xc2" in raw  # U+0080-U+00BF, the C1 controls among them
+        or (b"\\" in raw and _CONTROL_ESCAPE.search(raw) is not None)
+    )
+
+
+def _without(schema: Any, patterns: frozenset[str]) -> Any:
+    """A copy of a core schema without the string patterns named."""
+    if isinstance(schema, dict):
+        return {
+            k: _without(v, patterns)
+            for k, v in schema.items()
+            if not (k == "pattern" and v in patterns)
+        }
+    if isinstance(schema, list):
+        return [_without(v, patterns) for v in schema]
+    return schema
+
+
+_LEAN: dict[type[BaseModel], SchemaValidator] = {}
+
+
+def _lean(model: type[BaseModel]) -> SchemaValidator:
+    """`model`'s validator without the control-character patterns: the same
+    schema (strictness, bounds, the other patterns, the model validators), the
+    same classes built, the same errors for everything but those patterns."""
+    lean = _LEAN.get(model)
+    if lean is None:
+        model.model_rebuild()  # (defer_build: the schema is built on first use)
+        config = CoreConfig(title=model.__name__)  # as the model's own errors are titled
+        lean = _LEAN[model] = SchemaValidator(
+            _without(model.__pydantic_core_schema__, _TEXT_PATTERNS), config
+        )
+    return lean
+
+
+def validate_json(model: type[Body], raw: bytes) -> Body:
+    """`model.model_validate_json(raw)`, for the bodies the controller receives.
+
+    The text patterns are the costliest part of validating a report: a regex
+    call per string, some sixty strings (bench/bench_hardening.py). A body that
+    cannot hold a control character cannot fail them, so it is validated
+    without them (one scan of the bytes instead); any other body by the model's
+    full schema, which says which field holds what."""
+    if may_hold_control(raw):
+        return model.model_validate_json(raw)
+    return _lean(model).validate_json(raw)
 
 
 class Outbound(BaseModel):
@@ -324,6 +401,9 @@ class NodeReport(Inbound):
     @model_validator(mode="after")
     def _gpus_unique(self) -> NodeReport:
         """One card, one entry: a repeated UUID or index would let one card be placed twice."""
+        gpus, n = self.gpus, len(self.gpus)
+        if n < 2 or (len({g.uuid for g in gpus}) == n and len({g.index for g in gpus}) == n):
+            return self  # (sets: what every report pays; the names of repeats only on a refusal)
         for what, values in (
             ("uuid", [g.uuid for g in self.gpus]),
             ("index", [g.index for g in self.gpus]),

@@ -19,16 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("llmgw", "agent", "console")
 MAX_LINES = 500
 
-# Controller modules still over MAX_LINES while others split them (issue 20). Each
-# entry must still be needed: the size test fails once one of them is short
-# enough, so that it leaves this list; nothing is added to it.
-BEING_SPLIT = {
-    "llmgw/controller/app.py",
-}
-
-# Writes of another module's private state in the modules being split (none today),
-# as "path:line: source"; held to the same rule: an entry no longer found fails.
-PRIVATE_WRITES_BEING_SPLIT: set[str] = set()
 
 # The one module that may import private names: Textual's, its choke point.
 PRIVATE_IMPORTS_ALLOWED = {"console/textual_private.py"}
@@ -192,10 +182,8 @@ def test_no_module_over_500_lines_in_the_controller() -> None:
         _rel(p): len(p.read_text().splitlines())
         for p in sorted((ROOT / "llmgw" / "controller").rglob("*.py"))
     }
-    too_long = {p: n for p, n in lines.items() if n > MAX_LINES and p not in BEING_SPLIT}
+    too_long = {p: n for p, n in lines.items() if n > MAX_LINES}
     assert too_long == {}, f"controller modules over {MAX_LINES} lines"
-    split_already = {p: lines.get(p) for p in BEING_SPLIT if lines.get(p, 0) <= MAX_LINES}
-    assert split_already == {}, "no longer over the limit (or gone): remove from BEING_SPLIT"
 
 
 # -- private state -------------------------------------------------------------------
@@ -265,13 +253,8 @@ def _private_write_lines() -> set[str]:
 def test_no_module_writes_another_modules_private_state() -> None:
     """A `_name` is written only by its owner, through `self` (or `cls` in a
     classmethod); anyone else asks the owner through a method."""
-    found = _private_write_lines()
-    being_split = {w for w in found if w.split(":", 1)[0] in BEING_SPLIT}
-    elsewhere = sorted(found - being_split)
-    assert elsewhere == [], "private state written from outside:\n" + "\n".join(elsewhere)
-    gone = PRIVATE_WRITES_BEING_SPLIT - being_split
-    assert gone == set(), "no longer found: remove from PRIVATE_WRITES_BEING_SPLIT"
-    assert being_split <= PRIVATE_WRITES_BEING_SPLIT, "fixed by a method, not allowed here"
+    found = sorted(_private_write_lines())
+    assert found == [], "private state written from outside:\n" + "\n".join(found)
 
 
 def test_the_private_write_finder_finds_each_kind(tmp_path: Path) -> None:

@@ -4,47 +4,49 @@ aiohttp inflates a `Content-Encoding: gzip` body as it arrives, on the event
 loop, before any handler (or the auth middleware) has run, and its size limit
 counts inflated bytes: 1 MiB of gzip is 1 GiB of work and memory. No client of
 llmgw compresses what it sends, so the app is built with `auto_decompress`
-off (`HANDLER_ARGS`) and `body_guard` refuses an encoded body with a 415
-before anything reads it.
+off (`HANDLER_ARGS`) and the app's first middleware refuses an encoded body
+with a 415 (`refused_encoding`) before anything reads it.
 
 A request answered without reading its body (a 401, 403, 404, 413 or 415) is
 answered with `Connection: close` and its connection closed, rather than
 aiohttp reading and discarding the rest of an unauthenticated body, or closing
-a connection it had just told the client it would keep.
+a connection it had just told the client it would keep (`close_if_unread`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 # For web.Application(handler_args=...): the server never inflates a body itself.
 HANDLER_ARGS = {"auto_decompress": False}
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def _encoded(request: web.Request) -> str | None:
     """The body's content coding, when it has one other than identity."""
-    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    coding = request.headers.get("Content-Encoding")
+    if coding is None:  # (nearly every request: nothing more to look at)
+        return None
+    coding = coding.strip().lower()
     return coding if coding not in ("", "identity") and request.body_exists else None
 
 
-@web.middleware
-async def body_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+def refused_encoding(request: web.Request) -> web.Response | None:
+    """The 415 for a compressed body, before anything reads it; None for the rest."""
     coding = _encoded(request)
-    if coding is not None:
-        resp: web.StreamResponse = web.json_response(
-            {
-                "error": f"compressed request bodies are refused (Content-Encoding: {coding}); "
-                "send the body uncompressed"
-            },
-            status=415,
-        )
-        resp.force_close()  # whatever of the body is still coming is not read
-    else:
-        resp = await handler(request)
+    if coding is None:
+        return None
+    resp = web.json_response(
+        {
+            "error": f"compressed request bodies are refused (Content-Encoding: {coding}); "
+            "send the body uncompressed"
+        },
+        status=415,
+    )
+    resp.force_close()  # whatever of the body is still coming is not read
+    return resp
+
+
+def close_if_unread(request: web.Request, resp: web.StreamResponse) -> None:
+    """An answer given without reading the whole body closes its connection."""
     if request.body_exists and not request.content.is_eof() and not resp.prepared:
         resp.force_close()  # the body was not read: say so, and close
-    return resp

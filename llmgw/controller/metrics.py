@@ -3,8 +3,9 @@
 Fleet facts are read at scrape time from the leader's term (`Term.summary()`
 and its views) by a custom collector, so they can never disagree with
 `/v1/summary`: there is no second bookkeeping. The controller's own health
-(report handling, reconcile passes, store writes) is kept by ordinary
-prometheus_client instruments, updated by small hooks at the call sites.
+(reconcile passes, store writes) is kept by ordinary prometheus_client
+instruments, updated by small hooks at the call sites; report handling, on
+every report's path, by plain counts (`ReportFigures`).
 
 Label cardinality is bounded by what operators declare: GPU classes, fabrics,
 models, gateways. Per-node series are opt-in (`--metrics-per-node`).
@@ -12,12 +13,19 @@ models, gateways. Per-node series are opt-in (`--metrics-per-node`).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from llmgw.controller.term import Term
 from llmgw.wire import EventReason, ModelTraffic, NodeState, ReplicaState
@@ -271,6 +279,42 @@ class FleetCollector(Collector):
         yield from (state, age, node_gpus)
 
 
+class ReportFigures(Collector):
+    """Agent reports by outcome (`llmgw_reports_total`) and the time each took
+    (`llmgw_report_seconds`), as a Counter and a Histogram would expose them.
+
+    Plain numbers bumped on the event loop (one thread: nothing to lock), read at
+    a scrape: prometheus_client's Counter and Histogram take a lock for each of
+    the three increments a report made (bench/README.md, issue 20)."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {}
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last: above every bound
+        self.sum = 0.0
+
+    def observe(self, seconds: float, outcome: str | None) -> None:
+        """One report, `seconds` to handle; `outcome` None: not read to the end (a slow
+        or vanished client, a body over the limit), timed but not counted."""
+        if outcome is not None:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        reports = CounterMetricFamily("llmgw_reports", "Agent reports handled.", labels=["outcome"])
+        for outcome, n in self.outcomes.items():
+            reports.add_metric([outcome], n)
+        cumulative, total = [], 0
+        for bound, n in zip([*LATENCY_BUCKETS, float("inf")], self.buckets, strict=True):
+            total += n
+            cumulative.append((floatToGoString(bound), total))
+        seconds = HistogramMetricFamily(
+            "llmgw_report_seconds", "Time to handle one agent report.", labels=[]
+        )
+        seconds.add_metric([], cumulative, self.sum)
+        yield from (reports, seconds)
+
+
 class ControllerMetrics:
     """One registry per controller app (tests run several in one process)."""
 
@@ -279,13 +323,8 @@ class ControllerMetrics:
         self.term: Term | None = None  # the leadership's, while it leads
         self.registry.register(FleetCollector(lambda: self.term, per_node))
         r = self.registry
-        self.reports = Counter("llmgw_reports", "Agent reports handled.", ["outcome"], registry=r)
-        self.report_seconds = Histogram(
-            "llmgw_report_seconds",
-            "Time to handle one agent report.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.reports = ReportFigures()
+        r.register(self.reports)
         self.reconcile_seconds = Histogram(
             "llmgw_reconcile_seconds",
             "Event-loop time one reconcile pass held (its slices, not the yields between them).",

@@ -31,8 +31,9 @@ from fleet_factories import FakeClock, gpu, location, report
 
 from llmgw.client import AdminClient
 from llmgw.controller import placing
-from llmgw.controller.app import create_app, term_of
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Tokens
+from llmgw.controller.keys import term_of
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import (
     EngineTraffic,

@@ -12,8 +12,9 @@ from aiohttp.test_utils import TestClient
 from fleet_factories import gpu, location, report
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.controller.app import create_app, term_of
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.keys import term_of
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import EventReason

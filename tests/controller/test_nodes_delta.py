@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.client import AdminClient
-from llmgw.controller.app import create_app, term_of
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.keys import term_of
 from llmgw.controller.node_rows import NodeRows
 from llmgw.controller.nodes import NodeEntry
 from llmgw.controller.row_json import RowEncodings

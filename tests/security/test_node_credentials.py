@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import create_app, term_of
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.keys import term_of
 from llmgw.controller.main import parser as controller_parser
 from llmgw.controller.main import settings_from_args
 from llmgw.controller.settings import ControllerSettings

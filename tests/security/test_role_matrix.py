@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import ROUTE_ROLES, create_app
+from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.routes import ROUTE_ROLES
 from llmgw.controller.settings import ControllerSettings
 from tests.security.conftest import ClientFactory, auth
 

@@ -1,0 +1,47 @@
+"""Gateways: the endpoint feed they follow (long-polled) and the status they send."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgw.controller import cursors
+from llmgw.controller.endpoints import MAX_WAIT_S, TooManyGateways
+from llmgw.controller.keys import term_of
+from llmgw.controller.web_io import error, json_model, json_models, parse_body, who
+from llmgw.errors import BadRequest
+from llmgw.wire import GatewayStatus
+
+
+async def list_endpoints(request: web.Request) -> web.Response:
+    """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
+    term = term_of(request.app)
+    not_yet = term.feed_hold.reason()  # a new leader, before the agents reported
+    if not_yet is not None:
+        return error(503, not_yet)
+    since = request.query.get("since", "")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    after = cursors.parse(since, term.run)
+    if wait and after is not None and after >= term.facts.revision:
+        await term.facts.wait_changed(after, wait)
+    return json_model(term.endpoints_since(since))
+
+
+async def gateway_status(request: web.Request) -> web.Response:
+    # Bounded by the replicas that exist: a bigger status is not worth parsing.
+    body = await parse_body(
+        request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
+    )
+    try:
+        term_of(request.app).gateways.report(body, by=who(request))
+    except TooManyGateways as exc:
+        return error(429, str(exc))
+    return web.Response(status=204)
+
+
+async def list_gateways(request: web.Request) -> web.Response:
+    return json_models(term_of(request.app).gateways.views())

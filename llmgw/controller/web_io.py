@@ -1,0 +1,105 @@
+"""What handlers read and answer: a JSON body validated into a wire type (any
+failure a 400 naming the field, within the body deadline and size bounds), a node
+named in the URL, who is asking; JSON answers and `{"error": ...}` answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from llmgw.controller.auth import Identity
+from llmgw.controller.keys import SETTINGS
+from llmgw.errors import BadRequest, ClientGone, SlowBody, TooLarge
+from llmgw.wire import PATTERN_MESSAGES, node_name, validate_json
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def json_model(model: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(
+        body=model.model_dump_json(by_alias=True), status=status, content_type="application/json"
+    )
+
+
+def json_models(models: list[Any]) -> web.Response:
+    body = b"[" + b",".join(m.model_dump_json(by_alias=True).encode() for m in models) + b"]"
+    return web.Response(body=body, content_type="application/json")
+
+
+def error(status: int, message: str, detail: list[dict[str, Any]] | None = None) -> web.Response:
+    payload: dict[str, Any] = {"error": message}
+    if detail:
+        payload["detail"] = detail
+    return web.json_response(payload, status=status)
+
+
+def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "loc": ".".join(str(p) for p in e["loc"]) or "(body)",
+            "msg": _message(e),
+            "type": e["type"],
+        }
+        for e in exc.errors(include_url=False, include_input=False)
+    ][:20]
+
+
+def _message(e: Any) -> str:
+    """The error's message; a failed text rule says what it is, not its pattern."""
+    pattern = (e.get("ctx") or {}).get("pattern")
+    return PATTERN_MESSAGES.get(pattern, e["msg"]) if pattern else str(e["msg"])
+
+
+async def parse_body(
+    request: web.Request, model: type[M], *, optional: bool = False, limit: int | None = None
+) -> M:
+    """Read and validate a JSON body; any failure is a 400 that names the field.
+
+    With `optional`, an empty body stands for `{}`. `limit`: a smaller bound than
+    the app's, a 413 before the body is parsed (or read, when its length is said).
+    """
+    if limit is not None and (request.content_length or 0) > limit:
+        raise TooLarge(limit)
+    timeout = 0.0
+    try:
+        if request.content.is_eof():  # all of it came with the headers (a report): no wait
+            raw = await request.read()  # 413 past client_max_size
+        else:  # the deadline as a timer on this task (wait_for would add a task per read)
+            timeout = request.app[SETTINGS].body_timeout_s
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
+    except TimeoutError:
+        raise SlowBody(f"the request body did not arrive within {timeout:g} s") from None
+    except ConnectionResetError:  # closed or reset mid-body (aiohttp: "Connection lost")
+        raise ClientGone from None
+    except web.HTTPRequestEntityTooLarge:
+        raise TooLarge(request.app[SETTINGS].max_body_bytes) from None
+    if limit is not None and len(raw) > limit:
+        raise TooLarge(limit)
+    if not raw:
+        if optional:
+            raw = b"{}"
+        else:
+            raise BadRequest("the request needs a JSON body")
+    try:
+        return validate_json(model, raw)
+    except ValidationError as exc:
+        detail = validation_detail(exc)
+        where = ", ".join(d["loc"] for d in detail[:3])
+        raise BadRequest(f"invalid {model.__name__}: check {where}", detail) from exc
+
+
+def node_param(request: web.Request, key: str = "name") -> str:
+    """The node a URL names, normalised as every node name is (`GPU-A01` is gpu-a01)."""
+    try:
+        return node_name(request.match_info[key])
+    except ValueError as exc:
+        raise BadRequest(f"no such node can exist: {exc}") from None
+
+
+def who(request: web.Request) -> str:
+    identity: Identity = request["identity"]
+    return identity.name
