@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+HostNotFound = _socket.gaierror  # for callers, who then need not import `_socket` themselves
 MAX_LINE = 65536  # a status or header line
 MAX_HEADERS = 100
 

@@ -8,7 +8,6 @@ It executes the same `llmgw.api` calls as the async `AdminClient`.
 
 from __future__ import annotations
 
-import _socket  # (not socket: see llmgw.http1)
 import json
 from collections.abc import Sequence
 from types import TracebackType
@@ -189,7 +188,7 @@ def _plain(exc: BaseException) -> Exception:
         return TimeoutError("timed out")
     if isinstance(exc, ConnectionRefusedError):
         return ConnectionRefusedError("connection refused")
-    if isinstance(exc, _socket.gaierror):
+    if isinstance(exc, http1.HostNotFound):
         return OSError(f"unknown host ({exc.strerror})")
     if isinstance(exc, OSError) and exc.strerror:
         return OSError(exc.strerror.lower())
