@@ -128,8 +128,6 @@ STUB_REPLY = b'{"node":"x","admin_flag":"none","state":"ready","assignments":[]}
 def serve_controller(
     port: int, state_dir: str, store: str | None = None, stub_ingest: bool = False
 ) -> None:
-    import llmgw.controller.fleet as fleet_module
-
     import llmgw
 
     print(f"controller from {Path(llmgw.__file__).parent.parent}", file=sys.stderr)
@@ -137,9 +135,15 @@ def serve_controller(
     from llmgw.controller.main import tune_gc
     from llmgw.controller.settings import ControllerSettings
 
-    if stub_ingest:  # (FleetState; Fleet in older checkouts)
-        owner = getattr(fleet_module, "FleetState", None) or fleet_module.Fleet
-        owner.ingest_json = lambda self, report, raw: STUB_REPLY
+    if stub_ingest:
+        owner: Any
+        try:
+            from llmgw.controller.replies import Replies as owner
+        except ImportError:  # before the term: FleetState, or Fleet in older checkouts
+            import llmgw.controller.fleet as fleet_module
+
+            owner = getattr(fleet_module, "FleetState", None) or fleet_module.Fleet
+        owner.ingest_json = lambda self, report, raw=None: STUB_REPLY
     tune_gc()  # as `llmgw controller` does
 
     extra = {"store": store} if store else {}  # (older checkouts have no store setting)
