@@ -211,13 +211,10 @@ class Facts:
                 for n in rec.nodes
             )
         digest = digest_report(report, now, self.assigned_gpus(node))
-        listening = entry.listening()
-        changed = (
-            entry.update(report, raw or report.model_dump_json().encode(), now, digest) or changed
-        )
-        if entry.listening() != listening:  # an engine restarted on a new port: same id
+        moved = entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        if moved.listening:  # an engine restarted on a new port: the same id
             self.log.append(ChangeKind.LISTENING, node)
-        if changed:
+        if moved.facts or changed:
             self.log.append(ChangeKind.NODE, node)
         self.liveness.watch((entry,))
         self.advance_time(now)

@@ -79,6 +79,7 @@ EMPTY_DIGEST = NodeDigest((), False, frozenset(), frozenset())
 # Enum members looked up once: attribute access on an Enum class is slow in a hot loop.
 _HEALTHY, _UNHEALTHY, _UNKNOWN = GpuHealth.HEALTHY, GpuHealth.UNHEALTHY, GpuHealth.UNKNOWN
 _SHARED = StorageScope.SHARED
+_FAILED = ShardState.FAILED
 
 
 def digest_report(
@@ -109,20 +110,16 @@ def digest_report(
             continue
         entirely_free = False
 
-    models: set[str] = set()
-    copies: set[tuple[str, StorageScope, str]] = set()
-    for loc in report.storage:
-        scope = loc.scope
-        where = (loc.mount_source or loc.path) if scope is _SHARED else ""
-        for m in loc.models:
-            models.add(m.name)
-            copies.add((m.name, scope, where))
-
+    copies = frozenset(
+        (m.name, loc.scope, (loc.mount_source or loc.path) if loc.scope is _SHARED else "")
+        for loc in report.storage
+        for m in loc.models
+    )
     return NodeDigest(
         tuple(sorted((k, CardCounts(*v)) for k, v in per_class.items())),
         entirely_free,
-        frozenset(models),
-        frozenset(copies),
+        frozenset([c[0] for c in copies]),
+        copies,
         tuple(sorted(set(report.fabrics))),
         frozenset(report.engines or ()),
     )
@@ -144,6 +141,11 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
     )
 
 
+class Changed(NamedTuple):
+    facts: bool  # what the node's row or placement reads
+    listening: bool  # where its engines listen (the endpoint feed's URLs)
+
+
 @dataclass
 class NodeEntry:
     """One node as the controller knows it.
@@ -163,37 +165,44 @@ class NodeEntry:
     cards: tuple[tuple[str, str, bool], ...] = ()
     # Cards the agent reports unhealthy (a fatal fault): (uuid, index, reason).
     faults: tuple[CardFault, ...] = ()
+    # (replica id, port, failed) of each rank 0 here: with the address, where the
+    # endpoint feed's URLs point.
+    ports: tuple[tuple[str, int | None, bool], ...] = ()
     interval_s: float = 5.0
     address: str | None = None
     gpu_error: str | None = None
 
     def update(
         self, report: NodeReport, raw: bytes, received_at: float, digest: NodeDigest
-    ) -> bool:
-        """Take a report; True when a fact the node's row or placement reads changed
-        (its digest, cards, faults, address or GPU error), not just its age."""
-        changed = self.set_digest(digest)
+    ) -> Changed:
+        """Take a report: whether a fact the node's row or placement reads changed (its
+        digest, cards, faults, address or GPU error), not just its age; and whether
+        where its engines listen did (its address, a rank 0's port or failure)."""
+        facts = self.set_digest(digest)
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
-        cards = tuple(
-            (g.uuid, g.gpu_class, g.health is _HEALTHY and not g.in_use) for g in report.gpus
-        )
-        if cards != self.cards:
-            self.cards = cards
-            changed = True
-        faults = tuple(
-            CardFault(g.uuid, g.index, g.health_reason or "unhealthy")
-            for g in report.gpus
-            if g.health is _UNHEALTHY
-        )
-        if faults != self.faults:
-            self.faults = faults
-            changed = True
-        if report.address != self.address or report.gpu_error != self.gpu_error:
+        cards, faults = [], []
+        for g in report.gpus:
+            health = g.health
+            cards.append((g.uuid, g.gpu_class, health is _HEALTHY and not g.in_use))
+            if health is _UNHEALTHY:
+                faults.append(CardFault(g.uuid, g.index, g.health_reason or "unhealthy"))
+        if cards != list(self.cards):
+            self.cards = tuple(cards)
+            facts = True
+        if faults != list(self.faults):
+            self.faults = tuple(faults)
+            facts = True
+        moved = report.address != self.address
+        if moved or report.gpu_error != self.gpu_error:
             self.address, self.gpu_error = report.address, report.gpu_error
-            changed = True
+            facts = True
+        ports = tuple((r.id, r.port, r.state is _FAILED) for r in report.replicas if r.rank == 0)
+        if ports != self.ports:
+            self.ports = ports
+            moved = True
         self.interval_s = report.interval_s
-        return changed
+        return Changed(facts, moved)
 
     def set_digest(self, digest: NodeDigest) -> bool:
         """The one writer of `digest` (a report, or the cards assigned on the node
@@ -203,15 +212,6 @@ class NodeEntry:
             return False
         self.digest = digest
         return True
-
-    def listening(self) -> tuple[object, ...]:
-        """What the endpoint feed builds URLs from: the address and each rank 0's port."""
-        ports = sorted(
-            (s.replica_id, s.port or 0, s.state is ShardState.FAILED)
-            for s in self.shards
-            if s.rank == 0
-        )
-        return (self.address, *ports)
 
     @property
     def report(self) -> NodeReport | None:

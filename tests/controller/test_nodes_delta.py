@@ -22,7 +22,7 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.keys import term_of
 from llmgw.controller.node_rows import NodeRows
-from llmgw.controller.nodes import NodeEntry
+from llmgw.controller.nodes import Changed, NodeEntry
 from llmgw.controller.row_json import RowEncodings
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import ReplicaRecord, ShardRecord
@@ -309,10 +309,11 @@ def test_a_field_added_to_the_row_is_sent_without_anything_else_to_change(
 
     versions: dict[str, str | None] = {}
 
-    def keep_version(self: NodeEntry, report: NodeReport, *args: Any) -> bool:
+    def keep_version(self: NodeEntry, report: NodeReport, *args: Any) -> Changed:
         changed = versions.get(self.name) != report.agent_version
         versions[self.name] = report.agent_version
-        return update(self, report, *args) or changed
+        moved = update(self, report, *args)
+        return moved._replace(facts=moved.facts or changed)
 
     monkeypatch.setattr(NodeRows, "_content_of", with_version)
     monkeypatch.setattr(NodeEntry, "update", keep_version)
