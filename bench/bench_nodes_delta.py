@@ -63,7 +63,7 @@ def run(nodes: int) -> None:
         full_bytes = len(b"".join(r.model_dump_json().encode() for r in fleet.rows.rows()))
         delta_bytes = len(delta.model_dump_json().encode())
         reps = max(3, 20_000 // nodes)
-        t_full = best(fleet.rows_json, reps)
+        t_full = best(fleet.rows.rows_json, reps)
         # A console's cursor moves with each poll; a fixed one keeps the work equal.
         t_delta = best(lambda: fleet.rows.nodes_since_json(cursor), reps)
         t_full_models = best(lambda: json_models(fleet.rows.rows()), reps)
