@@ -121,12 +121,13 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
             ep = endpoint_of(fleet, rec, now)
             if ep is not None and ep.state == "serving":
                 serving.add(rec.model)
+    unserved = [name for name in fleet.models if name not in serving]
+    if not unserved:  # the steady state, on every answer of the feed: nothing to count
+        return {}
     counts = count_by_model(replica_statuses(fleet).values())
     reasons = unplaceable_reasons(fleet)
     out = {}
-    for name in fleet.models:
-        if name in serving:
-            continue
+    for name in unserved:
         unplaceable = reasons.get(name)
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]

@@ -157,7 +157,7 @@ class NodeRows:
             "gpus_unknown": sum(c.unknown for _, c in d.classes),
             "fabrics": list(d.fabrics),
             "models": sorted(d.models),
-            "replicas": len(facts.replicas_on(name)),
+            "replicas": len(facts.by_node.get(name, ())),
             "gpu_error": entry.gpu_error,
             "drain_blocked": facts.decisions.drain_blocked.get(name),
         }
