@@ -49,7 +49,7 @@ from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.app import create_app
 from llmgw.controller.settings import ControllerSettings
-from llmgw.wire import ModelSpec
+from llmgw.wire import GpuHealth, ModelSpec, ShardState
 
 log = logging.getLogger("llmgw.demo")
 
@@ -296,23 +296,46 @@ async def fail_a_card(agents: Sequence[DemoAgent], after_s: float, stop: asyncio
         await asyncio.wait_for(stop.wait(), after_s)
         return
     while not stop.is_set():
-        for agent in agents:
-            ready = (
-                [r for r in agent.engines.reports() if r.state.value == "ready" and r.gpus]
-                if agent.engines
-                else []
+        chosen = card_to_fail(agents)
+        if chosen is not None:
+            agent, card, replica = chosen
+            agent.gpus.unhealthy.add(card)
+            log.warning(
+                "demo: card %s of %s fails now (simulated): its replica %s moves",
+                card,
+                agent.node.name,
+                replica,
             )
-            if ready:
-                card = ready[0].gpus[0]
-                agent.gpus.unhealthy.add(card)
-                log.warning(
-                    "demo: card %s of %s fails now (simulated): its replica %s moves",
-                    card,
-                    agent.node.name,
-                    ready[0].id,
-                )
-                return
+            return
         await asyncio.sleep(1.0)
+
+
+def card_to_fail(agents: Sequence[DemoAgent]) -> tuple[DemoAgent, str, str] | None:
+    """A card under a ready engine whose replica a stand-in can replace elsewhere, with
+    its node and replica id; None while there is none."""
+    for agent in agents:
+        for r in agent.engines.reports() if agent.engines else ():
+            if r.state is ShardState.READY and r.gpus and _room_elsewhere(agents, agent, r.gpus):
+                return agent, r.gpus[0], r.id
+    return None
+
+
+def _room_elsewhere(agents: Sequence[DemoAgent], home: DemoAgent, cards: Sequence[str]) -> bool:
+    """Whether another node without a fault has as many free cards of the class as
+    `cards`: a failed card whose replica has nowhere to go would show only a cordon
+    (the replicas a model spreads over its class may fill every node of it)."""
+    classes = {g.uuid: g.gpu_class for g in home.gpus.scan().gpus}
+    wanted = {classes.get(c) for c in cards}
+    for agent in agents:
+        if agent is home:
+            continue
+        scan = agent.gpus.scan().gpus
+        if any(g.health is GpuHealth.UNHEALTHY for g in scan):
+            continue  # cordoned by llmgw for its fault
+        free = [g for g in scan if g.gpu_class in wanted and not g.in_use]
+        if len(free) >= len(cards):
+            return True
+    return False
 
 
 async def _stop_engines(agents: Sequence[DemoAgent]) -> None:

@@ -13,14 +13,25 @@ import time
 from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
 
+from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.storage import StorageScanner
 from llmgw.client import AdminClient
-from llmgw.demo import build_fleet, parser, run_demo
-from llmgw.wire import FleetSummary, StorageScope
+from llmgw.demo import (
+    DemoAgent,
+    DemoNode,
+    _room_elsewhere,
+    build_fleet,
+    card_to_fail,
+    parser,
+    run_demo,
+)
+from llmgw.wire import FleetSummary, ReplicaReport, ShardState, StorageScope
 
 
 def args(**overrides: object) -> Namespace:
@@ -431,6 +442,39 @@ async def test_a_card_fails_a_few_minutes_in_and_its_replica_moves(
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0
+
+
+def test_the_failed_card_is_one_whose_replica_can_move() -> None:
+    """The demo fails a card only where a stand-in fits elsewhere: the replicas a model
+    spreads over its GPU class can fill every node of that class, and a fault there shows
+    only a cordon (one CI run failed a card of the routed model's, with nowhere to go)."""
+
+    def agent(name: str, spec: str, held: int = 0) -> DemoAgent:
+        gpus = FakeGpus(name, [parse_fake_spec(spec)])
+        gpus.in_use.update(gpus.uuids[:held])
+        return DemoAgent(DemoNode(name, "ib-b", [spec]), cast(Any, None), None, gpus)
+
+    home = agent("b01", "8xA100-SXM-80GB", held=8)
+    replica = home.gpus.uuids
+    full = agent("b02", "8xA100-SXM-80GB", held=8)
+    other_class = agent("c01", "8xL40S-48GB")
+    faulty = agent("b03", "8xA100-SXM-80GB,unhealthy=7")
+    assert not _room_elsewhere([home, full, other_class, faulty], home, replica)
+    free = agent("b04", "8xA100-SXM-80GB")
+    assert _room_elsewhere([home, full, other_class, faulty, free], home, replica)
+    assert not _room_elsewhere([home, agent("b05", "8xA100-SXM-80GB", held=1)], home, replica)
+
+    # Of two ready replicas, the one with room elsewhere: here the second node's.
+    def serving(a: DemoAgent, rid: str) -> DemoAgent:
+        report = ReplicaReport(id=rid, model="m", state=ShardState.READY, gpus=a.gpus.uuids)
+        a.engines = cast(Any, SimpleNamespace(reports=lambda: [report]))
+        return a
+
+    h100 = [serving(agent(f"a0{i}", "4xH100-SXM-80GB", held=4), f"r{i}") for i in (1, 2)]
+    spare = agent("a03", "4xH100-SXM-80GB")
+    fleet = [serving(home, "r0"), full, *h100, spare]
+    assert card_to_fail(fleet) == (h100[0], h100[0].gpus.uuids[0], "r1")
+    assert card_to_fail([serving(home, "r0"), full]) is None
 
 
 def test_the_routed_model_gets_rushes_and_scales_with_them() -> None:
