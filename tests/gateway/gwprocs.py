@@ -78,7 +78,7 @@ class Gateway:
             )
 
     def logs(self) -> str:
-        smg = _tail(self.work / "smg.log", 10)
+        smg = _tail(self.work / "smg.log", 30)
         return f"{self.cluster.logs()}\n--- gateway ---\n{_tail(self.log)}\n--- smg ---\n{smg}"
 
     def stop(self) -> None:

@@ -119,7 +119,8 @@ def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
 
     assert ask("chat").status_code == 401
     assert ask("chat", {"Authorization": "Bearer wrong-key-123"}).status_code == 401
-    assert ask("chat", key).status_code == 200
+    served = ask("chat", key)
+    assert served.status_code == 200, f"{served.text}\n{gw.logs()}"
     unknown = ask("nope", key)
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
@@ -178,7 +179,7 @@ def test_forced_drain_fails_only_requests_on_the_forced_replica(cluster: Cluster
     wait_until(lambda: load.ok >= before + 6, timeout=20, what="requests after the force")
     load.stop()
     # At most the two requests in flight on gpu1 (one per client thread) fail, clearly.
-    assert len(load.failures) <= 2, "\n".join(load.failures)
+    assert len(load.failures) <= 2, "\n".join([*load.failures, gw.logs()])
     assert all(clear_error(f) for f in load.failures), load.failures
 
 

@@ -21,6 +21,7 @@ Needs vLLM's interpreter in LLMGW_TEST_VLLM_PYTHON (`.ci/run` prepares one with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -116,12 +117,44 @@ class Walk:
         for log in sorted((self.c.root / "agents").glob("*/logs/*.log")):
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
             parts.append(f"--- engine {log.parent.parent.name}/{log.name} ---\n{tail}")
+        parts.append(f"--- engine processes ---\n{self.processes()}")
         return "\n".join(parts)
+
+    def processes(self) -> str:
+        """Each engine process: its state, where the kernel holds it, its CPU time and
+        cores; what a start that prints nothing is doing."""
+        leaders = set()
+        for pid in (p for pids in self.c.engine_pids().values() for p in pids):
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:
+                    leaders.add(pid)
+        lines = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                wchan = (entry / "wchan").read_text() or "-"
+                cores = os.sched_getaffinity(int(entry.name))
+            except (OSError, ValueError):
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) in leaders:
+                cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                lines.append(
+                    f"{entry.name} pgid {fields[2]} {comm} state {fields[0]} in {wchan}"
+                    f" cpu {cpu_s:.1f}s cores {sorted(cores)}"
+                )
+        return "\n".join(sorted(lines)) or "(none)"
 
 
 def templates(path: Path, core: str) -> Path:
-    """The node's engine templates: the built-in vllm one, the CPU build's program and env."""
-    exe = f"{shlex.quote(VLLM_PYTHON)} -m vllm.entrypoints.openai.api_server"
+    """The node's engine templates: the built-in vllm one, the CPU build's program and env.
+
+    taskset keeps every process of the engine on the node's core from its first
+    instruction: at import, torch's MKL moves a new process onto each CPU in turn to count
+    cores, and a move onto the core where the other node's engine worker polls for work
+    (all of that core, under light traffic) stalled a stand-in's start for minutes."""
+    exe = f"taskset -c {core} {shlex.quote(VLLM_PYTHON)} -m vllm.entrypoints.openai.api_server"
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": core,  # one core per engine: sharing one takes minutes
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; unset, vLLM takes most of the host's memory
@@ -211,8 +244,11 @@ def test_1_replica_turns_ready_on_a_pinned_core(walk: Walk) -> None:
     argv = Path(f"/proc/{leader}/cmdline").read_bytes().split(b"\0")
     assert b"vllm.entrypoints.openai.api_server" in argv
     assert b"--enable-server-load-tracking" in argv
-    # The engine's worker runs on that core only (vLLM binds its OpenMP threads there).
-    assert os.sched_getaffinity(pids["VLLM::Worker"]) == {int(NODES[node_of(r)])}
+    # Every process of the engine runs on that core only: the one the agent started and
+    # its children (taskset), the worker's OpenMP threads too (vLLM binds them there).
+    core = {int(NODES[node_of(r)])}
+    on = {name: os.sched_getaffinity(pid) for name, pid in {**pids, "leader": leader}.items()}
+    assert on == dict.fromkeys(on, core), on
     walk.gw.wait_serving(MODEL)
 
 
