@@ -2,9 +2,10 @@
 
 The follower long-polls `GET /v1/endpoints?since=CURSOR&wait=S`, so it learns
 a change as soon as the controller makes it. Applying a change to SMG is two
-steps when workers both come and go (a drain): first the new workers are
-added beside the old ones, and only once SMG routes to them are the old ones
-removed, so a model never has zero workers in between. A cursor counts as
+steps when workers both come and go (a drain, a model served at last): first
+the new workers are added beside the old ones (explainers included), and only
+once SMG routes to them are the old ones removed, so a model never has zero
+workers in between. A cursor counts as
 applied only once SMG's own worker list shows it; that applied cursor, and
 the requests in flight per replica read after it, are what the status posts
 every second tell the controller, whose stop gate waits for them.
@@ -161,9 +162,11 @@ class Follower:
         current = await self.smg.workers()
         adding = serving - set(current)
         if adding and set(current) - serving:
-            # Add first: the old workers leave only once the new ones take requests
-            # (an explainer leaves at once: it never served).
-            keep = {u for u in current if not self.explainer.owns(u)}
+            # Add first: the old workers leave only once the new ones take requests. An
+            # explainer too: the model's one worker in SMG until then, it sends what it is
+            # given to the new engines (removed at once, SMG answered "all workers are
+            # unavailable" while it registered them).
+            keep = {u for u in current if self.smg.ours(u)}
             self.smg.write_workers(serving | keep)
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
         self.smg.write_workers(serving)

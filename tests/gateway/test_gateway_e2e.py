@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
@@ -148,13 +149,39 @@ def two_replicas(c: Cluster, *controller_args: str) -> Gateway:
     gw = Gateway(c, "--policy", "round_robin")
     gw.start()
     gw.wait_serving("chat")
+
+    def both_in_smg() -> bool:
+        urls = {e["url"] for e in c.get("/v1/endpoints")["endpoints"]}
+        return len(urls) == 2 and set(gw_workers(gw)) == urls
+
     wait_until(
-        lambda: len(c.get("/v1/endpoints")["endpoints"]) == 2 and len(gw_workers(gw)) == 2,
+        both_in_smg,
         timeout=30,
         what="two replicas in routing",
         diagnose=gw.logs,
     )
+    # Listed is not yet routed to: SMG registers a new worker (its models, its backend)
+    # first. Until it routes to both, losing one would leave it none.
+    urls = {e["url"] for e in c.get("/v1/endpoints")["endpoints"]}
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+    def each_served_one() -> bool:
+        httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=10)
+        return all(successes(u) > 0 for u in urls)
+
+    wait_until(each_served_one, timeout=30, what="SMG routing to both", diagnose=gw.logs)
     return gw
+
+
+def successes(engine_url: str) -> float:
+    """Requests the (fake) engine served, by its own vLLM counter."""
+    text = httpx.get(f"{engine_url}/metrics", timeout=5).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vllm:request_success_total"
+    )
 
 
 def gw_workers(gw: Gateway) -> list[str]:

@@ -47,7 +47,13 @@ def test_same_replica_new_port_is_routed_to_the_new_engine(cluster: Cluster) -> 
         gw.start()
         gw.wait_serving("chat")
         (rid,) = [r["id"] for r in c.get("/v1/replicas")]
-        assert gw_workers(gw) == [f"http://127.0.0.1:{port_a}"]
+        # The model's explainer stays beside the engine until SMG routes to the engine.
+        wait_until(
+            lambda: gw_workers(gw) == [f"http://127.0.0.1:{port_a}"],
+            timeout=10,
+            what="the engine alone in SMG's manifest",
+            diagnose=gw.logs,
+        )
 
         engines.append(engine("chat", port_b, c.env()))
         wait_engine(port_b)

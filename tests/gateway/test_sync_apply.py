@@ -16,18 +16,28 @@ from llmgw.gateway.sync import Follower
 
 
 class SlowSmg:
-    """Adds at once; drops a removed worker `remove_after_s` after the manifest changes."""
+    """Lists an added worker at once and routes to it `route_after_s` later (SMG's
+    registration); drops a removed worker `remove_after_s` after the manifest changes."""
 
-    def __init__(self, remove_after_s: float) -> None:
+    def __init__(self, remove_after_s: float, route_after_s: float = 0.0) -> None:
         self.remove_after_s = remove_after_s
+        self.route_after_s = route_after_s
         self.listed: dict[str, float | None] = {}  # url -> when it goes (None: stays)
+        self.routes_from: dict[str, float] = {}  # url -> when SMG routes to it
+        self.manifests: list[set[str]] = []
         self.started = asyncio.Event()
         self.started.set()
 
+    def ours(self, url: str) -> bool:
+        return any(url in m for m in self.manifests)
+
     def write_workers(self, urls: Iterable[str]) -> None:
         wanted = set(urls)
+        self.manifests.append(wanted)
         now = time.monotonic()
         for u in wanted:
+            if u not in self.listed:
+                self.routes_from[u] = now + self.route_after_s
             self.listed[u] = None
         for u, gone in self.listed.items():
             if u not in wanted and gone is None:
@@ -36,7 +46,7 @@ class SlowSmg:
     async def workers(self) -> dict[str, bool]:
         now = time.monotonic()
         self.listed = {u: g for u, g in self.listed.items() if g is None or g > now}
-        return {u: True for u in self.listed}
+        return {u: g is None and self.routes_from[u] <= now for u, g in self.listed.items()}
 
 
 def follower(smg: SlowSmg) -> Follower:
@@ -73,3 +83,19 @@ async def test_a_removal_that_never_happens_is_said_once(
     failing = [r for r in caplog.records if "failing" in r.getMessage()]
     assert len(failing) == 1, caplog.text
     assert "still lists removed workers" in failing[0].getMessage()
+
+
+async def test_an_explainer_stays_until_smg_routes_to_the_engines_that_replace_it() -> None:
+    """A model served at last: its explainer (which sends a request on to a serving engine)
+    leaves only once SMG routes to the engine, or SMG has no worker for the model while
+    it registers the engine ("all workers are unavailable", seen in CI)."""
+    smg = SlowSmg(remove_after_s=0.1, route_after_s=0.5)
+    f = follower(smg)
+    f.explainer.port = 9
+    explainer = f.explainer.url_for("chat")
+    await f._apply({explainer})
+    await f._apply({"http://engine:1"})
+    first, last = smg.manifests[1], smg.manifests[-1]
+    assert first == {explainer, "http://engine:1"}, smg.manifests
+    assert last == {"http://engine:1"}
+    assert await smg.workers() == {"http://engine:1": True}
