@@ -1,8 +1,8 @@
-"""Every query and row mapping of the store, written once and run by both backends.
+"""Every query of the store, written once and run by both backends.
 
 A backend (stores/sqlite.py, stores/postgres.py) gives a connection, how to begin
 and commit a write transaction (and what its failures mean), and how to read; this
-module gives the rest. Queries are written with `?` placeholders, run through a
+module gives the rest, with the row mappings of stores/rows.py. Queries are written with `?` placeholders, run through a
 `Session` (stores/session.py) that puts them in the driver's style. Both dialects
 accept `INSERT … ON CONFLICT … DO UPDATE`, so upserts are one text.
 
@@ -12,29 +12,23 @@ in the same transaction: what the marker beside a SQLite file is compared with.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from llmgw.controller.records import (
-    Backoff,
-    EnrollToken,
-    ReplicaRecord,
-    ShardRecord,
-    StateDump,
-)
+from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, StateDump
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
-from llmgw.controller.stores.session import Dialect, Params, Row, Session
-from llmgw.wire import (
-    AdminEvent,
-    AdminFlag,
-    AdminInfo,
-    EventView,
-    ModelRevision,
-    ModelSpec,
-    ReplicaState,
+from llmgw.controller.stores.rows import (
+    admin_event_from_row,
+    admin_from_row,
+    admin_row,
+    backoff_row,
+    replica_from_row,
+    replica_row,
+    revision_row,
 )
+from llmgw.controller.stores.session import Dialect, Params, Row, Session
+from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
 
 __all__ = ["REVISION", "SqlStore"]
 
@@ -118,7 +112,10 @@ class SqlStore:
         return StateDump(
             nodes=self.known_nodes(),
             admin=self.admin(),
-            events=[_event(r) for r in self._read("SELECT * FROM admin_events ORDER BY id")],
+            events=[
+                admin_event_from_row(r)
+                for r in self._read("SELECT * FROM admin_events ORDER BY id")
+            ],
             models={
                 r["name"]: (ModelSpec.model_validate_json(r["spec"]), r["updated_at"])
                 for r in self._read("SELECT * FROM models")
@@ -132,7 +129,7 @@ class SqlStore:
         """Write a dump into this (empty) store in one transaction."""
         with self._tx() as s:
             s.run_many(_NODE_ADD, state.nodes.items())
-            s.run_many(_ADMIN_UPSERT, [_admin_row(n, i) for n, i in state.admin.items()])
+            s.run_many(_ADMIN_UPSERT, [admin_row(n, i) for n, i in state.admin.items()])
             s.run_many(
                 _EVENT_ADD,
                 [(e.node, e.action, e.reason, e.by, e.at, e.force_at) for e in state.events],
@@ -142,9 +139,9 @@ class SqlStore:
                 [(spec.name, spec.model_dump_json(), at) for spec, at in state.models.values()],
             )
             s.run_many(_REPLICA_UPSERT, [replica_row(r) for r in state.replicas.values()])
-            s.run_many(_BACKOFF_UPSERT, [_backoff_row(b) for b in state.backoffs.values()])
+            s.run_many(_BACKOFF_UPSERT, [backoff_row(b) for b in state.backoffs.values()])
             s.run_many(
-                _REVISION_ADD, [_revision_row(r) for rs in state.revisions.values() for r in rs]
+                _REVISION_ADD, [revision_row(r) for rs in state.revisions.values() for r in rs]
             )
 
     # -- nodes --------------------------------------------------------------------------
@@ -190,14 +187,14 @@ class SqlStore:
             if info.flag is AdminFlag.NONE:
                 s.run("DELETE FROM node_admin WHERE name = ?", (name,))
             else:
-                s.run(_ADMIN_UPSERT, _admin_row(name, info))
+                s.run(_ADMIN_UPSERT, admin_row(name, info))
             s.run(_EVENT_ADD, (name, action, info.reason, by, at, info.force_at))
 
     def history(self, name: str, limit: int = 50) -> list[AdminEvent]:
         rows = self._read(
             "SELECT * FROM admin_events WHERE node = ? ORDER BY id DESC LIMIT ?", (name, limit)
         )
-        return [_event(r) for r in rows]
+        return [admin_event_from_row(r) for r in rows]
 
     # -- models ---------------------------------------------------------------------------
 
@@ -214,7 +211,7 @@ class SqlStore:
         revisions = list(revisions)
         with self._tx() as s:
             s.run_many(_MODEL_UPSERT, [(spec.name, spec.model_dump_json(), at) for spec in specs])
-            s.run_many(_REVISION_ADD, [_revision_row(r) for r in revisions])
+            s.run_many(_REVISION_ADD, [revision_row(r) for r in revisions])
             s.run_many(
                 _REVISIONS_TRIM, [(r.spec.name, r.revision - KEPT_REVISIONS) for r in revisions]
             )
@@ -289,7 +286,7 @@ class SqlStore:
 
     def put_backoff(self, b: Backoff) -> None:
         with self._tx() as s:
-            s.run(_BACKOFF_UPSERT, _backoff_row(b))
+            s.run(_BACKOFF_UPSERT, backoff_row(b))
 
     def clear_backoff(self, model: str) -> None:
         with self._tx() as s:
@@ -396,84 +393,3 @@ class SqlStore:
 
 class _Spent(Exception):
     """An enrollment token's use was not there to take: the transaction is rolled back."""
-
-
-# -- rows -----------------------------------------------------------------------------
-
-
-def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
-    return (
-        name,
-        info.flag.value,
-        info.reason,
-        info.by,
-        info.at,
-        int(info.drained),
-        int(info.force),
-        info.force_at,
-    )
-
-
-def admin_from_row(r: Row) -> AdminInfo:
-    return AdminInfo(
-        flag=AdminFlag(r["flag"]),
-        reason=r["reason"],
-        by=r["by"],
-        at=r["at"],
-        drained=bool(r["drained"]),
-        force=bool(r["force"]),
-        force_at=r["force_at"],
-    )
-
-
-def _backoff_row(b: Backoff) -> tuple[object, ...]:
-    return (b.model, b.failures, b.retry_at, b.last_failure)
-
-
-def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
-    shards = json.dumps(
-        [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
-    )
-    return (
-        rec.id,
-        rec.model,
-        rec.state.value,
-        shards,
-        rec.created_at,
-        rec.error,
-        rec.replaces,
-        rec.revision,
-        rec.leaving,
-    )
-
-
-def _revision_row(r: ModelRevision) -> tuple[object, ...]:
-    return (r.spec.name, r.revision, r.at, r.by, r.change, r.spec.model_dump_json())
-
-
-def replica_from_row(r: Row) -> ReplicaRecord:
-    return ReplicaRecord(
-        id=r["id"],
-        model=r["model"],
-        state=ReplicaState(r["state"]),
-        shards=tuple(
-            ShardRecord(node=s["node"], rank=s["rank"], gpus=tuple(s["gpus"]))
-            for s in json.loads(r["shards"])
-        ),
-        created_at=r["created_at"],
-        error=r["error"],
-        replaces=r["replaces"],
-        revision=r["revision"] or 0,
-        leaving=r["leaving"],
-    )
-
-
-def _event(r: Row) -> AdminEvent:
-    return AdminEvent(
-        node=r["node"],
-        action=r["action"],
-        reason=r["reason"],
-        by=r["by"],
-        at=r["at"],
-        force_at=r["force_at"],
-    )
