@@ -5,18 +5,30 @@ from __future__ import annotations
 
 import json
 
-from llmgw.controller.records import Backoff, ReplicaRecord, ShardRecord
+from llmgw.controller.records import (
+    Backoff,
+    EnrollToken,
+    IssuedCredential,
+    ReplicaRecord,
+    ShardRecord,
+)
 from llmgw.controller.stores.session import Row
-from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, ModelRevision, ReplicaState
+from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ReplicaState
 
 __all__ = [
     "admin_event_from_row",
     "admin_from_row",
     "admin_row",
     "backoff_row",
+    "credential_from_row",
+    "credential_row",
+    "decision_from_row",
+    "decision_row",
     "replica_from_row",
     "replica_row",
     "revision_row",
+    "token_from_row",
+    "token_row",
 ]
 
 
@@ -95,4 +107,46 @@ def admin_event_from_row(r: Row) -> AdminEvent:
         by=r["by"],
         at=r["at"],
         force_at=r["force_at"],
+    )
+
+
+def decision_row(e: EventView) -> tuple[object, ...]:
+    return (e.id, e.at, e.object, e.reason.value, e.message)
+
+
+def decision_from_row(r: Row) -> EventView:
+    return EventView(
+        id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
+    )
+
+
+def credential_row(c: IssuedCredential) -> tuple[object, ...]:
+    return (c.node, c.digest, c.issued_at, c.by, int(c.pending), c.token)
+
+
+def credential_from_row(r: Row) -> IssuedCredential:
+    return IssuedCredential(
+        node=r["node"],
+        digest=r["digest"],
+        issued_at=r["issued_at"],
+        by=r["by"],
+        pending=bool(r["pending"]),
+        token=r["token"],
+    )
+
+
+def token_row(t: EnrollToken) -> tuple[object, ...]:
+    return (t.id, t.digest, t.created_at, t.by, t.expires_at, t.uses, t.used, t.description)
+
+
+def token_from_row(r: Row) -> EnrollToken:
+    return EnrollToken(
+        id=r["id"],
+        digest=r["digest"],
+        created_at=r["created_at"],
+        by=r["by"],
+        expires_at=r["expires_at"],
+        uses=r["uses"],
+        used=r["used"],
+        description=r["description"],
     )

@@ -23,9 +23,15 @@ from llmgw.controller.stores.rows import (
     admin_from_row,
     admin_row,
     backoff_row,
+    credential_from_row,
+    credential_row,
+    decision_from_row,
+    decision_row,
     replica_from_row,
     replica_row,
     revision_row,
+    token_from_row,
+    token_row,
 )
 from llmgw.controller.stores.session import Dialect, Params, Row, Session
 from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
@@ -66,6 +72,22 @@ _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (model) DO UPDATE SET failures=excluded.failures,"
     " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
+)
+_DECISION_ADD = (
+    "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+_CREDENTIAL_ADD = (
+    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_TOKEN_ADD = (
+    "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used, description)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_ALLOW_UPSERT = (
+    "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
+    " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at"
 )
 # One use of an enrollment token, taken only while it is unexpired and not used up.
 _TOKEN_USE = (
@@ -109,6 +131,11 @@ class SqlStore:
     # -- everything, for `migrate` -----------------------------------------------------
 
     def dump(self) -> StateDump:
+        """Every table but the store's own bookkeeping, which a copy would falsify:
+        `writer` (this store's lease and epoch: copied, it would fence the target's
+        first leader or name a leader that is not there), `store_revision` (this
+        database's own count of writes, what a SQLite marker is checked against) and
+        `schema_version` (the target has its own, from its migrations)."""
         return StateDump(
             nodes=self.known_nodes(),
             admin=self.admin(),
@@ -123,6 +150,15 @@ class SqlStore:
             replicas=self.replicas(),
             backoffs=self.backoffs(),
             revisions=self.revisions(),
+            decisions=[
+                decision_from_row(r) for r in self._read("SELECT * FROM events ORDER BY id")
+            ],
+            credentials={
+                r["node"]: credential_from_row(r)
+                for r in self._read("SELECT * FROM agent_credentials ORDER BY node")
+            },
+            enroll_tokens=self.enroll_tokens(),
+            enroll_allowed=self.enroll_allowed(),
         )
 
     def load(self, state: StateDump) -> None:
@@ -143,6 +179,11 @@ class SqlStore:
             s.run_many(
                 _REVISION_ADD, [revision_row(r) for rs in state.revisions.values() for r in rs]
             )
+            s.run_many(_DECISION_ADD, [decision_row(e) for e in state.decisions])
+            # Credentials and tokens as stored: digests, never a secret.
+            s.run_many(_CREDENTIAL_ADD, [credential_row(c) for c in state.credentials.values()])
+            s.run_many(_TOKEN_ADD, [token_row(t) for t in state.enroll_tokens])
+            s.run_many(_ALLOW_UPSERT, [(n, by, at) for n, (by, at) in state.enroll_allowed.items()])
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -242,23 +283,14 @@ class SqlStore:
     def events(self, limit: int) -> list[EventView]:
         """The newest `limit` events, oldest first."""
         rows = self._read("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
-        return [
-            EventView(
-                id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
-            )
-            for r in reversed(rows)
-        ]
+        return [decision_from_row(r) for r in reversed(rows)]
 
     def add_events(
         self, events: Iterable[EventView], *, keep_after_id: int, keep_after: float
     ) -> None:
         """Write events and drop those beyond what is kept (by count and by age)."""
         with self._tx() as s:
-            s.run_many(
-                "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (id) DO NOTHING",
-                [(e.id, e.at, e.object, e.reason.value, e.message) for e in events],
-            )
+            s.run_many(_DECISION_ADD, [decision_row(e) for e in events])
             s.run("DELETE FROM events WHERE id <= ? OR at < ?", (keep_after_id, keep_after))
 
     # -- replicas -------------------------------------------------------------------------
@@ -303,10 +335,7 @@ class SqlStore:
 
     def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
         with self._tx() as s:
-            s.run(
-                "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES (?, ?, ?, ?)",
-                (node, digest, at, by),
-            )
+            s.run(_CREDENTIAL_ADD, (node, digest, at, by, 0, None))
 
     def delete_credential(self, node: str) -> bool:
         with self._tx() as s:
@@ -325,11 +354,7 @@ class SqlStore:
                 if token is not None and s.run(_TOKEN_USE, (token, at)) == 0:
                     raise _Spent
                 s.run("DELETE FROM enroll_allowed WHERE node = ?", (node,))
-                s.run(
-                    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (node, digest, at, by, int(pending), token),
-                )
+                s.run(_CREDENTIAL_ADD, (node, digest, at, by, int(pending), token))
         except _Spent:
             return False
         return True
@@ -350,27 +375,12 @@ class SqlStore:
         return done > 0
 
     def enroll_tokens(self) -> list[EnrollToken]:
-        return [
-            EnrollToken(
-                id=r["id"],
-                digest=r["digest"],
-                created_at=r["created_at"],
-                by=r["by"],
-                expires_at=r["expires_at"],
-                uses=r["uses"],
-                used=r["used"],
-                description=r["description"],
-            )
-            for r in self._read("SELECT * FROM enroll_tokens ORDER BY created_at, id")
-        ]
+        rows = self._read("SELECT * FROM enroll_tokens ORDER BY created_at, id")
+        return [token_from_row(r) for r in rows]
 
     def put_enroll_token(self, t: EnrollToken) -> None:
         with self._tx() as s:
-            s.run(
-                "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used,"
-                " description) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (t.id, t.digest, t.created_at, t.by, t.expires_at, t.uses, t.used, t.description),
-            )
+            s.run(_TOKEN_ADD, token_row(t))
 
     def delete_enroll_token(self, token_id: str) -> bool:
         with self._tx() as s:
@@ -383,11 +393,7 @@ class SqlStore:
     def allow_enroll(self, node: str, *, by: str, at: float) -> None:
         """Allow one enrollment of a known node, recorded in its admin history."""
         with self._tx() as s:
-            s.run(
-                "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
-                " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at",
-                (node, by, at),
-            )
+            s.run(_ALLOW_UPSERT, (node, by, at))
             s.run(_EVENT_ADD, (node, "allow enrollment", None, by, at, None))
 
 
