@@ -325,8 +325,9 @@ def migrate(argv: list[str]) -> int:
     into an empty store (stop the controller first)."""
     p = argparse.ArgumentParser(
         prog="llmgw controller migrate",
-        description="Copy durable state (cordons, history, models, replicas, backoffs) "
-        "from one store to another, empty one. Stop the controller first.",
+        description="Copy durable state (cordons, history, models and their revisions, "
+        "replicas, backoffs, decision events, node credentials, enrollment tokens and "
+        "allowances) from one store to another, empty one. Stop the controller first.",
         epilog=examples(
             "llmgw controller migrate --from sqlite:/var/lib/llmgw --to postgresql://llmgw@db/llmgw"
         ),
@@ -356,12 +357,7 @@ def migrate(argv: list[str]) -> int:
     except (ValueError, StateError, StoreUnavailable) as exc:
         print(f"llmgw controller migrate: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"copied {len(state.nodes)} nodes, {len(state.admin)} admin flags, "
-        f"{len(state.events)} history events, {len(state.models)} models, "
-        f"{len(state.replicas)} replicas and {len(state.backoffs)} backoffs "
-        f"from {describe(source_spec)} to {describe(target_spec)}"
-    )
+    print(f"copied {state.counts()} from {describe(source_spec)} to {describe(target_spec)}")
     return 0
 
 

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from llmgw.wire import AdminEvent, AdminInfo, ModelRevision, ModelSpec, ReplicaState
+from llmgw.wire import AdminEvent, AdminInfo, EventView, ModelRevision, ModelSpec, ReplicaState
 
-__all__ = ["Backoff", "EnrollToken", "ReplicaRecord", "ShardRecord", "StateDump"]
+__all__ = [
+    "Backoff",
+    "EnrollToken",
+    "IssuedCredential",
+    "ReplicaRecord",
+    "ShardRecord",
+    "StateDump",
+]
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,20 @@ class EnrollToken:
     uses: int | None = None
     used: int = 0
     description: str | None = None
+
+
+@dataclass(frozen=True)
+class IssuedCredential:
+    """A node's credential as enrollment issued it: the secret is kept only as a
+    SHA-256. `pending`: awaiting an admin's approval; `token`: the enrollment
+    token's id it came with (None: none, or issued before tokens were counted)."""
+
+    node: str
+    digest: str
+    issued_at: float
+    by: str
+    pending: bool = False
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,9 @@ class Backoff:
 
 @dataclass
 class StateDump:
-    """Everything durable, in a form either backend can load (for `migrate`)."""
+    """Everything durable, in a form either backend can load (for `migrate`): a
+    controller started on the copy goes on where the original was. Secrets are in
+    it only as the store keeps them (SHA-256 digests)."""
 
     nodes: dict[str, float] = field(default_factory=dict)
     admin: dict[str, AdminInfo] = field(default_factory=dict)
@@ -79,6 +102,11 @@ class StateDump:
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     backoffs: dict[str, Backoff] = field(default_factory=dict)
     revisions: dict[str, list[ModelRevision]] = field(default_factory=dict)  # oldest first
+    # What the controller decided by itself (`GET /v1/events`), oldest first, ids kept.
+    decisions: list[EventView] = field(default_factory=list)
+    credentials: dict[str, IssuedCredential] = field(default_factory=dict)
+    enroll_tokens: list[EnrollToken] = field(default_factory=list)
+    enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
 
     def empty(self) -> bool:
         return not (
@@ -89,4 +117,25 @@ class StateDump:
             or self.replicas
             or self.backoffs
             or self.revisions
+            or self.decisions
+            or self.credentials
+            or self.enroll_tokens
+            or self.enroll_allowed
         )
+
+    def counts(self) -> str:
+        """What the dump holds, counted (for `migrate`'s report: never a digest)."""
+        counted = [
+            (len(self.nodes), "nodes"),
+            (len(self.admin), "admin flags"),
+            (len(self.events), "history events"),
+            (len(self.models), "models"),
+            (sum(map(len, self.revisions.values())), "model revisions"),
+            (len(self.replicas), "replicas"),
+            (len(self.backoffs), "backoffs"),
+            (len(self.decisions), "decision events"),
+            (len(self.credentials), "node credentials"),
+            (len(self.enroll_tokens), "enrollment tokens"),
+            (len(self.enroll_allowed), "enrollment allowances"),
+        ]
+        return ", ".join(f"{n} {what}" for n, what in counted)

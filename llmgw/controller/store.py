@@ -4,7 +4,8 @@ the errors a store raises. Each lives in its own module; this one only names the
 
     records.py        ReplicaRecord, ShardRecord, Backoff, StateDump
     store_errors.py   StateError, StoreUnavailable, Fenced
-    stores/sql.py     every query and row mapping, run by both backends
+    stores/sql.py     every query, run by both backends
+    stores/rows.py    every record as a row and back
     stores/session.py  a connection in either dialect; the schema migration
     stores/schema.py  the numbered migrations (one schema version)
     stores/sqlite.py  SQLite: the file, its checks, `--reset-state`

@@ -1,8 +1,8 @@
-"""Every query and row mapping of the store, written once and run by both backends.
+"""Every query of the store, written once and run by both backends.
 
 A backend (stores/sqlite.py, stores/postgres.py) gives a connection, how to begin
 and commit a write transaction (and what its failures mean), and how to read; this
-module gives the rest. Queries are written with `?` placeholders, run through a
+module gives the rest, with the row mappings of stores/rows.py. Queries are written with `?` placeholders, run through a
 `Session` (stores/session.py) that puts them in the driver's style. Both dialects
 accept `INSERT … ON CONFLICT … DO UPDATE`, so upserts are one text.
 
@@ -12,29 +12,29 @@ in the same transaction: what the marker beside a SQLite file is compared with.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from llmgw.controller.records import (
-    Backoff,
-    EnrollToken,
-    ReplicaRecord,
-    ShardRecord,
-    StateDump,
-)
+from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, StateDump
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
-from llmgw.controller.stores.session import Dialect, Params, Row, Session
-from llmgw.wire import (
-    AdminEvent,
-    AdminFlag,
-    AdminInfo,
-    EventView,
-    ModelRevision,
-    ModelSpec,
-    ReplicaState,
+from llmgw.controller.stores.rows import (
+    admin_event_from_row,
+    admin_from_row,
+    admin_row,
+    backoff_row,
+    credential_from_row,
+    credential_row,
+    decision_from_row,
+    decision_row,
+    replica_from_row,
+    replica_row,
+    revision_row,
+    token_from_row,
+    token_row,
 )
+from llmgw.controller.stores.session import Dialect, Params, Row, Session
+from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
 
 __all__ = ["REVISION", "SqlStore"]
 
@@ -72,6 +72,22 @@ _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (model) DO UPDATE SET failures=excluded.failures,"
     " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
+)
+_DECISION_ADD = (
+    "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+_CREDENTIAL_ADD = (
+    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_TOKEN_ADD = (
+    "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used, description)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_ALLOW_UPSERT = (
+    "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
+    " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at"
 )
 # One use of an enrollment token, taken only while it is unexpired and not used up.
 _TOKEN_USE = (
@@ -115,10 +131,18 @@ class SqlStore:
     # -- everything, for `migrate` -----------------------------------------------------
 
     def dump(self) -> StateDump:
+        """Every table but the store's own bookkeeping, which a copy would falsify:
+        `writer` (this store's lease and epoch: copied, it would fence the target's
+        first leader or name a leader that is not there), `store_revision` (this
+        database's own count of writes, what a SQLite marker is checked against) and
+        `schema_version` (the target has its own, from its migrations)."""
         return StateDump(
             nodes=self.known_nodes(),
             admin=self.admin(),
-            events=[_event(r) for r in self._read("SELECT * FROM admin_events ORDER BY id")],
+            events=[
+                admin_event_from_row(r)
+                for r in self._read("SELECT * FROM admin_events ORDER BY id")
+            ],
             models={
                 r["name"]: (ModelSpec.model_validate_json(r["spec"]), r["updated_at"])
                 for r in self._read("SELECT * FROM models")
@@ -126,13 +150,22 @@ class SqlStore:
             replicas=self.replicas(),
             backoffs=self.backoffs(),
             revisions=self.revisions(),
+            decisions=[
+                decision_from_row(r) for r in self._read("SELECT * FROM events ORDER BY id")
+            ],
+            credentials={
+                r["node"]: credential_from_row(r)
+                for r in self._read("SELECT * FROM agent_credentials ORDER BY node")
+            },
+            enroll_tokens=self.enroll_tokens(),
+            enroll_allowed=self.enroll_allowed(),
         )
 
     def load(self, state: StateDump) -> None:
         """Write a dump into this (empty) store in one transaction."""
         with self._tx() as s:
             s.run_many(_NODE_ADD, state.nodes.items())
-            s.run_many(_ADMIN_UPSERT, [_admin_row(n, i) for n, i in state.admin.items()])
+            s.run_many(_ADMIN_UPSERT, [admin_row(n, i) for n, i in state.admin.items()])
             s.run_many(
                 _EVENT_ADD,
                 [(e.node, e.action, e.reason, e.by, e.at, e.force_at) for e in state.events],
@@ -142,10 +175,15 @@ class SqlStore:
                 [(spec.name, spec.model_dump_json(), at) for spec, at in state.models.values()],
             )
             s.run_many(_REPLICA_UPSERT, [replica_row(r) for r in state.replicas.values()])
-            s.run_many(_BACKOFF_UPSERT, [_backoff_row(b) for b in state.backoffs.values()])
+            s.run_many(_BACKOFF_UPSERT, [backoff_row(b) for b in state.backoffs.values()])
             s.run_many(
-                _REVISION_ADD, [_revision_row(r) for rs in state.revisions.values() for r in rs]
+                _REVISION_ADD, [revision_row(r) for rs in state.revisions.values() for r in rs]
             )
+            s.run_many(_DECISION_ADD, [decision_row(e) for e in state.decisions])
+            # Credentials and tokens as stored: digests, never a secret.
+            s.run_many(_CREDENTIAL_ADD, [credential_row(c) for c in state.credentials.values()])
+            s.run_many(_TOKEN_ADD, [token_row(t) for t in state.enroll_tokens])
+            s.run_many(_ALLOW_UPSERT, [(n, by, at) for n, (by, at) in state.enroll_allowed.items()])
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -190,14 +228,14 @@ class SqlStore:
             if info.flag is AdminFlag.NONE:
                 s.run("DELETE FROM node_admin WHERE name = ?", (name,))
             else:
-                s.run(_ADMIN_UPSERT, _admin_row(name, info))
+                s.run(_ADMIN_UPSERT, admin_row(name, info))
             s.run(_EVENT_ADD, (name, action, info.reason, by, at, info.force_at))
 
     def history(self, name: str, limit: int = 50) -> list[AdminEvent]:
         rows = self._read(
             "SELECT * FROM admin_events WHERE node = ? ORDER BY id DESC LIMIT ?", (name, limit)
         )
-        return [_event(r) for r in rows]
+        return [admin_event_from_row(r) for r in rows]
 
     # -- models ---------------------------------------------------------------------------
 
@@ -214,7 +252,7 @@ class SqlStore:
         revisions = list(revisions)
         with self._tx() as s:
             s.run_many(_MODEL_UPSERT, [(spec.name, spec.model_dump_json(), at) for spec in specs])
-            s.run_many(_REVISION_ADD, [_revision_row(r) for r in revisions])
+            s.run_many(_REVISION_ADD, [revision_row(r) for r in revisions])
             s.run_many(
                 _REVISIONS_TRIM, [(r.spec.name, r.revision - KEPT_REVISIONS) for r in revisions]
             )
@@ -245,23 +283,14 @@ class SqlStore:
     def events(self, limit: int) -> list[EventView]:
         """The newest `limit` events, oldest first."""
         rows = self._read("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
-        return [
-            EventView(
-                id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
-            )
-            for r in reversed(rows)
-        ]
+        return [decision_from_row(r) for r in reversed(rows)]
 
     def add_events(
         self, events: Iterable[EventView], *, keep_after_id: int, keep_after: float
     ) -> None:
         """Write events and drop those beyond what is kept (by count and by age)."""
         with self._tx() as s:
-            s.run_many(
-                "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (id) DO NOTHING",
-                [(e.id, e.at, e.object, e.reason.value, e.message) for e in events],
-            )
+            s.run_many(_DECISION_ADD, [decision_row(e) for e in events])
             s.run("DELETE FROM events WHERE id <= ? OR at < ?", (keep_after_id, keep_after))
 
     # -- replicas -------------------------------------------------------------------------
@@ -289,7 +318,7 @@ class SqlStore:
 
     def put_backoff(self, b: Backoff) -> None:
         with self._tx() as s:
-            s.run(_BACKOFF_UPSERT, _backoff_row(b))
+            s.run(_BACKOFF_UPSERT, backoff_row(b))
 
     def clear_backoff(self, model: str) -> None:
         with self._tx() as s:
@@ -306,10 +335,7 @@ class SqlStore:
 
     def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
         with self._tx() as s:
-            s.run(
-                "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES (?, ?, ?, ?)",
-                (node, digest, at, by),
-            )
+            s.run(_CREDENTIAL_ADD, (node, digest, at, by, 0, None))
 
     def delete_credential(self, node: str) -> bool:
         with self._tx() as s:
@@ -328,11 +354,7 @@ class SqlStore:
                 if token is not None and s.run(_TOKEN_USE, (token, at)) == 0:
                     raise _Spent
                 s.run("DELETE FROM enroll_allowed WHERE node = ?", (node,))
-                s.run(
-                    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (node, digest, at, by, int(pending), token),
-                )
+                s.run(_CREDENTIAL_ADD, (node, digest, at, by, int(pending), token))
         except _Spent:
             return False
         return True
@@ -353,27 +375,12 @@ class SqlStore:
         return done > 0
 
     def enroll_tokens(self) -> list[EnrollToken]:
-        return [
-            EnrollToken(
-                id=r["id"],
-                digest=r["digest"],
-                created_at=r["created_at"],
-                by=r["by"],
-                expires_at=r["expires_at"],
-                uses=r["uses"],
-                used=r["used"],
-                description=r["description"],
-            )
-            for r in self._read("SELECT * FROM enroll_tokens ORDER BY created_at, id")
-        ]
+        rows = self._read("SELECT * FROM enroll_tokens ORDER BY created_at, id")
+        return [token_from_row(r) for r in rows]
 
     def put_enroll_token(self, t: EnrollToken) -> None:
         with self._tx() as s:
-            s.run(
-                "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used,"
-                " description) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (t.id, t.digest, t.created_at, t.by, t.expires_at, t.uses, t.used, t.description),
-            )
+            s.run(_TOKEN_ADD, token_row(t))
 
     def delete_enroll_token(self, token_id: str) -> bool:
         with self._tx() as s:
@@ -386,94 +393,9 @@ class SqlStore:
     def allow_enroll(self, node: str, *, by: str, at: float) -> None:
         """Allow one enrollment of a known node, recorded in its admin history."""
         with self._tx() as s:
-            s.run(
-                "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
-                " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at",
-                (node, by, at),
-            )
+            s.run(_ALLOW_UPSERT, (node, by, at))
             s.run(_EVENT_ADD, (node, "allow enrollment", None, by, at, None))
 
 
 class _Spent(Exception):
     """An enrollment token's use was not there to take: the transaction is rolled back."""
-
-
-# -- rows -----------------------------------------------------------------------------
-
-
-def _admin_row(name: str, info: AdminInfo) -> tuple[object, ...]:
-    return (
-        name,
-        info.flag.value,
-        info.reason,
-        info.by,
-        info.at,
-        int(info.drained),
-        int(info.force),
-        info.force_at,
-    )
-
-
-def admin_from_row(r: Row) -> AdminInfo:
-    return AdminInfo(
-        flag=AdminFlag(r["flag"]),
-        reason=r["reason"],
-        by=r["by"],
-        at=r["at"],
-        drained=bool(r["drained"]),
-        force=bool(r["force"]),
-        force_at=r["force_at"],
-    )
-
-
-def _backoff_row(b: Backoff) -> tuple[object, ...]:
-    return (b.model, b.failures, b.retry_at, b.last_failure)
-
-
-def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
-    shards = json.dumps(
-        [{"node": s.node, "rank": s.rank, "gpus": list(s.gpus)} for s in rec.shards]
-    )
-    return (
-        rec.id,
-        rec.model,
-        rec.state.value,
-        shards,
-        rec.created_at,
-        rec.error,
-        rec.replaces,
-        rec.revision,
-        rec.leaving,
-    )
-
-
-def _revision_row(r: ModelRevision) -> tuple[object, ...]:
-    return (r.spec.name, r.revision, r.at, r.by, r.change, r.spec.model_dump_json())
-
-
-def replica_from_row(r: Row) -> ReplicaRecord:
-    return ReplicaRecord(
-        id=r["id"],
-        model=r["model"],
-        state=ReplicaState(r["state"]),
-        shards=tuple(
-            ShardRecord(node=s["node"], rank=s["rank"], gpus=tuple(s["gpus"]))
-            for s in json.loads(r["shards"])
-        ),
-        created_at=r["created_at"],
-        error=r["error"],
-        replaces=r["replaces"],
-        revision=r["revision"] or 0,
-        leaving=r["leaving"],
-    )
-
-
-def _event(r: Row) -> AdminEvent:
-    return AdminEvent(
-        node=r["node"],
-        action=r["action"],
-        reason=r["reason"],
-        by=r["by"],
-        at=r["at"],
-        force_at=r["force_at"],
-    )
