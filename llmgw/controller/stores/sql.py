@@ -4,8 +4,8 @@ A backend (stores/sqlite.py, stores/postgres.py) gives a connection, how to begi
 and commit a write transaction (and what its failures mean), and how to read; this
 module gives the rest, with the row mappings of stores/rows.py. Queries are written
 with `?` placeholders, run through a `Session` (stores/session.py) that puts them in
-the driver's style. Both dialects
-accept `INSERT … ON CONFLICT … DO UPDATE`, so upserts are one text.
+the driver's style. Both dialects accept `INSERT … ON CONFLICT … DO UPDATE`, so
+upserts are one text.
 
 Every write transaction also moves the store's revision by one (`store_revision`),
 in the same transaction: what the marker beside a SQLite file is compared with.
