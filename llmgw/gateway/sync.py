@@ -5,10 +5,10 @@ a change as soon as the controller makes it. Applying a change to SMG is two
 steps when workers both come and go (a drain, a model served at last): first
 the new workers are added beside the old ones (explainers included), and only
 once SMG routes to them are the old ones removed, so a model never has zero
-workers in between. A cursor counts as
-applied only once SMG's own worker list shows it; that applied cursor, and
-the requests in flight per replica read after it, are what the status posts
-every second tell the controller, whose stop gate waits for them.
+workers in between. A cursor counts as applied only once SMG's own worker list
+shows it; that applied cursor, and the requests in flight per replica read after
+it, are what the status posts every second tell the controller, whose stop gate
+waits for them.
 """
 
 from __future__ import annotations
