@@ -310,6 +310,23 @@ async def fail_a_card(agents: Sequence[DemoAgent], after_s: float, stop: asyncio
         await asyncio.sleep(1.0)
 
 
+async def say_when_late(stop: asyncio.Event, every_s: float = 1.0, said_s: float = 5.0) -> None:
+    """Say when the demo's own event loop runs `said_s` late or more: the controller and
+    every simulated node share it, so on a busy machine a stall of 11 s (three report
+    intervals and 5 s) shows every node unreachable, through no fault of theirs."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        asked = loop.time()
+        await asyncio.sleep(every_s)
+        late = loop.time() - asked - every_s
+        if late >= said_s:
+            log.warning(
+                "demo: its event loop ran %.1f s late (the machine is busy): nodes may show"
+                " unreachable for it",
+                late,
+            )
+
+
 def card_to_fail(agents: Sequence[DemoAgent]) -> tuple[DemoAgent, str, str] | None:
     """A card under a ready engine whose replica a stand-in can replace elsewhere, with
     its node and replica id; None while there is none."""
@@ -497,6 +514,7 @@ async def run_demo(
             for i, n in enumerate(fleet)
         ]
         tasks = [asyncio.create_task(a.loop.run(stop)) for a in agents]
+        tasks.append(asyncio.create_task(say_when_late(stop)))
         gateway_url = None
         if not args.no_engines:
             async with AdminClient(url) as client:

@@ -30,6 +30,7 @@ from llmgw.demo import (
     card_to_fail,
     parser,
     run_demo,
+    say_when_late,
 )
 from llmgw.wire import FleetSummary, ReplicaReport, ShardState, StorageScope
 
@@ -475,6 +476,27 @@ def test_the_failed_card_is_one_whose_replica_can_move() -> None:
     fleet = [serving(home, "r0"), full, *h100, spare]
     assert card_to_fail(fleet) == (h100[0], h100[0].gpus.uuids[0], "r1")
     assert card_to_fail([serving(home, "r0"), full]) is None
+
+
+async def test_the_demo_says_when_its_event_loop_ran_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The demo's controller and simulated nodes share one event loop: a stall long enough
+    to show nodes unreachable is said, with its length (a CI run once saw the whole demo
+    fleet unreachable and nothing said why)."""
+    caplog.set_level(logging.WARNING, "llmgw.demo")
+    stop = asyncio.Event()
+    watch = asyncio.create_task(say_when_late(stop, every_s=0.05, said_s=1.0))
+    await asyncio.sleep(0.3)
+    assert not [r for r in caplog.records if r.name == "llmgw.demo"]  # on time: nothing said
+    time.sleep(1.5)  # noqa: ASYNC251 - the loop blocked, as a busy machine blocks it
+    await asyncio.sleep(0.2)
+    stop.set()
+    await watch
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgw.demo"]
+    late = [float(m.split(" ran ")[1].split(" s late")[0]) for m in said]
+    assert late and max(late) >= 1.4, said
+    assert "nodes may show unreachable" in said[0], said
 
 
 def test_the_routed_model_gets_rushes_and_scales_with_them() -> None:
