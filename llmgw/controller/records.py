@@ -108,24 +108,9 @@ class StateDump:
     enroll_tokens: list[EnrollToken] = field(default_factory=list)
     enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
 
-    def empty(self) -> bool:
-        return not (
-            self.nodes
-            or self.admin
-            or self.events
-            or self.models
-            or self.replicas
-            or self.backoffs
-            or self.revisions
-            or self.decisions
-            or self.credentials
-            or self.enroll_tokens
-            or self.enroll_allowed
-        )
-
-    def counts(self) -> str:
-        """What the dump holds, counted (for `migrate`'s report: never a digest)."""
-        counted = [
+    def sizes(self) -> list[tuple[int, str]]:
+        """How many of each thing the dump holds, named (never a digest)."""
+        return [
             (len(self.nodes), "nodes"),
             (len(self.admin), "admin flags"),
             (len(self.events), "history events"),
@@ -138,4 +123,10 @@ class StateDump:
             (len(self.enroll_tokens), "enrollment tokens"),
             (len(self.enroll_allowed), "enrollment allowances"),
         ]
-        return ", ".join(f"{n} {what}" for n, what in counted)
+
+    def empty(self) -> bool:
+        return not any(n for n, _ in self.sizes())
+
+    def counts(self) -> str:
+        """What the dump holds, counted (for `migrate`'s report)."""
+        return ", ".join(f"{n} {what}" for n, what in self.sizes())

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from agent.metrics import parse_engine_metrics
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
 
@@ -174,14 +174,9 @@ def two_replicas(c: Cluster, *controller_args: str) -> Gateway:
 
 
 def successes(engine_url: str) -> float:
-    """Requests the (fake) engine served, by its own vLLM counter."""
-    text = httpx.get(f"{engine_url}/metrics", timeout=5).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "vllm:request_success_total"
-    )
+    """Requests the (fake) engine served, by its own vLLM counter, read as the agent reads it."""
+    sample = parse_engine_metrics(httpx.get(f"{engine_url}/metrics", timeout=5).text)
+    return sample.counters.get("vllm:request_success_total", 0.0) if sample else 0.0
 
 
 def gw_workers(gw: Gateway) -> list[str]:

@@ -98,18 +98,11 @@ class Walk:
         """The replica's vLLM processes by name (VLLM::EngineCore, VLLM::Worker), found by
         the process group of the one the agent started: their new process titles overwrite
         the environment /proc shows, so the cluster's tag does not find them."""
-        groups = {self.leader(replica_id)}
         out = {}
-        for entry in Path("/proc").iterdir():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            pgid = int(stat.rsplit(")", 1)[1].split()[2])
-            if pgid in groups and comm.startswith("VLLM::"):
+        for pid, (comm, _) in in_groups({self.leader(replica_id)}).items():
+            if comm.startswith("VLLM::"):
                 name = "VLLM::EngineCore" if comm.startswith("VLLM::EngineCor") else comm
-                out[name] = int(entry.name)
+                out[name] = pid
         return out
 
     def logs(self) -> str:
@@ -129,22 +122,36 @@ class Walk:
                 if os.getpgid(pid) == pid:
                     leaders.add(pid)
         lines = []
-        for entry in Path("/proc").iterdir():
+        for pid, (comm, fields) in in_groups(leaders).items():
             try:
-                stat = (entry / "stat").read_text()
-                wchan = (entry / "wchan").read_text() or "-"
-                cores = os.sched_getaffinity(int(entry.name))
-            except (OSError, ValueError):
+                wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+                cores = sorted(os.sched_getaffinity(pid))
+            except OSError:
                 continue
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) in leaders:
-                cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-                lines.append(
-                    f"{entry.name} pgid {fields[2]} {comm} state {fields[0]} in {wchan}"
-                    f" cpu {cpu_s:.1f}s cores {sorted(cores)}"
-                )
+            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            lines.append(
+                f"{pid} pgid {fields[2]} {comm} state {fields[0]} in {wchan}"
+                f" cpu {cpu_s:.1f}s cores {cores}"
+            )
         return "\n".join(sorted(lines)) or "(none)"
+
+
+def in_groups(groups: set[int]) -> dict[int, tuple[str, list[str]]]:
+    """The processes of these process groups: pid -> (name, the /proc stat fields after
+    the name: state, ppid, pgid...)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        if int(fields[2]) in groups:
+            out[int(entry.name)] = (head[head.index("(") + 1 :], fields)
+    return out
 
 
 def templates(path: Path, core: str) -> Path:
