@@ -33,7 +33,7 @@ from llmgw.client import AdminClient
 from llmgw.controller import placing
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Tokens
-from llmgw.controller.keys import term_of
+from llmgw.controller.keys import METRICS, term_of
 from llmgw.controller.settings import ControllerSettings
 from llmgw.wire import (
     EngineTraffic,
@@ -135,6 +135,8 @@ class LiveController:
         self._agent_http: httpx.AsyncClient | None = None  # the agents' reports
         self.app: web.Application | None = None
         self.agents: Agents | None = None  # the fixture fleet's agents, once filled
+        self.passes = 0  # reconcile passes finished (`settle` waits on them)
+        self._passed = asyncio.Event()  # set by each pass that finishes
         # Replica ids are random in production; counted here, for snapshots.
         self._real_secrets = placing.secrets
         placing.secrets = _CountedIds()  # type: ignore[assignment]
@@ -156,6 +158,16 @@ class LiveController:
             state_dir=self.state_dir, tokens=self.tokens, reconcile_interval_s=0.05
         )
         self.app = create_app(settings)
+        # Count the reconcile loop's passes (the leadership binds this at startup).
+        metrics = self.app[METRICS]
+        observe = metrics.observe_reconcile
+
+        def counted(seconds: float, failed: bool) -> None:
+            self.passes += 1
+            self._passed.set()
+            observe(seconds, failed)
+
+        metrics.observe_reconcile = counted  # type: ignore[method-assign]
         self._runner = web.AppRunner(self.app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -227,8 +239,22 @@ class LiveController:
         return self.call(post())
 
     def settle(self) -> None:
-        """Let the reconcile loop run a pass or two (it places and records)."""
-        self.call(asyncio.sleep(0.2))
+        """Wait until the reconcile loop has nothing left to do: a whole pass,
+        begun after everything before it, changed nothing. (It was a fixed 0.2 s
+        sleep, which a busy machine could outlast with placements still to make.)"""
+        self.call(self._settle())
+
+    async def _settle(self, most: int = 100) -> None:
+        assert self.app is not None
+        log = term_of(self.app).facts.log
+        for _ in range(most):
+            revision = log.revision
+            for _ in range(2):  # the second pass to finish began after `revision`
+                self._passed.clear()
+                await self._passed.wait()
+            if log.revision == revision:
+                return
+        raise AssertionError(f"the reconcile loop still changed the fleet after {most} passes")
 
 
 def _gpus(node: str, cls: str, n: int, used: int = 0, bad: Sequence[tuple[int, str, str]] = ()):  # type: ignore[no-untyped-def]

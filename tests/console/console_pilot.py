@@ -9,7 +9,9 @@ from console_fixtures import NOW
 from rich.style import Style
 from rich.text import Text
 from textual.pilot import Pilot
+from textual.screen import Screen
 from textual.strip import Strip
+from textual.widgets import Input
 
 from console.app import ConsoleApp
 from console.widgets.keyed_table import KeyedTable
@@ -50,6 +52,14 @@ async def loaded(pilot: Pilot[None]) -> ConsoleApp:
     )
     await pilot.pause()
     return app
+
+
+def steady_cursors(screen: Screen[object]) -> None:
+    """Stop the screen's input cursors blinking, before typing. A focused input
+    then always shows its cursor; otherwise it hides for the half second after
+    each 0.5 s since the last key, and a snapshot on a busy machine drew none."""
+    for box in screen.query(Input):
+        box.cursor_blink = False
 
 
 async def repoll(pilot: Pilot[None]) -> None:

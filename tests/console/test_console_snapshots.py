@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from console_fixtures import Faults
-from console_pilot import Clock, SnapCompare, loaded, repoll, until
+from console_pilot import Clock, SnapCompare, loaded, repoll, steady_cursors, until
 from textual.pilot import Pilot
 
 from console.app import ConsoleApp
@@ -66,6 +66,7 @@ def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
         app = await loaded(pilot)
         await pilot.press("down", "d")
         await until(pilot, lambda: isinstance(app.screen, DrainModal) and app.screen.plan)
+        steady_cursors(app.screen)
         await pilot.press(*"kernel 6.8 upgrade")
         await pilot.pause()
 
@@ -104,6 +105,7 @@ def test_drain_modal_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None
         app = await loaded(pilot)
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, DrainModal) and app.screen.plan)
+        steady_cursors(app.screen)
         await pilot.press(*"kernel 6.8 upgrade")
         app.screen.query_one("#timeout").focus()
         await pilot.press(*"20m")
