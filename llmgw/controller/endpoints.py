@@ -224,6 +224,23 @@ class Gateways:
     fleet: Facts
     run: str  # the term's: what an applied cursor is read against
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
+    _checked_at: int = 0  # the newest REPLICA or MODEL change the maps were checked against
+
+    def _follow(self) -> None:
+        """What a status said of replicas (or sleeping models) removed since goes:
+        the maps follow the log, as every view does, rather than wait for the
+        gateway's next status."""
+        newest = self.fleet.log.newest(ChangeKind.REPLICA, ChangeKind.MODEL)
+        if newest == self._checked_at:
+            return
+        self._checked_at = newest
+        records, models = self.fleet.records, self.fleet.models
+        for g in self.seen.values():
+            for by_replica in (g.in_flight, g.requests, g.rejected):
+                for rid in [r for r in by_replica if r not in records]:
+                    del by_replica[rid]
+            for model in [m for m in g.held if m not in models]:
+                del g.held[model]
 
     def status_bytes(self) -> int:
         """The largest status body worth reading now (413 past it, before parsing)."""
@@ -265,6 +282,7 @@ class Gateways:
             del self.seen[name]
 
     def live(self, now: float) -> list[GatewaySeen]:
+        self._follow()
         return [g for g in self.seen.values() if now - g.at <= LIVE_S]
 
     def in_flight(self, now: float) -> dict[str, int]:
@@ -287,6 +305,7 @@ class Gateways:
     def views(self) -> list[GatewayView]:
         now = self.fleet.clock()
         self.expire(now)
+        self._follow()
         return [
             GatewayView(
                 name=g.name,

@@ -29,6 +29,11 @@ TRACES: dict[str, Callable[[Term], object]] = {
     "replica record": lambda t: REPLICA in t.facts.records,
     "stopping mark": lambda t: REPLICA in t.facts.stopping,
     "gateway activity": lambda t: REPLICA in t.facts.gateway_activity,
+    "gateway status maps": lambda t: [
+        g.name
+        for g in t.gateways.seen.values()
+        if REPLICA in g.in_flight or REPLICA in g.requests or REPLICA in g.rejected
+    ],
     "retiring model": lambda t: "m" in t.facts.retiring,
     "change log index": lambda t: [k for k in ChangeKind if t.facts.log.latest(k, NODE)],
     "row content": lambda t: NODE in t.rows._content or NODE in t.rows._changed_at,
@@ -64,7 +69,15 @@ def _everything_on_the_node(tmp_path: Path) -> Term:
     facts.approvals.await_approval(NODE, 1.0)
     facts.mark_stopping(REPLICA)
     term.gateways.report(GatewayStatus(name="gw", cursor="", requests={REPLICA: 1}))
-    term.gateways.report(GatewayStatus(name="gw", cursor="", requests={REPLICA: 2}))
+    term.gateways.report(
+        GatewayStatus(
+            name="gw",
+            cursor="",
+            in_flight={REPLICA: 1},
+            requests={REPLICA: 2},
+            rejected={REPLICA: "its engine answered 404"},
+        )
+    )
     facts.delete_model("m")
     term.summary()
     term.rows.rows_json()
@@ -78,6 +91,7 @@ def _caught_up(term: Term) -> Term:
     term.summary()
     term.rows.rows_json()
     term.replies.ingest_json(report(OTHER, n_gpus=2))
+    term.gateways.views()
     return term
 
 
@@ -98,6 +112,7 @@ REPLICA_STRUCTURES = [
     "replica record",
     "stopping mark",
     "gateway activity",
+    "gateway status maps",
     "retiring model",
     "replicas by node",
     "replica statuses",
@@ -130,3 +145,15 @@ def test_forgetting_a_node_seen_but_not_yet_saved_leaves_no_sighting_to_save(
     assert NODE not in term.facts._unsaved_nodes
     term.facts.flush()
     assert NODE not in term.facts.store.known_nodes()
+
+
+def test_deleting_a_model_drops_the_requests_gateways_hold_for_it(tmp_path: Path) -> None:
+    """A sleeping model's held requests (what wakes it) go with the model, at the
+    next read rather than the gateway's next status."""
+    term = make_fleet(tmp_path, FakeClock())
+    term.facts.put_models([MODEL])
+    term.gateways.report(GatewayStatus(name="gw", cursor="", held={"m": 3}))
+    assert term.gateways.held(term.facts.clock()) == {"m": 3}
+    term.facts.delete_model("m")
+    assert term.gateways.held(term.facts.clock()) == {}
+    assert term.gateways.seen["gw"].held == {}
