@@ -61,8 +61,9 @@ class Explainer:
     def url_for(self, model: str) -> str:
         return f"http://127.0.0.1:{self.port}/u/{slug(model)}"
 
-    def set_unserved(self, unserved: Mapping[str, str]) -> set[str]:
-        """Take the controller's word on unserved models; the worker URLs to register."""
+    def set_unserved(self, unserved: Mapping[str, str]) -> dict[str, str]:
+        """Take the controller's word on unserved models; the workers to register
+        (URL -> model)."""
         # A model served again keeps its entry: SMG may route to it until it
         # has taken the new worker list, and then the answer is "retry".
         for s, (m, _) in self.reasons.items():
@@ -70,7 +71,7 @@ class Explainer:
                 self.reasons[s] = (m, "")
         self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
         self._tell()
-        return {self.url_for(m) for m in unserved}
+        return {self.url_for(m): m for m in unserved}
 
     def set_serving(self, serving: Mapping[str, list[str]]) -> None:
         """Where each model is served now: held requests go there."""

@@ -33,6 +33,10 @@ log = logging.getLogger("llmgw.gateway")
 POLL_WAIT_S = 10.0
 STATUS_EVERY_S = 1.0
 ADD_TIMEOUT_S = 5.0  # a new worker SMG cannot reach yet must not hold up the rest
+# ... unless the workers leaving are the only ones SMG routes a model to: they stay
+# until it routes to the model's new ones (a registration slow on a busy host), up to
+# this bound, past which the model would wait on a worker SMG may never reach.
+CARRY_TIMEOUT_S = 30.0
 # SMG drops a removed worker from /workers 5.2-6.3 s after the manifest changes
 # (measured with smg 1.13, fake and vLLM engines alike): a removal waits that
 # long as a matter of course, and only past this bound is it a failure.
@@ -79,6 +83,7 @@ class Follower:
         self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
         self.unserved: dict[str, str] = {}
         self.cursor = ""  # the latest answer's
+        self.model_of: dict[str, str] = {}  # worker URL -> its model, for those in SMG
         self.applied = ""  # the latest SMG has been seen to follow
         self.changed = asyncio.Event()
 
@@ -136,10 +141,11 @@ class Follower:
 
     # -- applying to SMG -----------------------------------------------------------------
 
-    def serving_urls(self) -> set[str]:
-        """SMG's workers: the serving engines, and an explainer per unserved model."""
-        urls = {e.url for e in self.usable if e.state == "serving"}
-        return urls | self.explainer.set_unserved(self.unserved)
+    def serving(self) -> dict[str, str]:
+        """SMG's workers, URL -> model: the serving engines, and an explainer per
+        unserved model."""
+        engines = {e.url: e.model for e in self.usable if e.state == "serving"}
+        return engines | self.explainer.set_unserved(self.unserved)
 
     async def _apply_loop(self) -> None:
         outage = Outage("SMG worker sync")
@@ -149,7 +155,7 @@ class Follower:
             cursor = self.cursor
             try:
                 await self.smg.started.wait()
-                await self._apply(self.serving_urls())
+                await self._apply(self.serving())
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outage.failed(exc)
                 self.changed.set()  # try again shortly
@@ -158,22 +164,46 @@ class Follower:
             outage.ok()
             self.applied = cursor
 
-    async def _apply(self, serving: set[str]) -> None:
+    async def _apply(self, serving: dict[str, str]) -> None:
+        """Make SMG's workers `serving` (URL -> model), adding before removing."""
+        self.model_of.update(serving)
         current = await self.smg.workers()
-        adding = serving - set(current)
-        if adding and set(current) - serving:
+        adding = serving.keys() - current.keys()
+        if adding and current.keys() - serving.keys():
             # Add first: the old workers leave only once the new ones take requests. An
             # explainer too: the model's one worker in SMG until then, it sends what it is
             # given to the new engines (removed at once, SMG answered "all workers are
             # unavailable" while it registered them).
             keep = {u for u in current if self.smg.ours(u)}
-            self.smg.write_workers(serving | keep)
+            self.smg.write_workers(serving.keys() | keep)
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
+            if not await self._until(lambda w: not self.alone(w, serving), CARRY_TIMEOUT_S):
+                models = ", ".join(sorted(self.alone(await self.smg.workers(), serving)))
+                if models:
+                    log.warning(
+                        "SMG does not route to the new workers of %s %g s after they were "
+                        "added: removing the old ones anyway",
+                        printable(models),
+                        ADD_TIMEOUT_S + CARRY_TIMEOUT_S,
+                    )
         self.smg.write_workers(serving)
-        if not await self._until(lambda w: not set(w) - serving, REMOVE_TIMEOUT_S):
+        self.model_of = {u: m for u, m in self.model_of.items() if u in serving}
+        if not await self._until(lambda w: not w.keys() - serving.keys(), REMOVE_TIMEOUT_S):
             raise TimeoutError(
                 f"SMG still lists removed workers {REMOVE_TIMEOUT_S:g} s after the manifest changed"
             )
+
+    def alone(self, workers: dict[str, bool], serving: dict[str, str]) -> set[str]:
+        """Models still served that SMG routes only through workers now leaving
+        (`workers`: SMG's, URL -> whether it routes there)."""
+        routed = {serving[u] for u, ok in workers.items() if ok and u in serving}
+        still_served = set(serving.values())
+        return {
+            m
+            for u, ok in workers.items()
+            if ok and u not in serving
+            if (m := self.model_of.get(u, "")) in still_served and m not in routed
+        }
 
     async def _until(self, done: Callable[[dict[str, bool]], bool], timeout_s: float) -> bool:
         """Whether SMG's worker list came to satisfy `done` within `timeout_s`."""

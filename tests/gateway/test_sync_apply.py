@@ -25,6 +25,7 @@ class SlowSmg:
         self.listed: dict[str, float | None] = {}  # url -> when it goes (None: stays)
         self.routes_from: dict[str, float] = {}  # url -> when SMG routes to it
         self.manifests: list[set[str]] = []
+        self.written_at: list[float] = []  # when each manifest was written
         self.started = asyncio.Event()
         self.started.set()
 
@@ -35,6 +36,7 @@ class SlowSmg:
         wanted = set(urls)
         self.manifests.append(wanted)
         now = time.monotonic()
+        self.written_at.append(now)
         for u in wanted:
             if u not in self.listed:
                 self.routes_from[u] = now + self.route_after_s
@@ -58,10 +60,10 @@ async def test_a_removal_that_takes_six_seconds_is_no_failure(
 ) -> None:
     smg = SlowSmg(remove_after_s=6.3)
     f = follower(smg)
-    await f._apply({"http://a:1", "http://b:1"})
+    await f._apply({"http://a:1": "m", "http://b:1": "m"})
     caplog.set_level(logging.INFO, logger="llmgw.gateway")
     t0 = time.monotonic()
-    await f._apply({"http://b:1"})  # raised TimeoutError at 5 s before
+    await f._apply({"http://b:1": "m"})  # raised TimeoutError at 5 s before
     assert 6.0 < time.monotonic() - t0 < 8
     assert await smg.workers() == {"http://b:1": True}
     assert "failing" not in caplog.text
@@ -73,7 +75,7 @@ async def test_a_removal_that_never_happens_is_said_once(
     monkeypatch.setattr(sync, "REMOVE_TIMEOUT_S", 0.3)
     smg = SlowSmg(remove_after_s=3600)
     f = follower(smg)
-    await f._apply({"http://a:1", "http://b:1"})
+    await f._apply({"http://a:1": "m", "http://b:1": "m"})
     f.endpoints = {}
     caplog.set_level(logging.INFO, logger="llmgw.gateway")
     f.changed.set()
@@ -93,9 +95,58 @@ async def test_an_explainer_stays_until_smg_routes_to_the_engines_that_replace_i
     f = follower(smg)
     f.explainer.port = 9
     explainer = f.explainer.url_for("chat")
-    await f._apply({explainer})
-    await f._apply({"http://engine:1"})
+    await f._apply({explainer: "chat"})
+    await f._apply({"http://engine:1": "chat"})
     first, last = smg.manifests[1], smg.manifests[-1]
     assert first == {explainer, "http://engine:1"}, smg.manifests
     assert last == {"http://engine:1"}
     assert await smg.workers() == {"http://engine:1": True}
+
+
+async def test_an_old_worker_stays_while_it_alone_carries_its_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SMG registering the new engine past ADD_TIMEOUT_S (a saturated gateway host):
+    the explainer, the model's only routed worker, stays until SMG routes to the
+    engine; removed at ADD_TIMEOUT_S, the model had no worker in between."""
+    monkeypatch.setattr(sync, "ADD_TIMEOUT_S", 0.1)
+    smg = SlowSmg(remove_after_s=0.1)
+    f = follower(smg)
+    f.explainer.port = 9
+    explainer = f.explainer.url_for("chat")
+    await f._apply({explainer: "chat"})
+    smg.route_after_s = 0.6
+    await f._apply({"http://engine:1": "chat"})
+    assert smg.manifests[-1] == {"http://engine:1"}
+    assert smg.written_at[-1] >= smg.routes_from["http://engine:1"], "removed before routable"
+
+
+async def test_a_model_routed_elsewhere_does_not_wait_for_its_new_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drain's old replica leaves after ADD_TIMEOUT_S when its model keeps another
+    worker SMG routes to: only a model left with none is waited for."""
+    monkeypatch.setattr(sync, "ADD_TIMEOUT_S", 0.1)
+    smg = SlowSmg(remove_after_s=0.05, route_after_s=0)
+    f = follower(smg)
+    await f._apply({"http://old:1": "chat", "http://other:1": "chat"})
+    smg.route_after_s = 3600  # the stand-in never becomes routable
+    t0 = time.monotonic()
+    await f._apply({"http://other:1": "chat", "http://new:1": "chat"})
+    assert time.monotonic() - t0 < 2
+    assert smg.manifests[-1] == {"http://other:1", "http://new:1"}
+
+
+async def test_a_new_worker_never_routed_is_given_up_on_and_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sync, "ADD_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(sync, "CARRY_TIMEOUT_S", 0.3)
+    smg = SlowSmg(remove_after_s=0.05, route_after_s=0)
+    f = follower(smg)
+    await f._apply({"http://old:1": "chat"})
+    smg.route_after_s = 3600
+    caplog.set_level(logging.WARNING, logger="llmgw.gateway")
+    await f._apply({"http://new:1": "chat"})
+    assert smg.manifests[-1] == {"http://new:1"}
+    assert "SMG does not route to the new workers of chat" in caplog.text
