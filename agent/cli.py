@@ -133,6 +133,14 @@ def parser() -> argparse.ArgumentParser:
         help="kill an engine not healthy this long after starting (default %(default)g s)",
     )
     p.add_argument(
+        "--engine-start-stall",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="kill a starting engine that writes nothing to its log and uses under a "
+        "second of CPU for this long (default %(default)g s; 0: never)",
+    )
+    p.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve the agent's own /metrics here (off by default; e.g. 127.0.0.1:9461)",
@@ -260,6 +268,10 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
     from agent.engine_templates import TemplateError, load_templates
     from agent.engines import EngineSupervisor  # not needed by --once
 
+    if not args.engine_start_timeout > 0:
+        raise UsageError("--engine-start-timeout must be a positive number of seconds")
+    if not args.engine_start_stall >= 0:
+        raise UsageError("--engine-start-stall must be 0 (never) or a positive number of seconds")
     templates = None
     if args.engine_templates is not None:
         try:
@@ -274,6 +286,7 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             engine_host=args.engine_host or builder.address or socket.gethostname(),
             templates=templates,
             start_timeout_s=args.engine_start_timeout,
+            start_stall_s=args.engine_start_stall,
         )
         builder.engines = list(supervisor.templates)  # reported: see NodeReport.engines
         return supervisor

@@ -48,6 +48,24 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])  # field 22 of stat
 
 
+def cpu_by_group() -> dict[int, float]:
+    """CPU seconds (user and system) of the live processes in each process group,
+    from one pass over /proc. A process that has exited no longer counts."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    try:
+        pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if not fields or len(fields) < 13:
+            continue
+        group = int(fields[2])  # field 5, pgrp; utime and stime are fields 14 and 15
+        out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 @dataclass(frozen=True)
 class ProcessRef:
     """Who an engine process is: enough to recognise it after an agent restart."""

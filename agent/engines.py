@@ -12,6 +12,8 @@ Lifecycles, per (replica id, rank):
     starting|ready --process exits--> failed (exit code + the log's cause);
         stays failed while assigned, so the controller's backoff decides on restarts
     starting --not healthy within the start timeout--> failed (killed)
+    starting --nothing written to its log and under a second of CPU for the
+        start stall time--> failed (killed, "stalled"): a start that will not finish
     ready --requests in it and token counters still for the template's
         `hung_after_s`--> failed (killed, "hung"): whatever /health says, since
         vLLM's API server answers it for an engine core that does nothing
@@ -45,7 +47,14 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from agent.engine_proc import ProcessRef, describe_exit, free_port, log_tail, ref_for
+from agent.engine_proc import (
+    ProcessRef,
+    cpu_by_group,
+    describe_exit,
+    free_port,
+    log_tail,
+    ref_for,
+)
 from agent.engine_state import EngineRecord, load_state, save_state
 from agent.engine_templates import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -59,7 +68,7 @@ from agent.engine_templates import (
 from agent.exit_cause import exit_reason
 from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape, server_load
-from agent.progress import ProgressWatch
+from agent.progress import START_CPU_S, ProgressWatch, StartWatch
 from agent.traffic import TrafficMeter
 from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
 
@@ -71,7 +80,9 @@ STATE_FILE = "engines.json"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
 MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
 # Why the supervisor killed an engine: the label of llmgw_agent_engine_kills_total.
-KILL_REASONS = ("hung", "unhealthy", "start_timeout")
+KILL_REASONS = ("hung", "unhealthy", "start_timeout", "start_stalled")
+# How often a starting engine's log and CPU are looked at (a pass over /proc).
+START_LOOK_S = 10.0
 
 
 @dataclass
@@ -96,6 +107,7 @@ class Engine:
     health_failures: int = 0  # failed /health checks in a row while ready
     tracker: IdleTracker = field(default_factory=IdleTracker)
     progress: ProgressWatch = field(default_factory=ProgressWatch)
+    start_watch: StartWatch = field(default_factory=StartWatch)  # while starting
     meter: TrafficMeter = field(default_factory=TrafficMeter)
 
     @property
@@ -105,6 +117,13 @@ class Engine:
     @property
     def serves_http(self) -> bool:
         return self.template is not None and self.template.serves_http(self.assignment.rank)
+
+
+def _size(path: Path | None) -> int | None:
+    try:
+        return None if path is None else path.stat().st_size
+    except OSError:
+        return None
 
 
 def _safe_name(text: str) -> str:
@@ -120,7 +139,8 @@ class EngineSupervisor:
     engine_host: the address engines listen on (the agent passes --engine-host,
     else --address; never every interface unless asked). start_timeout_s: how long a
     starting engine may take to answer /health (loading a large model from a
-    slow filer takes many minutes). unhealthy_after: failed /health checks in a
+    slow filer takes many minutes). start_stall_s: how long a starting engine may
+    write nothing and use under a second of CPU (0: no limit). unhealthy_after: failed /health checks in a
     row, one per scrape interval, before a ready engine is declared hung. The
     other interval and timeout knobs exist for tests; the defaults suit
     production.
@@ -141,6 +161,7 @@ class EngineSupervisor:
         worker_settle_s: float = 2.0,
         extra_env: Mapping[str, str] | None = None,
         start_timeout_s: float = 1800.0,
+        start_stall_s: float = 600.0,
         unhealthy_after: int = 3,
     ) -> None:
         self.state_dir = Path(state_dir)
@@ -154,6 +175,7 @@ class EngineSupervisor:
         self.scrape_interval_s = scrape_interval_s
         self.health_timeout_s = health_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.start_stall_s = start_stall_s
         self.unhealthy_after = max(1, unhealthy_after)
         self.engine_host = engine_host
         # A rank that serves no HTTP (a multi-node worker) is ready once it has
@@ -170,6 +192,7 @@ class EngineSupervisor:
         self._monitor: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._last_scrape = float("-inf")
+        self._last_start_look = float("-inf")
         self._closed = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock(self.state_dir / "engines.lock")
@@ -443,6 +466,10 @@ class EngineSupervisor:
                     "start_timeout",
                 )
         starting = [e for e in starting if e.state is ShardState.STARTING]
+        if starting and self.start_stall_s and now - self._last_start_look >= START_LOOK_S:
+            self._last_start_look = now
+            self._look_at_starts(starting)
+            starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
             await asyncio.gather(*(self._probe(e, now) for e in starting))
         if now - self._last_scrape >= self.scrape_interval_s:
@@ -452,6 +479,22 @@ class EngineSupervisor:
             ]
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
+
+    def _look_at_starts(self, starting: list[Engine]) -> None:
+        """Kill a starting engine that has shown no progress for `start_stall_s`."""
+        cpu = cpu_by_group()  # engines lead their own process group
+        for eng in starting:
+            if eng.ref is None:
+                continue
+            eng.start_watch.observe(_size(eng.log_path), cpu.get(eng.ref.pid))
+            quiet = eng.start_watch.quiet_s()
+            if quiet >= self.start_stall_s:
+                self._kill_failed(
+                    eng,
+                    f"wrote nothing to its log and used under {START_CPU_S:g}s of CPU for "
+                    f"{quiet:.0f}s while starting (stalled)",
+                    "start_stalled",
+                )
 
     def _url(self, eng: Engine, path: str) -> str:
         host = f"[{self.probe_host}]" if ":" in self.probe_host else self.probe_host

@@ -502,12 +502,26 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
     return app
 
 
+async def _chatter(every_s: float, for_s: float) -> None:
+    start = time.monotonic()
+    while (done := time.monotonic() - start) < for_s:
+        _say(f"loading: {done:.1f}s of {for_s:g}s")
+        await asyncio.sleep(every_s)
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agent.fake_engine", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fake-model")
     p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
+    p.add_argument(
+        "--load-chatter",
+        type=float,
+        default=None,
+        metavar="S",
+        help="while loading, print a progress line every S seconds (as vLLM's loaders do)",
+    )
     p.add_argument(
         "--latency", type=float, default=0.05, help="seconds to the first token, nothing cached"
     )
@@ -600,6 +614,11 @@ async def _run(args: argparse.Namespace) -> int:
     await site.start()
     _say(f"loading {args.model} on {args.host}:{args.port} for {args.load_seconds:g}s")
     loop.call_later(args.load_seconds, _say, "ready")
+    chatter = (
+        asyncio.create_task(_chatter(args.load_chatter, args.load_seconds))
+        if args.load_chatter
+        else None
+    )
     code = 0
     try:
         if args.fail_after is None:
@@ -613,6 +632,8 @@ async def _run(args: argparse.Namespace) -> int:
                 print(f"fatal: simulated failure, exit code {args.exit_code}", file=sys.stderr)
                 code = args.exit_code
     finally:
+        if chatter is not None:
+            chatter.cancel()
         await _abort_in_flight(app[STATE], args.stop_timeout)
         await runner.cleanup()
     return code

@@ -72,3 +72,44 @@ class ProgressWatch:
 
     def moved_since(self, since: float) -> bool:
         return self.moved_at is not None and self.moved_at >= since
+
+
+# Under this much CPU in its process group since its last sign of progress, a
+# starting engine that writes nothing is not moving (an engine waiting on a
+# socket or a child uses hundredths of a second a minute).
+START_CPU_S = 1.0
+
+
+class StartWatch:
+    """How long a starting engine has shown no sign of progress: nothing new in its
+    log and under START_CPU_S of CPU in its process group. Downloading, loading and
+    compiling each show as one or the other. Neither, for minutes, is a start that
+    will not finish (seen: a vLLM process parked in the kernel by a CPU-affinity
+    change, silent and idle for good), which only the start timeout would end, half
+    an hour later. Pure, like `ProgressWatch`: feed it looks, ask how long it has
+    been quiet."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since = clock()  # the last sign of progress (the start, at first)
+        self._log_bytes: int | None = None
+        self._cpu_base: float | None = None  # CPU seconds at the last sign
+
+    def observe(self, log_bytes: int | None, cpu_s: float | None) -> None:
+        """One look: the log's size and the process group's CPU seconds (None: unknown)."""
+        moved = False
+        if log_bytes is not None:
+            moved = self._log_bytes is not None and log_bytes != self._log_bytes
+            self._log_bytes = log_bytes
+        if cpu_s is not None:
+            if self._cpu_base is None or cpu_s < self._cpu_base:
+                self._cpu_base = cpu_s  # the first look, or a busy child exited: count anew
+            elif cpu_s - self._cpu_base >= START_CPU_S:
+                moved = True
+        if moved:
+            self._since = self._clock()
+            self._cpu_base = cpu_s if cpu_s is not None else self._cpu_base
+
+    def quiet_s(self) -> float:
+        """Seconds since the engine started or last showed progress."""
+        return self._clock() - self._since

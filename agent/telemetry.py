@@ -115,7 +115,7 @@ def _supervisor_metrics(supervisor: object) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "llmgw_agent_engine_kills",
             "Engines the agent killed, by reason (hung: work and no tokens; unhealthy: "
-            "/health failing; start_timeout).",
+            "/health failing; start_timeout; start_stalled: no output and no CPU while starting).",
             labels=["reason"],
         )
         for reason, n in sorted(kills.items()):

@@ -237,9 +237,8 @@ async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> No
     from agent.cli import make_engines, parser
     from agent.engines import EngineSupervisor
 
-    args = parser().parse_args(
-        ["--node", "n", "--state-dir", str(tmp_path / "s"), "--engine-start-timeout", "90"]
-    )
+    limits = ["--engine-start-timeout", "90", "--engine-start-stall", "120"]
+    args = parser().parse_args(["--node", "n", "--state-dir", str(tmp_path / "s"), *limits])
     builder = ReportBuilder(
         node="n",
         gpus=FakeGpus("n", [parse_fake_spec("1xH100-80GB")]),
@@ -250,7 +249,28 @@ async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> No
     assert isinstance(engines, EngineSupervisor)
     try:
         assert engines.start_timeout_s == 90.0
+        assert engines.start_stall_s == 120.0
     finally:
         await engines.close()
     default = parser().parse_args(["--node", "n"])
     assert default.engine_start_timeout == 1800.0
+    assert default.engine_start_stall == 600.0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--engine-start-timeout", "0", "--engine-start-timeout must be a positive"),
+        ("--engine-start-timeout", "nan", "--engine-start-timeout must be a positive"),
+        ("--engine-start-stall", "-5", "--engine-start-stall must be 0 (never) or a positive"),
+        ("--engine-start-stall", "nan", "--engine-start-stall must be 0 (never) or a positive"),
+    ],
+)
+def test_engine_start_limits_out_of_range_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str
+) -> None:
+    state = tmp_path / "s"
+    args = ["--node", "n", "--fake-gpus", "1xL4-24GB", "--state-dir", str(state), flag, value]
+    assert main(args) == 2
+    assert said in capsys.readouterr().err
+    assert not (state / "engines.json").exists()

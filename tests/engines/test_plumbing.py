@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from agent.engine_proc import TAIL_LINE_CHARS, TAIL_MAX_CHARS, describe_exit, log_tail, ref_for
+from agent.engine_proc import (
+    TAIL_LINE_CHARS,
+    TAIL_MAX_CHARS,
+    cpu_by_group,
+    describe_exit,
+    log_tail,
+    ref_for,
+)
 from agent.engine_state import EngineRecord, load_state, save_state
 from agent.metrics import MAX_LOAD_BYTES, MAX_METRICS_BYTES, scrape, server_load
 from llmgw.wire import ShardAssignment
@@ -133,3 +141,19 @@ async def test_server_load_reads_vllms_count_and_nothing_else(
         got = {p: await server_load(session, str(server.make_url(p))) for p in bodies}
         assert got == {p: (3 if p == "/good" else None) for p in bodies}
         assert await server_load(session, "http://127.0.0.1:1/load", timeout_s=0.5) is None
+
+
+def test_cpu_by_group_counts_a_busy_group_and_not_an_idle_one() -> None:
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 5: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    idle = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while cpu_by_group().get(busy.pid, 0.0) < 0.3:
+            assert time.monotonic() < deadline, "the busy group's CPU was never counted"
+            time.sleep(0.05)
+        assert cpu_by_group().get(idle.pid, 0.0) < 0.1
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()

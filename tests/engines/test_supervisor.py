@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from agent import engines
 from agent.engines import EngineSupervisor, StateDirBusy
 from llmgw.wire import ReplicaReport, ShardState
 
@@ -294,3 +295,33 @@ async def test_one_failed_health_check_is_forgiven(make_supervisor: SupervisorFa
     eng.health_failures = 2  # two misses, e.g. a GC pause in the engine
     await wait_for(lambda: eng.health_failures == 0, what="a good check resets the count")
     assert only(sup).state is ShardState.READY
+
+
+async def test_a_start_with_no_output_and_no_cpu_is_killed_as_stalled(
+    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Silent and idle while starting (the fake engine loads by sleeping): killed at the
+    stall time, long before the start timeout, counted by its own reason."""
+    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
+    sup = make_supervisor(start_stall_s=1.5)
+    await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
+    pid = pid_of(sup)
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="a stalled start")
+    rep = only(sup)
+    assert rep.error is not None and "while starting (stalled)" in rep.error, rep.error
+    assert "wrote nothing to its log and used under 1s of CPU" in rep.error
+    assert sup.kills["start_stalled"] == 1
+    await wait_for(lambda: not pid_alive(pid), what="the engine gone")
+
+
+async def test_a_start_that_writes_progress_is_not_stalled(
+    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader printing its progress (and using little CPU) keeps starting, then serves."""
+    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
+    sup = make_supervisor(start_stall_s=1.5)
+    args = ["--load-seconds", "4", "--load-chatter", "0.3"]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is not ShardState.STARTING, 20, what="ready")
+    assert state_of(sup) is ShardState.READY, only(sup).error
+    assert sup.kills["start_stalled"] == 0
