@@ -468,7 +468,7 @@ class EngineSupervisor:
         starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting and self.start_stall_s and now - self._last_start_look >= START_LOOK_S:
             self._last_start_look = now
-            self._look_at_starts(starting)
+            await self._look_at_starts(starting)
             starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
             await asyncio.gather(*(self._probe(e, now) for e in starting))
@@ -480,11 +480,13 @@ class EngineSupervisor:
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
 
-    def _look_at_starts(self, starting: list[Engine]) -> None:
+    async def _look_at_starts(self, starting: list[Engine]) -> None:
         """Kill a starting engine that has shown no progress for `start_stall_s`."""
-        cpu = cpu_by_group()  # engines lead their own process group
+        # Engines lead their own process group. The pass over /proc grows with the
+        # node's processes, so it runs off the loop (bench_start_watch.py).
+        cpu = await asyncio.to_thread(cpu_by_group)
         for eng in starting:
-            if eng.ref is None:
+            if eng.ref is None or eng.state is not ShardState.STARTING:
                 continue
             eng.start_watch.observe(_size(eng.log_path), cpu.get(eng.ref.pid))
             quiet = eng.start_watch.quiet_s()
