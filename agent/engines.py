@@ -140,10 +140,10 @@ class EngineSupervisor:
     else --address; never every interface unless asked). start_timeout_s: how long a
     starting engine may take to answer /health (loading a large model from a
     slow filer takes many minutes). start_stall_s: how long a starting engine may
-    write nothing and use under a second of CPU (0: no limit). unhealthy_after: failed /health checks in a
-    row, one per scrape interval, before a ready engine is declared hung. The
-    other interval and timeout knobs exist for tests; the defaults suit
-    production.
+    write nothing and use under a second of CPU (0: no limit). unhealthy_after:
+    failed /health checks in a row, one per scrape interval, before a ready engine
+    is declared hung. The other interval and timeout knobs exist for tests; the
+    defaults suit production.
     """
 
     def __init__(

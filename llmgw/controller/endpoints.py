@@ -224,7 +224,8 @@ class Gateways:
     fleet: Facts
     run: str  # the term's: what an applied cursor is read against
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
-    _checked_at: int = 0  # the newest REPLICA or MODEL change the maps were checked against
+    # The newest REPLICA or MODEL change the maps were last checked against.
+    _checked_at: int = field(default=0, init=False)
 
     def _follow(self) -> None:
         """What a status said of replicas (or sleeping models) removed since goes:

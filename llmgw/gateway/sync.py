@@ -176,15 +176,16 @@ class Follower:
             # unavailable" while it registered them).
             keep = {u for u in current if self.smg.ours(u)}
             self.smg.write_workers(serving.keys() | keep)
+            added_at = time.monotonic()
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
             if not await self._until(lambda w: not self.alone(w, serving), CARRY_TIMEOUT_S):
                 models = ", ".join(sorted(self.alone(await self.smg.workers(), serving)))
                 if models:
                     log.warning(
-                        "SMG does not route to the new workers of %s %g s after they were "
-                        "added: removing the old ones anyway",
+                        "SMG does not route to the new workers of %s %.0f s after they were "
+                        "added: removing the old ones anyway (503 for it until SMG does)",
                         printable(models),
-                        ADD_TIMEOUT_S + CARRY_TIMEOUT_S,
+                        time.monotonic() - added_at,
                     )
         self.smg.write_workers(serving)
         self.model_of = {u: m for u, m in self.model_of.items() if u in serving}
