@@ -35,7 +35,9 @@ CPU build of vLLM, whose `vllm` command does not start, say:
 
 `env` sets variables in the engine's environment (values take the same
 `{variables}`); `hung_after_s` is how long an engine may hold requests without
-producing a token before it is declared hung and replaced; `probes = "quiet"`
+producing a token before it is declared hung and replaced; `start_stall_s` is how
+long a starting engine may write nothing and use no CPU (the agent's
+`--engine-start-stall` unless set; 0: never); `probes = "quiet"`
 (the default) adds `quiet_probes_args`, the engine's own option that keeps the
 agent's and the gateway's `/health` and `/metrics` probes out of its access log
 (about 100 lines a minute otherwise), where the engine has one. `load_path`
@@ -101,6 +103,9 @@ class EngineTemplate(BaseModel):
     executable: Command | None = None  # replaces the first word of every command
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256)
     hung_after_s: float = Field(default=DEFAULT_HUNG_AFTER_S, gt=0, le=86400)
+    # A start with no output and no CPU this long is stalled (None: the agent's
+    # --engine-start-stall; 0: never).
+    start_stall_s: float | None = Field(default=None, ge=0, le=86400)
     probes: Literal["quiet", "logged"] = "quiet"
     quiet_probes_args: Command | None = None  # the engine's option to not log the probes
     # Where the engine's HTTP server says how many requests it holds (vLLM's /load,

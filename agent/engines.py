@@ -466,9 +466,10 @@ class EngineSupervisor:
                     "start_timeout",
                 )
         starting = [e for e in starting if e.state is ShardState.STARTING]
-        if starting and self.start_stall_s and now - self._last_start_look >= START_LOOK_S:
+        watched = [e for e in starting if self._stall_limit(e)]
+        if watched and now - self._last_start_look >= START_LOOK_S:
             self._last_start_look = now
-            await self._look_at_starts(starting)
+            await self._look_at_starts(watched)
             starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
             await asyncio.gather(*(self._probe(e, now) for e in starting))
@@ -480,8 +481,13 @@ class EngineSupervisor:
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
 
+    def _stall_limit(self, eng: Engine) -> float:
+        """How long `eng` may start with no sign of progress (0: for ever)."""
+        own = eng.template.start_stall_s if eng.template is not None else None
+        return self.start_stall_s if own is None else own
+
     async def _look_at_starts(self, starting: list[Engine]) -> None:
-        """Kill a starting engine that has shown no progress for `start_stall_s`."""
+        """Kill a starting engine that has shown no progress for its stall limit."""
         # Engines lead their own process group. The pass over /proc grows with the
         # node's processes, so it runs off the loop (bench_start_watch.py).
         cpu = await asyncio.to_thread(cpu_by_group)
@@ -490,7 +496,7 @@ class EngineSupervisor:
                 continue
             eng.start_watch.observe(_size(eng.log_path), cpu.get(eng.ref.pid))
             quiet = eng.start_watch.quiet_s()
-            if quiet >= self.start_stall_s:
+            if quiet >= self._stall_limit(eng):
                 self._kill_failed(
                     eng,
                     f"wrote nothing to its log and used under {START_CPU_S:g}s of CPU for "

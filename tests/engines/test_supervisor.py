@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -325,3 +326,25 @@ async def test_a_start_that_writes_progress_is_not_stalled(
     await wait_for(lambda: state_of(sup) is not ShardState.STARTING, 20, what="ready")
     assert state_of(sup) is ShardState.READY, only(sup).error
     assert sup.kills["start_stalled"] == 0
+
+
+async def test_a_template_can_turn_the_stall_limit_off(
+    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start_stall_s = 0` in a template: its starts are never called stalled."""
+    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
+    sup = make_supervisor(start_stall_s=1.0, templates={"fake": {"start_stall_s": 0}})
+    await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
+    await asyncio.sleep(2.5)
+    assert state_of(sup) is ShardState.STARTING
+    assert sup.kills["start_stalled"] == 0
+
+
+async def test_a_template_stall_limit_wins_over_the_agents(
+    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
+    sup = make_supervisor(start_stall_s=0, templates={"fake": {"start_stall_s": 1.0}})
+    await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="the template's limit")
+    assert sup.kills["start_stalled"] == 1

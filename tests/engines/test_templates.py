@@ -112,6 +112,7 @@ def test_load_yaml_without_engines_key(tmp_path: Path) -> None:
             r"engine 'x': unknown variable \{nope\}",
         ),
         ("e.toml", '[engines.x]\ncmd = "run"\n', "engine 'x': .*cmd"),
+        ("e.toml", "[engines.fake]\nstart_stall_s = -1\n", "engine 'fake': .*start_stall_s"),
         ("e.toml", "[engines\n", "not valid TOML"),
         ("e.yaml", "- a\n- b\n", "expected a table of engines"),
         ("e.yaml", "x: 3\n", "expected a command string or a table"),
