@@ -30,11 +30,13 @@ from llmgw.wire import (
 )
 
 
-class GpusTable(KeyedTable):
-    BORDER_TITLE = "GPUs"
-    # Hidden first when the terminal is narrow. HEALTH and REASON, the columns
-    # one opens the detail for, always show; the reason takes what is left.
-    DROP_ORDER = ("use", "util", "mem", "uuid")
+class FittedTable(KeyedTable):
+    """A detail table that fits the pane's width: columns in DROP_ORDER are hidden
+    first when the terminal is narrow, and the FILL column (the last, free text)
+    takes what is left, cut with an ellipsis at the pane's edge."""
+
+    DROP_ORDER: tuple[str, ...] = ()
+    FILL = ""
 
     def on_resize(self) -> None:
         super().on_resize()
@@ -52,10 +54,17 @@ class GpusTable(KeyedTable):
                 break
             shown.remove(key)
         widths: dict[str, int | None] = {k: None if k in shown else 0 for k in natural}
-        rest = total - sum(natural[k] for k in shown if k != "why") - 2
-        if rest < natural["why"] - 2:
-            widths["why"] = max(6, rest)  # cut with an ellipsis at the pane's edge
+        rest = total - sum(natural[k] for k in shown if k != self.FILL) - 2
+        if rest < natural[self.FILL] - 2:
+            widths[self.FILL] = max(6, rest)
         self.set_widths(widths)
+
+
+class GpusTable(FittedTable):
+    BORDER_TITLE = "GPUs"
+    # HEALTH and REASON, the columns one opens the detail for, always show.
+    DROP_ORDER = ("use", "util", "mem", "uuid")
+    FILL = "why"
 
     def on_mount(self) -> None:
         for key, title in (
@@ -95,8 +104,11 @@ class GpusTable(KeyedTable):
         )
 
 
-class ReplicasTable(KeyedTable):
+class ReplicasTable(FittedTable):
     BORDER_TITLE = "Replicas on this node"
+    # REPLICA, MODEL, STATE and ERROR always show.
+    DROP_ORDER = ("port", "rank", "gpus", "idle")
+    FILL = "error"
 
     def on_mount(self) -> None:
         for key, title in (
@@ -113,6 +125,7 @@ class ReplicasTable(KeyedTable):
 
     def show(self, replicas: list[ReplicaReport]) -> None:
         self.sync({r.id: self._row_cells(r) for r in replicas})
+        self.fit()
 
     @staticmethod
     def _row_cells(r: ReplicaReport) -> tuple[Text, ...]:

@@ -11,7 +11,7 @@ from textual.widget import Widget
 
 from console.app import ConsoleApp
 from console.format import short_class
-from console.screens.detail import GpusTable, NodeDetailScreen
+from console.screens.detail import GpusTable, NodeDetailScreen, ReplicasTable
 from console.widgets.gpus import GpuClassBar
 from console.widgets.summary import FabricsTable, UnplaceableList
 
@@ -65,3 +65,19 @@ async def test_the_node_detail_at_80x24_keeps_health_and_reason(make_app: MakeAp
         assert "HEALTH" in gpus[0] and "REASON" in gpus[0]
         lost = next(line for line in gpus if line.split()[:1] == ["7"])
         assert "unknown" in lost and "NVML: GPU is lost" in lost
+
+
+async def test_the_node_detail_replicas_fit_80_columns(make_app: MakeApp) -> None:
+    """REPLICA, MODEL, STATE and ERROR stay; PORT and RANK give way first, so the
+    table needs no sideways scroll."""
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("slash", *"gpu-b02", "enter", "enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "the detail")
+        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+        await pilot.pause()
+        table = app.screen.query_one(ReplicasTable)
+        heading = drawn(table)[0].split()
+        assert heading[:3] == ["REPLICA", "MODEL", "STATE"] and heading[-1] == "ERROR", heading
+        assert "PORT" not in heading and "RANK" not in heading
+        assert table.virtual_size.width <= table.size.width
