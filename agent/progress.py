@@ -108,7 +108,8 @@ class StartWatch:
                 moved = True
         if moved:
             self._since = self._clock()
-            self._cpu_base = cpu_s if cpu_s is not None else self._cpu_base
+            if cpu_s is not None:
+                self._cpu_base = cpu_s
 
     def quiet_s(self) -> float:
         """Seconds since the engine started or last showed progress."""

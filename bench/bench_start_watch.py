@@ -17,14 +17,14 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 
 from agent.engine_proc import cpu_by_group
 from agent.engines import START_LOOK_S
 
 
-def timed(fn: object, looks: int) -> float:
+def timed(fn: Callable[[], object], looks: int) -> float:
     """Median seconds of one call."""
-    assert callable(fn)
     runs = []
     for _ in range(looks):
         t0 = time.perf_counter()

@@ -135,8 +135,7 @@ class LiveController:
         self._agent_http: httpx.AsyncClient | None = None  # the agents' reports
         self.app: web.Application | None = None
         self.agents: Agents | None = None  # the fixture fleet's agents, once filled
-        self.passes = 0  # reconcile passes finished (`settle` waits on them)
-        self._passed = asyncio.Event()  # set by each pass that finishes
+        self._passed = asyncio.Event()  # set by each reconcile pass that finishes (`settle`)
         # Replica ids are random in production; counted here, for snapshots.
         self._real_secrets = placing.secrets
         placing.secrets = _CountedIds()  # type: ignore[assignment]
@@ -163,7 +162,6 @@ class LiveController:
         observe = metrics.observe_reconcile
 
         def counted(seconds: float, failed: bool) -> None:
-            self.passes += 1
             self._passed.set()
             observe(seconds, failed)
 

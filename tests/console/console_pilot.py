@@ -14,6 +14,7 @@ from textual.strip import Strip
 from textual.widgets import Input
 
 from console.app import ConsoleApp
+from console.screens.detail import NodeDetailScreen
 from console.widgets.keyed_table import KeyedTable
 
 SnapCompare = Callable[..., bool]  # pytest-textual-snapshot's snap_compare fixture
@@ -60,6 +61,17 @@ def steady_cursors(screen: Screen[object]) -> None:
     each 0.5 s since the last key, and a snapshot on a busy machine drew none."""
     for box in screen.query(Input):
         box.cursor_blink = False
+
+
+async def open_detail(pilot: Pilot[None], node: str) -> ConsoleApp:
+    """From the loaded main screen: filter to `node`, open its detail, wait for it."""
+    app = pilot.app
+    assert isinstance(app, ConsoleApp)
+    await pilot.press("slash", *node, "enter", "enter")
+    await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "the detail screen")
+    await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
+    await pilot.pause()
+    return app
 
 
 async def repoll(pilot: Pilot[None]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from console_fixtures import H100, Faults, LiveController, Recorded, node_report
-from console_pilot import Clock, loaded, repoll, spy_renders, until
+from console_pilot import Clock, loaded, open_detail, repoll, spy_renders, until
 from fleet_factories import gpu, report
 from rich.text import Text
 from textual import events
@@ -464,10 +464,7 @@ async def test_refresh_patches_rows_in_place(
 async def test_node_detail(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("slash", *"gpu-a06", "enter", "enter")
-        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "detail screen")
-        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
-        await pilot.pause()
+        await open_detail(pilot, "gpu-a06")
         screen = app.screen
         gpus = screen.query_one("#detail-gpus", KeyedTable)
         assert gpus.row_count == 8

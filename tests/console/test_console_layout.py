@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from console_pilot import loaded, until
+from console_pilot import loaded, open_detail
 from textual.geometry import Region
 from textual.widget import Widget
 
 from console.app import ConsoleApp
 from console.format import short_class
-from console.screens.detail import GpusTable, NodeDetailScreen, ReplicasTable
+from console.screens.detail import GpusTable, ReplicasTable
 from console.widgets.gpus import GpuClassBar
 from console.widgets.summary import FabricsTable, UnplaceableList
 
@@ -57,10 +57,7 @@ async def test_the_main_screen_at_80x24_keeps_what_each_pane_is_for(make_app: Ma
 async def test_the_node_detail_at_80x24_keeps_health_and_reason(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("slash", *"gpu-b02", "enter", "enter")
-        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "the detail")
-        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
-        await pilot.pause()
+        await open_detail(pilot, "gpu-b02")
         gpus = drawn(app.screen.query_one(GpusTable))
         assert "HEALTH" in gpus[0] and "REASON" in gpus[0]
         lost = next(line for line in gpus if line.split()[:1] == ["7"])
@@ -72,10 +69,7 @@ async def test_the_node_detail_replicas_fit_80_columns(make_app: MakeApp) -> Non
     table needs no sideways scroll."""
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
-        await pilot.press("slash", *"gpu-b02", "enter", "enter")
-        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), "the detail")
-        await until(pilot, lambda: app.node_view is not None and app.node_view.detail is not None)
-        await pilot.pause()
+        await open_detail(pilot, "gpu-b02")
         table = app.screen.query_one(ReplicasTable)
         heading = drawn(table)[0].split()
         assert heading[:3] == ["REPLICA", "MODEL", "STATE"] and heading[-1] == "ERROR", heading
