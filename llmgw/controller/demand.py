@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import replace
 
 from llmgw.controller.endpoints import StopGate
 from llmgw.controller.faults import Faults, fault_under
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.picture import snapshot
 from llmgw.controller.placing import stoppable
-from llmgw.controller.reclaim import RECLAIMED, Candidate, choose
+from llmgw.controller.reclaim import Candidate, choose, reclaimed_words
+from llmgw.controller.records import LeaveReason
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.term import Term
 from llmgw.wire import IDLE_AFTER_S, AdminFlag, EventReason, ReplicaState
@@ -82,12 +82,10 @@ def _scale_down(
     leaving = [s.record for s in mine if s.record.leaving is not None]
     staying = [s for s in mine if s.record.leaving is None and s.record.id not in replaced]
     # Demand came back before they stopped (a reclaimed one stays reclaimed).
-    undone = [r for r in leaving if not r.leaving or not r.leaving.startswith(RECLAIMED)]
+    undone = [r for r in leaving if r.leave_reason is not LeaveReason.RECLAIM]
     if undone and len(staying) < desired:
         back = undone[: desired - len(staying)]
-        fleet.facts.put_replicas(
-            replace(r, state=ReplicaState.READY, leaving=None, error=None) for r in back
-        )
+        fleet.facts.put_replicas(r.stays() for r in back)
         fleet.facts.event(
             f"model/{name}",
             EventReason.SCALED_UP,
@@ -121,7 +119,7 @@ def _scale_down(
         fleet.facts.remove_replicas([pick.id])
         fleet.facts.event(f"model/{name}", EventReason.SCALED_DOWN, f"{pick.id} stopped ({why})")
         return
-    fleet.facts.put_replicas([replace(pick, state=ReplicaState.DRAINING, leaving=why, error=why)])
+    fleet.facts.put_replicas([pick.leaves(LeaveReason.SCALE_DOWN, why)])
     fleet.facts.event(
         f"model/{name}",
         EventReason.SCALED_DOWN,
@@ -149,7 +147,7 @@ def reclaim(
     records = [r for r in fleet.facts.records.values() if r.state is not ReplicaState.FAILED]
     replaced = {r.replaces for r in records if r.replaces}
     staying = Counter(r.model for r in records if r.leaving is None and r.id not in replaced)
-    pending = {r.leaving for r in records if (r.leaving or "").startswith(RECLAIMED)}
+    pending = {r.reclaimed_for for r in records if r.leave_reason is LeaveReason.RECLAIM}
     short = sorted(
         (
             spec
@@ -160,7 +158,7 @@ def reclaim(
         ),
         key=lambda spec: (-spec.priority, spec.name),
     )
-    if not short or any(f"{RECLAIMED} {short[0].name} " in p for p in pending if p):
+    if not short or short[0].name in pending:
         return  # nothing to do, or its room is on its way
     spec = short[0]
     if memory.reclaim_hopeless(spec, fleet.capacity_version):
@@ -194,16 +192,14 @@ def reclaim(
     if not picked:
         memory.note_reclaim_hopeless(spec, fleet.capacity_version)
         return
-    why = f"{RECLAIMED} {spec.name} (priority {spec.priority})"
+    why = reclaimed_words(spec.name, spec.priority)
     for rec in picked:
         fleet.facts.event(
             f"model/{rec.model}",
             EventReason.RECLAIMED,
             f"{rec.id} out of routing, to stop: {why}, short of its minimum",
         )
-    fleet.facts.put_replicas(
-        replace(r, state=ReplicaState.DRAINING, leaving=why, error=why) for r in picked
-    )
+    fleet.facts.put_replicas(r.leaves(LeaveReason.RECLAIM, why, spec.name) for r in picked)
     fleet.facts.event(
         f"model/{spec.name}",
         EventReason.RECLAIMED,
