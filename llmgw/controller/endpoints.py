@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from llmgw.controller import cursors
 from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.facts import Facts
+from llmgw.controller.fleet_snapshot import GateView
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
@@ -326,6 +328,22 @@ class StopGate:
     def __init__(self, fleet: Facts, gateways: Gateways) -> None:
         self.fleet = fleet
         self.gateways = gateways
+
+    def view(self, now: float) -> GateView:
+        """The gate as a value, for the reconcile loop to decide on: `GateView.lets_go`
+        answers as `ready_to_stop` would, without marking anything."""
+        gateways = self.gateways
+        return GateView(
+            now=now,
+            grace_s=self.fleet.settings.stop_grace_s,
+            live=tuple(
+                (g.applied(gateways.run), MappingProxyType(dict(g.in_flight)))
+                for g in gateways.live(now)
+            ),
+            stopping=dict(self.fleet.stopping),
+            in_flight=gateways.in_flight(now),
+            held=gateways.held(now),
+        )
 
     def ready_to_stop(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Mark each replica stopping (once); return those every live gateway let go of.
