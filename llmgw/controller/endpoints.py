@@ -325,8 +325,8 @@ class Gateways:
 class StopGate:
     """Decides when a replica that must stop may be stopped (see the module docstring)."""
 
-    def __init__(self, fleet: Facts, gateways: Gateways) -> None:
-        self.fleet = fleet
+    def __init__(self, facts: Facts, gateways: Gateways) -> None:
+        self.facts = facts
         self.gateways = gateways
 
     def view(self, now: float) -> GateView:
@@ -335,12 +335,12 @@ class StopGate:
         gateways = self.gateways
         return GateView(
             now=now,
-            grace_s=self.fleet.settings.stop_grace_s,
+            grace_s=self.facts.settings.stop_grace_s,
             live=tuple(
                 (g.applied(gateways.run), MappingProxyType(dict(g.in_flight)))
                 for g in gateways.live(now)
             ),
-            stopping=dict(self.fleet.stopping),
+            stopping=dict(self.facts.stopping),
             in_flight=gateways.in_flight(now),
             held=gateways.held(now),
         )
@@ -350,21 +350,7 @@ class StopGate:
 
         `force`: a forced drain waits for the gateways to stop routing to the
         replica, not for its requests in flight to finish."""
-        fleet = self.fleet
-        now = fleet.clock()
-        live = self.gateways.live(now)
-        grace = fleet.settings.stop_grace_s
-        out = []
+        ids = list(ids)
         for rid in ids:
-            revision, marked_at = fleet.mark_stopping(rid)
-            if not live or now - marked_at >= grace:
-                out.append(rid)
-                continue
-            if all(
-                (applied := g.applied(self.gateways.run)) is not None
-                and applied >= revision
-                and (force or g.in_flight.get(rid, 0) == 0)
-                for g in live
-            ):
-                out.append(rid)
-        return out
+            self.facts.mark_stopping(rid)
+        return self.view(self.facts.clock()).lets_go(ids, force=force)

@@ -59,24 +59,44 @@ def replica_sets(statuses: Iterable[ReplicaStatus]) -> dict[str, ModelReplicas]:
     `statuses` (the facts' order of replicas)."""
     statuses = list(statuses)
     replaced = {s.record.replaces for s in statuses if s.record.replaces}
-    sets: dict[str, dict[str, list[ReplicaStatus]]] = defaultdict(lambda: defaultdict(list))
+    by_model: dict[str, _Sets] = defaultdict(_Sets)
     for s in statuses:
-        mine = sets[s.record.model]
+        mine = by_model[s.record.model]
         if s.state is ReplicaState.FAILED:
-            mine["failed"].append(s)
+            mine.failed.append(s)
             continue
-        mine["live"].append(s)
+        mine.live.append(s)
         if s.record.leave_reason is not None:
-            mine["leaving"].append(s)
+            mine.leaving.append(s)
         elif s.record.id in replaced:
-            mine["moving"].append(s)
+            mine.moving.append(s)
         else:
-            mine["standing"].append(s)
+            mine.standing.append(s)
             if s.record.replaces is not None:
-                mine["standing_in"].append(s)
-    return {
-        model: ModelReplicas(**{k: tuple(v) for k, v in by.items()}) for model, by in sets.items()
-    }
+                mine.standing_in.append(s)
+    return {model: sets.frozen() for model, sets in by_model.items()}
+
+
+@dataclass
+class _Sets:
+    """`ModelReplicas` while it is being sorted out."""
+
+    standing: list[ReplicaStatus] = field(default_factory=list)
+    standing_in: list[ReplicaStatus] = field(default_factory=list)
+    moving: list[ReplicaStatus] = field(default_factory=list)
+    leaving: list[ReplicaStatus] = field(default_factory=list)
+    failed: list[ReplicaStatus] = field(default_factory=list)
+    live: list[ReplicaStatus] = field(default_factory=list)
+
+    def frozen(self) -> ModelReplicas:
+        return ModelReplicas(
+            standing=tuple(self.standing),
+            standing_in=tuple(self.standing_in),
+            moving=tuple(self.moving),
+            leaving=tuple(self.leaving),
+            failed=tuple(self.failed),
+            live=tuple(self.live),
+        )
 
 
 @dataclass(frozen=True)

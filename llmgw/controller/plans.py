@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from llmgw.controller.autoscale import Decision
 from llmgw.controller.decisions import Note
@@ -153,6 +154,9 @@ Action = (
 )
 
 
+A = TypeVar("A", bound=Action)
+
+
 @dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...] = ()
@@ -181,7 +185,7 @@ class Plan:
     def events(self) -> list[Event]:
         return [a for a in self.actions if isinstance(a, Event)]
 
-    def of(self, kind: type[Action]) -> list[Action]:
+    def of(self, kind: type[A]) -> list[A]:
         return [a for a in self.actions if isinstance(a, kind)]
 
 

@@ -8,20 +8,34 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fleet_factories import FakeClock, gpu, make_fleet, report
+
+from llmgw.controller.apply import apply, take_snapshot
 from llmgw.controller.demand import reclaim, scale
-from llmgw.controller.drains import cancel_called_off
+from llmgw.controller.drains import cancel_called_off, drain
+from llmgw.controller.faults import FaultCordons
 from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView, replica_sets
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.model_views import leave_words
-from llmgw.controller.outcomes import record_transitions, retire_deleted
-from llmgw.controller.plans import BackOff, ClearBackoff, ForgetScaling, Scaling, Stopping
+from llmgw.controller.outcomes import record_transitions, replace_lost, retire_deleted
+from llmgw.controller.plans import (
+    BackOff,
+    ClearBackoff,
+    Cordon,
+    DrainBlocked,
+    ForgetScaling,
+    Scaling,
+    Stopping,
+    Unplaceable,
+)
 from llmgw.controller.records import Backoff, LeaveReason, ReplicaRecord, ShardRecord
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.rolling import roll
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.shortfalls import shortfalls
-from llmgw.wire import EventReason, ModelSpec, ReplicaState
+from llmgw.controller.term import Term
+from llmgw.wire import AdminFlag, EventReason, ModelSpec, ReplicaState
 
 SETTINGS = ControllerSettings(state_dir=Path("/nonexistent"))
 CHAT = ModelSpec(name="chat", source="org/chat", min_replicas=1, gpus_per_shard=1)
@@ -46,7 +60,7 @@ def status(rec: ReplicaRecord, state: ReplicaState | None = None) -> ReplicaStat
 
 
 def snapshot(
-    records: Iterable[ReplicaRecord],
+    replicas: Iterable[ReplicaRecord],
     models: Iterable[ModelSpec] = (CHAT,),
     *,
     reported: Mapping[str, ReplicaState] | None = None,
@@ -55,7 +69,7 @@ def snapshot(
     unplaceable: Mapping[str, str] | None = None,
     gate: GateView | None = None,
 ) -> FleetSnapshot:
-    records = {r.id: r for r in records}
+    records = {r.id: r for r in replicas}
     specs = {m.name: m for m in models}
     reported = reported or {}
     return FleetSnapshot(
@@ -167,7 +181,7 @@ def test_one_replica_above_the_desired_count_leaves_as_a_scale_down() -> None:
     assert leaving.state is ReplicaState.DRAINING
     assert plan.removed == ["b"], "no gateway to wait for"
     assert plan.of(ForgetScaling) == [ForgetScaling(frozenset({"chat"}))]
-    assert [a.model for a in plan.of(Scaling)] == ["chat"]  # type: ignore[attr-defined]
+    assert [a.model for a in plan.of(Scaling)] == ["chat"]
 
 
 def test_demand_back_takes_a_scale_down_back_but_never_a_reclaimed_replica() -> None:
@@ -226,7 +240,7 @@ def test_a_short_model_is_wanted_and_a_satisfied_one_loses_its_reason() -> None:
     wants, plan = shortfalls(snap, LoopMemory(), set())
 
     assert [(w.spec.name, w.missing) for w in wants] == [("short", 1)]
-    assert [(a.model, a.why) for a in plan.actions] == [("chat", None)]  # type: ignore[union-attr]
+    assert plan.actions == (Unplaceable("chat", None),)
 
 
 def test_a_plan_with_a_gate_marks_before_it_removes() -> None:
@@ -247,3 +261,73 @@ def test_a_model_view_says_why_replicas_leave_from_the_reason_not_its_text() -> 
         "reclaimed for big (priority 9)"
     )
     assert leave_words(LeaveReason.RECLAIM, "big", 2, {}) == "reclaimed for big"
+
+
+# -- steps on a snapshot of a term's facts (fleet_factories): they write nothing ----------
+
+
+def term_with_nodes(tmp_path: Path, nodes: dict[str, list[dict[str, Any]] | None]) -> Term:
+    """A term whose agents reported once: node -> its cards (None: 8 healthy ones)."""
+    term = make_fleet(tmp_path, FakeClock())
+    for node, cards in nodes.items():
+        term.replies.ingest(report(node, gpus=cards))
+    term.facts.put_models([CHAT])
+    return term
+
+
+def on(node: str, rid: str, state: ReplicaState = ReplicaState.READY) -> ReplicaRecord:
+    shard = ShardRecord(node, 0, (f"GPU-{node}-0",))
+    return ReplicaRecord(rid, "chat", state, (shard,), 1.0, revision=1)
+
+
+def test_a_drain_plans_a_stand_in_elsewhere_and_writes_nothing(tmp_path: Path) -> None:
+    term = term_with_nodes(tmp_path, {"gpu1": None, "gpu2": None})
+    term.facts.put_replicas([on("gpu1", "a")])
+    term.facts.set_flag("gpu1", AdminFlag.DRAINING, "BIOS update", "ops")
+    snap = take_snapshot(term, None)
+    revision, events = term.facts.revision, term.facts.events().cursor
+
+    plan = drain(snap)
+
+    assert (term.facts.revision, term.facts.events().cursor) == (revision, events)
+    [original, stand_in] = plan.put
+    assert (original.id, original.state) == ("a", ReplicaState.DRAINING)
+    assert (stand_in.replaces, stand_in.nodes) == ("a", ("gpu2",))
+    assert plan.of(DrainBlocked) == [DrainBlocked("gpu1", None)]
+    apply(term.facts, plan)
+    assert term.facts.records[stand_in.id].replaces == "a"
+
+
+def test_a_failed_card_plans_a_cordon_once_it_is_applied(tmp_path: Path) -> None:
+    cards = [gpu("gpu1", i, health="unhealthy" if i == 3 else "healthy") for i in range(8)]
+    term = term_with_nodes(tmp_path, {"gpu1": cards})
+    cordons = FaultCordons()
+    snap = take_snapshot(term, None)
+
+    plan = cordons.plan(snap)
+
+    [cordon] = plan.of(Cordon)
+    assert cordon.node == "gpu1" and "GPU 3" in cordon.reason
+    assert [e.reason for e in plan.events] == [EventReason.GPU_FAULT]
+    assert term.facts.admin_info("gpu1").flag is AdminFlag.NONE, "decided, not written"
+    assert cordons.plan(snap) == plan, "not acted on until applied"
+    apply(term.facts, plan)
+    cordons.acted(snap.faults)
+    assert term.facts.admin_info("gpu1").flag is AdminFlag.CORDONED
+    assert not cordons.plan(take_snapshot(term, None)), "one cordon per fault"
+
+
+def test_replicas_on_a_node_gone_too_long_are_planned_away(tmp_path: Path) -> None:
+    clock = FakeClock()
+    term = make_fleet(tmp_path, clock, replace_after_s=60.0)
+    term.replies.ingest(report("gpu1"))
+    term.facts.put_models([CHAT])
+    term.facts.put_replicas([on("gpu1", "a")])
+    assert not replace_lost(take_snapshot(term, None))
+
+    clock.advance(1_000.0)
+    plan = replace_lost(take_snapshot(term, None))
+
+    assert plan.removed == ["a"]
+    assert [e.reason for e in plan.events] == [EventReason.NODE_LOST]
+    assert "a" in term.facts.records
