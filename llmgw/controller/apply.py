@@ -2,9 +2,11 @@
 
 `take_snapshot` reads a term's facts (and the stop gate) into a `FleetSnapshot`
 for a step to decide on; `apply` carries out the step's `Plan` through `Facts`,
-action by action, in the order the step decided. These two are the loop's only
-reads of and writes to the facts while it decides (the shortfall step's
-picture, built across yields, reads the term in `llmgw.controller.picture`).
+action by action, in the order the step decided. Steps neither read nor write
+the facts otherwise. Two drivers call these: `Reconciler.steps`, between steps,
+and the shortfall step's filling, which also builds its picture from the term
+across yields (`llmgw.controller.picture`) and reads its capacity version to
+notice moves between slices.
 """
 
 from __future__ import annotations

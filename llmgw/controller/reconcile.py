@@ -24,6 +24,7 @@ admits with writes:
    of its minimum may reclaim room from lower-priority models (`reclaim`).
 4. Every model keeps ready + starting >= its desired count; what cannot be
    placed says why (`shortfalls`, on a picture of the fleet from `picture`).
+   It places in slices and applies each slice's plan before it yields.
 
 What the loop remembers from one pass to the next is one object,
 `LoopMemory` (`loop_memory`), with its invariants. The work of a pass is
