@@ -65,7 +65,6 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         rollout_notes={
             name: note for name in models if (note := facts.decisions.rollout_note(name))
         },
-        scalings=dict(facts.decisions.scalings),
         unplaceable=model_views.unplaceable_reasons(facts),
         placement_reasons=dict(facts.decisions.unplaceable),
         capacity_version=term.capacity_version,

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from llmgw.controller.admin_flags import NO_ADMIN
-from llmgw.controller.autoscale import Decision
 from llmgw.controller.decisions import Note
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import Faults, NodeEntry, node_state
@@ -102,7 +101,7 @@ class _Sets:
 @dataclass(frozen=True)
 class GateView:
     """The stop gate (`endpoints.StopGate`) as a value: which replicas the live
-    gateways have let go of. Asking marks nothing: a plan's `Stop` does."""
+    gateways have let go of. Asking marks nothing: a plan's `Stopping` does."""
 
     now: float
     grace_s: float
@@ -158,7 +157,6 @@ class FleetSnapshot:
     liveness: Liveness
     faults: Faults
     rollout_notes: Mapping[str, Note]
-    scalings: Mapping[str, Decision]
     unplaceable: Mapping[str, str]  # `model_views.unplaceable_reasons`: failures too
     placement_reasons: Mapping[str, str]  # the scheduler's reasons only (`Decisions.unplaceable`)
     capacity_version: int
@@ -215,9 +213,6 @@ class FleetSnapshot:
             for shard in rec.shards:
                 by_node[shard.node].append(rec)
         return by_node
-
-    def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return list(self._on_node.get(node, ()))
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
         return frozenset(

@@ -89,7 +89,6 @@ def snapshot(
         liveness=Liveness(SETTINGS, started_at=0.0),
         faults={},
         rollout_notes={},
-        scalings={},
         unplaceable=unplaceable or {},
         placement_reasons=unplaceable or {},
         capacity_version=7,
