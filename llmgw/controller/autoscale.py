@@ -53,6 +53,14 @@ class Decision(NamedTuple):
     reason: str = ""  # `why` without the countdown to a scale-down (what a scale-down cites)
 
 
+def desired_count(spec: ModelSpec, scaling: Decision | None) -> int:
+    """How many replicas a model should have: what demand asked for (`scaling`),
+    within its spec's bounds (which may have moved since), else its minimum."""
+    if scaling is None:
+        return spec.min_replicas
+    return min(max(scaling.desired, spec.min_replicas), spec.most_replicas)
+
+
 @dataclass
 class _Model:
     desired: int

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from llmgw.controller import cursors
 from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.facts import Facts
+from llmgw.controller.fleet_snapshot import GateView
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
@@ -323,30 +325,32 @@ class Gateways:
 class StopGate:
     """Decides when a replica that must stop may be stopped (see the module docstring)."""
 
-    def __init__(self, fleet: Facts, gateways: Gateways) -> None:
-        self.fleet = fleet
+    def __init__(self, facts: Facts, gateways: Gateways) -> None:
+        self.facts = facts
         self.gateways = gateways
+
+    def view(self, now: float) -> GateView:
+        """The gate as a value, for the reconcile loop to decide on: `GateView.lets_go`
+        answers as `ready_to_stop` would, without marking anything."""
+        gateways = self.gateways
+        return GateView(
+            now=now,
+            grace_s=self.facts.settings.stop_grace_s,
+            live=tuple(
+                (g.applied(gateways.run), MappingProxyType(dict(g.in_flight)))
+                for g in gateways.live(now)
+            ),
+            stopping=dict(self.facts.stopping),
+            in_flight=gateways.in_flight(now),
+            held=gateways.held(now),
+        )
 
     def ready_to_stop(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Mark each replica stopping (once); return those every live gateway let go of.
 
         `force`: a forced drain waits for the gateways to stop routing to the
         replica, not for its requests in flight to finish."""
-        fleet = self.fleet
-        now = fleet.clock()
-        live = self.gateways.live(now)
-        grace = fleet.settings.stop_grace_s
-        out = []
+        ids = list(ids)
         for rid in ids:
-            revision, marked_at = fleet.mark_stopping(rid)
-            if not live or now - marked_at >= grace:
-                out.append(rid)
-                continue
-            if all(
-                (applied := g.applied(self.gateways.run)) is not None
-                and applied >= revision
-                and (force or g.in_flight.get(rid, 0) == 0)
-                for g in live
-            ):
-                out.append(rid)
-        return out
+            self.facts.mark_stopping(rid)
+        return self.view(self.facts.clock()).lets_go(ids, force=force)

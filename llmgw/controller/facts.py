@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 from llmgw.controller import admin_flags
 from llmgw.controller.admin_flags import BY_LLMGW, NO_ADMIN
 from llmgw.controller.approvals import Approvals
+from llmgw.controller.autoscale import desired_count
 from llmgw.controller.changes import Change, ChangeKind, ChangeLog
 from llmgw.controller.decisions import Decisions
 from llmgw.controller.events import KEEP as EVENTS_KEPT
@@ -181,11 +182,7 @@ class Facts:
     def desired_replicas(self, model: str) -> int:
         """How many replicas `model` should have now: what demand asked for, within
         its spec's bounds (which may have moved since), else its minimum."""
-        spec = self._models[model]
-        scaling = self.decisions.scaling(model)
-        if scaling is None:
-            return spec.min_replicas
-        return min(max(scaling.desired, spec.min_replicas), spec.most_replicas)
+        return desired_count(self._models[model], self.decisions.scaling(model))
 
     def backing_off(self, model: str, wall: float) -> bool:
         backoff = self._backoffs.get(model)

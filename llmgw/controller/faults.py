@@ -19,26 +19,24 @@ What happens then (DESIGN, "Change, faults and demand"):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
-from llmgw.controller.admin_flags import BY_LLMGW
 from llmgw.controller.facts import Facts
-from llmgw.controller.nodes import CardFault
-from llmgw.controller.store import ReplicaRecord
+from llmgw.controller.fleet_snapshot import FleetSnapshot
+from llmgw.controller.nodes import CardFault, Faults
+from llmgw.controller.plans import Cordon, Plan, Planner
+from llmgw.controller.records import ReplicaRecord
 from llmgw.wire import AdminFlag, EventReason
 
 log = logging.getLogger("llmgw.faults")
 
 FAULT_REASON_MAX = 200
 
-Faults = Mapping[str, Mapping[str, CardFault]]  # node -> card uuid -> fault
 
-
-def card_faults(fleet: Facts) -> dict[str, dict[str, CardFault]]:
+def card_faults(facts: Facts) -> dict[str, dict[str, CardFault]]:
     """Every failed card, by node and UUID, as last reported."""
     return {
         name: {f.uuid: f for f in entry.faults}
-        for name, entry in fleet.nodes.items()
+        for name, entry in facts.nodes.items()
         if entry.faults
     }
 
@@ -65,29 +63,34 @@ class FaultCordons:
     fault cordons once: an operator who uncordons the node while the card is
     still failed is not overruled, and a card that recovers and fails again
     cordons again. A new controller (restart, failover) starts with no memory,
-    and cordons again a node that has a failed card and is not cordoned."""
+    and cordons again a node that has a failed card and is not cordoned.
+
+    `plan` decides on a snapshot; `acted` is told once the plan is applied (a
+    failed write leaves the faults unacted on, to be tried again)."""
 
     def __init__(self) -> None:
         self._acted: dict[str, frozenset[str]] = {}  # node -> failed cards seen
 
-    def cordon(self, fleet: Facts, faults: Faults) -> None:
-        for gone in self._acted.keys() - faults.keys():
-            del self._acted[gone]  # every card recovered (or the node was forgotten)
-        for node, cards in faults.items():
-            now_failed = frozenset(cards)
+    def plan(self, snap: FleetSnapshot) -> Plan:
+        plan = Planner(snap.records)
+        for node, cards in snap.faults.items():
             new = sorted(
-                (cards[u] for u in now_failed - self._acted.get(node, frozenset())),
+                (cards[u] for u in frozenset(cards) - self._acted.get(node, frozenset())),
                 key=lambda f: f.gpu_index,
             )
             if new:
                 reason = cordon_reason(new)
-                if not fleet.settings.cordon_on_gpu_fault:
+                if not snap.settings.cordon_on_gpu_fault:
                     done = "not cordoned (--no-cordon-on-gpu-fault)"
-                elif fleet.admin_info(node).flag is not AdminFlag.NONE:
+                elif snap.admin_info(node).flag is not AdminFlag.NONE:
                     done = "cordoned already: its reason stays"  # the operator's words
                 else:
                     log.warning("cordoning %s: %s", node, reason)
-                    fleet.set_flag(node, AdminFlag.CORDONED, reason, BY_LLMGW)
+                    plan.add(Cordon(node, reason))
                     done = "cordoned"
-                fleet.event(f"node/{node}", EventReason.GPU_FAULT, f"{reason}: {done}")
-            self._acted[node] = now_failed  # after the cordon: a failed write is tried again
+                plan.event(f"node/{node}", EventReason.GPU_FAULT, f"{reason}: {done}")
+        return plan.plan()
+
+    def acted(self, faults: Faults) -> None:
+        """The plan for `faults` was applied: each is acted on."""
+        self._acted = {node: frozenset(cards) for node, cards in faults.items()}

@@ -16,6 +16,8 @@ from types import MappingProxyType
 
 from llmgw.controller.facts import Facts
 from llmgw.controller.nodes import ShardDigest
+from llmgw.controller.reclaim import reclaimed_words
+from llmgw.controller.records import LeaveReason
 from llmgw.controller.replicas import (
     ReplicaStatus,
     count_by_model,
@@ -84,6 +86,18 @@ def waking(facts: Facts, now: float) -> list[WakingModel]:
     ]
 
 
+def leave_words(
+    reason: LeaveReason, reclaimed_for: str | None, desired: int, specs: Mapping[str, ModelSpec]
+) -> str:
+    """Why replicas of a model leave, in a model's view: from the reason, never its text."""
+    if reason is LeaveReason.SCALE_DOWN:
+        return f"scale down to {desired}"
+    spec = specs.get(reclaimed_for or "")
+    if spec is None:  # deleted since
+        return f"reclaimed for {reclaimed_for}"
+    return reclaimed_words(spec.name, spec.priority)
+
+
 def model_views(facts: Facts) -> list[ModelView]:
     reasons = unplaceable_reasons(facts)
     statuses = replica_statuses(facts)
@@ -91,11 +105,12 @@ def model_views(facts: Facts) -> list[ModelView]:
     serving_on: dict[str, set[str]] = defaultdict(set)  # nodes under serving replicas
     updated: Counter[str] = Counter()  # ready replicas of the current revision
     outdated: Counter[str] = Counter()  # live replicas of an older one
-    leaving: dict[str, Counter[str]] = defaultdict(Counter)  # why the loop stops them
+    # Why the loop stops them: (reason, the model a reclaim makes room for).
+    leaving: dict[str, Counter[tuple[LeaveReason, str | None]]] = defaultdict(Counter)
     for status in statuses.values():
         rec = status.record
-        if rec.leaving is not None:
-            leaving[rec.model][rec.leaving.split(":", 1)[0]] += 1
+        if rec.leave_reason is not None:
+            leaving[rec.model][rec.leave_reason, rec.reclaimed_for] += 1
         if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
             serving_on[rec.model].update(rec.nodes)
         if status.state is not ReplicaState.FAILED and not facts.up_to_date(rec):
@@ -115,7 +130,12 @@ def model_views(facts: Facts) -> list[ModelView]:
             waits = reasons.get(name)
             if waits is not None:
                 why = f"{why}; scale-up waits: {waits}"
-        going = "; ".join(f"{n} leaving ({what})" for what, n in sorted(leaving[name].items()))
+        going = "; ".join(
+            f"{n} leaving ({leave_words(reason, reclaimed_for, desired, facts.models)})"
+            for (reason, reclaimed_for), n in sorted(
+                leaving[name].items(), key=lambda kv: (kv[0][0].value, kv[0][1] or "")
+            )
+        )
         if going:
             why = f"{why}; {going}" if why else going
         views.append(

@@ -8,7 +8,7 @@ tuple is the cheapest immutable record Python has.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -48,6 +48,9 @@ class CardFault(NamedTuple):
         """`GPU 3 (GPU-3f2a…): fatal Xid 79 (...)`: the index an operator sees in
         nvidia-smi, enough of the UUID to tell the card apart, and why."""
         return f"GPU {self.gpu_index} ({self.uuid[:8]}…): {self.reason}"
+
+
+Faults = Mapping[str, Mapping[str, CardFault]]  # node -> card uuid -> fault
 
 
 class ShardDigest(NamedTuple):

@@ -1,9 +1,8 @@
 """How the reconcile loop starts and stops replicas: new records, stand-ins, the stop gate.
 
 Who calls: the steps of a pass (`llmgw.controller.outcomes`, `drains`,
-`rolling`, `demand`, `shortfalls`). What it may touch: `place_stand_ins` and
-`report_moved` write replicas and events through `Term.facts`; the rest only
-build values or ask the stop gate.
+`rolling`, `demand`, `shortfalls`). `stoppable`, `place_stand_ins` and
+`report_moved` add to the step's plan (`plans.Planner`); the rest build values.
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ import re
 import secrets
 from collections.abc import Mapping
 
-from llmgw.controller.endpoints import StopGate
-from llmgw.controller.picture import snapshot, wanted_classes
-from llmgw.controller.store import ReplicaRecord, ShardRecord
-from llmgw.controller.term import Term
+from llmgw.controller.fleet_snapshot import FleetSnapshot
+from llmgw.controller.plans import Planner
+from llmgw.controller.records import ReplicaRecord, ShardRecord
 from llmgw.scheduler import Placement, place_many
 from llmgw.wire import EventReason, ReplicaState
 
@@ -55,35 +53,39 @@ def placed_words(records: list[ReplicaRecord]) -> str:
     return f"placed {len(records)} replica(s): {named}{more}"
 
 
-def stoppable(gate: StopGate | None, ids: list[str], *, force: bool = False) -> list[str]:
-    """Of replicas that must stop, those the gateways have let go of (all, without a gate)."""
-    return ids if gate is None else gate.ready_to_stop(ids, force=force)
+def stoppable(
+    snap: FleetSnapshot, plan: Planner, ids: list[str], *, force: bool = False
+) -> list[str]:
+    """Replicas that must stop go out of routing (in `plan`); answers those the
+    gateways have let go of (all, without a gate), for the step to remove."""
+    if snap.gate is not None:
+        plan.stopping(ids)
+    return snap.stop_now(ids, force=force)
 
 
 def place_stand_ins(
-    fleet: Term,
+    snap: FleetSnapshot,
+    plan: Planner,
     originals: list[ReplicaRecord],
     excluded: list[str],
-    now: float,
-    wall: float,
     cause: str,
 ) -> str | None:
-    """Place a stand-in for each original, off the `excluded` nodes; say why
-    when one cannot be placed."""
+    """Place a stand-in for each original, off the `excluded` nodes, on the
+    fleet as `plan` leaves it so far; say why when one cannot be placed."""
     if not originals:
         return None
     results = place_many(
-        [fleet.facts.models[r.model] for r in originals],
-        snapshot(fleet, now, excluded),
-        wanted_classes(fleet),
+        [snap.models[r.model] for r in originals],
+        snap.capacity(excluded, plan.records),
+        snap.wanted_classes,
     )
     placed, reasons = [], []
     for original, result in zip(originals, results, strict=True):
         if isinstance(result, Placement):
-            revision = fleet.facts.model_revision(original.model)
-            stand_in = record_from(result, wall, revision, replaces=original.id)
+            revision = snap.revisions[original.model]
+            stand_in = record_from(result, snap.wall, revision, replaces=original.id)
             placed.append(stand_in)
-            fleet.facts.event(
+            plan.event(
                 f"model/{original.model}",
                 EventReason.STAND_IN,
                 f"{stand_in.id} placed on {', '.join(stand_in.nodes)} to stand in for "
@@ -91,17 +93,17 @@ def place_stand_ins(
             )
         else:
             reasons.append(f"{original.model}: {result.reason}")
-    fleet.facts.put_replicas(placed)
+    plan.put(placed)
     return "; ".join(reasons) or None
 
 
 def report_moved(
-    fleet: Term, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str
+    plan: Planner, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str
 ) -> None:
     """Events: originals stopped once their stand-ins served."""
     for rid in done:
         stand_in = by_replaced[rid]
-        fleet.facts.event(
+        plan.event(
             f"model/{stand_in.model}",
             EventReason.MOVED,
             f"{rid} stopped ({why}): {stand_in.id} serves in its place",

@@ -29,10 +29,14 @@ from llmgw.controller.records import ReplicaRecord
 from llmgw.scheduler import NodeCapacity, Placement, place
 from llmgw.wire import ModelSpec
 
-__all__ = ["MAX_CANDIDATES", "RECLAIMED", "Candidate", "choose"]
+__all__ = ["MAX_CANDIDATES", "Candidate", "choose", "reclaimed_words"]
 
 MAX_CANDIDATES = 64
-RECLAIMED = "reclaimed for"  # how a reclaimed replica's `leaving` begins
+
+
+def reclaimed_words(model: str, priority: int) -> str:
+    """Why a reclaimed replica leaves, for a person (code reads `LeaveReason.RECLAIM`)."""
+    return f"reclaimed for {model} (priority {priority})"
 
 
 class Candidate(NamedTuple):

@@ -1,7 +1,11 @@
 """The reconcile loop: make the replicas that exist match what the specs ask for.
 
-Every pass, from the fleet's current facts, the steps in order (each in the
-module named, each a function of the fleet, the loop's memory and the stop gate):
+Every pass, the steps in order, each in the module named. Each decides on a
+`FleetSnapshot` of the facts (`fleet_snapshot`; the stop gate in it as a value)
+and the loop's memory, and returns a `Plan` (`plans`); `apply` (`apply`) carries
+it out through `Facts` before the next step decides, on a fresh snapshot when
+the plan changed the facts, as Kueue's scheduler nominates on a snapshot and
+admits with writes:
 
 1. What became of replicas (`outcomes`): a replica whose shards are all ready
    becomes ready; one whose engine failed is removed, and its model backs off
@@ -20,6 +24,7 @@ module named, each a function of the fleet, the loop's memory and the stop gate)
    of its minimum may reclaim room from lower-priority models (`reclaim`).
 4. Every model keeps ready + starting >= its desired count; what cannot be
    placed says why (`shortfalls`, on a picture of the fleet from `picture`).
+   It places in slices and applies each slice's plan before it yields.
 
 What the loop remembers from one pass to the next is one object,
 `LoopMemory` (`loop_memory`), with its invariants. The work of a pass is
@@ -40,17 +45,21 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from llmgw.controller import drains
+from llmgw.controller.apply import apply, take_snapshot
 from llmgw.controller.demand import reclaim, scale
-from llmgw.controller.drains import cancel_called_off, drain, drain_plan, replace_faulted
+from llmgw.controller.drains import cancel_called_off, drain, replace_faulted
 from llmgw.controller.endpoints import StopGate
-from llmgw.controller.faults import card_faults
+from llmgw.controller.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.outcomes import record_transitions, replace_lost, retire_deleted
 from llmgw.controller.picture import snapshot
+from llmgw.controller.plans import Plan
 from llmgw.controller.rolling import roll
 from llmgw.controller.shortfalls import Limits, fill_shortfalls
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.term import Term
+from llmgw.wire import DrainPlan
 
 __all__ = ["Reconciler", "drain_plan", "snapshot"]
 
@@ -67,14 +76,19 @@ SLICE_S = 0.002
 PASS_S = 0.05
 
 
+def drain_plan(term: Term, nodes: list[str]) -> DrainPlan:
+    """The drain pre-check (the admin API): what draining these nodes would do."""
+    return drains.drain_plan(take_snapshot(term, None), nodes)
+
+
 class Reconciler:
     """Runs the passes of one leadership term. Holds the term (whose facts every
-    step writes through), the stop gate (None: stop at once) and the loop's memory
-    (the term's); nothing else survives a pass."""
+    plan is applied through), the stop gate (None: stop at once) and the loop's
+    memory (the term's); nothing else survives a pass."""
 
     def __init__(
         self,
-        fleet: Term,
+        term: Term,
         gate: StopGate | None = None,
         on_pass: Callable[[float, bool], None] | None = None,
         *,
@@ -86,7 +100,7 @@ class Reconciler:
     ) -> None:
         if attempts_per_pass < 1 or attempts_per_slice < 1:
             raise ValueError("a pass and a slice must each allow at least one placement attempt")
-        self.fleet = fleet
+        self.term = term
         self.gate = gate
         # Told each pass's time on the event loop and whether it failed (metrics).
         self.on_pass = on_pass
@@ -94,7 +108,7 @@ class Reconciler:
         self.attempts_per_slice = attempts_per_slice
         self.slice_s = slice_s
         self.pass_s = pass_s
-        self.memory = fleet.memory if memory is None else memory  # the term's
+        self.memory = term.memory if memory is None else memory  # the term's
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -131,24 +145,30 @@ class Reconciler:
     def steps(self, place_until: float = float("inf")) -> Iterator[None]:
         """One pass, in slices: it yields where other work may run in between.
         Past `place_until` (`time.perf_counter()`), placing stops at the next slice."""
-        fleet, memory, gate = self.fleet, self.memory, self.gate
-        now, wall = fleet.facts.clock(), fleet.facts.wall()
-        fleet.facts.advance_time(now)
-        statuses = fleet.replica_statuses()
-        read_at = fleet.capacity_version  # every replica moved moves it
-        faults = card_faults(fleet.facts)
-        record_transitions(fleet, statuses, wall, faults)
-        replace_lost(fleet, now)
-        retire_deleted(fleet, gate)
-        cancel_called_off(fleet, faults)
-        drain(fleet, gate, now, wall)
-        memory.cordons.cordon(fleet.facts, faults)
-        replace_faulted(fleet, memory, gate, faults, now, wall)
-        roll(fleet, gate, faults, now, wall)
-        if fleet.capacity_version != read_at:  # the steps before moved replicas
-            statuses = fleet.replica_statuses()
-        scale(fleet, memory, gate, statuses, faults, now)
-        reclaim(fleet, memory, gate, faults, now)
+        term, memory = self.term, self.memory
+        term.facts.advance_time(term.facts.clock())
+        snap = take_snapshot(term, self.gate)
+        snap = self._apply(snap, record_transitions(snap))
+        snap = self._apply(snap, replace_lost(snap))
+        snap = self._apply(snap, retire_deleted(snap))
+        snap = self._apply(snap, cancel_called_off(snap))
+        snap = self._apply(snap, drain(snap))
+        cordoned = snap.faults
+        snap = self._apply(snap, memory.cordons.plan(snap))
+        memory.cordons.acted(cordoned)
+        snap = self._apply(snap, replace_faulted(snap, memory))
+        snap = self._apply(snap, roll(snap))
+        snap = self._apply(snap, scale(snap, memory))
+        self._apply(snap, reclaim(snap, memory))
         yield
         limits = Limits(self.attempts_per_pass, self.attempts_per_slice, self.slice_s)
-        yield from fill_shortfalls(fleet, memory, limits, place_until)
+        yield from fill_shortfalls(term, memory, limits, place_until)
+
+    def _apply(self, snap: FleetSnapshot, plan: Plan) -> FleetSnapshot:
+        """Apply a step's plan; the snapshot for the next step (a fresh one when
+        the plan changed the facts)."""
+        facts = self.term.facts
+        apply(facts, plan)
+        if facts.revision == snap.revision:
+            return snap
+        return take_snapshot(self.term, self.gate)

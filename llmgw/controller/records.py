@@ -4,6 +4,7 @@ them: replicas with their shards, per-model failure backoff, and a whole-state d
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 
 from llmgw.wire import AdminEvent, AdminInfo, EventView, ModelRevision, ModelSpec, ReplicaState
@@ -12,6 +13,7 @@ __all__ = [
     "Backoff",
     "EnrollToken",
     "IssuedCredential",
+    "LeaveReason",
     "ReplicaRecord",
     "ShardRecord",
     "StateDump",
@@ -54,6 +56,16 @@ class ShardRecord:
     gpus: tuple[str, ...]
 
 
+class LeaveReason(enum.Enum):
+    """Why the reconcile loop itself takes a replica out of routing to stop it: kept
+    beside the human `ReplicaRecord.leaving` text, which no code reads back. A drain,
+    a failed card or a rollout is not one: each is read from what owns it (the node's
+    flag, the card's health, the replica's revision), so it is never stored twice."""
+
+    SCALE_DOWN = "scale-down"  # demand fell (`demand.scale`): taken back if it rises again
+    RECLAIM = "reclaim"  # room for a higher-priority model (`ReplicaRecord.reclaimed_for`)
+
+
 @dataclass(frozen=True)
 class ReplicaRecord:
     id: str
@@ -64,10 +76,13 @@ class ReplicaRecord:
     error: str | None = None
     replaces: str | None = None  # drain: the replica this one stands in for
     revision: int = 0  # the model's revision it was placed at (0: from before revisions)
-    # Out of routing by the loop's own decision (a scale-down: the why), to stop
-    # once the gateways let go; None for every other replica. A drain, a fault or
-    # a rollout is read from the node, the card or the revision instead.
+    # Out of routing by the loop's own decision, to stop once the gateways let go:
+    # why, for a person (`leaving`) and for code (`leave_reason`, and the model a
+    # reclaim makes room for); all None for every other replica. A drain, a fault
+    # or a rollout is read from the node, the card or the revision instead.
     leaving: str | None = None
+    leave_reason: LeaveReason | None = None
+    reclaimed_for: str | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -79,6 +94,30 @@ class ReplicaRecord:
 
     def with_state(self, state: ReplicaState, error: str | None = None) -> ReplicaRecord:
         return replace(self, state=state, error=error if error is not None else self.error)
+
+    def leaves(
+        self, reason: LeaveReason, why: str, reclaimed_for: str | None = None
+    ) -> ReplicaRecord:
+        """This replica out of routing by the loop's own decision, to stop."""
+        return replace(
+            self,
+            state=ReplicaState.DRAINING,
+            leaving=why,
+            error=why,
+            leave_reason=reason,
+            reclaimed_for=reclaimed_for,
+        )
+
+    def stays(self) -> ReplicaRecord:
+        """A leaving replica wanted again: back in routing."""
+        return replace(
+            self,
+            state=ReplicaState.READY,
+            leaving=None,
+            error=None,
+            leave_reason=None,
+            reclaimed_for=None,
+        )
 
 
 @dataclass(frozen=True)

@@ -1,111 +1,102 @@
 """Rolling out: placing and stopping what `llmgw.controller.rollout` plans.
 
 Who calls: `Reconciler.steps`, once a pass, after drains and faults and before
-demand (`roll`). What it may touch: replicas, rollout notes and events, through
-`Term.facts`; it remembers nothing between passes (a controller killed
-mid-rollout starts again from the replicas in the store, each with its revision).
+demand (`roll`): a function of a `FleetSnapshot` returning a `Plan` (replicas,
+rollout notes and events). It remembers nothing between passes (a controller
+killed mid-rollout starts again from the replicas in the store, each with its
+revision).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 
-from llmgw.controller.endpoints import StopGate
-from llmgw.controller.faults import Faults, fault_under
-from llmgw.controller.picture import snapshot, wanted_classes
+from llmgw.controller.decisions import Note
+from llmgw.controller.faults import fault_under
+from llmgw.controller.fleet_snapshot import FleetSnapshot
 from llmgw.controller.placing import placed_words, record_from, stoppable
+from llmgw.controller.plans import Plan, Planner, RolloutNote
 from llmgw.controller.rollout import plan_rollout
-from llmgw.controller.store import ReplicaRecord
-from llmgw.controller.term import Term
 from llmgw.scheduler import Placement, place_many
-from llmgw.wire import AdminFlag, EventReason, ReplicaState, RolloutState
+from llmgw.wire import EventReason, ReplicaState, RolloutState
 
 __all__ = ["roll"]
 
 log = logging.getLogger("llmgw.reconcile")
 
 
-def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: float) -> None:
+def roll(snap: FleetSnapshot) -> Plan:
     """Models with replicas of an older revision: place new ones and let old
     ones go, as `llmgw.controller.rollout` says, and say why one waits."""
-    draining = {n for n, info in fleet.facts.admin.items() if info.flag is AdminFlag.DRAINING}
-    replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
-    by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
-    for r in fleet.facts.records.values():
+    plan = Planner(snap.records)
+    notes: dict[str, Note | None] = dict(snap.rollout_notes)  # as this plan leaves them
+
+    def set_note(model: str, note: Note | None) -> None:
+        if notes.get(model) != note:
+            notes[model] = note
+            plan.add(RolloutNote(model, note))
+
+    draining = set(snap.draining)
+    for name in sorted(snap.models):
         # A replica with a stand-in (a drain, a fault) counts as its stand-in.
-        if (
-            r.model in fleet.facts.models
-            and r.state is not ReplicaState.FAILED
-            and r.id not in replaced
-            and r.leaving is None  # a scale-down's (`demand`)
-        ):
-            by_model[r.model].append(r)
-    for name in sorted(by_model):
-        if all(fleet.facts.up_to_date(r) for r in by_model[name]):
-            if (note := fleet.facts.decisions.rollout_note(name)) and note[
-                0
-            ] is RolloutState.WAITING:
-                fleet.facts.decisions.set_rollout_note(name, None)
+        mine = [s.record for s in snap.replicas_of(name).standing]
+        if not mine:
             continue
-        spec, revision = fleet.facts.models[name], fleet.facts.model_revision(name)
+        if all(snap.up_to_date(r) for r in mine):
+            if (note := notes.get(name)) and note[0] is RolloutState.WAITING:
+                set_note(name, None)
+            continue
+        spec, revision = snap.models[name], snap.revisions[name]
         new, old, leaving = [], [], []
-        for r in by_model[name]:
-            if fleet.facts.up_to_date(r):
+        for r in mine:
+            if snap.up_to_date(r):
                 new.append(r)
             elif (
                 r.state is ReplicaState.DRAINING
                 and not draining.intersection(r.nodes)
-                and fault_under(r, faults) is None
+                and fault_under(r, snap.faults) is None
             ):
                 leaving.append(r.id)
             else:
                 old.append(r)
-        stopped = stoppable(gate, leaving)
-        fleet.facts.remove_replicas(stopped)
-        note = fleet.facts.decisions.rollout_note(name)
+        stopped = stoppable(snap, plan, leaving)
+        plan.remove(stopped)
+        note = notes.get(name)
         stalled = note is not None and note[0] is RolloutState.STALLED
-        plan = plan_rollout(
-            spec,
-            fleet.facts.desired_replicas(name),
-            new,
-            old,
-            len(leaving) - len(stopped),
-            stalled=stalled,
+        rollout = plan_rollout(
+            spec, snap.desired[name], new, old, len(leaving) - len(stopped), stalled=stalled
         )
-        going = set(plan.leave)
+        going = set(rollout.leave)
         why = f"rollout: replaced by revision {revision}"
-        fleet.facts.remove_replicas(
-            r.id for r in old if r.id in going and r.state is ReplicaState.STARTING
-        )
-        fleet.facts.put_replicas(
+        plan.remove(r.id for r in old if r.id in going and r.state is ReplicaState.STARTING)
+        plan.put(
             r.with_state(ReplicaState.DRAINING, why)
             for r in old
             if r.id in going and r.state is ReplicaState.READY
         )
-        if plan.leave:
-            log.info("rollout of %s to revision %d: %s leave", name, revision, plan.leave)
-            fleet.facts.event(
+        if rollout.leave:
+            log.info("rollout of %s to revision %d: %s leave", name, revision, rollout.leave)
+            plan.event(
                 f"model/{name}",
                 EventReason.ROLLOUT,
-                f"revision {revision}: {', '.join(plan.leave)} of an older revision "
+                f"revision {revision}: {', '.join(rollout.leave)} of an older revision "
                 "out of routing, to stop",
             )
         if stopped:
-            fleet.facts.event(
+            plan.event(
                 f"model/{name}",
                 EventReason.ROLLOUT,
                 f"revision {revision}: {', '.join(stopped)} stopped",
             )
-        if not plan.place or fleet.facts.backing_off(name, wall):
+        if not rollout.place or snap.backing_off(name):
             continue
         results = place_many(
-            [spec] * plan.place,
-            snapshot(fleet, now, [*draining, *faults]),
-            wanted_classes(fleet),
+            [spec] * rollout.place,
+            snap.capacity([*draining, *snap.faults], plan.records),
+            snap.wanted_classes,
         )
-        placed = [record_from(p, wall, revision) for p in results if isinstance(p, Placement)]
-        fleet.facts.put_replicas(placed)
+        placed = [record_from(p, snap.wall, revision) for p in results if isinstance(p, Placement)]
+        plan.put(placed)
         if placed:
             log.info(
                 "rollout of %s to revision %d: placed %s",
@@ -113,7 +104,7 @@ def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: f
                 revision,
                 ", ".join(r.id for r in placed),
             )
-            fleet.facts.event(
+            plan.event(
                 f"model/{name}",
                 EventReason.ROLLOUT,
                 f"revision {revision}: {placed_words(placed)}",
@@ -124,11 +115,12 @@ def roll(fleet: Term, gate: StopGate | None, faults: Faults, now: float, wall: f
         if unplaceable:
             waiting = (RolloutState.WAITING, unplaceable[0].reason)
             if note != waiting and (note is None or note[0] is not RolloutState.WAITING):
-                fleet.facts.event(
+                plan.event(
                     f"model/{name}",
                     EventReason.ROLLOUT,
                     f"revision {revision}: waiting: {unplaceable[0].reason}",
                 )
-            fleet.facts.decisions.set_rollout_note(name, waiting)
+            set_note(name, waiting)
         elif note is not None:
-            fleet.facts.decisions.set_rollout_note(name, None)
+            set_note(name, None)
+    return plan.plan()

@@ -1,8 +1,10 @@
 """The last step of a pass: place what models miss, a slice at a time.
 
 Who calls: `Reconciler.steps`, last in every pass (`fill_shortfalls`, a
-generator that yields between slices). What it may touch: replicas, why a model
-cannot be placed and events, through `Term.facts`; across passes it keeps in
+generator that yields between slices). It decides on a `FleetSnapshot` (which
+models miss what: `shortfalls`) and on its picture (a slice's placements), and
+applies each slice's `Plan` (replicas, why a model cannot be placed, events)
+before it yields, as every step's plan is applied; across passes it keeps in
 the loop's memory (`LoopMemory`) the models that did not fit, where to start
 next, and the picture it placed on.
 
@@ -39,13 +41,15 @@ from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from typing import NamedTuple
 
+from llmgw.controller.apply import apply, take_snapshot
+from llmgw.controller.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop_memory import Look, LoopMemory, Picture
-from llmgw.controller.picture import picture_in_steps, still_free
+from llmgw.controller.picture import picture_in_steps
 from llmgw.controller.placing import placed_words, record_from
-from llmgw.controller.replicas import count_by_model
-from llmgw.controller.store import ReplicaRecord
+from llmgw.controller.plans import Plan, Planner, Unplaceable
+from llmgw.controller.records import ReplicaRecord
 from llmgw.controller.term import Term
-from llmgw.wire import EventReason, ModelSpec, ReplicaState
+from llmgw.wire import EventReason, ModelSpec
 
 __all__ = ["Limits", "fill_shortfalls", "shortfalls"]
 
@@ -66,35 +70,48 @@ class _Want(NamedTuple):
 
 
 def fill_shortfalls(
-    fleet: Term, memory: LoopMemory, limits: Limits, place_until: float
+    term: Term, memory: LoopMemory, limits: Limits, place_until: float
 ) -> Iterator[None]:
     """Place what models miss, a slice at a time, each slice committing what it
     placed before yielding. Past `place_until` (`time.perf_counter()`) the pass
     stops at the next slice (having done at least one); the next pass goes on
     from there, with the same picture when nothing has moved meanwhile."""
-    yield from _Filling(fleet, memory, limits, place_until).run()
+    yield from _Filling(term, memory, limits, place_until).run()
 
 
 class _Filling:
     """One pass's filling: what it has done so far. Forgotten when the pass
     ends; what the next pass needs goes to the loop's memory (`_leave`)."""
 
-    def __init__(self, fleet: Term, memory: LoopMemory, limits: Limits, place_until: float) -> None:
-        self.fleet, self.memory, self.limits = fleet, memory, limits
+    def __init__(self, term: Term, memory: LoopMemory, limits: Limits, place_until: float) -> None:
+        self.term, self.memory, self.limits = term, memory, limits
         self.place_until = place_until
         self.attempts_left = limits.attempts_per_pass
         self.done: set[str] = set()  # models dealt with in this pass
         self.started: set[str] = set()  # models that got a replica in this pass
         self.sliced = False  # a slice has been placed (a pass always places one)
-        self.seen_version = fleet.capacity_version
+        self.seen_version = term.capacity_version
         self.picture: Picture | None = None
         self.wants: deque[_Want] = deque()
+        self._snap: FleetSnapshot | None = None  # the facts as this filling last read them
+
+    def snap(self) -> FleetSnapshot:
+        """The snapshot to decide on: taken again once capacity moved (`_notice_moves`)."""
+        if self._snap is None:
+            self._snap = take_snapshot(self.term, None)
+        return self._snap
+
+    def _look(self) -> None:
+        """Which models miss what, on the fleet as it is now."""
+        self._snap = None
+        self.wants, plan = shortfalls(self.snap(), self.memory, self.done)
+        apply(self.term.facts, plan)
 
     def run(self) -> Iterator[None]:
-        fleet, memory = self.fleet, self.memory
+        memory = self.memory
         memory.note_capacity_seen(self.seen_version)  # reports, admin, the steps before
         self.picture = memory.take_picture(self.seen_version)
-        self.wants = shortfalls(fleet, memory, fleet.facts.wall(), self.done)
+        self._look()
         while (
             self.wants
             and self.attempts_left
@@ -117,7 +134,7 @@ class _Filling:
         pass needs a new one, passes still get on (the rest of their time is
         never less than the build's)."""
         built = yield from picture_in_steps(
-            self.fleet, self.memory, self.seen_version, self.place_until
+            self.term, self.memory, self.seen_version, self.place_until
         )
         if built is None:
             return False
@@ -131,9 +148,9 @@ class _Filling:
         """Step 2: a slice of placement attempts on `picture`, the models in turn.
         Answers the replicas placed and, per model reached, why it does not fit
         (None: it fits)."""
-        fleet, memory = self.fleet, self.memory
+        memory, snap = self.memory, self.snap()
         self.sliced = True
-        now, wall = fleet.facts.clock(), fleet.facts.wall()
+        wall = self.term.facts.wall()  # when the replicas are placed
         placed: list[ReplicaRecord] = []
         settled: list[tuple[str, str | None]] = []
         slice_left = self.limits.attempts_per_slice
@@ -144,8 +161,8 @@ class _Filling:
             fill = picture.place_up_to(spec, min(missing, slice_left, self.attempts_left))
             used = len(fill.placed) + (fill.unplaceable is not None)
             slice_left, self.attempts_left = slice_left - used, self.attempts_left - used
-            good = [p for p in fill.placed if not picture.stale or still_free(fleet, p, now)]
-            revision = fleet.facts.model_revision(spec.name)
+            good = [p for p in fill.placed if not picture.stale or snap.still_free(p)]
+            revision = snap.revisions[spec.name]
             placed.extend(record_from(p, wall, revision) for p in good)
             if good:
                 self.started.add(spec.name)
@@ -171,90 +188,96 @@ class _Filling:
 
     def _settle(self, placed: list[ReplicaRecord], settled: list[tuple[str, str | None]]) -> None:
         """Step 3: commit a slice: its replicas, their events, each model's reason."""
-        fleet = self.fleet
-        fleet.facts.put_replicas(placed)
-        by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
-        for rec in placed:
-            by_model[rec.model].append(rec)
-        for name, recs in by_model.items():
-            fleet.facts.event(f"model/{name}", EventReason.PLACED, placed_words(recs))
-        for name, why in settled:
-            fleet.facts.decisions.set_unplaceable(name, why)
+        term = self.term
+        apply(term.facts, settle(placed, settled))
         if placed:
             log.info("placed %d replica(s): %s", len(placed), ", ".join(r.id for r in placed))
         if self.picture is not None:  # the placer took what was just committed
-            self.picture.committed(fleet.capacity_version)
-        self.seen_version = fleet.capacity_version
+            self.picture.committed(term.capacity_version)
+        self.seen_version = term.capacity_version
         self.memory.note_committed(self.seen_version)
 
     def _notice_moves(self) -> None:
         """Step 4: after a yield, capacity moved by something else makes the
         picture stale, and the short models are read again."""
-        fleet = self.fleet
-        fleet.facts.advance_time()
-        if fleet.capacity_version != self.seen_version:  # moved by something else meanwhile
-            self.seen_version = fleet.capacity_version
+        term = self.term
+        term.facts.advance_time()
+        if term.capacity_version != self.seen_version:  # moved by something else meanwhile
+            self.seen_version = term.capacity_version
             if self.picture is not None:
                 self.picture.moved_under()
             self.memory.note_capacity_seen(self.seen_version)
-            self.wants = shortfalls(fleet, self.memory, fleet.facts.wall(), self.done)
+            self._look()
 
     def _leave(self) -> None:
         """The pass is over: where the next starts, and the picture if it still matches."""
-        fleet = self.fleet
         if self.wants:  # out of attempts or time: the next pass begins with the models not reached
             head = self.wants[0].spec.name
             self.memory.resume_at(head, head in self.started)
         else:
             self.memory.resume_at(None)
-        self.memory.keep_picture(self.picture, fleet.capacity_version)
+        self.memory.keep_picture(self.picture, self.term.capacity_version)
 
 
-def shortfalls(fleet: Term, memory: LoopMemory, wall: float, done: set[str]) -> deque[_Want]:
+def settle(placed: list[ReplicaRecord], settled: list[tuple[str, str | None]]) -> Plan:
+    """A slice's plan: the replicas it placed, an event per model, and what each
+    model it reached came to (why it does not fit; None: it fits)."""
+    plan = Planner({})
+    plan.put(placed)
+    by_model: dict[str, list[ReplicaRecord]] = defaultdict(list)
+    for rec in placed:
+        by_model[rec.model].append(rec)
+    for name, recs in by_model.items():
+        plan.event(f"model/{name}", EventReason.PLACED, placed_words(recs))
+    for name, why in settled:
+        plan.add(Unplaceable(name, why))
+    return plan.plan()
+
+
+def shortfalls(
+    snap: FleetSnapshot, memory: LoopMemory, done: set[str]
+) -> tuple[deque[_Want], Plan]:
     """The models to try now, in name order from where the last pass stopped;
     last, those that did not fit and that only this loop's placements have
     touched since (they still do not fit; their reasons' numbers may change).
 
-    Satisfied models lose their reason; models backing off, and those that
-    did not fit with the same spec at the same capacity, are not tried."""
-    replaced = {r.replaces for r in fleet.facts.records.values() if r.replaces}
-    # A draining replica and its stand-in are one replica between them; one leaving
-    # for a scale-down is gone already (`demand.scale` takes it back first).
-    counts = count_by_model(
-        s
-        for s in fleet.replica_statuses().values()
-        if s.record.id not in replaced and s.record.leaving is None
-    )
-    active = {m: c.total() - c[ReplicaState.FAILED] for m, c in counts.items()}
-    memory.forget_models(fleet.facts.models.keys())
+    Satisfied models lose their reason (the plan); models backing off, and
+    those that did not fit with the same spec at the same capacity, are not
+    tried. A model counts its standing replicas (`ModelReplicas.standing`): a
+    draining one and its stand-in are one replica between them; one leaving
+    by the loop's decision is gone already (`demand.scale` takes it back first)."""
+    plan = Planner({})
+    active = {name: len(m.standing) for name, m in snap.by_model.items()}
+    memory.forget_models(snap.models.keys())
     # While a model is short and cannot be placed, lower-priority models do
     # not grow above their minimum: the room reclaimed for it goes to it.
     starving = max(
         (
             spec.priority
-            for name, spec in fleet.facts.models.items()
-            if active.get(name, 0) < spec.min_replicas and name in fleet.unplaceable_reasons
+            for name, spec in snap.models.items()
+            if active.get(name, 0) < spec.min_replicas and name in snap.unplaceable
         ),
         default=None,
     )
-    version = fleet.capacity_version
+    version = snap.capacity_version
     wants: deque[_Want] = deque()
     last: list[_Want] = []  # did not fit, and only this loop has moved capacity since
-    for name in memory.in_turn(sorted(fleet.facts.models)):
+    for name in memory.in_turn(sorted(snap.models)):
         if name in done:
             continue
-        spec = fleet.facts.models[name]
-        missing = fleet.facts.desired_replicas(name) - active.get(name, 0)
+        spec = snap.models[name]
+        missing = snap.desired[name] - active.get(name, 0)
         if starving is not None and spec.priority < starving:
             missing = min(missing, spec.min_replicas - active.get(name, 0))
         if missing <= 0:
-            fleet.facts.decisions.set_unplaceable(name, None)
+            if name in snap.placement_reasons:
+                plan.add(Unplaceable(name, None))
             memory.note_fits(name)
-        elif fleet.facts.backing_off(name, wall):
+        elif snap.backing_off(name):
             continue
         elif (look := memory.look_again(spec, version)) is Look.NOW:
             wants.append(_Want(spec, missing))
         elif look is Look.LAST:
             last.append(_Want(spec, missing))  # still does not fit
     wants.extend(last)
-    return wants
+    return wants, plan.plan()

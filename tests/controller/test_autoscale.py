@@ -17,6 +17,7 @@ from loading_sim import LoadingSim
 from pydantic import ValidationError
 
 from llmgw.controller.autoscale import WINDOW_S, Autoscaler
+from llmgw.controller.fleet_snapshot import GateView
 from llmgw.wire import EventReason, ModelSpec, ReplicaState
 
 SPEC = ModelSpec(
@@ -267,34 +268,24 @@ def test_demand_back_before_the_stop_takes_the_replica_back(tmp_path: Path) -> N
 
 class _LetsGoNextPass:
     """A stop gate whose gateways take a replica out of routing when asked and
-    have let go of it by the next pass."""
+    have let go of it when asked again (by the next pass): one gateway that has
+    applied every change up to the snapshot a step decides on, so a replica is
+    marked stopping by one plan and let go by a later one."""
 
     def __init__(self, sim: DemandSim) -> None:
-        self.sim, self.asked = sim, set[str]()
-        self.gateways = _Holding.gateways
+        self.sim = sim
 
-    def ready_to_stop(self, ids: list[str], *, force: bool = False) -> list[str]:
-        for rid in ids:
-            self.sim.fleet.facts.mark_stopping(rid)
-        done = [rid for rid in ids if rid in self.asked]
-        self.asked.update(ids)
-        return done
+    def view(self, now: float) -> GateView:
+        facts = self.sim.fleet.facts
+        applied = facts.revision
+        return GateView(now, math.inf, ((applied, {}),), dict(facts.stopping))
 
 
 class _Holding:
     """A stop gate whose gateways never let go (and report no traffic)."""
 
-    class gateways:  # the shape of `StopGate.gateways`
-        @staticmethod
-        def in_flight(now: float) -> dict[str, int]:
-            return {}
-
-        @staticmethod
-        def held(now: float) -> dict[str, int]:
-            return {}
-
-    def ready_to_stop(self, ids: list[str], *, force: bool = False) -> list[str]:
-        return []
+    def view(self, now: float) -> GateView:
+        return GateView(now, math.inf, ((None, {}),))
 
 
 # -- reclaim by priority -----------------------------------------------------------------

@@ -14,6 +14,7 @@ from llmgw.controller.records import (
     Backoff,
     EnrollToken,
     IssuedCredential,
+    LeaveReason,
     ReplicaRecord,
     ShardRecord,
     StateDump,
@@ -53,7 +54,15 @@ def fill(store: StateStore) -> None:
     store.put_replicas(
         [
             ReplicaRecord(
-                "r1", "m", ReplicaState.READY, (shard,), 6.0, revision=1, leaving="scaled down"
+                "r1",
+                "m",
+                ReplicaState.DRAINING,
+                (shard,),
+                6.0,
+                revision=1,
+                leaving="reclaimed for big (priority 9)",
+                leave_reason=LeaveReason.RECLAIM,
+                reclaimed_for="big",
             )
         ]
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from llmgw.controller.records import Backoff
+from llmgw.controller.records import Backoff, LeaveReason
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.stores.postgres import PostgresStore, take_lease
 from llmgw.controller.stores.schema import SCHEMA_VERSION
@@ -147,7 +147,7 @@ def test_schema_6_lowers_node_names_stored_before(tmp_path: Path) -> None:
         "INSERT INTO replicas(id, model, state, shards, created_at) VALUES ('r1', 'm', 'ready', ?, 6)",
         (shards,),
     )
-    db.execute("DELETE FROM schema_version WHERE version = 6")
+    db.execute("DELETE FROM schema_version WHERE version >= 6")
     db.commit()
     db.close()
 
@@ -160,4 +160,36 @@ def test_schema_6_lowers_node_names_stored_before(tmp_path: Path) -> None:
     shard = again.replicas()["r1"].shards[0]
     assert (shard.node, shard.gpus) == ("gpu-a01", ("GPU-5c1b",)), "GPU UUIDs keep their case"
     again.close()
+    assert versions(tmp_path / STATE_FILE) == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_schema_7_gives_leaving_replicas_stored_before_their_reason(tmp_path: Path) -> None:
+    """Why a replica leaves is data from schema 7 on: a replica stored before, with
+    only its text, gets its reason (and a reclaim its model) once, by the migration."""
+    store = Store(tmp_path)
+    store.close()
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    rows = [
+        ("r1", "reclaimed for chat-big (priority 10)"),
+        ("r2", "scale down to 1: idle"),
+        ("r3", None),
+    ]
+    for rid, leaving in rows:
+        db.execute(
+            "INSERT INTO replicas(id, model, state, shards, created_at, leaving)"
+            " VALUES (?, 'm', 'draining', '[]', 6, ?)",
+            (rid, leaving),
+        )
+    db.execute("DELETE FROM schema_version WHERE version >= 7")
+    db.commit()
+    db.close()
+
+    again = Store(tmp_path)
+    got = {rid: (r.leave_reason, r.reclaimed_for, r.leaving) for rid, r in again.replicas().items()}
+    again.close()
+    assert got == {
+        "r1": (LeaveReason.RECLAIM, "chat-big", "reclaimed for chat-big (priority 10)"),
+        "r2": (LeaveReason.SCALE_DOWN, None, "scale down to 1: idle"),
+        "r3": (None, None, None),
+    }
     assert versions(tmp_path / STATE_FILE) == list(range(1, SCHEMA_VERSION + 1))

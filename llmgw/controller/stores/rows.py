@@ -9,6 +9,7 @@ from llmgw.controller.records import (
     Backoff,
     EnrollToken,
     IssuedCredential,
+    LeaveReason,
     ReplicaRecord,
     ShardRecord,
 )
@@ -75,6 +76,8 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         rec.replaces,
         rec.revision,
         rec.leaving,
+        None if rec.leave_reason is None else rec.leave_reason.value,
+        rec.reclaimed_for,
     )
 
 
@@ -96,6 +99,8 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         replaces=r["replaces"],
         revision=r["revision"] or 0,
         leaving=r["leaving"],
+        leave_reason=None if r["leave_reason"] is None else LeaveReason(r["leave_reason"]),
+        reclaimed_for=r["reclaimed_for"],
     )
 
 

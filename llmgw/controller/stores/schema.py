@@ -7,14 +7,14 @@ because the databases made before this list had diverged: SQLite files at versio
 have no `writer` table (PostgreSQL's version 1 does), SQLite files from before
 versions existed (0) may lack `force_at`, and `agent_credentials` was made on
 first use. `AddColumn` is an ALTER that is skipped when the column exists;
-`LowerNodeNames` is a rewrite done in Python (`session.lower_node_names`).
+`LowerNodeNames` and `LeaveReasons` are rewrites done in Python (`session`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "LowerNodeNames", "Step"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "LeaveReasons", "LowerNodeNames", "Step"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,14 @@ class LowerNodeNames:
     taken already (that row stays as it was, for an operator to forget)."""
 
 
-Step = str | AddColumn | LowerNodeNames
+@dataclass(frozen=True)
+class LeaveReasons:
+    """From schema 7 on, why a replica leaves is kept as data (`records.LeaveReason`)
+    beside its human text: a row stored before, whose text is all there is, gets its
+    reason from that text, once (`session.leave_reasons`)."""
+
+
+Step = str | AddColumn | LowerNodeNames | LeaveReasons
 
 # MIGRATIONS[v - 1]: the steps from version v - 1 to v.
 MIGRATIONS: list[list[Step]] = [
@@ -106,6 +113,13 @@ MIGRATIONS: list[list[Step]] = [
         AddColumn("agent_credentials", "pending", "INTEGER NOT NULL DEFAULT 0"),
         AddColumn("agent_credentials", "token", "TEXT"),
         LowerNodeNames(),
+    ],
+    # 7: why a replica leaves, as data beside its text: the reason (`LeaveReason`)
+    # and the model a reclaim makes room for.
+    [
+        AddColumn("replicas", "leave_reason", "TEXT"),
+        AddColumn("replicas", "reclaimed_for", "TEXT"),
+        LeaveReasons(),
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

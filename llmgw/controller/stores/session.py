@@ -10,13 +10,20 @@ inside the caller's transaction.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
 from llmgw.controller.store_errors import StateError
-from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn, LowerNodeNames
+from llmgw.controller.stores.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    AddColumn,
+    LeaveReasons,
+    LowerNodeNames,
+)
 
 __all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Params", "Row", "Session", "migrate"]
 
@@ -125,6 +132,8 @@ def migrate(s: Session, where: str) -> int:
                     s.run(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}")
             elif isinstance(step, LowerNodeNames):
                 lower_node_names(s)
+            elif isinstance(step, LeaveReasons):
+                leave_reasons(s)
             else:
                 s.run(step.format(serial=s.dialect.serial))
         s.run("INSERT INTO schema_version(version) VALUES (?)", (v,))
@@ -150,3 +159,21 @@ def lower_node_names(s: Session) -> None:
             for shard in shards:
                 shard["node"] = shard["node"].lower()
             s.run("UPDATE replicas SET shards = ? WHERE id = ?", (json.dumps(shards), r["id"]))
+
+
+# How schema 5's reclaim wrote `leaving` (`reclaimed for M (priority P)`): read here
+# once, by the migration to schema 7, and nowhere else.
+_RECLAIMED = re.compile(r"reclaimed for (.+) \(priority -?\d+\)")
+
+
+def leave_reasons(s: Session) -> None:
+    """Schema 7: a leaving replica stored before gets its reason from its text (`LeaveReasons`):
+    a reclaim, with the model it made room for, or else a scale-down (the only two
+    reasons the loop wrote)."""
+    for r in s.rows("SELECT id, leaving FROM replicas WHERE leaving IS NOT NULL"):
+        found = _RECLAIMED.match(r["leaving"])
+        reason, model = ("reclaim", found.group(1)) if found else ("scale-down", None)
+        s.run(
+            "UPDATE replicas SET leave_reason = ?, reclaimed_for = ? WHERE id = ?",
+            (reason, model, r["id"]),
+        )
