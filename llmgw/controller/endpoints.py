@@ -25,8 +25,6 @@ from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
 from llmgw.errors import BadCursor
 from llmgw.wire import (
-    ASLEEP_PREFIX,
-    UNPLACEABLE_PREFIX,
     Endpoint,
     EndpointsDelta,
     GatewayStatus,
@@ -34,6 +32,8 @@ from llmgw.wire import (
     NodeState,
     ReplicaState,
     ShardState,
+    Unserved,
+    UnservedKind,
 )
 
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
@@ -104,7 +104,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
             endpoints.append(ep)
         elif changed is not None:
             removed.append(rid)
-    return EndpointsDelta(
+    return EndpointsDelta.build(
         cursor=cursors.cursor(run, fleet.revision),
         full=changed is None,
         endpoints=endpoints,
@@ -113,8 +113,8 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
     )
 
 
-def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
-    """Each declared model with no serving endpoint, and why, in words."""
+def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
+    """Each declared model with no serving endpoint, and why."""
     serving: set[str] = set()
     for rec in fleet.records.values():
         if rec.model not in serving:
@@ -132,14 +132,18 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
         if unplaceable is not None:
-            out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
+            out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
         elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
             waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
-            out[name] = f"{ASLEEP_PREFIX}{waking or 'woken by its first request'}"
+            out[name] = Unserved(
+                kind=UnservedKind.ASLEEP, message=waking or "woken by its first request"
+            )
         elif n:
-            out[name] = f"{n} replica{'s' if n > 1 else ''} starting"
+            out[name] = Unserved(
+                kind=UnservedKind.NOT_READY, message=f"{n} replica{'s' if n > 1 else ''} starting"
+            )
         else:
-            out[name] = "no replica is serving yet"
+            out[name] = Unserved(kind=UnservedKind.NOT_READY, message="no replica is serving yet")
     return out
 
 

@@ -26,7 +26,7 @@ from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
-from llmgw.wire import Endpoint, EndpointsDelta, printable
+from llmgw.wire import Endpoint, EndpointsDelta, Unserved, printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -81,7 +81,7 @@ class Follower:
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
         self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
-        self.unserved: dict[str, str] = {}
+        self.unserved: dict[str, Unserved] = {}
         self.cursor = ""  # the latest answer's
         self.model_of: dict[str, str] = {}  # worker URL -> its model, for those in SMG
         self.applied = ""  # the latest SMG has been seen to follow
@@ -126,8 +126,9 @@ class Follower:
             self.endpoints.pop(rid, None)
         for ep in delta.endpoints:
             self.endpoints[ep.replica_id] = ep
-        if delta.unserved != self.unserved:
-            self.unserved = dict(delta.unserved)
+        unserved = delta.reasons()
+        if unserved != self.unserved:
+            self.unserved = unserved
             self.changed.set()
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor

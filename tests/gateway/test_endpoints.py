@@ -7,7 +7,7 @@ from pathlib import Path
 from llmgw.controller.endpoints import Gateways
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.term import Term
-from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec
+from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec, Unserved, UnservedKind
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
 MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_shard=8)
@@ -64,9 +64,12 @@ def test_feed_gives_urls_then_only_changes(tmp_path: Path) -> None:
     sim.step()
     assert sim.fleet.endpoints_since("").endpoints == []  # starting: not in routing
     assert sim.fleet.endpoints_since("").unserved == {"llama": "1 replica starting"}
+    assert sim.fleet.endpoints_since("").unserved_reasons == {
+        "llama": Unserved(kind=UnservedKind.NOT_READY, message="1 replica starting")
+    }
     sim.step()
     full = sim.fleet.endpoints_since("")
-    assert full.full and full.unserved == {}
+    assert full.full and full.unserved == {} and full.unserved_reasons == {}
     (ep,) = full.endpoints
     assert ep.state == "serving" and ep.url.startswith("http://10.0.0.") and ep.fabric == "ib-a"
     quiet = sim.fleet.endpoints_since(full.cursor)
