@@ -3,11 +3,12 @@
 SMG knows only the models its workers serve: for any other it answers 404
 `model_not_found`, and for a model whose workers are gone 503 "All workers are
 unavailable". A declared model with no serving replica should get a 503 with
-`Retry-After` and the reason ("2 replicas starting", or why it cannot be
-placed). So for each such model the gateway registers one more SMG worker: this
-small loopback server, under a path of its own, which serves that model's name
-in `/v1/models` and answers every request for it with that 503. SMG passes the
-status, the header and the body through unchanged (checked with smg 1.13).
+`Retry-After` and the reason ("2 replicas starting"); one that cannot be placed,
+a 503 that says why and invites no retry. So for each such model the gateway
+registers one more SMG worker: this small loopback server, under a path of its
+own, which serves that model's name in `/v1/models` and answers every request
+for it with that 503. SMG passes the status, the headers and the body through
+unchanged (checked with smg 1.13).
 
 A model asleep at zero replicas (its reason's kind is `asleep`) is not
 answered at once: its requests are held (at most `MAX_HELD` per model), counted
@@ -194,22 +195,25 @@ class Explainer:
             return self._answer(model, why)
 
     def _answer(self, model: str, why: Unserved | None) -> web.Response:
-        retry = RETRY_AFTER_S
+        # Retry-After invites a retry; a model that cannot be placed gets none, and
+        # `x-should-retry: false` (which the official OpenAI clients honour) says so:
+        # retrying will not place it, and the client learns that at once.
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
         if why is None:
             message = f"model {model!r} is being put in routing; retry"
-            code, retry = "model_not_ready", 1
+            code, headers = "model_not_ready", {"Retry-After": "1"}
         elif why.kind is UnservedKind.ASLEEP:
             message = f"model {model!r} is waking from zero replicas: {why.message}"
             code = "model_waking"
         elif why.kind is UnservedKind.UNPLACEABLE:
             message = f"model {model!r} is declared but cannot be placed: {why.message}"
-            code = "model_unplaceable"
+            code, headers = "model_unplaceable", {"x-should-retry": "false"}
         else:
             message = f"model {model!r} is declared but no replica serves it yet: {why.message}"
             code = "model_not_ready"
         # `code` is a string, as in OpenAI's error bodies.
         body = {"error": {"message": message, "type": "service_unavailable", "code": code}}
-        return web.json_response(body, status=503, headers={"Retry-After": str(retry)})
+        return web.json_response(body, status=503, headers=headers)
 
 
 def _waking(message: str) -> Unserved:

@@ -20,24 +20,26 @@ NOT_READY, UNPLACEABLE, ASLEEP = (
 
 
 @pytest.mark.parametrize(
-    ("why", "code", "says", "never"),
+    ("why", "code", "says", "never", "retry"),
     [
         (
             Unserved(kind=NOT_READY, message="2 replicas starting"),
             "model_not_ready",
             "no replica serves it yet: 2 replicas",
             "",
+            True,
         ),
         (
             Unserved(kind=UNPLACEABLE, message="needs 1 node x 8 H100"),
             "model_unplaceable",
             "is declared but cannot be placed: needs",
             "yet",
+            False,
         ),
     ],
 )
 async def test_the_503_says_what_holds_the_model(
-    why: Unserved, code: str, says: str, never: str
+    why: Unserved, code: str, says: str, never: str, retry: bool
 ) -> None:
     e = Explainer()
     await e.start()
@@ -45,7 +47,11 @@ async def test_the_503_says_what_holds_the_model(
         (url,) = e.set_unserved({"m": why})
         async with httpx.AsyncClient() as http:
             r = await http.post(f"{url}/v1/chat/completions", json={"model": "m"})
-        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.status_code == 503
+        if retry:
+            assert r.headers["Retry-After"] == "5" and "x-should-retry" not in r.headers
+        else:  # waiting cannot help: no invitation to retry (issue 35 item 4)
+            assert "Retry-After" not in r.headers and r.headers["x-should-retry"] == "false"
         error = r.json()["error"]
         assert error["code"] == code and isinstance(error["code"], str)
         assert says in error["message"]
