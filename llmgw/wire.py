@@ -1004,7 +1004,10 @@ class GatewayStatus(Inbound):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
     ]
-    cursor: Annotated[str, StringConstraints(max_length=80)] = ""
+    cursor: Annotated[str, StringConstraints(max_length=80)] = ""  # applied: SMG follows it
+    # A later cursor whose new workers SMG routes to while removals are pending (sent
+    # only then): a model it declared is answered by its explainer, never a 404.
+    routed: Annotated[str, StringConstraints(max_length=80)] = ""
     in_flight: dict[GatewayReplicaId, Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
         default_factory=dict, max_length=100_000
     )

@@ -10,10 +10,16 @@
   stopping and has nothing in flight to it, or after the stop grace. So no
   gateway can send a request to an engine that is already stopping (the race
   Kubernetes answers with `preStop: sleep`).
+* An apply that declares a model answers once every live gateway has applied it
+  (`Gateways.caught_up`): from then on each answers the model with a 503 and
+  `Retry-After` (its explainer, routed by SMG), never SMG's 404.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,7 +42,12 @@ from llmgw.wire import (
     UnservedKind,
 )
 
+log = logging.getLogger("llmgw.controller")
+
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
+# The longest an apply that declares a model waits for the live gateways to route it
+# (about one SMG registration, under a second; well inside ctl's 10 s read timeout).
+CATCH_UP_S = 5.0
 FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
 MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
 MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
@@ -202,14 +213,24 @@ class GatewaySeen:
     by: str = ""  # the token's identity that posted it
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
+    routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
         another term (one posted before a takeover means nothing now)."""
-        try:
-            return cursors.parse(self.cursor, run)
-        except BadCursor:
-            return None
+        return _revision(self.cursor, run)
+
+    def routes(self, run: str) -> int | None:
+        """The revision whose new workers (a new model's explainer) SMG routes to."""
+        known = [r for r in (self.applied(run), _revision(self.routed, run)) if r is not None]
+        return max(known, default=None)
+
+
+def _revision(cursor: str, run: str) -> int | None:
+    try:
+        return cursors.parse(cursor, run)
+    except BadCursor:
+        return None
 
 
 class TooManyGateways(Exception):
@@ -230,6 +251,7 @@ class Gateways:
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
     # The newest REPLICA or MODEL change the maps were last checked against.
     _checked_at: int = field(default=0, init=False)
+    _heard: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def _follow(self) -> None:
         """What a status said of replicas (or sleeping models) removed since goes:
@@ -280,7 +302,39 @@ class Gateways:
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
             {m: n for m, n in status.held.items() if n and m in self.fleet.models},
+            status.routed,
         )
+        self._heard.set()
+        self._heard = asyncio.Event()
+
+    async def caught_up(self, revision: int, what: str, timeout_s: float = CATCH_UP_S) -> None:
+        """Wait until the SMG of each gateway live now routes to the workers the feed
+        added by `revision` (a new model's explainer), at most `timeout_s`; past it,
+        say which do not. `what`: the change waited for, in the warning."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        waiting = {g.name for g in self.live(self.fleet.clock())}
+        while True:
+            waiting = {n for n in waiting if not self._routes(n, revision)}
+            left = deadline - loop.time()
+            if not waiting or left <= 0:
+                break
+            heard = self._heard
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(heard.wait(), left)
+        if waiting:
+            log.warning(
+                "%s: gateway(s) %s have not applied it %g s later; they answer 404 for a "
+                "new model until they do",
+                what, ", ".join(sorted(waiting)), timeout_s,
+            )  # fmt: skip
+
+    def _routes(self, name: str, revision: int) -> bool:
+        g = self.seen.get(name)
+        if g is None:
+            return True  # forgotten: nothing to wait for
+        routes = g.routes(self.run)
+        return routes is not None and routes >= revision
 
     def expire(self, now: float) -> None:
         for name in [n for n, g in self.seen.items() if now - g.at > FORGET_S]:
