@@ -41,8 +41,9 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from pydantic import ValidationError
@@ -83,6 +84,21 @@ MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
 KILL_REASONS = ("hung", "unhealthy", "start_timeout", "start_stalled")
 # How often a starting engine's log and CPU are looked at (a pass over /proc).
 START_LOOK_S = 10.0
+
+
+class HealthFailure(StrEnum):
+    """How an engine's /health check failed: what the supervisor acts on."""
+
+    NO_ANSWER = "no_answer"  # nothing within the timeout: a busy engine or agent, or a hang
+    ANSWERED = "answered"  # it answered, not 200
+    UNREACHABLE = "unreachable"  # refused, reset, or any other connection error
+
+
+class Unhealthy(NamedTuple):
+    """A failed /health check: its kind, and the words logs and errors quote."""
+
+    kind: HealthFailure
+    message: str  # "no answer within 5s"; "answered 503"; "Connection refused"
 
 
 @dataclass
@@ -518,7 +534,7 @@ class EngineSupervisor:
         if await self._health(eng) is None and eng.state is ShardState.STARTING:
             self._mark_ready(eng)
 
-    async def _health(self, eng: Engine) -> str | None:
+    async def _health(self, eng: Engine) -> Unhealthy | None:
         """None when /health answers 200; otherwise what went wrong."""
         assert self._session is not None and eng.template is not None
         try:
@@ -526,11 +542,15 @@ class EngineSupervisor:
             async with self._session.get(
                 self._url(eng, eng.template.health_path), timeout=timeout
             ) as resp:
-                return None if resp.status == 200 else f"answered {resp.status}"
+                if resp.status == 200:
+                    return None
+                return Unhealthy(HealthFailure.ANSWERED, f"answered {resp.status}")
         except TimeoutError:
-            return f"no answer within {self.health_timeout_s:g}s"
+            return Unhealthy(
+                HealthFailure.NO_ANSWER, f"no answer within {self.health_timeout_s:g}s"
+            )
         except (aiohttp.ClientError, OSError) as exc:
-            return str(exc) or type(exc).__name__
+            return Unhealthy(HealthFailure.UNREACHABLE, str(exc) or type(exc).__name__)
 
     async def _check_ready(self, eng: Engine) -> None:
         """A ready engine's periodic check: metrics (idleness, progress), then health."""
@@ -548,13 +568,14 @@ class EngineSupervisor:
                 "hung",
             )
             return
-        why = await self._health(eng)
+        failed = await self._health(eng)
         if eng.state is not ShardState.READY:
             return  # it changed while we waited (exited, or was unassigned)
-        if why is None:
+        if failed is None:
             eng.health_failures = 0
             return
-        if why.startswith("no answer"):
+        why = failed.message
+        if failed.kind is HealthFailure.NO_ANSWER:
             late = self.loop_lag.worst_s()
             if late >= self.health_timeout_s / 4 or eng.progress.moved_since(checked):
                 # The agent's loop ran late, or the engine is working: load, not a hang.

@@ -214,9 +214,10 @@ def model_words(m: Any) -> tuple[str, Meaning]:
     if all_on_one_node(m):
         return "satisfied, all on one node", Meaning.ATTENTION
     scaling = getattr(m, "scaling", None)
-    if scaling and scaling.startswith("waking"):
+    state = getattr(m, "scaling_state", None)  # a ScalingState, compared as its word
+    if scaling and state == "waking":
         return scaling, Meaning.ATTENTION
-    if scaling and scaling.startswith("asleep") and m.ready == 0:
+    if scaling and state == "asleep" and m.ready == 0:
         return scaling, Meaning.MUTED
     if scaling:  # autoscaled: where demand puts it, and why
         desired = getattr(m, "desired", m.ready)

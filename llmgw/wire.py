@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     Strict,
     StringConstraints,
+    field_validator,
     model_validator,
 )
 from pydantic_core import CoreConfig, SchemaValidator
@@ -707,6 +708,14 @@ class ModelRevision(Outbound):
     spec: ModelSpec
 
 
+class ScalingState(StrEnum):
+    """Where demand has an autoscaled model (the message beside it says the figures)."""
+
+    FOLLOWING = "following"  # up and down with requests in flight
+    WAKING = "waking"  # woken from zero replicas by a request; none serves yet
+    ASLEEP = "asleep"  # at zero replicas until a request comes
+
+
 class RolloutState(StrEnum):
     COMPLETE = "complete"  # every replica runs the current revision
     PROGRESSING = "progressing"
@@ -741,6 +750,7 @@ class ModelView(Outbound):
     desired: int = 0
     in_flight: float = 0.0
     scaling: str | None = None
+    scaling_state: ScalingState | None = None  # None: not autoscaled (or a controller before it)
 
 
 class ModelDryRun(Outbound):
@@ -907,33 +917,97 @@ class Endpoint(Outbound):
     state: Literal["serving", "stopping"]
 
 
-# How an `unserved` reason says the model cannot be placed at all (the gateway's
-# answer then promises no replica "yet").
-UNPLACEABLE_PREFIX = "cannot be placed: "
-# How an `unserved` reason says the model sleeps at zero replicas (or is waking
-# from it): a gateway holds its requests until a replica serves, rather than
-# answering 503 (`llmgw.gateway.explain`).
-ASLEEP_PREFIX = "asleep: "
+class UnservedKind(StrEnum):
+    """Why a declared model has no serving endpoint, as a gateway acts on it."""
+
+    NOT_READY = "not_ready"  # replicas are on their way (or will be): 503, retry
+    ASLEEP = "asleep"  # at zero replicas, woken by a request: hold requests while it wakes
+    UNPLACEABLE = "unplaceable"  # no replica can be placed now: 503, retrying will not help
+
+
+class Unserved(Outbound):
+    """A declared model no replica serves: the kind code reads, the message people read."""
+
+    kind: UnservedKind
+    message: str  # "2 replicas starting"; "needs 1 node x 8 H100-80GB ..."
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _unknown_kind(cls, value: object) -> object:
+        # A kind from a newer controller reads as "not ready" (503, retry): one new
+        # word must not stop a gateway from following the feed.
+        known = {k.value for k in UnservedKind}
+        return value if not isinstance(value, str) or value in known else UnservedKind.NOT_READY
+
+    def legacy_text(self) -> str:
+        """The reason as `EndpointsDelta.unserved` says it to 0.1 gateways."""
+        prefix = _LEGACY_PREFIXES.get(self.kind, "")
+        return prefix + self.message
+
+    @classmethod
+    def from_legacy_text(cls, text: str) -> Unserved:
+        """An older controller's reason (`unserved` alone), read back as its words say.
+        The only place a reason is recognised by its text; it goes with that field."""
+        for kind, prefix in _LEGACY_PREFIXES.items():
+            if text.startswith(prefix):
+                return cls(kind=kind, message=text.removeprefix(prefix))
+        return cls(kind=UnservedKind.NOT_READY, message=text)
+
+
+# How the text-only `unserved` field marked two kinds; the others had no prefix.
+_LEGACY_PREFIXES = {UnservedKind.UNPLACEABLE: "cannot be placed: ", UnservedKind.ASLEEP: "asleep: "}
 
 
 class EndpointsDelta(Outbound):
     """Endpoints that changed after `since` (every one when `full`), and ids gone.
 
-    `unserved` names each declared model with no serving endpoint and says why,
-    so that a gateway can answer its clients in words."""
+    `unserved_reasons` names each declared model with no serving endpoint and says
+    why, so that a gateway can answer its clients in words and act on the kind."""
 
     cursor: str
     full: bool
     endpoints: list[Endpoint]
     removed: list[str]
+    # The same reasons as text only (`Unserved.legacy_text`), for 0.1 gateways, which
+    # read nothing else. Both fields are sent through 0.2 (one release back is
+    # understood); `unserved` goes in 0.3, with `Unserved.from_legacy_text`.
     unserved: dict[str, str] = Field(default_factory=dict)
+    unserved_reasons: dict[str, Unserved] = Field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        cursor: str,
+        full: bool,
+        endpoints: list[Endpoint],
+        removed: list[str],
+        unserved: dict[str, Unserved],
+    ) -> EndpointsDelta:
+        """A delta that says each unserved reason in both fields."""
+        return cls(
+            cursor=cursor,
+            full=full,
+            endpoints=endpoints,
+            removed=removed,
+            unserved={m: r.legacy_text() for m, r in unserved.items()},
+            unserved_reasons=unserved,
+        )
+
+    def reasons(self) -> dict[str, Unserved]:
+        """Why each model is unserved: the structured reason, or, from a 0.1
+        controller (text only), the text read back (goes with `unserved` in 0.3)."""
+        older = {m: Unserved.from_legacy_text(t) for m, t in self.unserved.items()}
+        return older | self.unserved_reasons
 
 
 class GatewayStatus(Inbound):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
     ]
-    cursor: Annotated[str, StringConstraints(max_length=80)] = ""
+    cursor: Annotated[str, StringConstraints(max_length=80)] = ""  # applied: SMG follows it
+    # A later cursor whose new workers SMG routes to while removals are pending (sent
+    # only then): a model it declared is answered by its explainer, never a 404.
+    routed: Annotated[str, StringConstraints(max_length=80)] = ""
     in_flight: dict[GatewayReplicaId, Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
         default_factory=dict, max_length=100_000
     )

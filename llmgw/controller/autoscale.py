@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from llmgw.wire import ModelSpec
+from llmgw.wire import ModelSpec, ScalingState
 
 __all__ = ["DOWN_AT", "WINDOW_S", "Autoscaler", "Decision"]
 
@@ -51,6 +51,7 @@ class Decision(NamedTuple):
     woke_at: float | None = None  # woken from zero and not serving yet: since when
     held: int = 0  # requests the gateways hold for it
     reason: str = ""  # `why` without the countdown to a scale-down (what a scale-down cites)
+    state: ScalingState | None = None  # what `why` says in words; None: a fixed count
 
 
 def desired_count(spec: ModelSpec, scaling: Decision | None) -> int:
@@ -119,15 +120,16 @@ class Autoscaler:
         if serving or m.desired == 0:
             m.woke_at = None
         reason = f"in flight {mean:.3g}, target {target} -> {m.desired}"
-        why = reason
+        why, state = reason, ScalingState.FOLLOWING
         if m.woke_at is not None:
             why = f"waking for {now - m.woke_at:.0f}s: {held} request(s) held"
+            state = ScalingState.WAKING
         elif m.desired == 0:
-            why = "asleep: woken by its first request"
+            why, state = "asleep: woken by its first request", ScalingState.ASLEEP
         elif m.lower_since is not None and changed == 0:
             left = spec.scale_down_after_s - (now - m.lower_since)
             why += f" (down to {m.desired - 1} in {max(left, 0):.0f}s if it stays low)"
-        return Decision(m.desired, mean, why, changed, m.woke_at, held, reason)
+        return Decision(m.desired, mean, why, changed, m.woke_at, held, reason, state)
 
     def forget(self, keep: set[str]) -> None:
         """Drop the memory of models no longer declared."""

@@ -10,10 +10,16 @@
   stopping and has nothing in flight to it, or after the stop grace. So no
   gateway can send a request to an engine that is already stopping (the race
   Kubernetes answers with `preStop: sleep`).
+* An apply that declares a model answers once every live gateway has applied it
+  (`Gateways.caught_up`): from then on each answers the model with a 503 and
+  `Retry-After` (its explainer, routed by SMG), never SMG's 404.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,8 +33,6 @@ from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
 from llmgw.errors import BadCursor
 from llmgw.wire import (
-    ASLEEP_PREFIX,
-    UNPLACEABLE_PREFIX,
     Endpoint,
     EndpointsDelta,
     GatewayStatus,
@@ -36,9 +40,16 @@ from llmgw.wire import (
     NodeState,
     ReplicaState,
     ShardState,
+    Unserved,
+    UnservedKind,
 )
 
+log = logging.getLogger("llmgw.controller")
+
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
+# The longest an apply that declares a model waits for the live gateways to route it
+# (about one SMG registration, under a second; well inside ctl's 10 s read timeout).
+CATCH_UP_S = 5.0
 FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
 MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
 MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
@@ -106,7 +117,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
             endpoints.append(ep)
         elif changed is not None:
             removed.append(rid)
-    return EndpointsDelta(
+    return EndpointsDelta.build(
         cursor=cursors.cursor(run, fleet.revision),
         full=changed is None,
         endpoints=endpoints,
@@ -115,8 +126,8 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
     )
 
 
-def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
-    """Each declared model with no serving endpoint, and why, in words."""
+def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
+    """Each declared model with no serving endpoint, and why."""
     serving: set[str] = set()
     for rec in fleet.records.values():
         if rec.model not in serving:
@@ -134,14 +145,18 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, str]:
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
         if unplaceable is not None:
-            out[name] = f"{UNPLACEABLE_PREFIX}{unplaceable}"
+            out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
         elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
             waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
-            out[name] = f"{ASLEEP_PREFIX}{waking or 'woken by its first request'}"
+            out[name] = Unserved(
+                kind=UnservedKind.ASLEEP, message=waking or "woken by its first request"
+            )
         elif n:
-            out[name] = f"{n} replica{'s' if n > 1 else ''} starting"
+            out[name] = Unserved(
+                kind=UnservedKind.NOT_READY, message=f"{n} replica{'s' if n > 1 else ''} starting"
+            )
         else:
-            out[name] = "no replica is serving yet"
+            out[name] = Unserved(kind=UnservedKind.NOT_READY, message="no replica is serving yet")
     return out
 
 
@@ -200,14 +215,24 @@ class GatewaySeen:
     by: str = ""  # the token's identity that posted it
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
+    routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
         another term (one posted before a takeover means nothing now)."""
-        try:
-            return cursors.parse(self.cursor, run)
-        except BadCursor:
-            return None
+        return _revision(self.cursor, run)
+
+    def routes(self, run: str) -> int | None:
+        """The revision whose new workers (a new model's explainer) SMG routes to."""
+        known = [r for r in (self.applied(run), _revision(self.routed, run)) if r is not None]
+        return max(known, default=None)
+
+
+def _revision(cursor: str, run: str) -> int | None:
+    try:
+        return cursors.parse(cursor, run)
+    except BadCursor:
+        return None
 
 
 class TooManyGateways(Exception):
@@ -228,6 +253,7 @@ class Gateways:
     seen: dict[str, GatewaySeen] = field(default_factory=dict)
     # The newest REPLICA or MODEL change the maps were last checked against.
     _checked_at: int = field(default=0, init=False)
+    _heard: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def _follow(self) -> None:
         """What a status said of replicas (or sleeping models) removed since goes:
@@ -278,7 +304,39 @@ class Gateways:
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
             {m: n for m, n in status.held.items() if n and m in self.fleet.models},
+            status.routed,
         )
+        self._heard.set()
+        self._heard = asyncio.Event()
+
+    async def caught_up(self, revision: int, what: str, timeout_s: float = CATCH_UP_S) -> None:
+        """Wait until the SMG of each gateway live now routes to the workers the feed
+        added by `revision` (a new model's explainer), at most `timeout_s`; past it,
+        say which do not. `what`: the change waited for, in the warning."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        waiting = {g.name for g in self.live(self.fleet.clock())}
+        while True:
+            waiting = {n for n in waiting if not self._routes(n, revision)}
+            left = deadline - loop.time()
+            if not waiting or left <= 0:
+                break
+            heard = self._heard
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(heard.wait(), left)
+        if waiting:
+            log.warning(
+                "%s: gateway(s) %s have not applied it %g s later; they answer 404 for a "
+                "new model until they do",
+                what, ", ".join(sorted(waiting)), timeout_s,
+            )  # fmt: skip
+
+    def _routes(self, name: str, revision: int) -> bool:
+        g = self.seen.get(name)
+        if g is None:
+            return True  # forgotten: nothing to wait for
+        routes = g.routes(self.run)
+        return routes is not None and routes >= revision
 
     def expire(self, now: float) -> None:
         for name in [n for n, g in self.seen.items() if now - g.at > FORGET_S]:

@@ -124,7 +124,8 @@ def model_views(facts: Facts) -> list[ModelView]:
         backoff = facts.backoffs.get(name)
         desired = facts.desired_replicas(name)
         scaling = facts.decisions.scaling(name)
-        why = scaling.why if scaling is not None and spec.autoscaled else None
+        autoscaled = scaling if scaling is not None and spec.autoscaled else None
+        why = autoscaled.why if autoscaled is not None else None
         live = ready + mine[ReplicaState.STARTING]
         if why is not None and desired > live and ready >= spec.min_replicas:
             waits = reasons.get(name)
@@ -152,6 +153,7 @@ def model_views(facts: Facts) -> list[ModelView]:
                 desired=desired,
                 in_flight=round(scaling.in_flight, 2) if scaling is not None else 0.0,
                 scaling=why,
+                scaling_state=autoscaled.state if autoscaled is not None else None,
             )
         )
     return views

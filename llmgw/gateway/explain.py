@@ -3,13 +3,14 @@
 SMG knows only the models its workers serve: for any other it answers 404
 `model_not_found`, and for a model whose workers are gone 503 "All workers are
 unavailable". A declared model with no serving replica should get a 503 with
-`Retry-After` and the reason ("2 replicas starting", or why it cannot be
-placed). So for each such model the gateway registers one more SMG worker: this
-small loopback server, under a path of its own, which serves that model's name
-in `/v1/models` and answers every request for it with that 503. SMG passes the
-status, the header and the body through unchanged (checked with smg 1.13).
+`Retry-After` and the reason ("2 replicas starting"); one that cannot be placed,
+a 503 that says why and invites no retry. So for each such model the gateway
+registers one more SMG worker: this small loopback server, under a path of its
+own, which serves that model's name in `/v1/models` and answers every request
+for it with that 503. SMG passes the status, the headers and the body through
+unchanged (checked with smg 1.13).
 
-A model asleep at zero replicas (its reason begins `ASLEEP_PREFIX`) is not
+A model asleep at zero replicas (its reason's kind is `asleep`) is not
 answered at once: its requests are held (at most `MAX_HELD` per model), counted
 in the gateway's status so that the controller wakes it, and each is sent to a
 replica of the model as soon as one serves, its answer streamed back as it
@@ -30,7 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.smg import free_loopback_port
-from llmgw.wire import ASLEEP_PREFIX, UNPLACEABLE_PREFIX
+from llmgw.wire import Unserved, UnservedKind
 
 RETRY_AFTER_S = 5
 MAX_HELD = 1000  # requests held per model while it wakes
@@ -47,7 +48,8 @@ class Explainer:
     def __init__(
         self, wake_timeout_s: float = WAKE_TIMEOUT_S, on_hold: Callable[[], None] | None = None
     ) -> None:
-        self.reasons: dict[str, tuple[str, str]] = {}  # slug -> (model, reason)
+        # slug -> (model, why it is unserved; None: served again, SMG not told yet)
+        self.reasons: dict[str, tuple[str, Unserved | None]] = {}
         self.port = 0
         self.wake_timeout_s = wake_timeout_s
         self.held: Counter[str] = Counter()  # model -> requests held now
@@ -61,14 +63,14 @@ class Explainer:
     def url_for(self, model: str) -> str:
         return f"http://127.0.0.1:{self.port}/u/{slug(model)}"
 
-    def set_unserved(self, unserved: Mapping[str, str]) -> dict[str, str]:
+    def set_unserved(self, unserved: Mapping[str, Unserved]) -> dict[str, str]:
         """Take the controller's word on unserved models; the workers to register
         (URL -> model)."""
         # A model served again keeps its entry: SMG may route to it until it
         # has taken the new worker list, and then the answer is "retry".
         for s, (m, _) in self.reasons.items():
             if m not in unserved:
-                self.reasons[s] = (m, "")
+                self.reasons[s] = (m, None)
         self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
         self._tell()
         return {self.url_for(m): m for m in unserved}
@@ -106,7 +108,7 @@ class Explainer:
         if self._http is not None:
             await self._http.close()
 
-    def _known(self, request: web.Request) -> tuple[str, str]:
+    def _known(self, request: web.Request) -> tuple[str, Unserved | None]:
         found = self.reasons.get(request.match_info["slug"])
         if found is None:
             raise web.HTTPNotFound()
@@ -125,7 +127,7 @@ class Explainer:
         model, why = self._known(request)
         # Asleep: wait for it. Served meanwhile (SMG has not taken the new worker
         # list yet): send it there rather than ask the client to retry.
-        if why.startswith(ASLEEP_PREFIX) or self._serving.get(model):
+        if (why is not None and why.kind is UnservedKind.ASLEEP) or self._serving.get(model):
             return await self._hold(request, model)
         return self._answer(model, why)
 
@@ -133,7 +135,7 @@ class Explainer:
         """Wait for `model` to wake, then send the request to a replica of it."""
         if self.held[model] >= MAX_HELD:
             return self._answer(
-                model, f"{MAX_HELD} requests are held already while it wakes", code="model_waking"
+                model, _waking(f"{MAX_HELD} requests are held already while it wakes")
             )
         body = await request.read()
         loop = asyncio.get_running_loop()
@@ -147,16 +149,17 @@ class Explainer:
                 if urls:
                     url = urls[next(self._turn) % len(urls)]
                     return await self._forward(request, model, url, body)
-                _, why = self.reasons.get(slug(model), (model, ""))
-                if why and not why.startswith(ASLEEP_PREFIX):  # unplaceable, say
+                _, why = self.reasons.get(slug(model), (model, None))
+                if why is not None and why.kind is not UnservedKind.ASLEEP:  # unplaceable, say
                     return self._answer(model, why)
                 news, left = self._news, deadline - loop.time()
                 if left <= 0:
                     return self._answer(
                         model,
-                        f"woken {self.wake_timeout_s:g}s ago and no replica serves it yet"
-                        f" ({why.removeprefix(ASLEEP_PREFIX) or 'being put in routing'})",
-                        code="model_waking",
+                        _waking(
+                            f"woken {self.wake_timeout_s:g}s ago and no replica serves it yet"
+                            f" ({why.message if why is not None else 'being put in routing'})"
+                        ),
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(news.wait(), left)
@@ -186,23 +189,32 @@ class Explainer:
         except (aiohttp.ClientError, TimeoutError) as exc:
             if answer is not None:  # cut mid-answer: the client sees the stream end
                 return answer
-            return self._answer(model, f"the woken replica did not answer: {exc}")
+            why = Unserved(
+                kind=UnservedKind.NOT_READY, message=f"the woken replica did not answer: {exc}"
+            )
+            return self._answer(model, why)
 
-    def _answer(self, model: str, why: str, code: str | None = None) -> web.Response:
-        retry = RETRY_AFTER_S
-        if code == "model_waking" or why.startswith(ASLEEP_PREFIX):
-            message = f"model {model!r} is waking from zero replicas: {why}"
-        elif why.startswith(UNPLACEABLE_PREFIX):
-            message = f"model {model!r} is declared but {why}"
-            code = "model_unplaceable"
-        elif why:
-            message = f"model {model!r} is declared but no replica serves it yet: {why}"
-            code = "model_not_ready"
-        else:
+    def _answer(self, model: str, why: Unserved | None) -> web.Response:
+        # Retry-After invites a retry; a model that cannot be placed gets none, and
+        # `x-should-retry: false` (which the official OpenAI clients honour) says so:
+        # retrying will not place it, and the client learns that at once.
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        if why is None:
             message = f"model {model!r} is being put in routing; retry"
-            code, retry = "model_not_ready", 1
-        if why.startswith(ASLEEP_PREFIX):
+            code, headers = "model_not_ready", {"Retry-After": "1"}
+        elif why.kind is UnservedKind.ASLEEP:
+            message = f"model {model!r} is waking from zero replicas: {why.message}"
             code = "model_waking"
+        elif why.kind is UnservedKind.UNPLACEABLE:
+            message = f"model {model!r} is declared but cannot be placed: {why.message}"
+            code, headers = "model_unplaceable", {"x-should-retry": "false"}
+        else:
+            message = f"model {model!r} is declared but no replica serves it yet: {why.message}"
+            code = "model_not_ready"
         # `code` is a string, as in OpenAI's error bodies.
         body = {"error": {"message": message, "type": "service_unavailable", "code": code}}
-        return web.json_response(body, status=503, headers={"Retry-After": str(retry)})
+        return web.json_response(body, status=503, headers=headers)
+
+
+def _waking(message: str) -> Unserved:
+    return Unserved(kind=UnservedKind.ASLEEP, message=message)

@@ -8,7 +8,10 @@ once SMG routes to them are the old ones removed, so a model never has zero
 workers in between. A cursor counts as applied only once SMG's own worker list
 shows it; that applied cursor, and the requests in flight per replica read after
 it, are what the status posts every second tell the controller, whose stop gate
-waits for them.
+waits for them. A cursor is `routed` as soon as SMG routes to the workers it adds
+(SMG takes 5-6 s to drop a removed one): an apply that declares a model waits for
+that, so that no gateway answers 404 for it once the apply has answered. A change
+that adds workers while a removal is pending is written at once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
@@ -26,7 +29,7 @@ from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
-from llmgw.wire import Endpoint, EndpointsDelta, printable
+from llmgw.wire import Endpoint, EndpointsDelta, Unserved, printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -81,10 +84,14 @@ class Follower:
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
         self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
-        self.unserved: dict[str, str] = {}
+        self.unserved: dict[str, Unserved] = {}
         self.cursor = ""  # the latest answer's
         self.model_of: dict[str, str] = {}  # worker URL -> its model, for those in SMG
+        self.written: set[str] = set()  # the worker URLs of the manifest last written
         self.applied = ""  # the latest SMG has been seen to follow
+        # The latest whose new workers SMG routes to, removals maybe pending (>= applied):
+        # a model declared then is answered by its explainer, never SMG's 404.
+        self.routed = ""
         self.changed = asyncio.Event()
 
     async def run(self) -> None:
@@ -126,8 +133,9 @@ class Follower:
             self.endpoints.pop(rid, None)
         for ep in delta.endpoints:
             self.endpoints[ep.replica_id] = ep
-        if delta.unserved != self.unserved:
-            self.unserved = dict(delta.unserved)
+        unserved = delta.reasons()
+        if unserved != self.unserved:
+            self.unserved = unserved
             self.changed.set()
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor
@@ -144,8 +152,13 @@ class Follower:
     def serving(self) -> dict[str, str]:
         """SMG's workers, URL -> model: the serving engines, and an explainer per
         unserved model."""
+        self.explainer.set_unserved(self.unserved)
+        return self._wanted()
+
+    def _wanted(self) -> dict[str, str]:
+        """What `serving()` would answer now, telling the explainer nothing."""
         engines = {e.url: e.model for e in self.usable if e.state == "serving"}
-        return engines | self.explainer.set_unserved(self.unserved)
+        return engines | {self.explainer.url_for(m): m for m in self.unserved}
 
     async def _apply_loop(self) -> None:
         outage = Outage("SMG worker sync")
@@ -155,27 +168,35 @@ class Follower:
             cursor = self.cursor
             try:
                 await self.smg.started.wait()
-                await self._apply(self.serving())
+                done = await self._apply(self.serving(), cursor)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outage.failed(exc)
                 self.changed.set()  # try again shortly
                 await asyncio.sleep(0.5)
                 continue
             outage.ok()
-            self.applied = cursor
+            if done:
+                self.applied = self.routed = cursor
 
-    async def _apply(self, serving: dict[str, str]) -> None:
-        """Make SMG's workers `serving` (URL -> model), adding before removing."""
+    async def _apply(self, serving: dict[str, str], cursor: str = "") -> bool:
+        """Make SMG's workers `serving` (URL -> model), adding before removing: True
+        once SMG routes to each new worker and lists none removed; False when a change
+        that adds workers came first (it is applied at once, not after the removals:
+        SMG takes 5-6 s to drop one, and a new model must not wait for that).
+        `cursor` (the feed's, for `serving`) is `routed` once SMG routes to the new
+        workers."""
         self.model_of.update(serving)
         current = await self.smg.workers()
         adding = serving.keys() - current.keys()
-        if adding and current.keys() - serving.keys():
+        # Workers in the manifest that leave now (not those left earlier, which SMG
+        # may still list: they stay out).
+        leaving = (current.keys() & self.written) - serving.keys()
+        if adding and leaving:
             # Add first: the old workers leave only once the new ones take requests. An
             # explainer too: the model's one worker in SMG until then, it sends what it is
             # given to the new engines (removed at once, SMG answered "all workers are
             # unavailable" while it registered them).
-            keep = {u for u in current if self.smg.ours(u)}
-            self.smg.write_workers(serving.keys() | keep)
+            self._write(serving.keys() | leaving)
             added_at = time.monotonic()
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
             if not await self._until(lambda w: not self.alone(w, serving), CARRY_TIMEOUT_S):
@@ -187,12 +208,36 @@ class Follower:
                         printable(models),
                         time.monotonic() - added_at,
                     )
-        self.smg.write_workers(serving)
+        self._write(serving.keys())
         self.model_of = {u: m for u, m in self.model_of.items() if u in serving}
-        if not await self._until(lambda w: not w.keys() - serving.keys(), REMOVE_TIMEOUT_S):
+        # Applied means routed: a model's explainer, say, answers its 503 from then on
+        # (before, SMG says the model does not exist).
+        if (
+            await self._until(
+                lambda w: all(w.get(u) for u in adding) or self._more_to_add(serving),
+                ADD_TIMEOUT_S,
+            )
+            and cursor
+            and not self._more_to_add(serving)
+        ):
+            self.routed = cursor
+            self.nudge.set()  # an apply that declared a model waits on it
+        if not await self._until(
+            lambda w: not w.keys() - serving.keys() or self._more_to_add(serving),
+            REMOVE_TIMEOUT_S,
+        ):
             raise TimeoutError(
                 f"SMG still lists removed workers {REMOVE_TIMEOUT_S:g} s after the manifest changed"
             )
+        return not self._more_to_add(serving)
+
+    def _write(self, urls: Iterable[str]) -> None:
+        self.written = set(urls)
+        self.smg.write_workers(self.written)
+
+    def _more_to_add(self, written: dict[str, str]) -> bool:
+        """Whether a change since `written` adds workers (so it is worth writing now)."""
+        return self.changed.is_set() and bool(self._wanted().keys() - written.keys())
 
     def alone(self, workers: dict[str, bool], serving: dict[str, str]) -> set[str]:
         """Models still served that SMG routes only through workers now leaving
@@ -273,6 +318,8 @@ class Follower:
                 body["rejected"] = dict(self.entries.rejected)
             if self.explainer.held:  # the same
                 body["held"] = dict(self.explainer.held)
+            if self.routed != cursor:  # the same (only while removals are pending)
+                body["routed"] = self.routed
             try:
                 _, status, answer = await aiohttp_request(
                     http, self.controllers, "POST", "/v1/gateways/status", json=body

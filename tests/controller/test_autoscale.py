@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from llmgw.controller.autoscale import WINDOW_S, Autoscaler
 from llmgw.controller.fleet_snapshot import GateView
-from llmgw.wire import EventReason, ModelSpec, ReplicaState
+from llmgw.present import Meaning, model_words
+from llmgw.wire import EventReason, ModelSpec, ModelView, ReplicaState, ScalingState
 
 SPEC = ModelSpec(
     name="chat",
@@ -118,6 +119,7 @@ def test_min_zero_sleeps_when_unused_and_a_held_request_wakes_it_at_once() -> No
         t += 1.0
         d = scaler.decide(spec, 0.0, 1, t)
     assert d.desired == 0 and d.why.startswith("asleep"), d
+    assert d.state is ScalingState.ASLEEP
     # One request held by a gateway: one replica, in the same pass.
     t += 1.0
     woke = scaler.decide(spec, 0.0, 0, t, held=1)
@@ -125,8 +127,34 @@ def test_min_zero_sleeps_when_unused_and_a_held_request_wakes_it_at_once() -> No
     t += 4.0
     waking = scaler.decide(spec, 0.0, 1, t, held=3)
     assert waking.why == "waking for 4s: 3 request(s) held" and waking.held == 3
+    assert waking.state is ScalingState.WAKING
     served = scaler.decide(spec, 1.0, 1, t + 1, serving=1)
     assert served.woke_at is None and not served.why.startswith("waking")
+    assert served.state is ScalingState.FOLLOWING
+    assert (
+        Autoscaler().decide(SPEC.model_copy(update={"max_replicas": None}), 0, 1, 0).state is None
+    )
+
+
+def test_the_scaling_state_not_its_words_says_how_a_model_reads() -> None:
+    """ctl and the console colour a model by its scaling state (issue 31 item 3)."""
+    spec = SPEC.model_copy(update={"min_replicas": 0})
+
+    def words(scaling: str, state: ScalingState | None, ready: int = 0) -> tuple[str, Meaning]:
+        view = ModelView(
+            spec=spec, ready=ready, starting=0, failed=0, satisfied=True, desired=ready,
+            scaling=scaling, scaling_state=state,
+        )  # fmt: skip
+        return model_words(view)
+
+    assert words("waking for 3s: 1 request(s) held", ScalingState.WAKING)[1] is Meaning.ATTENTION
+    assert words("asleep: woken by its first request", ScalingState.ASLEEP)[1] is Meaning.MUTED
+    # The same words under another state are read as that state.
+    assert words("waking words", ScalingState.FOLLOWING) == (
+        "satisfied: waking words",
+        Meaning.FINE,
+    )
+    assert words("asleep words", None) == ("satisfied: asleep words", Meaning.FINE)
 
 
 @pytest.mark.parametrize(
@@ -196,6 +224,7 @@ def test_load_scales_up_within_seconds_spread_over_nodes(tmp_path: Path) -> None
     [view] = sim.fleet.model_views()
     assert view.desired == 3 and view.ready == 3, view
     assert "target 2 -> 3" in (view.scaling or "")
+    assert view.scaling_state is ScalingState.FOLLOWING
     reasons = [e.reason for e in sim.fleet.facts.events(0, "model/chat").events]
     assert EventReason.SCALED_UP in reasons
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from llmgw.controller.endpoints import Gateways
 from llmgw.controller.reconcile import Reconciler
 from llmgw.controller.term import Term
-from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec
+from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec, Unserved, UnservedKind
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
 MODEL = ModelSpec(name="llama", source="meta/llama", min_replicas=1, gpus_per_shard=8)
@@ -64,9 +68,12 @@ def test_feed_gives_urls_then_only_changes(tmp_path: Path) -> None:
     sim.step()
     assert sim.fleet.endpoints_since("").endpoints == []  # starting: not in routing
     assert sim.fleet.endpoints_since("").unserved == {"llama": "1 replica starting"}
+    assert sim.fleet.endpoints_since("").unserved_reasons == {
+        "llama": Unserved(kind=UnservedKind.NOT_READY, message="1 replica starting")
+    }
     sim.step()
     full = sim.fleet.endpoints_since("")
-    assert full.full and full.unserved == {}
+    assert full.full and full.unserved == {} and full.unserved_reasons == {}
     (ep,) = full.endpoints
     assert ep.state == "serving" and ep.url.startswith("http://10.0.0.") and ep.fabric == "ib-a"
     quiet = sim.fleet.endpoints_since(full.cursor)
@@ -305,3 +312,36 @@ def test_forgetting_a_node_leaves_nothing_of_its_replicas_behind(tmp_path: Path)
     assert not fleet.facts.gateway_activity, "gateway activity of a forgotten replica"
     assert not fleet.facts.retiring, "a retiring model with no replica left"
     assert not fleet.facts.stopping
+
+
+async def test_an_apply_that_declares_a_model_waits_for_the_live_gateways(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35 item 1: the apply answers once each live gateway has applied the new
+    model (its explainer routed), so none says 404 for it afterwards; one that never
+    does holds it up for CATCH_UP_S at most, and is named."""
+    sim = Sim(tmp_path)
+    gateways = sim.gateways
+    await gateways.caught_up(sim.fleet.facts.revision, "nothing live")  # no gateway: no wait
+    sim.gateway("gw-a", sim.fleet.endpoints_since("").cursor)
+    sim.gateway("gw-b", sim.fleet.endpoints_since("").cursor)
+    sim.fleet.facts.put_models([MODEL])
+    revision = sim.fleet.facts.revision
+    waiting = asyncio.create_task(gateways.caught_up(revision, "model llama declared"))
+    await asyncio.sleep(0.05)
+    sim.gateway("gw-a", sim.fleet.endpoints_since("").cursor)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # gw-b has not applied it yet
+    sim.gateway("gw-b", "")  # reports, has applied nothing of this term
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    # gw-b routes to it while a removal is pending: that is enough for a new model.
+    routed = sim.fleet.endpoints_since("").cursor
+    sim.gateways.report(GatewayStatus(name="gw-b", cursor="", routed=routed))
+    await asyncio.wait_for(waiting, 1)
+    assert "have not applied" not in caplog.text
+
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"name": "other"})])
+    caplog.set_level(logging.WARNING, logger="llmgw.controller")
+    await gateways.caught_up(sim.fleet.facts.revision, "model other declared", timeout_s=0.1)
+    assert "model other declared: gateway(s) gw-a, gw-b have not applied it" in caplog.text

@@ -1,6 +1,8 @@
 """The gateway's 503 for a declared model nothing serves: `code` is a string, as
 in OpenAI's errors, and a model that cannot be placed is not promised a replica
-"yet" (issue 23 item 12)."""
+"yet" (issue 23 item 12). What the gateway does is chosen by the reason's kind,
+never by its words (issue 31 item 3), and a controller that sends the words alone
+(one release back) is still understood."""
 
 from __future__ import annotations
 
@@ -8,22 +10,36 @@ import httpx
 import pytest
 
 from llmgw.gateway.explain import Explainer
+from llmgw.wire import EndpointsDelta, Unserved, UnservedKind
+
+NOT_READY, UNPLACEABLE, ASLEEP = (
+    UnservedKind.NOT_READY,
+    UnservedKind.UNPLACEABLE,
+    UnservedKind.ASLEEP,
+)
 
 
 @pytest.mark.parametrize(
-    ("why", "code", "says", "never"),
+    ("why", "code", "says", "never", "retry"),
     [
-        ("2 replicas starting", "model_not_ready", "no replica serves it yet: 2 replicas", ""),
         (
-            "cannot be placed: needs 1 node x 8 H100",
+            Unserved(kind=NOT_READY, message="2 replicas starting"),
+            "model_not_ready",
+            "no replica serves it yet: 2 replicas",
+            "",
+            True,
+        ),
+        (
+            Unserved(kind=UNPLACEABLE, message="needs 1 node x 8 H100"),
             "model_unplaceable",
             "is declared but cannot be placed: needs",
             "yet",
+            False,
         ),
     ],
 )
 async def test_the_503_says_what_holds_the_model(
-    why: str, code: str, says: str, never: str
+    why: Unserved, code: str, says: str, never: str, retry: bool
 ) -> None:
     e = Explainer()
     await e.start()
@@ -31,10 +47,72 @@ async def test_the_503_says_what_holds_the_model(
         (url,) = e.set_unserved({"m": why})
         async with httpx.AsyncClient() as http:
             r = await http.post(f"{url}/v1/chat/completions", json={"model": "m"})
-        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.status_code == 503
+        if retry:
+            assert r.headers["Retry-After"] == "5" and "x-should-retry" not in r.headers
+        else:  # waiting cannot help: no invitation to retry (issue 35 item 4)
+            assert "Retry-After" not in r.headers and r.headers["x-should-retry"] == "false"
         error = r.json()["error"]
         assert error["code"] == code and isinstance(error["code"], str)
         assert says in error["message"]
         assert not never or never not in error["message"]
     finally:
         await e.stop()
+
+
+async def test_the_kind_decides_not_the_words() -> None:
+    """A model whose message happens to read like another kind's is answered by its
+    kind: "asleep: ..." as the words of a model that cannot be placed is no wake."""
+    e = Explainer()
+    await e.start()
+    try:
+        (url,) = e.set_unserved({"m": Unserved(kind=UNPLACEABLE, message="asleep: no")})
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/v1/chat/completions", json={"model": "m"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unplaceable"
+        assert e.held == {}
+    finally:
+        await e.stop()
+
+
+def delta(**fields: object) -> EndpointsDelta:
+    return EndpointsDelta.model_validate(
+        {"cursor": "r.1", "full": True, "endpoints": [], "removed": [], **fields}
+    )
+
+
+def test_the_feed_says_each_reason_twice_and_a_new_gateway_reads_the_kind() -> None:
+    reasons = {
+        "a": Unserved(kind=UNPLACEABLE, message="needs 8 cards"),
+        "b": Unserved(kind=ASLEEP, message="woken by its first request"),
+        "c": Unserved(kind=NOT_READY, message="1 replica starting"),
+    }
+    sent = EndpointsDelta.build("r.1", True, [], [], reasons)
+    wire = sent.model_dump_json()
+    # What a 0.1 gateway reads: the words with their old prefixes.
+    assert sent.unserved == {
+        "a": "cannot be placed: needs 8 cards",
+        "b": "asleep: woken by its first request",
+        "c": "1 replica starting",
+    }
+    assert EndpointsDelta.model_validate_json(wire).reasons() == reasons
+
+
+def test_a_new_gateway_reads_an_older_controllers_words() -> None:
+    older = delta(
+        unserved={
+            "a": "cannot be placed: needs 8 cards",
+            "b": "asleep: waking, 1 replica starting",
+            "c": "no replica is serving yet",
+        }
+    )
+    assert older.reasons() == {
+        "a": Unserved(kind=UNPLACEABLE, message="needs 8 cards"),
+        "b": Unserved(kind=ASLEEP, message="waking, 1 replica starting"),
+        "c": Unserved(kind=NOT_READY, message="no replica is serving yet"),
+    }
+
+
+def test_a_kind_from_a_newer_controller_reads_as_not_ready() -> None:
+    newer = delta(unserved_reasons={"a": {"kind": "quarantined", "message": "held back"}})
+    assert newer.reasons() == {"a": Unserved(kind=NOT_READY, message="held back")}

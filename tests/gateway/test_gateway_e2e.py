@@ -18,6 +18,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from agent.metrics import parse_engine_metrics
@@ -128,11 +129,22 @@ def test_keys_unknown_and_unserved_models(cluster: Cluster) -> None:
     for _ in range(3):  # the same answer every time, not a circuit breaker's
         unserved = ask("huge", key)
         assert unserved.status_code == 503, unserved.text
-        assert unserved.headers["Retry-After"] == "5"
+        # Waiting cannot place it: no invitation to retry (issue 35 item 4).
+        assert "Retry-After" not in unserved.headers, unserved.headers
+        assert unserved.headers["x-should-retry"] == "false"
         error = unserved.json()["error"]
         # It cannot be placed at all: no promise of a replica "yet" (issue 23 item 12).
         assert "is declared but cannot be placed: needs" in error["message"], error
         assert "yet" not in error["message"] and error["code"] == "model_unplaceable"
+
+    # The official client with its default retries fails at once: one request sent.
+    sent: list[httpx.Request] = []
+    http = httpx.Client(event_hooks={"request": [sent.append]})
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-acme-00000001", http_client=http)
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="huge", messages=[{"role": "user", "content": "hi"}])
+    assert len(sent) == 1, sent
+    assert failed.value.status_code == 503 and failed.value.code == "model_unplaceable"
 
 
 def clear_error(failure: str) -> bool:

@@ -13,6 +13,7 @@ import pytest
 
 from llmgw.gateway import sync
 from llmgw.gateway.sync import Follower
+from llmgw.wire import Endpoint, Unserved, UnservedKind
 
 
 class SlowSmg:
@@ -150,3 +151,34 @@ async def test_a_new_worker_never_routed_is_given_up_on_and_said(
     await f._apply({"http://new:1": "chat"})
     assert smg.manifests[-1] == {"http://new:1"}
     assert "SMG does not route to the new workers of chat" in caplog.text
+
+
+async def test_a_new_worker_counts_as_applied_once_smg_routes_to_it() -> None:
+    """Applied means routed: a new model's explainer answers its 503 from then on,
+    where SMG said the model did not exist (issue 35 item 1)."""
+    smg = SlowSmg(remove_after_s=0.1, route_after_s=0.3)
+    f = follower(smg)
+    assert await f._apply({"http://e:1": "m"})
+    assert await smg.workers() == {"http://e:1": True}
+
+
+async def test_a_new_model_is_added_while_a_removal_waits() -> None:
+    """SMG takes 5-6 s to drop a removed worker: a model declared meanwhile gets its
+    explainer at once, not after that, and the worker on its way out stays out."""
+    smg = SlowSmg(remove_after_s=1.5)
+    f = follower(smg)
+    f.explainer.port = 9
+    assert await f._apply({"http://a:1": "m", "http://b:1": "m"})
+    removal = asyncio.create_task(f._apply({"http://b:1": "m"}))
+    await asyncio.sleep(0.2)
+    f.usable = [Endpoint(replica_id="b", model="m", url="http://b:1", node="n", fabric=None,
+                         state="serving")]  # fmt: skip
+    f.unserved = {"new": Unserved(kind=UnservedKind.NOT_READY, message="1 replica starting")}
+    f.changed.set()
+    assert await removal is False  # given up for the change, not done
+    assert "http://a:1" in await smg.workers()  # SMG still drops it
+    assert await f._apply(f.serving())
+    explainer = f.explainer.url_for("new")
+    assert smg.manifests[-1] == {"http://b:1", explainer}
+    assert all("http://a:1" not in m for m in smg.manifests[1:]), smg.manifests
+    assert await smg.workers() == {"http://b:1": True, explainer: True}

@@ -49,7 +49,10 @@ async def put_models(request: web.Request) -> web.Response:
                 for s in body.models
             ]
         )
+    new = [n for n in names if n not in term.facts.models]
     term.facts.put_models(body.models, who(request))
+    if new:  # once this answers, every gateway says 503 + Retry-After for it, never 404
+        await term.gateways.caught_up(term.facts.revision, f"model(s) {', '.join(new)} declared")
     applied = set(names)
     return json_models([v for v in term.model_views() if v.spec.name in applied])
 
