@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from llmgw import api, render
 from llmgw.ctl.output import Output
-from llmgw.errors import EXIT_FAILED, EXIT_OK, UnknownModel
+from llmgw.errors import EXIT_FAILED, EXIT_OK, NotFound, UnknownModel
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
 TYPE_CHECKING = False
@@ -136,11 +136,12 @@ def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s
 
 
 def model_view(client: SyncAdminClient, name: str) -> Any:
-    """One model's view (an api.View of a ModelView)."""
+    """One model's view (an api.View of a ModelView); NotFound in the controller's
+    own words when no model has that name."""
     for view in client(api.models()):
         if view.spec.name == name:
             return view
-    raise UnknownModel(name)
+    raise NotFound(404, UnknownModel(name).message, client.base_url)
 
 
 def rollout_done(view: Any) -> bool:

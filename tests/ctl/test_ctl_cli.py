@@ -47,6 +47,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
         ["cordon", "gpu-a01"],
         ["status", "-w", "--interval", "0"],
         ["frobnicate"],
+        ["credentials", "approve", "gpu-a01", "--allow-enroll"],
+        ["credentials", "list", "--ttl", "1h"],
+        ["credentials", "token", "delete"],
     ],
 )
 def test_usage_errors_exit_2_with_one_plain_line(fleet: Controller, args: list[str]) -> None:
