@@ -22,7 +22,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--interval applies to -w; add -w or drop --interval")
     args.interval = 2.0 if interval is None else interval
     if args.interval <= 0:
-        raise UsageError("--interval must be a positive number of seconds")
+        raise UsageError("--interval must be a positive duration (0.5, 2s, 1m)")
     _check_output_options(args)
     _check_names(args)
     if args.command == "drain":

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from llmgw.common import DEFAULT_CONTROLLER, examples
+from llmgw.durations import duration_arg
 from llmgw.errors import EXIT_USAGE
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
@@ -177,10 +178,10 @@ def _common_options(
         )
         g.add_argument(
             "--interval",
-            type=float,
+            type=duration_arg,
             default=d,
-            metavar="S",
-            help="seconds between polls with -w (default: 2.0)",
+            metavar="DURATION",
+            help="time between polls with -w (default: 2s)",
         )
 
 
@@ -220,15 +221,6 @@ def command_of(argv: Sequence[str]) -> str | None:
         else:
             return word if word in COMMANDS else None
     return None
-
-
-def _duration(text: str) -> float:
-    from llmgw.durations import BadDuration, parse_duration
-
-    try:
-        return parse_duration(text)
-    except BadDuration as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -303,7 +295,8 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--ttl",
-            type=_duration,
+            type=duration_arg,
+            metavar="DURATION",
             default=None,
             help="with token create: how long it enrolls nodes (30m, 1h, 7d; 0: never "
             "expires); default 24h",
@@ -348,7 +341,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--force-after",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="the controller forces the drain this long from now (30s, 90m, 1h; "
             "a bare number is seconds)",
@@ -361,7 +354,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
         s.add_argument(
             "--timeout",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="how long --wait waits (30s, 10m, 1h; default 10m)",
         )
@@ -408,7 +401,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--timeout",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="status --wait: give up after this long (30s, 10m, 1h; default 10m)",
         )
@@ -418,7 +411,9 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             metavar="N",
             help="undo: back to what revision N ran (default: the one before)",
         )
-        s.add_argument("--interval", type=float, default=1.0, metavar="S", help=argparse.SUPPRESS)
+        s.add_argument(
+            "--interval", type=duration_arg, default=1.0, metavar="DURATION", help=argparse.SUPPRESS
+        )
 
     if wanted("replicas"):
         s = _sub(

@@ -194,7 +194,7 @@ def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> N
     drain = dict(commands)[("drain",)].format_help()  # type: ignore[attr-defined]
     assert "--force-after DURATION" in drain and "--yes" in drain and "--dry-run" in drain
     nodes = dict(commands)[("nodes",)].format_help()  # type: ignore[attr-defined]
-    assert "(default: 2.0)" in nodes  # --interval shows its default
+    assert "(default: 2s)" in nodes  # --interval shows its default, as a duration
     result = llmgw("ctl", "drain", "--help")
     assert result.returncode == 0 and "llmgw ctl drain --dry-run" in result.stdout
 
