@@ -21,8 +21,23 @@ FORMS = "e.g. 30s, 90m, 1h or 1h30m"
 class BadDuration(ValueError):
     def __init__(self, text: str) -> None:
         shown = text if len(text) <= 20 else text[:20] + "…"
-        super().__init__(f"{shown!r} is not a duration: use a number with a unit, {FORMS}")
+        if _negative(text):  # the form is right, the sign is not: say so
+            why = f"{shown!r} is negative: a duration is 0 or more, {FORMS}"
+        else:
+            why = f"{shown!r} is not a duration: use a number with a unit, {FORMS}"
+        super().__init__(why)
         self.text = text
+
+
+def _negative(text: str) -> bool:
+    raw = text.strip()
+    if not raw.startswith("-"):
+        return False
+    try:
+        parse_duration(raw[1:])
+    except BadDuration:
+        return False
+    return True
 
 
 def parse_duration(text: str) -> float:
