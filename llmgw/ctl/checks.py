@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from llmgw.ctl.parser import SORTS, WATCHES
+from llmgw.ctl.parser import SORTS, WAIT_INTERVAL_S, WAITS, WATCH_INTERVAL_S, WATCHES
 from llmgw.errors import UsageError
 
 
@@ -17,10 +17,17 @@ def check_args(args: argparse.Namespace) -> None:
         setattr(args, name, bool(getattr(args, name, False)))
     if getattr(args, "output", None) is None:
         args.output = "table"
+    # One meaning wherever it is written: the time between polls of -w or --wait.
     interval = getattr(args, "interval", None)
-    if interval is not None and args.command != "rollout" and not args.watch:
-        raise UsageError("--interval applies to -w; add -w or drop --interval")
-    args.interval = 2.0 if interval is None else interval
+    waits = args.command in WAITS and args.wait
+    if interval is not None and not (args.watch or waits):
+        raise UsageError(
+            "--interval applies to -w (and to drain --wait, rollout status --wait); "
+            "add one or drop --interval"
+        )
+    if interval is None:
+        interval = WAIT_INTERVAL_S if waits else WATCH_INTERVAL_S
+    args.interval = interval
     if args.interval <= 0:
         raise UsageError("--interval must be a positive duration (0.5, 2s, 1m)")
     _check_output_options(args)

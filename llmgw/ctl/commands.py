@@ -272,7 +272,7 @@ class Ctl:
         )
         if code == EXIT_OK and a.wait:
             limit_s = 600.0 if a.timeout is None else a.timeout
-            return wait_drained(self.client, self.out, a.nodes, limit_s)
+            return wait_drained(self.client, self.out, a.nodes, limit_s, a.interval)
         return code
 
     def _refuse_below_minimum(self) -> None:

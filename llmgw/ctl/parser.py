@@ -52,6 +52,8 @@ _VALUED = frozenset(
 # The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
 SORTS = ("nodes", "models", "replicas", "events", "credentials", "rollout")
 WATCHES = ("status", "nodes", "models", "replicas", "events")
+WAITS = ("drain", "rollout")  # --wait polls too: --interval is the time between polls
+WATCH_INTERVAL_S, WAIT_INTERVAL_S = 2.0, 1.0
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -113,7 +115,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def _common_options(
-    p: argparse.ArgumentParser, *, top: bool, table: bool = False, watch: bool = False
+    p: argparse.ArgumentParser,
+    *,
+    top: bool,
+    table: bool = False,
+    watch: bool = False,
+    wait: bool = False,
 ) -> None:
     """Connection and output options: accepted before or after the subcommand.
 
@@ -176,12 +183,14 @@ def _common_options(
             help="keep watching: redraw in place on a terminal (cut to its height), append "
             "changes when piped; Ctrl-C ends",
         )
+    if top or watch or wait:
         g.add_argument(
             "--interval",
             type=duration_arg,
             default=d,
             metavar="DURATION",
-            help="time between polls with -w (default: 2s)",
+            help=f"time between polls with -w (default: {WATCH_INTERVAL_S:g}s) or --wait "
+            f"(default: {WAIT_INTERVAL_S:g}s)",
         )
 
 
@@ -195,7 +204,7 @@ def _sub(
         epilog=examples(*example.splitlines()),
         formatter_class=HelpFormatter,
     )
-    _common_options(s, top=False, table=name in SORTS, watch=name in WATCHES)
+    _common_options(s, top=False, table=name in SORTS, watch=name in WATCHES, wait=name in WAITS)
     return s
 
 
@@ -410,9 +419,6 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             type=int,
             metavar="N",
             help="undo: back to what revision N ran (default: the one before)",
-        )
-        s.add_argument(
-            "--interval", type=duration_arg, default=1.0, metavar="DURATION", help=argparse.SUPPRESS
         )
 
     if wanted("replicas"):

@@ -104,7 +104,9 @@ def watch_nodes(
         return EXIT_OK
 
 
-def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s: float) -> int:
+def wait_drained(
+    client: SyncAdminClient, out: Output, nodes: list[str], limit_s: float, interval_s: float
+) -> int:
     """One progress line (rewritten on a terminal), then one summary."""
     from llmgw.drain_progress import DrainProgress
 
@@ -132,7 +134,7 @@ def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s
         if elapsed >= limit_s:
             term.write(("\n" if term.tty else "") + progress.timed_out(rows, limit_s))
             return EXIT_FAILED
-        time.sleep(min(1.0, max(limit_s - elapsed, 0.05)))
+        time.sleep(min(interval_s, max(limit_s - elapsed, 0.05)))
 
 
 def model_view(client: SyncAdminClient, name: str) -> Any:
