@@ -299,11 +299,12 @@ class Ctl:
         if self.args.dry_run:
             for would in self.client(api.apply_models_dry_run(specs)):
                 self.term.write(render.dry_run_change(would))
-            return EXIT_OK
-        for v in self.client(api.apply_models(specs)):
-            self.term.write(
-                f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
-            )
+        else:
+            for v in self.client(api.apply_models(specs)):
+                self.term.write(
+                    f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
+                )
+        # The same warnings either way: the dry run is where they help most.
         for warning in apply_warnings(specs, self.client.json(api.summary_json())):
             print(f"llmgw ctl: warning: {warning}", file=sys.stderr)
         return EXIT_OK
