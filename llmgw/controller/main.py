@@ -26,7 +26,7 @@ from llmgw.controller.stores import (
     store_spec,
 )
 from llmgw.durations import duration_arg
-from llmgw.listen import PortInUse
+from llmgw.listen import PortInUse, check_free
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -424,6 +424,13 @@ def main(argv: list[str]) -> int:
             "never expires and has no use limit; prefer tokens made with "
             "`llmgw ctl credentials token create --ttl 1h --uses N`"
         )
+    try:  # a taken port is said before the state is touched (created, or moved aside)
+        check_free(settings.host, settings.port, "the API")
+        if settings.metrics_listen is not None:
+            check_free(*split_listen(settings.metrics_listen), "--metrics-listen")
+    except PortInUse as exc:
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     spec = store_spec(settings)
     if args.reset_state:
         if spec[0] != "sqlite":
