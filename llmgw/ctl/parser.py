@@ -180,7 +180,7 @@ def _common_options(
             "--watch",
             action="store_true",
             default=d,
-            help="keep watching: redraw in place on a terminal (cut to its height), append "
+            help="keep watching: redraw in place on a terminal (its alternate screen, cut to its height), append "
             "changes when piped; Ctrl-C ends",
         )
     if top or watch or wait:

@@ -4,9 +4,10 @@ piped, appends what changed) until Ctrl-C; `drain --wait` follows a drain until 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from llmgw import api, render
 from llmgw.ctl.output import Output
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from llmgw.wire import NodeRow
 
 CLEAR = "\x1b[H\x1b[2J"
+# The alternate screen, cursor hidden: as watch(1) and k9s, a redraw there leaves no
+# copy in the terminal's scrollback (many push a cleared screen into it), and the
+# shell's screen comes back as it was when the watch ends.
+ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -46,18 +51,33 @@ def redraw(out: Output, text: str) -> None:
     out.term.write(CLEAR + fit(text, width, height))
 
 
+@contextlib.contextmanager
+def redrawn(out: Output) -> Iterator[None]:
+    """On a terminal, the redraws inside happen on the alternate screen, left however
+    the watch ends (Ctrl-C, or an error whose one line must show on the shell's screen)."""
+    if not out.term.tty:
+        yield
+        return
+    out.term.write(ENTER_SCREEN)
+    try:
+        yield
+    finally:
+        out.term.write(LEAVE_SCREEN)
+
+
 def watch(out: Output, interval_s: float, draw: Callable[[], str]) -> int:
     """Redraw in place on a terminal; when piped, print again only what changed."""
     last = ""
     try:
-        while True:
-            text = draw()
-            if out.term.tty:
-                redraw(out, text)
-            elif text != last:
-                out.term.write(("\n" if last else "") + text)
-            last = text
-            time.sleep(interval_s)
+        with redrawn(out):
+            while True:
+                text = draw()
+                if out.term.tty:
+                    redraw(out, text)
+                elif text != last:
+                    out.term.write(("\n" if last else "") + text)
+                last = text
+                time.sleep(interval_s)
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -78,28 +98,29 @@ def watch_nodes(
     cursor = ""
     first = True
     try:
-        while True:
-            delta = client(api.nodes_since(cursor))
-            cursor = delta.cursor
-            if delta.full:
-                rows = {}
-            for row in delta.nodes:
-                rows[row.name] = row
-            for name in delta.removed:
-                rows.pop(name, None)
-            for name, age in delta.report_ages.items():
-                if name in rows:
-                    rows[name] = api.View({**rows[name], "report_age_s": age})
-            ordered = [rows[n] for n in sorted(rows)]
-            if out.term.tty:
-                redraw(out, out.table(table(ordered)))
-            elif first or delta.full:
-                out.term.write(out.table(table(ordered)))
-            elif delta.nodes:
-                changed = [rows[r.name] for r in delta.nodes]
-                out.term.write(out.table(table(changed), headers=False))
-            first = False
-            time.sleep(interval_s)
+        with redrawn(out):
+            while True:
+                delta = client(api.nodes_since(cursor))
+                cursor = delta.cursor
+                if delta.full:
+                    rows = {}
+                for row in delta.nodes:
+                    rows[row.name] = row
+                for name in delta.removed:
+                    rows.pop(name, None)
+                for name, age in delta.report_ages.items():
+                    if name in rows:
+                        rows[name] = api.View({**rows[name], "report_age_s": age})
+                ordered = [rows[n] for n in sorted(rows)]
+                if out.term.tty:
+                    redraw(out, out.table(table(ordered)))
+                elif first or delta.full:
+                    out.term.write(out.table(table(ordered)))
+                elif delta.nodes:
+                    changed = [rows[r.name] for r in delta.nodes]
+                    out.term.write(out.table(table(changed), headers=False))
+                first = False
+                time.sleep(interval_s)
     except KeyboardInterrupt:
         return EXIT_OK
 
