@@ -249,7 +249,8 @@ class Ctl:
         return code
 
     def uncordon(self) -> int:
-        return self._each(self.args.nodes, api.uncordon, "uncordoned")
+        force = self.args.force
+        return self._each(self.args.nodes, lambda n: api.uncordon(n, force=force), "uncordoned")
 
     def drain(self) -> int:
         a = self.args

@@ -327,9 +327,17 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
 
     if wanted("uncordon"):
         s = _sub(
-            sub, "uncordon", "let these nodes take new replicas again", "llmgw ctl uncordon gpu-a03"
+            sub,
+            "uncordon",
+            "let these nodes take new replicas again",
+            "llmgw ctl uncordon gpu-a03\nllmgw ctl uncordon gpu-a03 --force   # its failed card is fine",
         )
         s.add_argument("nodes", nargs="+", metavar="NODE")
+        s.add_argument(
+            "--force",
+            action="store_true",
+            help="although llmgw cordoned the node for a card that is still unhealthy",
+        )
 
     if wanted("drain"):
         s = _sub(
