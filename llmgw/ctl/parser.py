@@ -336,7 +336,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         s.add_argument(
             "--force",
             action="store_true",
-            help="although llmgw cordoned the node for a card that is still unhealthy",
+            help="uncordon even a node llmgw cordoned for a card that is still unhealthy",
         )
 
     if wanted("drain"):

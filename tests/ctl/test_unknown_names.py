@@ -20,7 +20,7 @@ from tests.ctl.ctl_support import Controller, controller_process, ctl
 
 NODE, MODEL = "no-such-node", "no-such-org/no-such-model"
 # What stands for each name a positional takes, by its metavar.
-UNKNOWN = {"NODE": NODE, "NAME": NODE, "MODEL": MODEL, "KIND": "model"}
+UNKNOWN = {"NODE": NODE, "NAME": NODE, "MODEL": MODEL, "KIND": "model"}  # NAME: forget, delete
 # Options whose value names an object: each kind of name it takes.
 NAMING_OPTIONS = {"--for": [f"node/{NODE}", f"model/{MODEL}"]}
 # Commands that take no name at all; any other command must yield a case below.
