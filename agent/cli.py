@@ -24,6 +24,7 @@ from agent.report import ReportBuilder
 from agent.storage import parse_storage_arg
 from agent.storage_watch import StorageWatch
 from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
+from llmgw.durations import duration_arg
 from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeReport, node_name
@@ -52,7 +53,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
     p.add_argument(
-        "--interval", type=float, default=5.0, help="seconds between reports (default 5)"
+        "--interval",
+        type=duration_arg,
+        default=5.0,
+        metavar="DURATION",
+        help="time between reports (default 5s)",
     )
     p.add_argument(
         "--token-file",
@@ -127,18 +132,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine-start-timeout",
-        type=float,
+        type=duration_arg,
         default=1800.0,
-        metavar="S",
-        help="kill an engine not healthy this long after starting (default %(default)g s)",
+        metavar="DURATION",
+        help="kill an engine not healthy this long after starting (default 30m)",
     )
     p.add_argument(
         "--engine-start-stall",
-        type=float,
+        type=duration_arg,
         default=600.0,
-        metavar="S",
+        metavar="DURATION",
         help="kill a starting engine that writes nothing to its log and uses under a "
-        "second of CPU for this long (default %(default)g s; 0: never)",
+        "second of CPU for this long (default 10m; 0: never)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -241,7 +246,7 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
     except ValueError as exc:
         raise UsageError(f"--node {exc}") from None
     if not 0 < args.interval <= 3600:
-        raise UsageError("--interval must be between 0 and 3600 seconds")
+        raise UsageError("--interval must be more than 0s and at most 1h")
     try:
         dirs = [parse_storage_arg(s) for s in args.storage]
     except ValueError as exc:
@@ -269,9 +274,9 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
     from agent.engines import EngineSupervisor  # not needed by --once
 
     if not args.engine_start_timeout > 0:
-        raise UsageError("--engine-start-timeout must be a positive number of seconds")
+        raise UsageError("--engine-start-timeout must be a positive duration (30s, 10m, 1h)")
     if not args.engine_start_stall >= 0:
-        raise UsageError("--engine-start-stall must be 0 (never) or a positive number of seconds")
+        raise UsageError("--engine-start-stall must be 0 (never) or a positive duration (30s, 10m)")
     templates = None
     if args.engine_templates is not None:
         try:

@@ -224,7 +224,10 @@ class ConsoleApp(App[None]):
             raise
         except Exception as exc:  # a bug here must not end the console
             self.log.error("poll failed", exc)
-            delay = self._failed(Link.ERROR, f"unexpected {type(exc).__name__}: {describe(exc)}")
+            # What happened and what comes next; the class is for the log above.
+            delay = self._failed(
+                Link.ERROR, f"reading the fleet failed: {describe(exc)} (retried; r retries now)"
+            )
         self._polling = False
         self.polls += 1
         if self._poll_again:

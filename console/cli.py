@@ -8,11 +8,12 @@ import sys
 from llmgw.client import AdminClient
 from llmgw.common import HelpWithExamples, UsageError, examples
 from llmgw.config import resolve
+from llmgw.durations import duration_arg
 from llmgw.identity import operator_name
 from llmgw.tls import TlsConfigError
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmgw console",
         description="Live fleet console: nodes, GPUs, fabrics, weights; cordon and drain. "
@@ -50,14 +51,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--refresh",
-        metavar="SECONDS",
-        type=float,
+        metavar="DURATION",
+        type=duration_arg,
         default=1.0,
-        help="poll interval (default 1; changes show within about twice this)",
+        help="poll interval (default 1s; changes show within about twice this)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
     if args.refresh <= 0:
-        parser.error("--refresh must be a positive number of seconds")
+        p.error("--refresh must be a positive duration (0.5, 2s, 1m)")
     return args
 
 

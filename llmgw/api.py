@@ -232,8 +232,10 @@ def cordon(node: str, reason: str) -> Call[NodeRow]:
     )
 
 
-def uncordon(node: str) -> Call[NodeRow]:
-    return Call("POST", f"/v1/nodes/{seg(node)}/uncordon", {}, parse=_one("NodeRow"), typed=True)
+def uncordon(node: str, *, force: bool = False) -> Call[NodeRow]:
+    """`force`: although llmgw cordoned it for a card that is still unhealthy."""
+    body = {"force": True} if force else {}
+    return Call("POST", f"/v1/nodes/{seg(node)}/uncordon", body, parse=_one("NodeRow"), typed=True)
 
 
 def drain(

@@ -49,6 +49,7 @@ from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.app import create_app
 from llmgw.controller.settings import ControllerSettings
+from llmgw.durations import duration_arg, format_duration
 from llmgw.wire import GpuHealth, ModelSpec, ShardState
 
 log = logging.getLogger("llmgw.demo")
@@ -601,16 +602,20 @@ def parser() -> argparse.ArgumentParser:
         "--headless", action="store_true", help="no console here: print how to connect, wait"
     )
     p.add_argument(
-        "--interval", type=float, default=REPORT_INTERVAL_S, help="agent report interval"
+        "--interval",
+        type=duration_arg,
+        default=REPORT_INTERVAL_S,
+        metavar="DURATION",
+        help=f"agent report interval (default {format_duration(REPORT_INTERVAL_S)})",
     )
     p.add_argument("--no-engines", action="store_true", help="declare no models, run no engines")
     p.add_argument(
         "--fail-card-after",
-        type=float,
+        type=duration_arg,
         default=FAIL_CARD_AFTER_S,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="fail a card under a serving engine this long after the start, to show its "
-        "replacement and the cordon (0: never; default %(default)s)",
+        f"replacement and the cordon (0: never; default {format_duration(FAIL_CARD_AFTER_S)})",
     )
     p.add_argument("--state-dir", type=Path, help="keep state and disks here (default: a temp dir)")
     return p
@@ -620,6 +625,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not 3 <= args.nodes <= 2000:
         sys.stderr.write("llmgw demo: --nodes must be between 3 and 2000\n")
+        return 2
+    if not 0 < args.interval <= 3600:
+        sys.stderr.write("llmgw demo: --interval must be more than 0s and at most 1h\n")
         return 2
     logging.basicConfig(
         level=logging.WARNING if not args.headless else logging.INFO,

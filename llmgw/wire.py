@@ -491,7 +491,14 @@ class EnrollTokenView(Outbound):
 
 
 class EmptyRequest(Inbound):
-    """A body that carries nothing (uncordon): `{}` or no body at all."""
+    """A body that carries nothing: `{}` or no body at all."""
+
+
+class UncordonRequest(Inbound):
+    """`{}` or no body; `force`: uncordon although llmgw cordoned the node for a card
+    that is still unhealthy."""
+
+    force: bool = False
 
 
 MAX_FORCE_AFTER_S = 7 * 86_400

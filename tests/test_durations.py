@@ -22,9 +22,16 @@ def test_parses_what_kubectl_takes(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1x", "h", "1h h", "30m1h30m", "-5s", "1h-", "1 h"])
+@pytest.mark.parametrize("text", ["", "abc", "1x", "h", "1h h", "30m1h30m", "1h-", "1 h"])
 def test_refuses_anything_else_with_a_message(text: str) -> None:
     with pytest.raises(BadDuration, match="is not a duration: use a number with a unit"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["-5s", "-3", " -1h30m", "-0.5"])
+def test_a_negative_time_is_called_negative(text: str) -> None:
+    """Not "not a duration": the form is right, the sign is not."""
+    with pytest.raises(BadDuration, match=r"is negative: a duration is 0 or more, e\.g\. 30s"):
         parse_duration(text)
 
 

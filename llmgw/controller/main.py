@@ -25,7 +25,8 @@ from llmgw.controller.stores import (
     parse_store,
     store_spec,
 )
-from llmgw.listen import PortInUse
+from llmgw.durations import duration_arg
+from llmgw.listen import PortInUse, check_free
 from llmgw.tls import TlsConfigError, server_context
 
 log = logging.getLogger("llmgw.controller")
@@ -59,11 +60,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lease-ttl",
-        type=float,
+        type=duration_arg,
         default=8.0,
-        metavar="S",
-        help="PostgreSQL: the leader's lease lasts this long unless renewed (every S/4); "
-        "a follower takes over about this long after the leader dies (default %(default)g)",
+        metavar="DURATION",
+        help="PostgreSQL: the leader's lease lasts this long unless renewed (every quarter "
+        "of it); a follower takes over about this long after the leader dies (default 8s)",
     )
     p.add_argument(
         "--reset-state",
@@ -128,9 +129,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--stop-grace",
-        type=float,
+        type=duration_arg,
         default=60.0,
-        help="seconds a stopping replica waits for gateways to let go of it (default %(default)s)",
+        metavar="DURATION",
+        help="how long a stopping replica waits for gateways to let go of it (default 60s)",
     )
     p.add_argument(
         "--grace-intervals",
@@ -140,9 +142,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--replace-after",
-        type=float,
+        type=duration_arg,
         default=300.0,
-        help="seconds unreachable before its replicas move",
+        metavar="DURATION",
+        help="how long a node is unreachable before its replicas move (default 5m)",
     )
     p.add_argument(
         "--no-cordon-on-gpu-fault",
@@ -153,37 +156,40 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backoff-base",
-        type=float,
+        type=duration_arg,
         default=5.0,
-        help="seconds a model with a failed replica waits before the next placement; "
-        "doubles with each failure (default %(default)s)",
+        metavar="DURATION",
+        help="how long a model with a failed replica waits before the next placement; "
+        "doubles with each failure (default 5s)",
     )
     p.add_argument(
         "--backoff-cap",
-        type=float,
+        type=duration_arg,
         default=300.0,
-        help="the longest crash-loop backoff, in seconds (default %(default)s)",
+        metavar="DURATION",
+        help="the longest crash-loop backoff (default 5m)",
     )
     p.add_argument(
         "--reconcile-interval",
-        type=float,
+        type=duration_arg,
         default=1.0,
-        help="seconds between reconcile passes (default %(default)s)",
+        metavar="DURATION",
+        help="time between reconcile passes (default 1s)",
     )
     p.add_argument(
         "--idle-timeout",
-        type=float,
+        type=duration_arg,
         default=15.0,
-        metavar="S",
+        metavar="DURATION",
         help="close a connection idle this long, or still sending its request headers "
-        "this long after it opened or after its last reply (default %(default)g)",
+        "this long after it opened or after its last reply (default 15s)",
     )
     p.add_argument(
         "--body-timeout",
-        type=float,
+        type=duration_arg,
         default=30.0,
-        metavar="S",
-        help="a request body must arrive within this long, else 408 (default %(default)g)",
+        metavar="DURATION",
+        help="a request body must arrive within this long, else 408 (default 30s)",
     )
     p.add_argument(
         "--max-connections",
@@ -222,7 +228,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--lease-ttl", args.lease_ttl),
     ):
         if not 0 < value <= 86_400:
-            raise ValueError(f"{option} must be between 0 and 86400 seconds, got {value:g}")
+            raise ValueError(f"{option} must be more than 0s and at most 1d, got {value:g}s")
     if not 0 < args.enroll_rate <= 10_000:
         raise ValueError(
             f"--enroll-rate must be between 0 and 10000 per second, got {args.enroll_rate:g}"
@@ -418,6 +424,13 @@ def main(argv: list[str]) -> int:
             "never expires and has no use limit; prefer tokens made with "
             "`llmgw ctl credentials token create --ttl 1h --uses N`"
         )
+    try:  # a taken port is said before the state is touched (created, or moved aside)
+        check_free(settings.host, settings.port, "the API")
+        if settings.metrics_listen is not None:
+            check_free(*split_listen(settings.metrics_listen), "--metrics-listen")
+    except PortInUse as exc:
+        print(f"llmgw controller: {exc}", file=sys.stderr)
+        return 2
     spec = store_spec(settings)
     if args.reset_state:
         if spec[0] != "sqlite":

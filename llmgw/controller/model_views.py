@@ -70,11 +70,17 @@ def unplaceable_reasons(facts: Facts) -> Mapping[str, str]:
     for name, backoff in facts.backoffs.items():
         if name in reasons or not backoff.last_failure:
             continue
-        why = f"its replicas fail: {backoff.last_failure}"
+        why = failure_reason(backoff.last_failure)
         if backoff.retry_at > wall:
             why += f" (failure {backoff.failures}; next try at {timestamp(backoff.retry_at)})"
         reasons[name] = why
     return MappingProxyType(reasons)
+
+
+def failure_reason(error: str) -> str:
+    """Why a model whose replicas fail is short: one wording, whether the loop has
+    backed it off yet or a replica failed since its last pass."""
+    return f"its replicas fail: {error}"
 
 
 def waking(facts: Facts, now: float) -> list[WakingModel]:
@@ -107,8 +113,13 @@ def model_views(facts: Facts) -> list[ModelView]:
     outdated: Counter[str] = Counter()  # live replicas of an older one
     # Why the loop stops them: (reason, the model a reclaim makes room for).
     leaving: dict[str, Counter[tuple[LeaveReason, str | None]]] = defaultdict(Counter)
+    # A replica failed since the loop's last pass: its error is the reason until the
+    # pass backs the model off in the same words (else "no reason" for that moment).
+    failed_with: dict[str, str] = {}
     for status in statuses.values():
         rec = status.record
+        if status.state is ReplicaState.FAILED and status.error:
+            failed_with.setdefault(rec.model, status.error)
         if rec.leave_reason is not None:
             leaving[rec.model][rec.leave_reason, rec.reclaimed_for] += 1
         if status.state in (ReplicaState.READY, ReplicaState.DRAINING):
@@ -147,7 +158,9 @@ def model_views(facts: Facts) -> list[ModelView]:
                 failed=mine[ReplicaState.FAILED],
                 satisfied=ready >= spec.min_replicas,
                 nodes=len(serving_on[name]),
-                unplaceable_reason=None if ready >= spec.min_replicas else reasons.get(name),
+                unplaceable_reason=None
+                if ready >= spec.min_replicas
+                else reasons.get(name) or _failed_now(failed_with.get(name)),
                 last_failure=backoff.last_failure if backoff else None,
                 rollout=_rollout_view(facts, spec, updated[name], outdated[name]),
                 desired=desired,
@@ -176,3 +189,7 @@ def _rollout_view(facts: Facts, spec: ModelSpec, updated: int, outdated: int) ->
         outdated=outdated,
         message=message,
     )
+
+
+def _failed_now(error: str | None) -> str | None:
+    return failure_reason(error) if error else None

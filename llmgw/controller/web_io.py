@@ -88,8 +88,16 @@ async def parse_body(
         return validate_json(model, raw)
     except ValidationError as exc:
         detail = validation_detail(exc)
-        where = ", ".join(d["loc"] for d in detail[:3])
-        raise BadRequest(f"invalid {model.__name__}: check {where}", detail) from exc
+        raise BadRequest(refusal_words(detail), detail) from exc
+
+
+def refusal_words(detail: list[dict[str, Any]]) -> str:
+    """A refused body in a person's words: the first field at fault and what is wrong
+    with it (the rest are in `detail`), never the name of the class that checked it."""
+    first = detail[0]
+    where = "request body" if first["loc"] == "(body)" else first["loc"]
+    more = f" (and {len(detail) - 1} more in detail)" if len(detail) > 1 else ""
+    return f"invalid {where}: {first['msg']}{more}"
 
 
 def node_param(request: web.Request, key: str = "name") -> str:

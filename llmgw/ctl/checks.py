@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from llmgw.ctl.parser import SORTS, WATCHES
+from llmgw.ctl.parser import SORTS, WAIT_INTERVAL_S, WAITS, WATCH_INTERVAL_S, WATCHES
 from llmgw.errors import UsageError
 
 
@@ -17,12 +17,19 @@ def check_args(args: argparse.Namespace) -> None:
         setattr(args, name, bool(getattr(args, name, False)))
     if getattr(args, "output", None) is None:
         args.output = "table"
+    # One meaning wherever it is written: the time between polls of -w or --wait.
     interval = getattr(args, "interval", None)
-    if interval is not None and args.command != "rollout" and not args.watch:
-        raise UsageError("--interval applies to -w; add -w or drop --interval")
-    args.interval = 2.0 if interval is None else interval
+    waits = args.command in WAITS and args.wait
+    if interval is not None and not (args.watch or waits):
+        raise UsageError(
+            "--interval applies to -w (and to drain --wait, rollout status --wait); "
+            "add one or drop --interval"
+        )
+    if interval is None:
+        interval = WAIT_INTERVAL_S if waits else WATCH_INTERVAL_S
+    args.interval = interval
     if args.interval <= 0:
-        raise UsageError("--interval must be a positive number of seconds")
+        raise UsageError("--interval must be a positive duration (0.5, 2s, 1m)")
     _check_output_options(args)
     _check_names(args)
     if args.command == "drain":
@@ -57,6 +64,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--to-revision must be 1 or more")
         if args.action != "history" and args.output not in ("table", "json", "yaml"):
             raise UsageError(f"rollout {args.action} prints one line: -o json or -o yaml, or no -o")
+    if args.command == "credentials":
+        _check_credentials(args)
     if args.command == "events":
         obj = args.object
         if obj is not None and (
@@ -68,6 +77,35 @@ def check_args(args: argparse.Namespace) -> None:
     writes = ("cordon", "uncordon", "apply", "delete")
     if args.command in writes and args.output != "table":
         raise UsageError(f"-o/--json applies to reads; {args.command} prints one line per change")
+
+
+def _check_credentials(args: argparse.Namespace) -> None:
+    """Which words and options each credentials action takes."""
+    action, words = args.action, args.nodes
+    if action in ("revoke", "approve", "allow") and not words:
+        raise UsageError(f"credentials {action} needs at least one NODE")
+    if action == "list" and words:
+        raise UsageError("credentials list takes no NODE (to revoke: credentials revoke NODE)")
+    if args.allow_enroll and action != "revoke":
+        raise UsageError("--allow-enroll applies to `credentials revoke`")
+    verb, ids = (words[0], words[1:]) if action == "token" and words else ("list", [])
+    if action == "token" and not (
+        (verb == "create" and not ids) or (verb == "delete" and ids) or (verb == "list" and not ids)
+    ):
+        raise UsageError(
+            "credentials token takes: create [--ttl D] [--uses N] [--description TEXT], "
+            "list, or delete ID..."
+        )
+    creating = action == "token" and verb == "create"
+    for option, value in (
+        ("--ttl", args.ttl),
+        ("--uses", args.uses),
+        ("--description", args.description),
+    ):
+        if value is not None and not creating:
+            raise UsageError(f"{option} applies to `credentials token create`")
+    if args.uses is not None and args.uses < 1:
+        raise UsageError("--uses must be at least 1 (leave it out for no limit)")
 
 
 def _check_output_options(args: argparse.Namespace) -> None:

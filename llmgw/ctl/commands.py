@@ -122,8 +122,6 @@ class Ctl:
         if action == "token":
             return self._enroll_tokens(nodes)
         if action in ("revoke", "approve", "allow"):
-            if not nodes:
-                raise UsageError(f"credentials {action} needs at least one NODE")
             if action == "approve":
                 return self._each(nodes, api.approve_credential, "approved: it may take replicas")
             if action == "allow":
@@ -132,15 +130,11 @@ class Ctl:
             if self.args.allow_enroll and code == EXIT_OK:
                 code = self._each(nodes, api.allow_enroll, "may enroll again")
             return code
-        if nodes:
-            raise UsageError("credentials list takes no NODE (to revoke: credentials revoke NODE)")
         return self._read(api.credentials(), render.credentials_table, plain=True)
 
     def _enroll_tokens(self, words: list[str]) -> int:
         verb, ids = (words[0], words[1:]) if words else ("list", [])
-        if verb == "create" and not ids:
-            if self.args.uses is not None and self.args.uses < 1:
-                raise UsageError("--uses must be at least 1 (leave it out for no limit)")
+        if verb == "create":
             made = self.client.json(
                 api.create_enroll_token(self.args.ttl, self.args.uses, self.args.description)
             )
@@ -154,21 +148,16 @@ class Ctl:
                 file=sys.stderr,
             )
             return EXIT_OK
-        if verb == "delete" and ids:
+        if verb == "delete":
             return self._each(ids, api.delete_enroll_token, "deleted")
-        if verb == "list" and not ids:
-            tokens = self.client.json(api.enroll_tokens())
-            if self.args.output in ("json", "yaml"):
-                self.out.data(tokens)
-                return EXIT_OK
-            for t in tokens:
-                what = f"  {render.clean(t['description'])}" if t.get("description") else ""
-                self.term.write(f"{t['id']:<8} {t['state']:<9} {_token_limits(t)}{what}\n")
+        tokens = self.client.json(api.enroll_tokens())
+        if self.args.output in ("json", "yaml"):
+            self.out.data(tokens)
             return EXIT_OK
-        raise UsageError(
-            "credentials token takes: create [--ttl D] [--uses N] [--description TEXT], "
-            "list, or delete ID..."
-        )
+        for t in tokens:
+            what = f"  {render.clean(t['description'])}" if t.get("description") else ""
+            self.term.write(f"{t['id']:<8} {t['state']:<9} {_token_limits(t)}{what}\n")
+        return EXIT_OK
 
     def models(self) -> int:
         wide = self.args.output == "wide"
@@ -209,13 +198,30 @@ class Ctl:
         a = self.args
         wide = a.output == "wide"
         if a.watch:
+            if a.object is not None:
+                self._exists(a.object)
             return watch_events(self.client, self.out, a.object, a.interval, wide=wide)
         if a.output in ("json", "yaml"):
-            self.out.data(self.client.json(api.events(0, a.object))["events"])
-            return EXIT_OK
-        found = self.client(api.events(0, a.object))
-        self.term.write(self.out.table(render.events_table(found.events, wide=wide)))
+            events = self.client.json(api.events(0, a.object))["events"]
+        else:
+            events = self.client(api.events(0, a.object)).events
+        if not events and a.object is not None:
+            self._exists(a.object)
+        if a.output in ("json", "yaml"):
+            self.out.data(events)
+        else:
+            self.term.write(self.out.table(render.events_table(events, wide=wide)))
         return EXIT_OK
+
+    def _exists(self, obj: str) -> None:
+        """NotFound for node/NAME or model/NAME the controller does not know: an
+        object without events is quiet or unknown, and `events --for` says which.
+        (The events of a node forgotten or a model deleted are still shown.)"""
+        kind, _, name = obj.partition("/")
+        if kind == "node":
+            self.client.json(api.node(name))
+        else:
+            model_view(self.client, name)
 
     # -- writes
 
@@ -243,7 +249,8 @@ class Ctl:
         return code
 
     def uncordon(self) -> int:
-        return self._each(self.args.nodes, api.uncordon, "uncordoned")
+        force = self.args.force
+        return self._each(self.args.nodes, lambda n: api.uncordon(n, force=force), "uncordoned")
 
     def drain(self) -> int:
         a = self.args
@@ -266,7 +273,7 @@ class Ctl:
         )
         if code == EXIT_OK and a.wait:
             limit_s = 600.0 if a.timeout is None else a.timeout
-            return wait_drained(self.client, self.out, a.nodes, limit_s)
+            return wait_drained(self.client, self.out, a.nodes, limit_s, a.interval)
         return code
 
     def _refuse_below_minimum(self) -> None:
@@ -293,11 +300,12 @@ class Ctl:
         if self.args.dry_run:
             for would in self.client(api.apply_models_dry_run(specs)):
                 self.term.write(render.dry_run_change(would))
-            return EXIT_OK
-        for v in self.client(api.apply_models(specs)):
-            self.term.write(
-                f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
-            )
+        else:
+            for v in self.client(api.apply_models(specs)):
+                self.term.write(
+                    f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
+                )
+        # The same warnings either way: the dry run is where they help most.
         for warning in apply_warnings(specs, self.client.json(api.summary_json())):
             print(f"llmgw ctl: warning: {warning}", file=sys.stderr)
         return EXIT_OK

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from llmgw.common import DEFAULT_CONTROLLER, examples
+from llmgw.durations import duration_arg
 from llmgw.errors import EXIT_USAGE
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
@@ -51,6 +52,8 @@ _VALUED = frozenset(
 # The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
 SORTS = ("nodes", "models", "replicas", "events", "credentials", "rollout")
 WATCHES = ("status", "nodes", "models", "replicas", "events")
+WAITS = ("drain", "rollout")  # --wait polls too: --interval is the time between polls
+WATCH_INTERVAL_S, WAIT_INTERVAL_S = 2.0, 1.0
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -112,7 +115,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def _common_options(
-    p: argparse.ArgumentParser, *, top: bool, table: bool = False, watch: bool = False
+    p: argparse.ArgumentParser,
+    *,
+    top: bool,
+    table: bool = False,
+    watch: bool = False,
+    wait: bool = False,
 ) -> None:
     """Connection and output options: accepted before or after the subcommand.
 
@@ -172,15 +180,17 @@ def _common_options(
             "--watch",
             action="store_true",
             default=d,
-            help="keep watching: redraw in place on a terminal (cut to its height), append "
+            help="keep watching: redraw in place on a terminal (its alternate screen, cut to its height), append "
             "changes when piped; Ctrl-C ends",
         )
+    if top or watch or wait:
         g.add_argument(
             "--interval",
-            type=float,
+            type=duration_arg,
             default=d,
-            metavar="S",
-            help="seconds between polls with -w (default: 2.0)",
+            metavar="DURATION",
+            help=f"time between polls with -w (default: {WATCH_INTERVAL_S:g}s) or --wait "
+            f"(default: {WAIT_INTERVAL_S:g}s)",
         )
 
 
@@ -194,7 +204,7 @@ def _sub(
         epilog=examples(*example.splitlines()),
         formatter_class=HelpFormatter,
     )
-    _common_options(s, top=False, table=name in SORTS, watch=name in WATCHES)
+    _common_options(s, top=False, table=name in SORTS, watch=name in WATCHES, wait=name in WAITS)
     return s
 
 
@@ -220,15 +230,6 @@ def command_of(argv: Sequence[str]) -> str | None:
         else:
             return word if word in COMMANDS else None
     return None
-
-
-def _duration(text: str) -> float:
-    from llmgw.durations import BadDuration, parse_duration
-
-    try:
-        return parse_duration(text)
-    except BadDuration as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -303,7 +304,8 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--ttl",
-            type=_duration,
+            type=duration_arg,
+            metavar="DURATION",
             default=None,
             help="with token create: how long it enrolls nodes (30m, 1h, 7d; 0: never "
             "expires); default 24h",
@@ -325,9 +327,17 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
 
     if wanted("uncordon"):
         s = _sub(
-            sub, "uncordon", "let these nodes take new replicas again", "llmgw ctl uncordon gpu-a03"
+            sub,
+            "uncordon",
+            "let these nodes take new replicas again",
+            "llmgw ctl uncordon gpu-a03\nllmgw ctl uncordon gpu-a03 --force   # its failed card is fine",
         )
         s.add_argument("nodes", nargs="+", metavar="NODE")
+        s.add_argument(
+            "--force",
+            action="store_true",
+            help="uncordon even a node llmgw cordoned for a card that is still unhealthy",
+        )
 
     if wanted("drain"):
         s = _sub(
@@ -348,7 +358,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--force-after",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="the controller forces the drain this long from now (30s, 90m, 1h; "
             "a bare number is seconds)",
@@ -361,7 +371,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
         s.add_argument(
             "--timeout",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="how long --wait waits (30s, 10m, 1h; default 10m)",
         )
@@ -408,7 +418,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
         )
         s.add_argument(
             "--timeout",
-            type=_duration,
+            type=duration_arg,
             metavar="DURATION",
             help="status --wait: give up after this long (30s, 10m, 1h; default 10m)",
         )
@@ -418,7 +428,6 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             metavar="N",
             help="undo: back to what revision N ran (default: the one before)",
         )
-        s.add_argument("--interval", type=float, default=1.0, metavar="S", help=argparse.SUPPRESS)
 
     if wanted("replicas"):
         s = _sub(

@@ -4,13 +4,14 @@ piped, appends what changed) until Ctrl-C; `drain --wait` follows a drain until 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from llmgw import api, render
 from llmgw.ctl.output import Output
-from llmgw.errors import EXIT_FAILED, EXIT_OK, UnknownModel
+from llmgw.errors import EXIT_FAILED, EXIT_OK, NotFound, UnknownModel
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
 TYPE_CHECKING = False
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from llmgw.wire import NodeRow
 
 CLEAR = "\x1b[H\x1b[2J"
+# The alternate screen, cursor hidden: as watch(1) and k9s, a redraw there leaves no
+# copy in the terminal's scrollback (many push a cleared screen into it), and the
+# shell's screen comes back as it was when the watch ends.
+ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -46,18 +51,33 @@ def redraw(out: Output, text: str) -> None:
     out.term.write(CLEAR + fit(text, width, height))
 
 
+@contextlib.contextmanager
+def redrawn(out: Output) -> Iterator[None]:
+    """On a terminal, the redraws inside happen on the alternate screen, left however
+    the watch ends (Ctrl-C, or an error whose one line must show on the shell's screen)."""
+    if not out.term.tty:
+        yield
+        return
+    out.term.write(ENTER_SCREEN)
+    try:
+        yield
+    finally:
+        out.term.write(LEAVE_SCREEN)
+
+
 def watch(out: Output, interval_s: float, draw: Callable[[], str]) -> int:
     """Redraw in place on a terminal; when piped, print again only what changed."""
     last = ""
     try:
-        while True:
-            text = draw()
-            if out.term.tty:
-                redraw(out, text)
-            elif text != last:
-                out.term.write(("\n" if last else "") + text)
-            last = text
-            time.sleep(interval_s)
+        with redrawn(out):
+            while True:
+                text = draw()
+                if out.term.tty:
+                    redraw(out, text)
+                elif text != last:
+                    out.term.write(("\n" if last else "") + text)
+                last = text
+                time.sleep(interval_s)
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -78,33 +98,36 @@ def watch_nodes(
     cursor = ""
     first = True
     try:
-        while True:
-            delta = client(api.nodes_since(cursor))
-            cursor = delta.cursor
-            if delta.full:
-                rows = {}
-            for row in delta.nodes:
-                rows[row.name] = row
-            for name in delta.removed:
-                rows.pop(name, None)
-            for name, age in delta.report_ages.items():
-                if name in rows:
-                    rows[name] = api.View({**rows[name], "report_age_s": age})
-            ordered = [rows[n] for n in sorted(rows)]
-            if out.term.tty:
-                redraw(out, out.table(table(ordered)))
-            elif first or delta.full:
-                out.term.write(out.table(table(ordered)))
-            elif delta.nodes:
-                changed = [rows[r.name] for r in delta.nodes]
-                out.term.write(out.table(table(changed), headers=False))
-            first = False
-            time.sleep(interval_s)
+        with redrawn(out):
+            while True:
+                delta = client(api.nodes_since(cursor))
+                cursor = delta.cursor
+                if delta.full:
+                    rows = {}
+                for row in delta.nodes:
+                    rows[row.name] = row
+                for name in delta.removed:
+                    rows.pop(name, None)
+                for name, age in delta.report_ages.items():
+                    if name in rows:
+                        rows[name] = api.View({**rows[name], "report_age_s": age})
+                ordered = [rows[n] for n in sorted(rows)]
+                if out.term.tty:
+                    redraw(out, out.table(table(ordered)))
+                elif first or delta.full:
+                    out.term.write(out.table(table(ordered)))
+                elif delta.nodes:
+                    changed = [rows[r.name] for r in delta.nodes]
+                    out.term.write(out.table(table(changed), headers=False))
+                first = False
+                time.sleep(interval_s)
     except KeyboardInterrupt:
         return EXIT_OK
 
 
-def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s: float) -> int:
+def wait_drained(
+    client: SyncAdminClient, out: Output, nodes: list[str], limit_s: float, interval_s: float
+) -> int:
     """One progress line (rewritten on a terminal), then one summary."""
     from llmgw.drain_progress import DrainProgress
 
@@ -132,15 +155,16 @@ def wait_drained(client: SyncAdminClient, out: Output, nodes: list[str], limit_s
         if elapsed >= limit_s:
             term.write(("\n" if term.tty else "") + progress.timed_out(rows, limit_s))
             return EXIT_FAILED
-        time.sleep(min(1.0, max(limit_s - elapsed, 0.05)))
+        time.sleep(min(interval_s, max(limit_s - elapsed, 0.05)))
 
 
 def model_view(client: SyncAdminClient, name: str) -> Any:
-    """One model's view (an api.View of a ModelView)."""
+    """One model's view (an api.View of a ModelView); NotFound in the controller's
+    own words when no model has that name."""
     for view in client(api.models()):
         if view.spec.name == name:
             return view
-    raise UnknownModel(name)
+    raise NotFound(404, UnknownModel(name).message, client.base_url)
 
 
 def rollout_done(view: Any) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.settings import is_loopback, split_listen
+from llmgw.durations import duration_arg, format_duration
 from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.smg import Smg, SmgOptions
@@ -62,21 +63,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--wake-timeout",
-        type=float,
+        type=duration_arg,
         default=None,
-        metavar="S",
+        metavar="DURATION",
         help="how long a request for a model asleep at zero replicas is held while it wakes; "
-        f"past it, 503 with Retry-After and the reason (default: {WAKE_TIMEOUT_S:g}, or "
-        "--request-timeout when that is shorter)",
+        f"past it, 503 with Retry-After and the reason (default: {format_duration(WAKE_TIMEOUT_S)}, "
+        "or --request-timeout when that is shorter)",
     )
     p.add_argument(
         "--request-timeout",
-        type=_seconds,
-        default=1800,
-        metavar="S",
+        type=duration_arg,
+        default=1800.0,
+        metavar="DURATION",
         help="the longest a request may take, reading its body and streaming its answer "
-        "included: a body still arriving after S seconds gets a 408 (default %(default)s, "
-        "SMG's; SMG has no bound on reading a body alone)",
+        "included: a body still arriving after it gets a 408; whole seconds, at most 1d "
+        "(default 30m, SMG's; SMG has no bound on reading a body alone)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -86,15 +87,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _seconds(text: str) -> int:
+def _whole_seconds(option: str, seconds: float) -> int:
     """Whole seconds, 1 to a day (SMG takes whole seconds)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want whole seconds, got {text!r}") from None
-    if not 1 <= value <= 86_400:
-        raise argparse.ArgumentTypeError(f"want 1 to 86400 seconds, got {value}")
-    return value
+    if not seconds.is_integer() or not 1 <= seconds <= 86_400:
+        raise ValueError(
+            f"{option} must be whole seconds from 1s to 1d (SMG takes whole seconds), "
+            f"got {seconds:g}s"
+        )
+    return int(seconds)
 
 
 def _token(path: Path | None) -> str | None:
@@ -134,6 +134,7 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        args.request_timeout = _whole_seconds("--request-timeout", args.request_timeout)
         if args.wake_timeout is None:
             args.wake_timeout = min(WAKE_TIMEOUT_S, args.request_timeout)
         if not 0 < args.wake_timeout <= args.request_timeout:

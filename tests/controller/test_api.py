@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 from fleet_factories import location, report
+from pydantic import BaseModel
 
+from llmgw import wire
 from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.main import parser as controller_parser
@@ -263,9 +265,18 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert resp.status == status
     payload = await resp.json()
     assert payload["error"]
+    # The field at fault and what is wrong, never the class that checked it.
+    assert not [name for name in WIRE_CLASSES if name in payload["error"]], payload["error"]
     if mentions:
         assert mentions in json.dumps(payload)
     assert await snapshot(client) == before
+
+
+WIRE_CLASSES = [
+    name
+    for name, value in vars(wire).items()
+    if isinstance(value, type) and issubclass(value, BaseModel) and len(name) > 6
+]
 
 
 async def test_oversized_body_is_413_and_changes_nothing(client: TestClient) -> None:

@@ -65,6 +65,8 @@ def test_sort_by_and_watch_go_before_the_command_too(fleet: Controller) -> None:
         (["--no-headers", "node", "gpu-a01"], "--no-headers applies to tables"),
         (["node", "gpu-a01", "gpu-a02"], "for a row each: llmgw ctl nodes gpu-a01 gpu-a02"),
         (["nodes", "--interval", "5"], "--interval applies to -w"),
+        (["--interval", "5", "rollout", "history", "org/tiny"], "--interval applies to -w"),
+        (["rollout", "status", "org/tiny", "--interval", "5"], "--interval applies to -w"),
         (["cordon", "model/org/tiny", "--reason", "r"], "model/org/tiny is a model"),
         (["drain", "replica/abc", "--reason", "r"], "replica/abc is a replica"),
         (["uncordon", "gpu-a01", "node/"], "'node/' is not a node name"),
@@ -82,6 +84,29 @@ def test_what_a_command_cannot_use_is_a_usage_error(
     line = error(ctl(fleet.url, *args), 2)
     assert said in line, line
     assert set(flags(fleet).values()) == {"none"}  # nothing changed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--interval", "5s", "rollout", "status", "org/tiny", "--wait"],
+        ["rollout", "--interval", "5s", "status", "org/tiny", "--wait"],
+        ["rollout", "status", "org/tiny", "--wait", "--interval", "5s"],
+        ["--interval", "5s", "drain", "gpu-a01", "--reason", "r", "--wait"],
+        ["drain", "gpu-a01", "--reason", "r", "--wait", "--interval", "5s"],
+        ["--interval", "5s", "nodes", "-w"],
+        ["nodes", "-w", "--interval", "5s"],
+    ],
+)
+def test_interval_means_one_thing_wherever_it_is_written(argv: list[str]) -> None:
+    """The time between polls, before or after the command (a subcommand's own
+    default never overrides a value given before it)."""
+    from llmgw.ctl.checks import check_args
+    from llmgw.ctl.parser import parser
+
+    args = parser(argv).parse_args(argv)
+    check_args(args)
+    assert args.interval == 5.0
 
 
 def test_a_bad_url_in_the_environment_names_it(fleet: Controller) -> None:

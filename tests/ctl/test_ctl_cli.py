@@ -47,6 +47,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
         ["cordon", "gpu-a01"],
         ["status", "-w", "--interval", "0"],
         ["frobnicate"],
+        ["credentials", "approve", "gpu-a01", "--allow-enroll"],
+        ["credentials", "list", "--ttl", "1h"],
+        ["credentials", "token", "delete"],
     ],
 )
 def test_usage_errors_exit_2_with_one_plain_line(fleet: Controller, args: list[str]) -> None:
@@ -191,7 +194,7 @@ def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> N
     drain = dict(commands)[("drain",)].format_help()  # type: ignore[attr-defined]
     assert "--force-after DURATION" in drain and "--yes" in drain and "--dry-run" in drain
     nodes = dict(commands)[("nodes",)].format_help()  # type: ignore[attr-defined]
-    assert "(default: 2.0)" in nodes  # --interval shows its default
+    assert "(default: 2s)" in nodes  # --interval shows its default, as a duration
     result = llmgw("ctl", "drain", "--help")
     assert result.returncode == 0 and "llmgw ctl drain --dry-run" in result.stdout
 

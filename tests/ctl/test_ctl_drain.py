@@ -82,11 +82,17 @@ def test_force_after_takes_a_duration(fleet: Controller) -> None:
         ("abc", "'abc' is not a duration"),
         ("8d", "at most 7d"),
         ("0s", "more than 0s"),
+        ("-3", "'-3' is negative: a duration is 0 or more"),
     ):
         line = one_line_error(
             ctl(fleet.url, "drain", "gpu-a02", "--reason", "r", "--force-after", bad), 2
         )
         assert said in line, line
+    # (argparse reads `-1h` after an option as an option: with `=` it is the value)
+    line = one_line_error(
+        ctl(fleet.url, "drain", "gpu-a02", "--reason", "r", "--force-after=-1h"), 2
+    )
+    assert "'-1h' is negative" in line, line
 
 
 def test_wait_prints_one_line_per_change_and_the_timeout_names_force(fleet: Controller) -> None:

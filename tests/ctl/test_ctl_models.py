@@ -54,6 +54,20 @@ def test_apply_warns_about_a_gpu_class_no_node_has(fleet: Controller) -> None:
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+def test_a_dry_run_warns_as_the_apply_does_and_applies_nothing(fleet: Controller) -> None:
+    """The dry run is where a typo in a class or an engine is best caught."""
+    text = spec("org/b", gpu_class="B200-180GB") + spec("org/tf", engine="tensorflow")
+    dry = ctl(fleet.url, "apply", "-f", "-", "--dry-run", input=text)
+    assert dry.returncode == 0, dry.stderr
+    assert ok(ctl(fleet.url, "models", "-o", "name")) == ""  # nothing written
+    real = ctl(fleet.url, "apply", "-f", "-", input=text)
+    assert real.returncode == 0, real.stderr
+    warnings = [line for line in real.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 2 and "B200-180GB" in warnings[0] and "tensorflow" in warnings[1]
+    assert dry.stderr.splitlines() == warnings
+    assert "org/b" in dry.stdout and "applied" not in dry.stdout
+
+
 def test_every_view_gives_the_same_reason(fleet: Controller) -> None:
     ok(ctl(fleet.url, "apply", "-f", "-", input=spec("org/tf", engine="tensorflow")))
     # The agent that got the replica cannot start it, and says why.

@@ -6,6 +6,8 @@ import json
 import os
 import pty
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -242,3 +244,72 @@ def test_watch_on_a_short_terminal_fits_the_screen(fleet: Controller) -> None:
         lines = frame.split("\n")
         assert len(lines) == 3 and lines[0].startswith("NODE ")
         assert lines[2] == "… 3 more lines (a taller terminal, or pipe)"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.parametrize("command", [["nodes"], ["status"]])
+def test_watch_on_a_terminal_leaves_no_copies_in_the_scrollback(
+    fleet: Controller, tmp_path: Path, command: list[str]
+) -> None:
+    """As watch(1) and k9s: redrawn in place, and the terminal's history holds no
+    copy of the view per redraw, however many there were (a real terminal: tmux)."""
+    sock = str(tmp_path / "tmux.sock")
+
+    def tmux(*args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-S", sock, "-f", "/dev/null", *args], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-t", "w")
+
+    def wait_for(what: str, present: bool = True) -> None:
+        deadline = time.monotonic() + 20
+        while (what in screen()) != present:
+            assert time.monotonic() < deadline, f"waiting for {what!r}:\n{screen()}"
+            time.sleep(0.05)
+
+    env = {
+        "LLMGW_CONTROLLER": fleet.url,
+        "LLMGW_TOKEN": ADMIN,
+        "XDG_CONFIG_HOME": "/nonexistent",
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    argv = [sys.executable, "-m", "llmgw", "ctl", *command, "-w", "--interval", "0.2"]
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "w",
+        "-x",
+        "160",
+        "-y",
+        "30",
+        "-c",
+        os.getcwd(),
+        shlex.join(["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]),
+    )
+    tmux("set-option", "-t", "w", "remain-on-exit", "on")
+    try:
+        seen = "NODE " if command == ["nodes"] else "Fleet at"
+        wait_for(seen)
+        changed = "scrollback" if command == ["nodes"] else "2 cordoned"
+        for _ in range(3):  # each change is a redraw seen: at least six of them
+            fleet.admin("POST", "/v1/nodes/gpu-a03/cordon", {"reason": "scrollback"})
+            wait_for(changed)
+            fleet.admin("POST", "/v1/nodes/gpu-a03/uncordon", {})
+            wait_for(changed, present=False)
+        tmux("send-keys", "-t", "w", "C-c")
+        deadline = time.monotonic() + 10
+        while tmux("display-message", "-p", "-t", "w", "#{pane_dead}").strip() != "1":
+            assert time.monotonic() < deadline, screen()
+            time.sleep(0.05)
+        assert tmux("display-message", "-p", "-t", "w", "#{pane_dead_status}").strip() == "0"
+        everything = tmux("capture-pane", "-p", "-t", "w", "-S", "-", "-E", "-")
+        assert everything.count(seen) == 0, everything
+    finally:
+        fleet.admin("POST", "/v1/nodes/gpu-a03/uncordon", {})
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)

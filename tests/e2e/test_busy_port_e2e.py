@@ -37,21 +37,39 @@ def start_fails(argv: list[str]) -> str:
 
 
 def test_the_controller_on_a_taken_port(taken: int, tmp_path: Path) -> None:
-    controller = ControllerProcess(tmp_path / "controller.log", state_dir=tmp_path, port=taken)
+    state = tmp_path / "state"
+    controller = ControllerProcess(tmp_path / "controller.log", state_dir=state, port=taken)
     line = start_fails(controller.argv())
     assert line.startswith("llmgw controller: cannot listen on 127.0.0.1:")
     assert f":{taken} for the API: the address is already in use" in line
     assert "choose another address" in line
+    # The port is checked first: no empty state database is left behind.
+    assert not state.exists() or list(state.iterdir()) == []
 
 
 def test_the_controllers_metrics_port_taken(taken: int, tmp_path: Path) -> None:
+    state = tmp_path / "state"
     controller = ControllerProcess(
         tmp_path / "controller.log",
-        state_dir=tmp_path,
+        state_dir=state,
         args=["--metrics-listen", f"127.0.0.1:{taken}"],
     )
     line = start_fails(controller.argv())
     assert f"cannot listen on 127.0.0.1:{taken} for --metrics-listen" in line
+    assert not state.exists() or list(state.iterdir()) == []
+
+
+def test_a_taken_port_moves_no_state_aside(taken: int, tmp_path: Path) -> None:
+    """--reset-state with the port taken: refused before anything is renamed."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "controller.sqlite3").write_bytes(b"damaged")
+    controller = ControllerProcess(
+        tmp_path / "controller.log", state_dir=state, port=taken, args=["--reset-state"]
+    )
+    line = start_fails(controller.argv())
+    assert f":{taken} for the API: the address is already in use" in line
+    assert [p.name for p in state.iterdir()] == ["controller.sqlite3"]
 
 
 def test_the_agents_metrics_port_taken(taken: int, tmp_path: Path) -> None:

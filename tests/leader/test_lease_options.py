@@ -15,14 +15,17 @@ from tests.e2e.procs import clean_env, llmgw
 from tests.leader.ha import HaCluster
 
 
-def test_the_lease_ttl_option(tmp_path: Path) -> None:
+def test_the_lease_ttl_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--store", "postgresql://db/llmgw", "--advertise-url", "https://ctl-a:7460"]
     settings = settings_from_args(parser().parse_args([*args, "--lease-ttl", "3"]))
     assert settings.lease_ttl_s == 3 and settings.url == "https://ctl-a:7460"
     assert settings_from_args(parser().parse_args(args)).lease_ttl_s == 8
-    for bad in ("0", "-1", "100000"):
+    for bad in ("0", "100000"):
         with pytest.raises(ValueError, match="--lease-ttl"):
             settings_from_args(parser().parse_args([*args, "--lease-ttl", bad]))
+    with pytest.raises(SystemExit):  # no duration at all: the parser refuses it
+        parser().parse_args([*args, "--lease-ttl", "-1"])
+    assert "argument --lease-ttl: '-1'" in capsys.readouterr().err
 
 
 def test_the_advertised_url(tmp_path: Path) -> None:

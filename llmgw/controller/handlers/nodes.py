@@ -9,13 +9,15 @@ import time
 
 from aiohttp import web
 
+from llmgw.controller.admin_flags import BY_LLMGW
 from llmgw.controller.auth import Identity
 from llmgw.controller.authorize import report_refusal
 from llmgw.controller.credentials import NotRevocable
+from llmgw.controller.facts import Facts
 from llmgw.controller.keys import METRICS, REFUSALS, term_of
 from llmgw.controller.reconcile import drain_plan as plan_drain
 from llmgw.controller.web_io import error, json_model, node_param, parse_body, who
-from llmgw.errors import BadRequest
+from llmgw.errors import BadRequest, Conflict
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -23,6 +25,7 @@ from llmgw.wire import (
     EmptyRequest,
     NodeReport,
     ReasonRequest,
+    UncordonRequest,
     node_name,
 )
 
@@ -100,9 +103,31 @@ async def uncordon(request: web.Request) -> web.Response:
     term = term_of(request.app)
     name = node_param(request)
     term.facts.require(name)
-    await parse_body(request, EmptyRequest, optional=True)
+    body = await parse_body(request, UncordonRequest, optional=True)
+    if not body.force:
+        _refuse_while_its_card_fails(term.facts, name)
     term.facts.set_flag(name, AdminFlag.NONE, None, who(request))
     return json_model(term.rows.row(name))
+
+
+def _refuse_while_its_card_fails(facts: Facts, name: str) -> None:
+    """A node llmgw cordoned for a failed card stays cordoned while a card of it is
+    still unhealthy, as Slurm's health-check drains come back: uncordoning it would
+    place replicas beside the fault. `force` lifts it anyway; an operator's own
+    cordon is theirs to lift."""
+    admin = facts.admin_info(name)
+    entry = facts.nodes.get(name)
+    if admin.flag is not AdminFlag.CORDONED or admin.by != BY_LLMGW or entry is None:
+        return
+    if admin.awaiting_approval or not entry.faults:
+        return
+    cards = sorted(entry.faults, key=lambda f: f.gpu_index)
+    more = f" (and {len(cards) - 1} more)" if len(cards) > 1 else ""
+    raise Conflict(
+        f"llmgw cordoned {name} for a card fault and the card is still unhealthy: "
+        f"{cards[0].describe()}{more}. Reset or replace the card (the agent reports it "
+        "healthy again), or uncordon with --force (force: true) to place replicas beside it"
+    )
 
 
 async def drain(request: web.Request) -> web.Response:
