@@ -26,35 +26,7 @@ from llmgw.controller.auth import Tokens, digest
 from llmgw.controller.enroll_tokens import EnrollTokens
 from llmgw.controller.records import EnrollToken
 from llmgw.controller.stores.base import StateStore
-
-
-class AlreadyEnrolled(Exception):
-    def __init__(self, node: str, source: str) -> None:
-        how = (
-            f"revoke it first (`llmgw ctl credentials revoke {node}`) to enroll it again"
-            if source == "enrolled"
-            else "it is configured in --agent-token-file"
-        )
-        super().__init__(f"node {node!r} already holds a credential; {how}")
-
-
-class NotRevocable(Exception):
-    pass
-
-
-class NotAllowed(Exception):
-    """A name that has reported before, not allowed to enroll by an admin."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(
-            f"node {node!r} has reported to this controller before: an enrollment could "
-            "take it over, so an admin must allow it first "
-            f"(`llmgw ctl credentials allow {node}`)"
-        )
-
-
-class TokenSpent(Exception):
-    """The enrollment token expired or was used up before this enrollment took its use."""
+from llmgw.errors import AlreadyEnrolled, EnrollNotAllowed, NotRevocable, TokenSpent
 
 
 @dataclass(frozen=True)
@@ -109,7 +81,7 @@ class Credentials:
         if node in self._issued:
             raise AlreadyEnrolled(node, "enrolled")
         if known and node not in self._allowed:
-            raise NotAllowed(node)
+            raise EnrollNotAllowed(node)
         secret = "llmgw-node-" + secrets.token_urlsafe(32)
         d = digest(secret)
         token_id = token.id if token is not None else None
@@ -132,10 +104,7 @@ class Credentials:
     def revoke(self, node: str) -> bool:
         """Revoke an issued credential; False when the node holds none."""
         if node in self._file_nodes and node not in self._issued:
-            raise NotRevocable(
-                f"node {node!r}'s credential is configured in --agent-token-file: "
-                "remove its line and restart the controller"
-            )
+            raise NotRevocable(node)
         if node not in self._issued:
             return False
         self._store.delete_credential(node)

@@ -23,7 +23,7 @@ from llmgw.controller.facts import Facts
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
-from llmgw.errors import BadCursor
+from llmgw.errors import BadCursor, TooManyGateways
 from llmgw.wire import (
     ASLEEP_PREFIX,
     UNPLACEABLE_PREFIX,
@@ -206,10 +206,6 @@ class GatewaySeen:
             return cursors.parse(self.cursor, run)
         except BadCursor:
             return None
-
-
-class TooManyGateways(Exception):
-    """A status under a new name past the bound: refused, nothing kept."""
 
 
 @dataclass

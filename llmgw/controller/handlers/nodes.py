@@ -11,11 +11,10 @@ from aiohttp import web
 
 from llmgw.controller.auth import Identity
 from llmgw.controller.authorize import report_refusal
-from llmgw.controller.credentials import NotRevocable
 from llmgw.controller.keys import METRICS, REFUSALS, term_of
 from llmgw.controller.reconcile import drain_plan as plan_drain
-from llmgw.controller.web_io import error, json_model, node_param, parse_body, who
-from llmgw.errors import BadRequest
+from llmgw.controller.web_io import json_model, node_param, parse_body, who
+from llmgw.errors import BadRequest, NotRevocable, PermissionDenied
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -43,7 +42,7 @@ async def agent_report(request: web.Request) -> web.Response:
         if refusal is not None:
             outcome = "refused"
             request.app[REFUSALS].note(identity.node or report.node, refusal)
-            return error(403, refusal)
+            raise PermissionDenied(refusal)
         body = term.replies.ingest_json(report, await request.read())
         outcome = "ok"
     finally:
