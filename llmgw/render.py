@@ -511,11 +511,14 @@ EVENT_WIDE = ["TIME", "ID"]
 
 
 def events_table(events: Sequence[Any], *, wide: bool = False) -> Table:
-    """`ctl events`: oldest first, as `kubectl get events`."""
+    """`ctl events`: oldest first, as `kubectl get events`; AGE is since the last time,
+    and a counted event says how often over how long: `4m10s (x12 over 2h13m)`."""
     now = time.time()
     table = _table(*EVENT_COLUMNS, *(EVENT_WIDE if wide else []), "MESSAGE")
     for e in events:
-        cells = [_age(max(now - e.at, 0.0)), Cell(str(e.reason)), Cell(clean(e.object))]
+        age, counted = max(now - e.at, 0.0), present.repeats(e)
+        shown = f"{duration(age)} ({counted})" if counted else duration(age)
+        cells = [Cell(shown, key=age), Cell(str(e.reason)), Cell(clean(e.object))]
         if wide:
             cells += [Cell(timestamp(e.at), key=e.at), Cell(str(e.id), key=e.id)]
         table.add(f"event/{e.id}", *cells, clean(e.message))

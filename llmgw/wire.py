@@ -579,11 +579,17 @@ class EventReason(StrEnum):
 
 
 class EventView(Outbound):
+    """One event, or a run of repeats counted as one (llmgw.controller.events): an
+    event with `count` > 1 replaces the newest earlier event of the same object and
+    reason, which a client that holds it drops."""
+
     id: int  # increasing, durable: `GET /v1/events?since=ID` answers the ones after it
-    at: float  # unix time, controller clock
+    at: float  # unix time, controller clock; of the last repeat when counted
     object: str  # node/NAME, model/NAME or replica/ID
     reason: EventReason
-    message: str
+    message: str  # the last repeat's
+    count: int = 1  # how many times it happened
+    first_at: float | None = None  # the first time, when it happened more than once
 
 
 class EventList(Outbound):

@@ -37,7 +37,15 @@ SPEC = ModelSpec.model_validate(
 TOKEN = EnrollToken("tok001", "d-tok", 1.0, "alice", expires_at=900.0, uses=3, description="rack 4")
 OPEN_TOKEN = EnrollToken("tok002", "d-open", 2.0, "bob")
 DECISIONS = [
-    EventView(id=7, at=20.0, object="model/m", reason=EventReason.PLACED, message="placed r1"),
+    EventView(
+        id=7,
+        at=20.0,
+        object="model/m",
+        reason=EventReason.PLACED,
+        message="placed r1",
+        count=3,
+        first_at=12.0,
+    ),
     EventView(id=8, at=21.0, object="node/n2", reason=EventReason.ENROLLED, message="enrolled"),
 ]
 
@@ -58,7 +66,7 @@ def fill(store: StateStore) -> None:
         ]
     )
     store.put_backoff(Backoff("m", 2, 50.0, "crashed"))
-    store.add_events(DECISIONS, keep_after_id=0, keep_after=0.0)
+    store.add_events(DECISIONS, gone=(), keep_after=0.0)
     store.put_enroll_token(TOKEN)
     store.put_enroll_token(OPEN_TOKEN)
     store.put_credential("n1", "d-n1", at=8.0, by="enroll")

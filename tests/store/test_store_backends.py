@@ -13,7 +13,7 @@ from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, ShardR
 from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
 from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
 from llmgw.controller.stores.schema import SCHEMA_VERSION
-from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, ReplicaState
+from llmgw.wire import AdminFlag, AdminInfo, EventReason, EventView, ModelSpec, ReplicaState
 from tests.store.conftest import StoreFactory
 
 SPEC = ModelSpec.model_validate(
@@ -83,6 +83,20 @@ def test_clearing_and_deleting(open_store: StoreFactory) -> None:
     store.forget_node("n2", ["r2"], by="ops", at=3.0)
     assert store.known_nodes() == {"n1": 1.0} and store.replicas() == {}
     assert store.history("n2")[0].action == "forget"
+
+
+def test_events_keep_their_count_and_gone_ones_are_deleted(open_store: StoreFactory) -> None:
+    store = open_store()
+    placed = EventView(id=1, at=5.0, object="model/m", reason=EventReason.PLACED, message="p")
+    lost = EventView(id=2, at=6.0, object="node/n1", reason=EventReason.NODE_LOST, message="l")
+    store.add_events([placed, lost], gone=(), keep_after=0.0)
+    counted = lost.model_copy(update={"id": 3, "at": 9.0, "count": 2, "first_at": 6.0})
+    store.add_events([counted], gone=[2], keep_after=0.0)
+    store.close()
+    again = open_store()
+    assert again.events(10) == [placed, counted]
+    again.add_events([], gone=[], keep_after=7.0)  # last seen before: gone
+    assert again.events(10) == [counted]
 
 
 def test_node_credentials_survive_a_reopen_and_revoke(open_store: StoreFactory) -> None:

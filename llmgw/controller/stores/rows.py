@@ -111,12 +111,18 @@ def admin_event_from_row(r: Row) -> AdminEvent:
 
 
 def decision_row(e: EventView) -> tuple[object, ...]:
-    return (e.id, e.at, e.object, e.reason.value, e.message)
+    return (e.id, e.at, e.object, e.reason.value, e.message, e.count, e.first_at)
 
 
 def decision_from_row(r: Row) -> EventView:
     return EventView(
-        id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
+        id=r["id"],
+        at=r["at"],
+        object=r["object"],
+        reason=r["reason"],
+        message=r["message"],
+        count=r["count"],
+        first_at=r["first_at"],
     )
 
 

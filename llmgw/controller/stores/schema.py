@@ -107,5 +107,11 @@ MIGRATIONS: list[list[Step]] = [
         AddColumn("agent_credentials", "token", "TEXT"),
         LowerNodeNames(),
     ],
+    # 7: bounded tables. Repeated events counted as one (how many times; the first
+    # time, NULL when once: `at` is the last).
+    [
+        AddColumn("events", "count", "INTEGER NOT NULL DEFAULT 1"),
+        AddColumn("events", "first_at", "DOUBLE PRECISION"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

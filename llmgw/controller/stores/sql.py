@@ -75,8 +75,8 @@ _BACKOFF_UPSERT = (
     " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
 )
 _DECISION_ADD = (
-    "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO NOTHING"
+    "INSERT INTO events(id, at, object, reason, message, count, first_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
 _CREDENTIAL_ADD = (
     "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
@@ -287,12 +287,14 @@ class SqlStore:
         return [decision_from_row(r) for r in reversed(rows)]
 
     def add_events(
-        self, events: Iterable[EventView], *, keep_after_id: int, keep_after: float
+        self, events: Iterable[EventView], *, gone: Iterable[int], keep_after: float
     ) -> None:
-        """Write events and drop those beyond what is kept (by count and by age)."""
+        """Write events, delete those `gone` (counted into a newer one, or past their
+        reason's bound) and those last seen before `keep_after`."""
         with self._tx() as s:
+            s.run_many("DELETE FROM events WHERE id = ?", [(i,) for i in gone])
             s.run_many(_DECISION_ADD, [decision_row(e) for e in events])
-            s.run("DELETE FROM events WHERE id <= ? OR at < ?", (keep_after_id, keep_after))
+            s.run("DELETE FROM events WHERE at < ?", (keep_after,))
 
     # -- replicas -------------------------------------------------------------------------
 
