@@ -557,14 +557,15 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
     return table
 
 
-CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY", "APPROVAL"]
+CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY", "APPROVAL", "EXPIRES"]
 
 
 def credentials_table(creds: Sequence[Any]) -> Table:
-    """`ctl credentials list`; `-o name` prints node/NAME, which `credentials revoke` takes."""
+    """`ctl credentials list`; `-o name` prints node/NAME, which `credentials revoke` takes.
+    EXPIRES: when a credential its node has not reported with yet goes ("-": never)."""
     table = _table(*CREDENTIAL_COLUMNS)
     for c in creds:
-        at = c.get("issued_at")
+        at, expires = c.get("issued_at"), c.get("expires_at")
         table.add(
             f"node/{c['node']}",
             Cell(c["node"]),
@@ -572,6 +573,7 @@ def credentials_table(creds: Sequence[Any]) -> Table:
             Cell(timestamp(at), key=at),
             Cell(clean(c.get("by") or "-")),
             Cell("awaiting approval" if c.get("awaiting_approval") else "-"),
+            Cell(timestamp(expires), key=expires),
         )
     return table
 

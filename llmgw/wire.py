@@ -463,6 +463,8 @@ class CredentialView(Outbound):
     issued_at: float | None = None  # unix time, controller clock
     by: str | None = None
     awaiting_approval: bool = False  # `llmgw ctl credentials approve NODE`
+    # Its node has not reported with it yet: it expires then unless it does.
+    expires_at: float | None = None
 
 
 DEFAULT_ENROLL_TOKEN_TTL_S = 86_400.0  # as kubeadm's bootstrap tokens
@@ -576,6 +578,7 @@ class EventReason(StrEnum):
     SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
     RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
+    CREDENTIAL_EXPIRED = "CredentialExpired"  # issued, never reported with: dropped
 
 
 class EventView(Outbound):

@@ -92,14 +92,14 @@ def auth_middleware(
         presented = bearer(header)
         if presented is None:
             raise NotAuthenticated("missing token: this controller needs a bearer token")
-        identity = tokens.identify(presented)
+        identity, now = tokens.identify(presented), time.time()
         if identity is None:
-            node = term_of(request.app).credentials.identify(presented)
+            node = term_of(request.app).credentials.identify(presented, now)
             identity = None if node is None else Identity(node, Role.AGENT, node)
         if identity is None:
             enroll_token = term_of(request.app).credentials.tokens.identify(presented)
             if enroll_token is not None:
-                spent = why_spent(enroll_token, time.time())
+                spent = why_spent(enroll_token, now)
                 if spent is not None:
                     raise TokenSpent(spent)
                 identity = Identity(f"enrollment token {enroll_token.id}", Role.ENROLL)

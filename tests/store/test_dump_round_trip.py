@@ -70,6 +70,7 @@ def fill(store: StateStore) -> None:
     store.put_enroll_token(TOKEN)
     store.put_enroll_token(OPEN_TOKEN)
     store.put_credential("n1", "d-n1", at=8.0, by="enroll")
+    store.credential_reported("n1", at=8.5)
     assert store.enroll("n2", "d-n2", at=9.0, by="enroll", pending=True, token=TOKEN.id)
     store.allow_enroll("n5", by="alice", at=10.0)
 
@@ -98,7 +99,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
     dump = source.dump()
     assert dump.decisions == DECISIONS
     assert dump.credentials == {
-        "n1": IssuedCredential("n1", "d-n1", 8.0, "enroll"),
+        "n1": IssuedCredential("n1", "d-n1", 8.0, "enroll", reported_at=8.5),
         "n2": IssuedCredential("n2", "d-n2", 9.0, "enroll", pending=True, token="tok001"),
     }
     assert dump.enroll_tokens == [
@@ -120,6 +121,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
         "n2": ("d-n2", 9.0, "enroll"),
     }
     assert other_store.pending_credentials() == {"n2": 9.0}
+    assert other_store.unreported_credentials() == {"n2": 9.0}, "n1 reported: it never expires"
     assert other_store.events(100) == DECISIONS
     assert not other_store.enroll("n6", "d-n6", at=950.0, by="t", pending=False, token="tok001"), (
         "the copied token keeps its expiry"

@@ -41,6 +41,7 @@ async def agent_enroll(request: web.Request) -> web.Response:
     term = term_of(request.app)
     creds = term.credentials
     pending = request.app[SETTINGS].enroll_approval
+    term.expire_credentials(at)  # what each enrollment may add, expiry takes away
     try:
         secret = creds.enroll(
             node,
@@ -70,7 +71,9 @@ async def agent_enroll(request: web.Request) -> web.Response:
 
 
 async def list_credentials(request: web.Request) -> web.Response:
-    pending = term_of(request.app).facts.approvals.pending
+    term = term_of(request.app)
+    term.expire_credentials(time.time())
+    pending = term.facts.approvals.pending
     return json_models(
         [
             CredentialView(
@@ -79,8 +82,9 @@ async def list_credentials(request: web.Request) -> web.Response:
                 issued_at=c.issued_at,
                 by=c.by,
                 awaiting_approval=c.node in pending,
+                expires_at=c.expires_at,
             )
-            for c in term_of(request.app).credentials.list()
+            for c in term.credentials.list()
         ]
     )
 

@@ -44,6 +44,8 @@ async def agent_report(request: web.Request) -> web.Response:
             request.app[REFUSALS].note(identity.node or report.node, refusal)
             raise PermissionDenied(refusal)
         body = term.replies.ingest_json(report, await request.read())
+        if identity.node is not None:  # its credential, used: it no longer expires
+            term.credentials.reported(identity.node, time.time())
         outcome = "ok"
     finally:
         request.app[METRICS].reports.observe(time.perf_counter() - started, outcome)

@@ -127,7 +127,7 @@ def decision_from_row(r: Row) -> EventView:
 
 
 def credential_row(c: IssuedCredential) -> tuple[object, ...]:
-    return (c.node, c.digest, c.issued_at, c.by, int(c.pending), c.token)
+    return (c.node, c.digest, c.issued_at, c.by, int(c.pending), c.token, c.reported_at)
 
 
 def credential_from_row(r: Row) -> IssuedCredential:
@@ -138,6 +138,7 @@ def credential_from_row(r: Row) -> IssuedCredential:
         by=r["by"],
         pending=bool(r["pending"]),
         token=r["token"],
+        reported_at=r["reported_at"],
     )
 
 
