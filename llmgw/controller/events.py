@@ -17,8 +17,8 @@ moves keep their own messages.
 
 Bounds: each reason keeps its newest `KEEP_PER_REASON` (1,000), so no kind of
 event can push another kind's out (100,000 enrollments leave every placement in
-place); `KEEP` (1,000 for each of the 19 reasons: 19,000) in all. Nothing whose
-last time is older than `KEEP_S` (7 days) is kept anywhere.
+place); `KEEP` in all, 1,000 for each reason (19 reasons today: 19,000). Nothing
+whose last time is older than `KEEP_S` (7 days) is kept anywhere.
 
 Kept: in memory, for `GET /v1/events`, the console and `ctl events -w`; in the
 store the same, written by `Facts.flush` once a second in one transaction (the

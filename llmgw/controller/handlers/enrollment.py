@@ -41,7 +41,7 @@ async def agent_enroll(request: web.Request) -> web.Response:
     term = term_of(request.app)
     creds = term.credentials
     pending = request.app[SETTINGS].enroll_approval
-    term.expire_credentials(at)  # what each enrollment may add, expiry takes away
+    term.expire_credentials(at)  # enrollments add credentials: the expired go first
     try:
         secret = creds.enroll(
             node,
