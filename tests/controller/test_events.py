@@ -228,3 +228,33 @@ def test_ctl_shows_a_counted_event_as_kubectl_does() -> None:
     assert re.match(r" *4m1\ds \(x12 over 2h13m\) +GpuFault +node/b +card fault", lines[2]), lines[
         2
     ]
+
+
+class FlakyStore:
+    """Takes add_events as a store does, or fails while `fail` is set."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, EventView] = {}
+        self.fail = False
+
+    def add_events(self, written: list[EventView], *, gone: set[int], keep_after: float) -> None:
+        if self.fail:
+            self.fail = False
+            raise OSError("disk full")
+        for i in gone:
+            self.rows.pop(i, None)
+        self.rows.update({e.id: e for e in written})
+
+
+def test_a_failed_save_writes_and_deletes_all_of_it_next_time() -> None:
+    kept, store = events.Events([]), FlakyStore()
+    kept.add(1000.0, "node/a", EventReason.GPU_FAULT, "fault")
+    kept.save(store, 1000.0)
+    assert list(store.rows) == [1]
+    store.fail = True
+    kept.add(1001.0, "node/a", EventReason.GPU_FAULT, "fault")  # counted: 1 goes, 2 comes
+    with pytest.raises(OSError):
+        kept.save(store, 1001.0)
+    assert list(store.rows) == [1]
+    kept.save(store, 1001.0)
+    assert [(e.id, e.count) for e in store.rows.values()] == [(2, 2)]
