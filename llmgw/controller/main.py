@@ -81,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enroll-token-file",
         type=Path,
-        help="enrollment token: a new agent trades it for its own node credential "
-        "(else LLMGW_ENROLL_TOKEN)",
+        help="a static enrollment token (needs --allow-static-enroll-token): a new agent "
+        "trades it for its own node credential (else LLMGW_ENROLL_TOKEN)",
     )
     p.add_argument(
         "--enroll-approval",
@@ -102,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
         "--allow-shared-agent-token",
         action="store_true",
         help="accept a shared agent token, which may report as any node (warned about)",
+    )
+    p.add_argument(
+        "--allow-static-enroll-token",
+        action="store_true",
+        help="accept a static enrollment token, which never expires and has no use limit "
+        "(warned about)",
     )
     p.add_argument(
         "--admin-token-file", type=Path, help="tokens for admin changes (else LLMGW_ADMIN_TOKEN)"
@@ -262,6 +268,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             "credential (`NODE TOKEN` lines, or enrollment with --enroll-token-file), or pass "
             "--allow-shared-agent-token to accept it anyway."
         )
+    if tokens.has(Role.ENROLL) and not args.allow_static_enroll_token:
+        raise ValueError(
+            "a static enrollment token (--enroll-token-file, LLMGW_ENROLL_TOKEN) never expires "
+            "and has no use limit: whoever reads it can enroll nodes for ever. Make tokens "
+            "that expire and count their uses (`llmgw ctl credentials token create --ttl 1h "
+            "--uses N`), or pass --allow-static-enroll-token to accept it anyway."
+        )
     if args.metrics_listen is not None:
         metrics_host, _ = split_listen(args.metrics_listen)
         if not is_loopback(metrics_host):
@@ -420,8 +433,8 @@ def main(argv: list[str]) -> int:
         )
     if settings.tokens.has(Role.ENROLL):
         log.warning(
-            "a static enrollment token is accepted (--enroll-token-file, LLMGW_ENROLL_TOKEN): it "
-            "never expires and has no use limit; prefer tokens made with "
+            "a static enrollment token is accepted (--allow-static-enroll-token): it never "
+            "expires and has no use limit; prefer tokens made with "
             "`llmgw ctl credentials token create --ttl 1h --uses N`"
         )
     try:  # a taken port is said before the state is touched (created, or moved aside)
