@@ -20,6 +20,7 @@ from llmgw.controller.placing import stoppable
 from llmgw.controller.plans import ForgetScaling, Plan, Planner, Scaling
 from llmgw.controller.reclaim import Candidate, choose, reclaimed_words
 from llmgw.controller.records import LeaveReason
+from llmgw.controller.replicas import model_in_flight
 from llmgw.wire import IDLE_AFTER_S, EventReason, ModelSpec, ReplicaState
 
 __all__ = ["reclaim", "scale"]
@@ -40,7 +41,7 @@ def scale(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
     for name, spec in sorted(snap.models.items()):
         mine = snap.replicas_of(name)
         ready = [s for s in mine.standing if s.state is ReplicaState.READY]
-        in_flight = sum(s.in_flight(gateways) or 0 for s in ready)
+        in_flight = model_in_flight(ready, gateways)
         decision = memory.autoscaler.decide(
             spec,
             in_flight,

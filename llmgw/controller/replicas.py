@@ -23,15 +23,36 @@ class ReplicaStatus:
         errors = [s.error for s in self.shards if s is not None and s.error]
         return errors[0] if errors else self.record.error
 
-    def in_flight(self, gateway_in_flight: Mapping[str, int]) -> int | None:
-        """Requests in flight on this replica: its engine's own count (rank 0's:
-        running and waiting), or the gateways' when higher. None: neither knows."""
+    @property
+    def engine_in_flight(self) -> int | None:
+        """Its engine's own count (rank 0's: running and waiting). None: not known."""
         lead = self.shards[0] if self.shards else None
-        engine = lead.traffic.in_flight if lead is not None and lead.traffic is not None else None
+        return lead.traffic.in_flight if lead is not None and lead.traffic is not None else None
+
+    def in_flight(self, gateway_in_flight: Mapping[str, int]) -> int | None:
+        """Requests in flight on this replica: its engine's own count, or the
+        gateways' when higher. None: neither knows."""
+        engine = self.engine_in_flight
         gateways = gateway_in_flight.get(self.record.id)
         if engine is None and gateways is None:
             return None
         return max(engine or 0, gateways or 0)
+
+
+def model_in_flight(replicas: Iterable[ReplicaStatus], gateway_in_flight: Mapping[str, int]) -> int:
+    """A model's requests in flight over `replicas`: the engines' sum or the
+    gateways' sum, whichever is higher. Not the sum of each replica's higher
+    count: the engines' counts are scraped at other moments than the gateways',
+    and as requests move between replicas the higher of two readings per replica
+    adds up to more than was ever in flight at once (12.8 in flight read as 16+).
+    Each sum alone is one source's reading of the whole model, so it is at most
+    what was in flight, and the higher one still sees requests only one source
+    sees (sent to an engine directly, or stuck in a stalled engine)."""
+    engines = gateways = 0
+    for r in replicas:
+        engines += r.engine_in_flight or 0
+        gateways += gateway_in_flight.get(r.record.id, 0)
+    return max(engines, gateways)
 
 
 def replica_status(

@@ -317,6 +317,50 @@ class _Holding:
         return GateView(now, math.inf, ((None, {}),))
 
 
+class _SkewedReads(DemandSim):
+    """Four requests always in flight on two replicas, read at two moments: the
+    engines were scraped while three ran on the first and one on the second, the
+    gateways a moment later, one on the first and three on the second."""
+
+    def first_ready(self) -> list[str]:
+        return sorted(r.id for r in self.fleet.facts.records.values())
+
+    def traffic(self, replica_id: str, model: str) -> dict[str, object] | None:
+        ids = self.first_ready()
+        n = 3 if ids and replica_id == ids[0] else 1
+        return {"requests_per_s": 1.0, "in_flight": n}
+
+
+class _GatewaysRead:
+    def __init__(self, sim: _SkewedReads) -> None:
+        self.sim = sim
+
+    def view(self, now: float) -> GateView:
+        ids = self.sim.first_ready()
+        in_flight = {rid: 1 if i == 0 else 3 for i, rid in enumerate(ids)}
+        return GateView(now, math.inf, ((None, in_flight),), in_flight=in_flight)
+
+
+def test_readings_taken_at_different_moments_are_not_added_up_twice(tmp_path: Path) -> None:
+    """Issue 35 item 5: the higher count per replica, summed, read 6 for the 4 in
+    flight (4 / target 2 = 2 replicas, 6 asks for 3). The figure stays within 4."""
+    spec = SPEC.model_copy(update={"min_replicas": 2})
+    sim = _SkewedReads(tmp_path, FakeClock(), ["gpu1", "gpu2", "gpu3", "gpu4"])
+    for node in sim.nodes:
+        sim.report(node)
+    sim.fleet.facts.put_models([spec], "alice")
+    for _ in range(3):
+        sim.step()
+    assert states(sim) == [ReplicaState.READY] * 2
+    sim.reconciler.gate = _GatewaysRead(sim)
+    for _ in range(10):
+        sim.step()
+        [view] = sim.fleet.model_views()
+        assert view.in_flight <= 4, view
+    assert view.desired == 2 and len(sim.fleet.facts.records) == 2, view
+    assert "in flight 4, target 2 -> 2" in (view.scaling or ""), view
+
+
 # -- reclaim by priority -----------------------------------------------------------------
 
 LOW = ModelSpec(
