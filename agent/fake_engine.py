@@ -35,10 +35,10 @@ import random
 import signal
 import sys
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -185,7 +185,6 @@ class EngineState:
     ready_at: float  # monotonic
     created: int = field(default_factory=lambda: int(time.time()))
     requests: int = 0
-    ids: count[int] = field(default_factory=count)
     cache: PrefixCache = field(default_factory=lambda: PrefixCache(0))
     active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
     server_load: int = 0  # requests the HTTP server holds (vLLM's /load), stalled ones too
@@ -256,9 +255,20 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [item]})
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": status}}
+def _error(
+    status: int, message: str, kind: str, *, param: str | None = None, code: str | None = None
+) -> web.Response:
+    """OpenAI's error shape: `type` and `code` are strings (or `code` null), never
+    the status; `param` names the field at fault."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=status)
+
+
+def _bad(message: str, param: str | None = None) -> web.Response:
+    return _error(400, message, "invalid_request_error", param=param)
+
+
+MAX_N = 128  # choices per request
 
 
 class BadBody(ValueError):
@@ -294,27 +304,43 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     if not state.loaded:
-        return _error(503, "the model is still loading; retry shortly", "ServiceUnavailable")
+        return _error(
+            503,
+            "the model is still loading; retry shortly",
+            "service_unavailable",
+            code="model_not_ready",
+        )
     try:
         body = await request.json()
     except ValueError:
-        return _error(400, "the body must be a JSON object", "BadRequestError")
+        return _bad("the body must be a JSON object")
     if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object", "BadRequestError")
+        return _bad("the body must be a JSON object")
     model = body.get("model", state.config.model)
     if model != state.config.model:
-        return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        return _error(
+            404,
+            f"The model `{model}` does not exist.",
+            "invalid_request_error",
+            param="model",
+            code="model_not_found",
+        )
     try:
         text_in = _prompt_of(body, chat)
     except BadBody as exc:
-        return _error(400, str(exc), "BadRequestError")
-    max_tokens = body.get(
-        "max_completion_tokens" if chat else "max_tokens", body.get("max_tokens", 16)
-    )
-    if not isinstance(max_tokens, int) or not 0 < max_tokens <= 4096:
-        return _error(400, "max_tokens must be an integer in 1..4096", "BadRequestError")
+        return _bad(str(exc), "messages" if chat else "prompt")
+    limit = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = body.get(limit, 16)
+    if type(max_tokens) is not int or not 0 < max_tokens <= 4096:
+        return _bad(f"{limit} must be an integer in 1..4096", limit)
+    n = body.get("n", 1)
+    if type(n) is not int or not 0 < n <= MAX_N:
+        return _bad(f"n must be an integer in 1..{MAX_N}", "n")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    usage_chunk = stream and isinstance(options, dict) and options.get("include_usage") is True
     tokens = text_in.split()
-    gen = _Generation(state, chat, len(tokens), max_tokens, body.get("stream") is True)
+    gen = _Generation(state, chat, len(tokens), max_tokens, stream, n, usage_chunk)
     first = _first_token_delay(state, tokens)
     state.server_load += 1  # the API server holds it, whatever the engine core does
     task = asyncio.current_task()
@@ -339,15 +365,26 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 
 
 class _Generation:
-    """One request's answer, in OpenAI's shapes (whole, or as SSE chunks)."""
+    """One request's answer, in OpenAI's shapes (whole, or as SSE chunks): `n`
+    choices, and with `stream_options.include_usage` a last chunk with the usage
+    and no choices, as OpenAI and vLLM end a stream."""
 
     def __init__(
-        self, state: EngineState, chat: bool, prompt_tokens: int, max_tokens: int, stream: bool
+        self,
+        state: EngineState,
+        chat: bool,
+        prompt_tokens: int,
+        max_tokens: int,
+        stream: bool,
+        n: int = 1,
+        usage_chunk: bool = False,  # stream_options.include_usage
     ) -> None:
         self.state, self.chat, self.stream = state, chat, stream
-        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.prompt_tokens, self.max_tokens, self.n = prompt_tokens, max_tokens, n
+        self.usage_chunk = usage_chunk
         prefix = "chatcmpl" if chat else "cmpl"
-        self.id = f"{prefix}-fake-{next(state.ids)}"
+        # Random, as vLLM's: ids stay unique across engines and restarts.
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -357,46 +394,64 @@ class _Generation:
         now = time.monotonic()
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         self.state.metrics.finished(
-            self.prompt_tokens, self.max_tokens, "length", now - self.started, ttft
+            self.prompt_tokens, self.completion_tokens, "length", now - self.started, ttft
         )
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.max_tokens * self.n
 
     def _usage(self) -> dict[str, int]:
         return {
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.max_tokens,
-            "total_tokens": self.prompt_tokens + self.max_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
 
     def whole(self) -> dict[str, object]:
         self._done()
         text = " lorem" * self.max_tokens
-        choice: dict[str, object] = {"index": 0, "finish_reason": "length", "logprobs": None}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+        choices: list[dict[str, object]] = []
+        for index in range(self.n):
+            choice: dict[str, object] = {
+                "index": index,
+                "finish_reason": "length",
+                "logprobs": None,
+            }
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
         return {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": self.state.config.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": self._usage(),
         }
 
-    def _chunk(self, piece: str | None, finish: str | None) -> bytes:
-        choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def _chunk(self, piece: str | None, finish: str | None, index: int) -> bytes:
+        choice: dict[str, object] = {"index": index, "finish_reason": finish, "logprobs": None}
         if self.chat:
             choice["delta"] = {} if piece is None else {"content": piece}
         else:
             choice["text"] = piece or ""
-        chunk = {
+        return self._event([choice])
+
+    def _event(
+        self, choices: list[dict[str, object]], usage: dict[str, int] | None = None
+    ) -> bytes:
+        chunk: dict[str, object] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
             "model": self.state.config.model,
-            "choices": [choice],
+            "choices": choices,
         }
+        if self.usage_chunk:  # as OpenAI's: null on every chunk but the last
+            chunk["usage"] = usage
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
     async def stream_to(self, request: web.Request, first_delay: float) -> web.StreamResponse:
@@ -410,9 +465,13 @@ class _Generation:
                 await asyncio.sleep(interval)
             else:
                 self.first_token_at = time.monotonic()
-            await resp.write(self._chunk(" lorem", None))
-        await resp.write(self._chunk(None, "length"))
+            for index in range(self.n):
+                await resp.write(self._chunk(" lorem", None, index))
+        for index in range(self.n):
+            await resp.write(self._chunk(None, "length", index))
         self._done()
+        if self.usage_chunk:  # OpenAI's and vLLM's last chunk: no choices, the usage
+            await resp.write(self._event([], self._usage()))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
