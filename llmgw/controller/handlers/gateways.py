@@ -40,6 +40,8 @@ async def gateway_status(request: web.Request) -> web.Response:
         term_of(request.app).gateways.report(body, by=who(request))
     except TooManyGateways as exc:
         return error(429, str(exc))
+    if body.keys_used:
+        term_of(request.app).client_keys.used(body.keys_used)
     return web.Response(status=204)
 
 
