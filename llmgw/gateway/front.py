@@ -6,7 +6,8 @@ and reach a gateway only as digests (llmgw.tenant_keys). So the gateway listens 
 the public address with this small proxy, and SMG on a loopback port of its own:
 
 * `/health` passes as it is;
-* until the controller's keys are first read, everything else is a 503;
+* until the controller's keys are first read, and without a key file,
+  everything else is a 503;
 * with no key anywhere, every request passes on loopback (open mode), and none
   but /health on a public address;
 * otherwise a `/v1/...` request needs a key the keyring knows (else 401, in
@@ -25,6 +26,7 @@ answer back as it comes. What it costs per request is in bench/README.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -77,10 +79,19 @@ def unknown_model(model: str) -> web.Response:
 
 class Front:
     def __init__(
-        self, keyring: Keyring, upstream: str, upstream_key: str, *, public: bool = False
+        self,
+        keyring: Keyring,
+        upstream: str,
+        upstream_key: str,
+        *,
+        public: bool = False,
+        body_timeout_s: float = 1800.0,
     ) -> None:
         self.keyring = keyring
         self.public = public  # not loopback: open mode refused
+        # SMG's --request-timeout: the bound on a body this proxy reads itself (one
+        # it passes on, SMG reads and bounds).
+        self.body_timeout_s = body_timeout_s
         self.upstream = upstream.rstrip("/")
         self._upstream_auth = f"Bearer {upstream_key}"
         self._http: aiohttp.ClientSession | None = None
@@ -94,7 +105,11 @@ class Front:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
-        app = web.Application(client_max_size=MAX_BODY, handler_args={"max_field_size": 65536})
+        # lingering_time: how long aiohttp goes on reading a body left unread (a slow
+        # one refused with a 408) before that answer goes out; its default is 10 s.
+        app = web.Application(
+            client_max_size=MAX_BODY, handler_args={"max_field_size": 65536, "lingering_time": 0.5}
+        )
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -111,7 +126,7 @@ class Front:
         if path == "/health":
             return await self._forward(request, request.headers.get("Authorization"))
         keyring = self.keyring
-        if not keyring.known:
+        if not keyring.known and not keyring.has_file_keys:
             return openai_error(
                 503,
                 "service_unavailable",
@@ -160,7 +175,9 @@ class Front:
             return await self._forward(request, upstream_auth)
         if request.method != "POST":
             return await self._forward(request, upstream_auth)
-        body = await request.read()
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -176,6 +193,20 @@ class Front:
         if not grant.models.allows(asked):
             return unknown_model(asked)
         return await self._forward(request, upstream_auth, body)
+
+    async def _body(self, request: web.Request) -> bytes | web.Response:
+        """The whole body, or a 408 once it has taken longer than SMG's request
+        timeout to arrive (only a key holder gets this far: a slow body without a
+        key was refused on its head)."""
+        try:
+            return await asyncio.wait_for(request.read(), self.body_timeout_s)
+        except TimeoutError:
+            return openai_error(
+                408,
+                "invalid_request_error",
+                "request_body_timeout",
+                f"the request body did not arrive within {self.body_timeout_s:g} s",
+            )
 
     async def _models(self, request: web.Request, grant: Grant, upstream_auth: str) -> web.Response:
         """SMG's model list, less what the key does not allow."""
@@ -203,14 +234,16 @@ class Front:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         if authorization:
             headers["Authorization"] = authorization
-        data = (
-            body if body is not None else (await request.read() if request.can_read_body else None)
-        )
+        if body is None and request.body_exists:
+            read = await self._body(request)
+            if isinstance(read, web.Response):
+                return read
+            body = read
         url = f"{self.upstream}{request.rel_url}"
         answer: web.StreamResponse | None = None
         try:
             async with self._http.request(
-                request.method, url, headers=headers, data=data, allow_redirects=False
+                request.method, url, headers=headers, data=body, allow_redirects=False
             ) as up:
                 answer = web.StreamResponse(status=up.status, reason=up.reason)
                 for k, v in up.headers.items():

@@ -9,9 +9,9 @@ gateway without a controller's keys. Both are taken at once when both exist.
 A gateway that loses the controller keeps the last keys it had for as long as it
 runs (each still refused past its own expiry); a new key or a revocation reaches
 it when it hears from a controller again. Until the feed first answers, the
-controller's keys are unknown, and the front refuses every request but /health
-with a 503 rather than guess (an older controller without a key feed counts as
-one with no keys).
+controller's keys are unknown: with a key file the gateway serves its keys alone
+meanwhile; without, the front refuses every request but /health with a 503 rather
+than guess (an older controller without a key feed counts as one with no keys).
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ class Keyring:
     def take_used(self) -> dict[str, float]:
         used, self.used = self.used, {}
         return used
+
+    @property
+    def has_file_keys(self) -> bool:
+        return bool(self._file)
 
     @property
     def counts(self) -> tuple[int, int]:

@@ -204,7 +204,9 @@ def main(argv: list[str]) -> int:
         )
         smg = Smg(options)
         keyring = Keyring(keys)
-        front = Front(keyring, smg.base, upstream_key, public=public)
+        front = Front(
+            keyring, smg.base, upstream_key, public=public, body_timeout_s=args.request_timeout
+        )
         follower = Follower(
             args.controller, token, args.name, smg, args.wake_timeout, keyring=keyring
         )
