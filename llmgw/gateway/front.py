@@ -66,14 +66,23 @@ def openai_error(status: int, kind: str, code: str, message: str, **headers: str
     return web.json_response(body, status=status, headers=headers or None)
 
 
-def unknown_model(model: str) -> web.Response:
-    """What SMG answers for a model no worker serves (smg 1.13), word for word."""
+# SMG's request ids: a prefix by route, then 24 letters and digits.
+_ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
+_ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def unknown_model(path: str, model: str) -> web.Response:
+    """What SMG answers for a model no worker serves (smg 1.13), word for word and
+    header for header, so that a model a key does not allow cannot be told apart."""
+    request_id = _ID_PREFIX.get(path, "req-") + "".join(
+        secrets.choice(_ID_CHARS) for _ in range(24)
+    )
     return openai_error(
         404,
         "invalid_request_error",
         "model_not_found",
         f"No worker available for model '{model}'",
-        **{"x-smg-error-code": "model_not_found"},
+        **{"x-smg-error-code": "model_not_found", "x-request-id": request_id},
     )
 
 
@@ -171,7 +180,7 @@ class Front:
         if path.startswith("/v1/models/"):
             model = request.match_info["tail"][len("v1/models/") :]
             if not grant.models.allows(model):
-                return unknown_model(model)
+                return unknown_model(path, model)
             return await self._forward(request, upstream_auth)
         if request.method != "POST":
             return await self._forward(request, upstream_auth)
@@ -191,7 +200,7 @@ class Front:
                 "you must provide a model parameter (a JSON body with a string `model`)",
             )
         if not grant.models.allows(asked):
-            return unknown_model(asked)
+            return unknown_model(path, asked)
         return await self._forward(request, upstream_auth, body)
 
     async def _body(self, request: web.Request) -> bytes | web.Response:

@@ -87,6 +87,9 @@ def test_keys_made_used_and_revoked_across_two_gateways(cluster: Cluster) -> Non
                 json.dumps(unknown.value.body).replace("no-such", "chat")
             )
             assert outside.value.response.headers["x-smg-error-code"] == "model_not_found"
+            assert set(outside.value.response.headers) == set(unknown.value.response.headers)
+            for answer_404 in (outside, unknown):
+                assert answer_404.value.response.headers["x-request-id"].startswith("chatcmpl-")
             with pytest.raises(openai.NotFoundError):
                 acme_client.models.retrieve("chat")
             beta_client = client(gw, beta_key)
