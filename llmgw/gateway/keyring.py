@@ -24,6 +24,8 @@ from llmgw.gateway.keys import ApiKey
 from llmgw.tenant_keys import ALL_MODELS, Models, digest
 from llmgw.wire import ClientKeyEntry
 
+USED_PER_STATUS = 500  # about 20 KB of a status; its bound is 64 KiB and more
+
 
 @dataclass(frozen=True, slots=True)
 class Grant:
@@ -72,9 +74,14 @@ class Keyring:
             self.used[found.key_id] = time.time()
         return found
 
-    def take_used(self) -> dict[str, float]:
-        used, self.used = self.used, {}
-        return used
+    def take_used(self, most: int = USED_PER_STATUS) -> dict[str, float]:
+        """Keys used since the last call, at most `most` (the rest wait for the next):
+        a status stays far below the controller's bound on its size."""
+        if len(self.used) <= most:
+            used, self.used = self.used, {}
+            return used
+        ids = list(self.used)[:most]
+        return {i: self.used.pop(i) for i in ids}
 
     @property
     def has_file_keys(self) -> bool:

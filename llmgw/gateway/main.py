@@ -213,7 +213,7 @@ def main(argv: list[str]) -> int:
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"
             if keys
-            else "the controller's client keys (none: open on loopback only)"
+            else "the controller's client keys"
         )
         kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"
         print(

@@ -52,3 +52,15 @@ def test_a_revoked_key_goes_and_the_file_keys_stay() -> None:
     assert ring.grant("sk-one") is None
     assert ring.grant("sk-from-file-1") is not None and ring.required
     assert ring.counts == (0, 1)
+
+
+def test_keys_used_go_to_the_status_a_bounded_number_at_a_time() -> None:
+    ring = Keyring()
+    ring.set_controller_keys([entry(f"k{i}", f"sk-key-{i}", ["*"]) for i in range(7)])
+    for i in range(7):
+        assert ring.grant(f"sk-key-{i}") is not None
+    first = ring.take_used(most=5)
+    second = ring.take_used(most=5)
+    assert len(first) == 5 and len(second) == 2
+    assert first.keys() | second.keys() == {f"k{i}" for i in range(7)}
+    assert ring.take_used() == {}
