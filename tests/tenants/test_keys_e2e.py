@@ -119,6 +119,12 @@ def test_keys_made_used_and_revoked_across_two_gateways(cluster: Cluster) -> Non
             assert status_with(gw, beta_key) == 200, "another tenant is untouched"
         print(f"revoked key refused at both gateways {took:.2f} s after ctl keys revoke")
 
+        # A gateway that loses the controller keeps the last keys it had.
+        c.kill_controller()
+        for gw in gateways:
+            assert status_with(gw, beta_key) == 200
+            assert status_with(gw, acme_key) == 401 and status_with(gw, None) == 401
+
     # Never a key in a command line, an environment or a log of any process.
     keys = [acme_key.encode(), beta_key.encode()]
     assert cmdlines.seen and any(b"smg_child" in x for x in cmdlines.seen)
