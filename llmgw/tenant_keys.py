@@ -21,9 +21,6 @@ PREFIX = "sk-llmgw-"
 _ID_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
 ID_LENGTH = 8
 ALL_MODELS = ("*",)
-TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
-# What a model pattern may hold: a model name's characters and the glob's own.
-MODEL_PATTERN = r"^[A-Za-z0-9._:/@+*?\[\]!-]{1,256}$"
 
 
 def digest(key: str) -> str:

@@ -28,7 +28,6 @@ from pydantic import (
 )
 from pydantic_core import CoreConfig, SchemaValidator
 
-from llmgw import tenant_keys
 from llmgw.common import printable as printable  # (re-exported: the agent's import)
 
 # -- text rules ------------------------------------------------------------------
@@ -493,8 +492,9 @@ class EnrollTokenView(Outbound):
 
 # -- client keys of tenants (`ctl keys`; llmgw.tenant_keys) ----------------------------
 
-TenantName = Annotated[str, StringConstraints(pattern=tenant_keys.TENANT_PATTERN)]
-ModelPattern = Annotated[str, StringConstraints(pattern=tenant_keys.MODEL_PATTERN)]
+TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+# A model name's characters and the shell-style glob's own.
+ModelPattern = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/@+*?\[\]!-]{1,256}$")]
 ClientKeyId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{1,16}$")]
 
 
