@@ -53,6 +53,7 @@ _HOP = frozenset(
         "Upgrade",
         "Host",
         "Content-Length",
+        "Expect",  # answered here (100 Continue); the body goes on whole
         "Authorization",
     )
 )
