@@ -516,6 +516,54 @@ class EnrollTokenView(Outbound):
     token: str | None = None  # the secret: in the answer that made it, never again
 
 
+# -- client keys of tenants (`ctl keys`; llmgw.tenant_keys) ----------------------------
+
+TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+# A model name's characters and the shell-style glob's own.
+ModelPattern = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/@+*?\[\]!-]{1,256}$")]
+ClientKeyId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{1,16}$")]
+
+
+class ClientKeyRequest(Inbound):
+    """`POST /v1/keys`: make a client key for a tenant (`ctl keys create`)."""
+
+    tenant: TenantName
+    # The models it allows (shell-style patterns); none given: every model.
+    models: list[ModelPattern] = Field(default_factory=list, max_length=64)
+    expires_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)] | None = None  # None: never
+
+
+class ClientKeyView(Outbound):
+    """What `ctl keys list` shows: never the key, nor its digest."""
+
+    id: str
+    tenant: str
+    models: list[str]
+    state: str  # "valid" | "expired"
+    created_at: float  # unix time, controller clock
+    by: str
+    expires_at: float | None = None  # None: never
+    last_used: float | None = None  # as the gateways reported it (to the minute)
+    key: str | None = None  # the key: in the answer that made it, never again
+
+
+class ClientKeyEntry(Outbound):
+    """One key as a gateway gets it: its digest, never the key."""
+
+    id: str
+    tenant: str
+    digest: str
+    models: list[str]
+    expires_at: float | None = None
+
+
+class ClientKeysFeed(Outbound):
+    """`GET /v1/keys/feed`: every key (they are few), and the cursor to wait past."""
+
+    cursor: str
+    keys: list[ClientKeyEntry]
+
+
 class EmptyRequest(Inbound):
     """A body that carries nothing: `{}` or no body at all."""
 
@@ -1060,6 +1108,10 @@ class GatewayStatus(Inbound):
     )
     # Requests it holds per model asleep at zero replicas, waiting for one to wake.
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
+    # Client keys used since the last status (key id -> unix time, the gateway's clock).
+    keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000
     )
 

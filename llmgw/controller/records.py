@@ -123,6 +123,21 @@ class ReplicaRecord:
 
 
 @dataclass(frozen=True)
+class ClientKey:
+    """A tenant's client key (`ctl keys create`): its id is public, the key is kept
+    only as a SHA-256 (llmgw.tenant_keys). `models`: the patterns it allows."""
+
+    id: str
+    tenant: str
+    digest: str
+    models: tuple[str, ...]
+    created_at: float
+    by: str
+    expires_at: float | None = None  # None: never
+    last_used: float | None = None  # as the gateways reported it (to the minute)
+
+
+@dataclass(frozen=True)
 class Backoff:
     model: str
     failures: int
@@ -148,6 +163,7 @@ class StateDump:
     credentials: dict[str, IssuedCredential] = field(default_factory=dict)
     enroll_tokens: list[EnrollToken] = field(default_factory=list)
     enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
+    client_keys: list[ClientKey] = field(default_factory=list)  # digests, never a key
 
     def sizes(self) -> list[tuple[int, str]]:
         """How many of each thing the dump holds, named (never a digest)."""
@@ -163,6 +179,7 @@ class StateDump:
             (len(self.credentials), "node credentials"),
             (len(self.enroll_tokens), "enrollment tokens"),
             (len(self.enroll_allowed), "enrollment allowances"),
+            (len(self.client_keys), "client keys"),
         ]
 
     def empty(self) -> bool:
