@@ -28,7 +28,8 @@ development endpoints `POST /sleep?level=N`, `POST /wake_up` and `GET /is_sleepi
 (without it they are 404, as vLLM's); `--enable-sleep-mode` lets them work (else a
 sleep answers 500). A sleep takes `--sleep-seconds`, a wake `--wake-seconds`; asleep or
 on its way, inference answers 503 naming the sleep, while `/health`, `/metrics` and
-`/v1/models` still answer. With `LLMGW_FAKE_GPU_MEMORY_DIR` set it says what it holds on
+`/v1/models` still answer (`POST /collective_rpc` takes the `reload_weights` a level-2
+wake asks for). With `LLMGW_FAKE_GPU_MEMORY_DIR` set it says what it holds on
 its cards (CUDA_VISIBLE_DEVICES), `--gpu-memory-mib` each awake and only a CUDA context's
 worth asleep (agent.fake_process_memory); the fault `--sleep-keeps-memory` answers the
 sleep 200 and keeps it all held (vLLM #47654).
@@ -291,6 +292,17 @@ async def post_wake_up(request: web.Request) -> web.Response:
         state.sleep.level, state.sleep.asleep = 0, False
     _say("awake")
     return web.Response(status=200)
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    """vLLM's POST /collective_rpc, for the one method a level-2 wake needs."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("method") != "reload_weights":
+        return _error(400, 'only {"method": "reload_weights"} is simulated', "BadRequestError")
+    return web.json_response({"results": [None]})
 
 
 async def get_is_sleeping(request: web.Request) -> web.Response:
@@ -567,15 +579,22 @@ async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
 def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """uvicorn's access-log line for every request, as vLLM prints them."""
 
-    @web.middleware
-    async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        resp = await handler(request)
+    def said(request: web.Request, status: int) -> None:
         if request.path not in quiet:
             peer = request.remote or "-"
             print(
-                f'INFO:     {peer} - "{request.method} {request.path_qs} HTTP/1.1" {resp.status}',
+                f'INFO:     {peer} - "{request.method} {request.path_qs} HTTP/1.1" {status}',
                 flush=True,
             )
+
+    @web.middleware
+    async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:  # no such path: a 404, logged as uvicorn does
+            said(request, exc.status)
+            raise
+        said(request, resp.status)
         return resp
 
     return log_access
@@ -600,6 +619,7 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
         app.router.add_post("/sleep", post_sleep)
         app.router.add_post("/wake_up", post_wake_up)
         app.router.add_get("/is_sleeping", get_is_sleeping)
+        app.router.add_post("/collective_rpc", collective_rpc)
     app.cleanup_ctx.append(_memory_ctx)
     app.cleanup_ctx.append(_traffic_ctx)
     return app

@@ -296,6 +296,8 @@ class ReplicaState(StrEnum):
     READY = "ready"
     DRAINING = "draining"
     FAILED = "failed"
+    SLEEPING = "sleeping"  # its process keeps its cards, serves nothing (issue 32)
+    WAKING = "waking"  # a sleeping replica on its way back to ready
 
 
 class ShardState(StrEnum):
@@ -305,6 +307,8 @@ class ShardState(StrEnum):
     READY = "ready"
     STOPPING = "stopping"
     FAILED = "failed"
+    SLEEPING = "sleeping"  # its engine answered the sleep: it serves nothing
+    WAKING = "waking"  # asked to wake, not answered yet
 
 
 # -- the agent's report ---------------------------------------------------------
@@ -379,6 +383,9 @@ class ReplicaReport(Inbound):
     exit_code: ExitCode | None = None
     error: Text | None = None
     traffic: EngineTraffic | None = None  # rank 0 of a ready engine, once scraped twice
+    # Asked to sleep, it did not: why (no sleep mode, the engine refused). Sent while
+    # the assignment asks for sleep; the agent does not try again.
+    sleep_error: Text | None = None
 
 
 class NodeReport(Inbound):
@@ -429,6 +436,12 @@ class ShardAssignment(Outbound):
     leader_node: str | None = None
     leader_address: str | None = None
     port: int | None = None  # rendezvous port for multi-node engines
+    sleep_mode: bool = False  # start the engine able to sleep (its spec asks for sleep)
+    sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
+
+    def awake(self) -> ShardAssignment:
+        """The same engine, awake: what decides whether a changed assignment restarts it."""
+        return self if self.sleep_level is None else self.model_copy(update={"sleep_level": None})
 
 
 class ReportReply(Outbound):
