@@ -551,6 +551,23 @@ class ModelSpec(Inbound):
         default=600.0, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
     )
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    # The warm tier (issue 32): a ready replica idle this long sleeps instead of
+    # stopping (None: never; nothing changes for a spec that does not ask), at
+    # `sleep_level` (1: weights kept in host memory; 2: dropped, reloaded on waking;
+    # auto: 1 when the node's host memory holds the weights, else 2), and is stopped
+    # after `stop_asleep_after_s` asleep (None: never while its cards are not needed).
+    sleep_after_s: Annotated[float, Strict()] | None = Field(
+        default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+    sleep_level: Literal[1, 2, "auto"] = "auto"
+    stop_asleep_after_s: Annotated[float, Strict()] | None = Field(
+        default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+
+    @property
+    def sleeps(self) -> bool:
+        """Its idle replicas sleep instead of stopping."""
+        return self.sleep_after_s is not None
 
     @model_validator(mode="after")
     def _a_rollout_can_move(self) -> ModelSpec:
@@ -597,6 +614,9 @@ class EventReason(StrEnum):
     SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
     RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
+    SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
+    WOKE = "Woke"  # a sleeping replica woken for its model's requests
+    SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: stopped instead
 
 
 class EventView(Outbound):
@@ -826,6 +846,8 @@ class ReplicaCounts(Outbound):
     starting: int = 0
     draining: int = 0
     failed: int = 0
+    sleeping: int = 0  # the warm tier: holding their cards, serving nothing
+    waking: int = 0
 
 
 class ModelCounts(Outbound):

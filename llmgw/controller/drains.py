@@ -164,7 +164,9 @@ def replace_faulted(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
     if not hit:
         memory.note_fault_blocked({})
         return plan.plan()
-    starting = [r.id for r, _ in hit if r.state is ReplicaState.STARTING]
+    # Nothing to hand over from a replica that serves nothing: stopped at once.
+    idle_states = (ReplicaState.STARTING, ReplicaState.SLEEPING, ReplicaState.WAKING)
+    starting = [r.id for r, _ in hit if r.state in idle_states]
     if starting:
         log.warning("stopping %d starting replica(s) on failed cards", len(starting))
         plan.remove(starting)

@@ -144,8 +144,17 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
         unplaceable = reasons.get(name)
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
+        asleep, woken = counts[name][ReplicaState.SLEEPING], counts[name][ReplicaState.WAKING]
         if unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
+        elif woken or asleep:  # the warm tier: held while the same replica wakes
+            message = (
+                f"{woken} replica{'s' if woken != 1 else ''} waking"
+                if woken
+                else f"{asleep} replica{'s' if asleep != 1 else ''} asleep, woken by its "
+                "first request"
+            )
+            out[name] = Unserved(kind=UnservedKind.ASLEEP, message=message)
         elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
             waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
             out[name] = Unserved(

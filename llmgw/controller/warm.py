@@ -1,0 +1,114 @@
+"""The warm tier (issue 32): an idle replica of a model whose spec asks for it sleeps
+instead of stopping, and wakes, the same replica, when its model's requests come.
+
+Who calls: `Reconciler.steps`, once a pass, after `demand.scale` and before reclaim and
+the shortfall step, which then place only what waking cannot serve (a sleeping replica
+counts for its model, toward `max_replicas`, and serves nothing). A function of a
+`FleetSnapshot` returning a `Plan`; nothing is remembered between passes.
+
+A replica's state says what the controller decided (`sleeping`, `waking`); its
+assignment carries the sleep level to its agent, the only caller of the engine's sleep
+endpoints; its endpoint is out of routing from the decision to sleep until it is
+ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
+awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
+(`sleep_error`: it leaves and stops, as a scale-down's replica does).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmgw.controller.faults import fault_under
+from llmgw.controller.fleet_snapshot import FleetSnapshot, ModelReplicas
+from llmgw.controller.placing import stoppable
+from llmgw.controller.plans import Plan, Planner
+from llmgw.controller.records import LeaveReason
+from llmgw.controller.replicas import ReplicaStatus
+from llmgw.wire import EventReason, ModelSpec, ReplicaState
+
+__all__ = ["sleep_and_wake"]
+
+_AWAKE = (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.WAKING)
+
+
+def sleep_and_wake(snap: FleetSnapshot) -> Plan:
+    """Per model: replicas that could not sleep stop; sleeping ones wake for the
+    requests held or in flight that the awake ones cannot take; idle ones sleep."""
+    plan = Planner(snap.records)
+    for name, spec in sorted(snap.models.items()):
+        mine = snap.replicas_of(name)
+        _could_not_sleep(snap, plan, mine)
+        if not _wake(snap, plan, spec, mine) and spec.sleeps:
+            _sleep(snap, plan, spec, mine)
+    return plan.plan()
+
+
+def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
+    """Found out at the first try: its model falls back to stopping it."""
+    for s in mine.standing:
+        error = s.sleep_error
+        if s.record.state is not ReplicaState.SLEEPING or error is None:
+            continue
+        rec = s.record
+        why = f"could not sleep: {error.splitlines()[0]}"
+        plan.put([rec.leaves(LeaveReason.SCALE_DOWN, why)])
+        plan.event(f"replica/{rec.id}", EventReason.SLEEP_FAILED, f"{rec.model}: {why}; stopping")
+        plan.remove(stoppable(snap, plan, [rec.id]))
+
+
+def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatus]) -> int:
+    """Awake replicas the model's requests ask for now: its requests in flight and
+    held at the gateways over its target, and one for any held request."""
+    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    in_flight = sum(s.in_flight(snap.gateway_in_flight) or 0 for s in awake) + held
+    wanted = math.ceil(in_flight / spec.target_in_flight)
+    return max(wanted, 1) if held else wanted
+
+
+def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> bool:
+    """Wake what the requests ask for; True when any replica wakes (or will)."""
+    awake = [s for s in mine.standing if s.state in _AWAKE]
+    # Only a replica whose engines say they sleep: one still on its way to sleep would
+    # read ready from its last report and be routed to while it falls asleep.
+    asleep = [s for s in mine.standing if s.record.state is ReplicaState.SLEEPING and s.asleep]
+    count = min(len(asleep), _wanted_awake(snap, spec, awake) - len(awake))
+    if count <= 0:
+        return any(s.state is ReplicaState.WAKING for s in awake)
+    # The one asleep the longest known first; the order is stable.
+    picked = sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))[:count]
+    plan.put(s.record.with_state(ReplicaState.WAKING) for s in picked)
+    for s in picked:
+        plan.event(
+            f"replica/{s.record.id}",
+            EventReason.WOKE,
+            f"{spec.name}: waking for its requests ({len(awake)} replica(s) awake)",
+        )
+    return True
+
+
+def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> None:
+    """A ready replica nobody asked anything of for `sleep_after_s` sleeps."""
+    after = spec.sleep_after_s
+    assert after is not None
+    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    if held:
+        return
+    for s in mine.standing:
+        rec = s.record
+        if (
+            rec.state is ReplicaState.READY
+            and s.state is ReplicaState.READY
+            and rec.replaces is None  # a stand-in serves in another's place
+            and snap.up_to_date(rec)  # started able to sleep (`sleeps` is an engine field)
+            and s.idle_since is not None
+            and snap.now - s.idle_since >= after
+            and not s.in_flight(snap.gateway_in_flight)
+            and fault_under(rec, snap.faults) is None
+        ):
+            plan.put([rec.with_state(ReplicaState.SLEEPING)])
+            idle = snap.now - s.idle_since
+            plan.event(
+                f"replica/{rec.id}",
+                EventReason.SLEPT,
+                f"{spec.name}: asleep, idle for {idle:.0f}s (sleep_after_s {after:g})",
+            )

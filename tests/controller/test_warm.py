@@ -1,0 +1,162 @@
+"""The warm tier's step (`warm.sleep_and_wake`) and what it rests on, on snapshots
+built by hand: idle replicas sleep instead of stopping, sleeping ones wake for held
+requests (the same replica), one that cannot sleep stops (issue 32 items 1-2)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+
+import pytest
+from pydantic import ValidationError
+from test_steps import CHAT, replica, snapshot
+
+from llmgw.controller.demand import scale
+from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
+from llmgw.controller.loop_memory import LoopMemory
+from llmgw.controller.nodes import ShardDigest
+from llmgw.controller.outcomes import record_transitions
+from llmgw.controller.records import LeaveReason, ReplicaRecord
+from llmgw.controller.replicas import replica_status
+from llmgw.controller.replies import sleep_level
+from llmgw.controller.revisions import same_engine
+from llmgw.controller.warm import sleep_and_wake
+from llmgw.wire import EventReason, ModelSpec, ReplicaState, ShardState
+
+SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
+NOW = 100.0  # the snapshot's clock
+
+
+def shard(
+    rec: ReplicaRecord,
+    state: ShardState,
+    idle_for: float | None = None,
+    sleep_error: str | None = None,
+) -> ShardDigest:
+    idle_since = None if idle_for is None else NOW - idle_for
+    return ShardDigest(rec.id, 0, state, idle_since, None, 8000, None, sleep_error)
+
+
+def reported(
+    records: Iterable[ReplicaRecord],
+    shards: dict[str, ShardDigest],
+    models: Iterable[ModelSpec] = (SLEEPY,),
+    gate: GateView | None = None,
+) -> FleetSnapshot:
+    """A snapshot whose replicas' states come from their engines' reports, as the facts'."""
+    records = list(records)
+    snap = snapshot(records, models, gate=gate)
+    statuses = {r.id: replica_status(r, {(r.id, 0): shards[r.id]}) for r in records}
+    return replace(snap, statuses=statuses)
+
+
+def held(model: str, n: int) -> GateView:
+    return GateView(now=NOW, grace_s=math.inf, live=((None, {}),), held={model: n})
+
+
+def test_a_replica_idle_for_sleep_after_sleeps_instead_of_stopping() -> None:
+    idle, busy = replica("a"), replica("b", created_at=2.0)
+    shards = {"a": shard(idle, ShardState.READY, 31.0), "b": shard(busy, ShardState.READY, 5.0)}
+
+    plan = sleep_and_wake(reported([idle, busy], shards))
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.SLEEPING)]
+    assert plan.removed == [] and plan.stopping == []
+    [event] = plan.events
+    assert (event.obj, event.reason) == ("replica/a", EventReason.SLEPT)
+    assert "idle for 31s" in event.message
+
+
+def test_nothing_sleeps_for_a_spec_that_does_not_ask() -> None:
+    idle = replica("a")
+    plain = SLEEPY.model_copy(update={"sleep_after_s": None})
+
+    plan = sleep_and_wake(reported([idle], {"a": shard(idle, ShardState.READY, 3600.0)}, [plain]))
+
+    assert not plan
+
+
+def test_an_idle_replica_with_requests_held_or_unknown_idleness_stays_awake() -> None:
+    idle = replica("a")
+    unknown = sleep_and_wake(reported([idle], {"a": shard(idle, ShardState.READY)}))
+    holding = sleep_and_wake(
+        reported([idle], {"a": shard(idle, ShardState.READY, 60.0)}, gate=held("chat", 1))
+    )
+    assert not unknown.put and not holding.put
+
+
+def test_held_requests_wake_the_sleeping_replica_itself() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING)
+
+    plan = sleep_and_wake(
+        reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, gate=held("chat", 2))
+    )
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.WAKING)]
+    assert [(e.obj, e.reason) for e in plan.events] == [("replica/a", EventReason.WOKE)]
+    assert plan.removed == []
+
+
+def test_one_not_asleep_yet_is_not_woken_and_none_wakes_without_requests() -> None:
+    falling = replica("a", ReplicaState.SLEEPING)  # its engine has not answered the sleep yet
+    on_its_way = sleep_and_wake(
+        reported([falling], {"a": shard(falling, ShardState.READY)}, gate=held("chat", 1))
+    )
+    quiet = sleep_and_wake(reported([falling], {"a": shard(falling, ShardState.SLEEPING)}))
+    assert not on_its_way.put and not quiet.put
+
+
+def test_a_replica_that_could_not_sleep_stops_instead() -> None:
+    tried = replica("a", ReplicaState.SLEEPING)
+    why = "engine 'fake' cannot sleep: POST /sleep answered 404"
+
+    plan = sleep_and_wake(
+        reported([tried], {"a": shard(tried, ShardState.READY, 60.0, sleep_error=why)})
+    )
+
+    [leaving] = plan.put
+    assert leaving.leave_reason is LeaveReason.SCALE_DOWN
+    assert plan.removed == ["a"], "no gateway to wait for"
+    [event] = plan.events
+    assert event.reason is EventReason.SLEEP_FAILED and why in event.message
+
+
+def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING)
+    snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)})
+
+    plan = scale(replace(snap, desired={"chat": 0}), LoopMemory())
+
+    assert plan.put == [] and plan.removed == [] and plan.stopping == []
+
+
+def test_replica_state_follows_the_decision_then_the_engines() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING)
+    waking = replica("a", ReplicaState.WAKING)
+
+    def state(rec: ReplicaRecord, engine: ShardState) -> ReplicaState:
+        return replica_status(rec, {("a", 0): shard(rec, engine)}).state
+
+    assert state(asleep, ShardState.READY) is ReplicaState.SLEEPING, "decided: out of routing"
+    assert state(waking, ShardState.SLEEPING) is ReplicaState.WAKING
+    assert state(waking, ShardState.WAKING) is ReplicaState.WAKING
+    assert state(waking, ShardState.READY) is ReplicaState.READY
+    snap = reported([waking], {"a": shard(waking, ShardState.READY)})
+    assert [(r.id, r.state) for r in record_transitions(snap).put] == [("a", ReplicaState.READY)]
+
+
+def test_turning_sleep_on_is_an_engine_change_its_idle_time_is_not() -> None:
+    later = SLEEPY.model_copy(update={"sleep_after_s": 600.0})
+    off = SLEEPY.model_copy(update={"sleep_after_s": None})
+    assert same_engine(SLEEPY, later)
+    assert not same_engine(SLEEPY, off), "the engine starts with --enable-sleep-mode or not"
+    assert sleep_level(SLEEPY) == 2, "auto: level 2 until host memory is reported"
+    assert sleep_level(SLEEPY.model_copy(update={"sleep_level": 1})) == 1
+
+
+def test_spec_fields_are_strict() -> None:
+    for bad in ({"sleep_level": 3}, {"sleep_after_s": -1.0}, {"stop_asleep_after_s": "5"}):
+        with pytest.raises(ValidationError):
+            ModelSpec.model_validate({"name": "m", "source": "s", **bad})
+    assert ModelSpec(name="m", source="s").sleeps is False
