@@ -65,7 +65,9 @@ _SERVING_STATES = (ReplicaState.READY, ReplicaState.DRAINING)
 
 def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None:
     """Where a replica is served, or None while it is not in routing."""
-    if rec.state not in _SERVING_STATES:
+    # One going to sleep is a stopping endpoint until the gateways let go of it.
+    falling_asleep = rec.state is ReplicaState.SLEEPING and rec.asleep_since is None
+    if rec.state not in _SERVING_STATES and not falling_asleep:
         return None
     leader = rec.shards[0].node
     entry = fleet.nodes.get(leader)

@@ -83,6 +83,9 @@ class ReplicaRecord:
     leaving: str | None = None
     leave_reason: LeaveReason | None = None
     reclaimed_for: str | None = None
+    # Sleeping (the warm tier): when its engines were told to sleep (wall time); None
+    # while the gateways are still letting go of it, as before a stop.
+    asleep_since: float | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -49,7 +49,8 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     leader_address=leader_address,
                     port=rendezvous_port(rec.id) if len(rec.shards) > 1 else None,
                     sleep_mode=spec.sleeps,
-                    sleep_level=sleep_level(spec) if rec.state is ReplicaState.SLEEPING else None,
+                    # Told only once the gateways let go of it (`warm`).
+                    sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
                 )
             )
     return out

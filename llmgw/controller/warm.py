@@ -6,10 +6,12 @@ the shortfall step, which then place only what waking cannot serve (a sleeping r
 counts for its model, toward `max_replicas`, and serves nothing). A function of a
 `FleetSnapshot` returning a `Plan`; nothing is remembered between passes.
 
-A replica's state says what the controller decided (`sleeping`, `waking`); its
-assignment carries the sleep level to its agent, the only caller of the engine's sleep
-endpoints; its endpoint is out of routing from the decision to sleep until it is
-ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
+A replica's state says what the controller decided (`sleeping`, `waking`). Going to
+sleep is a stop's handshake: the replica leaves routing at once (a `stopping` endpoint),
+and only once every live gateway has let go of it (`FleetSnapshot.stop_now`: applied,
+nothing in flight) is it `asleep_since` now, and its assignment carries the sleep level
+to its agent, the only caller of the engine's sleep endpoints: no request is sent to an
+engine on its way to sleep. It is out of routing until it is ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
 awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
 (`sleep_error`: it leaves and stops, as a scale-down's replica does).
 """
@@ -17,6 +19,7 @@ awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from llmgw.controller.faults import fault_under
 from llmgw.controller.fleet_snapshot import FleetSnapshot, ModelReplicas
@@ -38,9 +41,25 @@ def sleep_and_wake(snap: FleetSnapshot) -> Plan:
     for name, spec in sorted(snap.models.items()):
         mine = snap.replicas_of(name)
         _could_not_sleep(snap, plan, mine)
-        if not _wake(snap, plan, spec, mine) and spec.sleeps:
-            _sleep(snap, plan, spec, mine)
+        if not _wake(snap, plan, spec, mine):
+            _let_go(snap, plan, mine)
+            if spec.sleeps:
+                _sleep(snap, plan, spec, mine)
     return plan.plan()
+
+
+def _let_go(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
+    """Replicas going to sleep that every gateway has let go of: told to sleep now."""
+    going = [s.record for s in mine.standing if _falling_asleep(s)]
+    if not going:
+        return
+    # Marked again (a no-op but after a restart, whose facts forgot the mark).
+    done = set(stoppable(snap, plan, [r.id for r in going]))
+    plan.put(replace(r, asleep_since=snap.wall) for r in going if r.id in done)
+
+
+def _falling_asleep(s: ReplicaStatus) -> bool:
+    return s.record.state is ReplicaState.SLEEPING and s.record.asleep_since is None
 
 
 def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
@@ -68,15 +87,30 @@ def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatu
 def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> bool:
     """Wake what the requests ask for; True when any replica wakes (or will)."""
     awake = [s for s in mine.standing if s.state in _AWAKE]
-    # Only a replica whose engines say they sleep: one still on its way to sleep would
-    # read ready from its last report and be routed to while it falls asleep.
-    asleep = [s for s in mine.standing if s.record.state is ReplicaState.SLEEPING and s.asleep]
-    count = min(len(asleep), _wanted_awake(snap, spec, awake) - len(awake))
+    # Not told to sleep yet: back in routing at once, as a scale-down taken back.
+    # Told: woken once its engines say they sleep (one still on its way to sleep would
+    # read ready from its last report, and be routed to while it falls asleep).
+    going = [s for s in mine.standing if _falling_asleep(s)]
+    asleep = [
+        s
+        for s in mine.standing
+        if s.record.state is ReplicaState.SLEEPING
+        and s.record.asleep_since is not None
+        and s.asleep
+    ]
+    candidates = [*going, *sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))]
+    count = min(len(candidates), _wanted_awake(snap, spec, awake) - len(awake))
     if count <= 0:
         return any(s.state is ReplicaState.WAKING for s in awake)
-    # The one asleep the longest known first; the order is stable.
-    picked = sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))[:count]
-    plan.put(s.record.with_state(ReplicaState.WAKING) for s in picked)
+    picked = candidates[:count]
+    plan.put(
+        replace(
+            s.record,
+            state=ReplicaState.READY if _falling_asleep(s) else ReplicaState.WAKING,
+            asleep_since=None,
+        )
+        for s in picked
+    )
     for s in picked:
         plan.event(
             f"replica/{s.record.id}",
@@ -105,7 +139,9 @@ def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelRepli
             and not s.in_flight(snap.gateway_in_flight)
             and fault_under(rec, snap.faults) is None
         ):
-            plan.put([rec.with_state(ReplicaState.SLEEPING)])
+            let_go = stoppable(snap, plan, [rec.id])  # out of routing, as before a stop
+            asleep_since = snap.wall if let_go else None
+            plan.put([replace(rec, state=ReplicaState.SLEEPING, asleep_since=asleep_since)])
             idle = snap.now - s.idle_since
             plan.event(
                 f"replica/{rec.id}",

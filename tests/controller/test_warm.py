@@ -61,11 +61,34 @@ def test_a_replica_idle_for_sleep_after_sleeps_instead_of_stopping() -> None:
 
     plan = sleep_and_wake(reported([idle, busy], shards))
 
-    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.SLEEPING)]
-    assert plan.removed == [] and plan.stopping == []
+    # No gateway to let go of it: told to sleep at once.
+    assert [(r.id, r.state, r.asleep_since) for r in plan.put] == [
+        ("a", ReplicaState.SLEEPING, 1_000.0)
+    ]
+    assert plan.removed == []
     [event] = plan.events
     assert (event.obj, event.reason) == ("replica/a", EventReason.SLEPT)
     assert "idle for 31s" in event.message
+
+
+def test_a_replica_is_told_to_sleep_only_once_the_gateways_let_go_of_it() -> None:
+    idle = replica("a")
+    holding = GateView(now=NOW, grace_s=math.inf, live=((None, {}),))
+
+    decided = sleep_and_wake(
+        reported([idle], {"a": shard(idle, ShardState.READY, 60.0)}, gate=holding)
+    )
+
+    [going] = decided.put
+    assert (going.state, going.asleep_since) == (ReplicaState.SLEEPING, None), "not told yet"
+    assert decided.stopping == ["a"], "out of routing as before a stop"
+    let_go = GateView(now=NOW, grace_s=math.inf, live=((50, {}),), stopping={"a": (40, 90.0)})
+    still = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=holding))
+    told = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=let_go))
+    assert still.put == []
+    assert [(r.id, r.state, r.asleep_since) for r in told.put] == [
+        ("a", ReplicaState.SLEEPING, 1_000.0)
+    ]
 
 
 def test_nothing_sleeps_for_a_spec_that_does_not_ask() -> None:
@@ -87,19 +110,30 @@ def test_an_idle_replica_with_requests_held_or_unknown_idleness_stays_awake() ->
 
 
 def test_held_requests_wake_the_sleeping_replica_itself() -> None:
-    asleep = replica("a", ReplicaState.SLEEPING)
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
 
     plan = sleep_and_wake(
         reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, gate=held("chat", 2))
     )
 
-    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.WAKING)]
+    assert [(r.id, r.state, r.asleep_since) for r in plan.put] == [("a", ReplicaState.WAKING, None)]
     assert [(e.obj, e.reason) for e in plan.events] == [("replica/a", EventReason.WOKE)]
     assert plan.removed == []
 
 
+def test_held_requests_take_back_one_not_told_to_sleep_yet() -> None:
+    going = replica("a", ReplicaState.SLEEPING)
+
+    plan = sleep_and_wake(
+        reported([going], {"a": shard(going, ShardState.READY)}, gate=held("chat", 1))
+    )
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.READY)]
+
+
 def test_one_not_asleep_yet_is_not_woken_and_none_wakes_without_requests() -> None:
-    falling = replica("a", ReplicaState.SLEEPING)  # its engine has not answered the sleep yet
+    # Told to sleep, its engine has not answered yet.
+    falling = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
     on_its_way = sleep_and_wake(
         reported([falling], {"a": shard(falling, ShardState.READY)}, gate=held("chat", 1))
     )
@@ -108,7 +142,7 @@ def test_one_not_asleep_yet_is_not_woken_and_none_wakes_without_requests() -> No
 
 
 def test_a_replica_that_could_not_sleep_stops_instead() -> None:
-    tried = replica("a", ReplicaState.SLEEPING)
+    tried = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
     why = "engine 'fake' cannot sleep: POST /sleep answered 404"
 
     plan = sleep_and_wake(
@@ -123,7 +157,7 @@ def test_a_replica_that_could_not_sleep_stops_instead() -> None:
 
 
 def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:
-    asleep = replica("a", ReplicaState.SLEEPING)
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
     snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)})
 
     plan = scale(replace(snap, desired={"chat": 0}), LoopMemory())

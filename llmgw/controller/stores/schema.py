@@ -121,5 +121,11 @@ MIGRATIONS: list[list[Step]] = [
         AddColumn("replicas", "reclaimed_for", "TEXT"),
         LeaveReasons(),
     ],
+    # 8: the warm tier (issue 32): when a sleeping replica's engines were told to
+    # sleep (NULL while the gateways let go of it), so a restart neither wakes it
+    # nor tells it again.
+    [
+        AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

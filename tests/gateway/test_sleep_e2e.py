@@ -1,0 +1,83 @@
+"""The warm tier end to end (issue 32 items 1 and 4): a real controller, an agent
+with a fake card and engine, the gateway with its SMG child.
+
+A model whose spec asks for sleep sleeps once idle for `sleep_after_s`: its replica
+leaves routing, its engine process stays. Its next request is held by the gateway,
+wakes that same replica (same id, same process: a wake, not an engine start), and is
+answered by it; no request fails. The engine's sleep endpoints, there because the
+agent started it able to sleep, are not reachable through the gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.procs import Cluster, wait_until
+from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, model, wait_cluster_ready
+
+pytestmark = pytest.mark.slow
+
+
+def warm(name: str) -> dict[str, Any]:
+    spec = model(name)
+    args = [*spec["engine_args"], "--wake-seconds", "0.5"]
+    return {**spec, "engine_args": args, "sleep_after_s": 1}
+
+
+def ask(gw: Gateway, name: str) -> httpx.Response:
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def the_replica(c: Cluster, name: str) -> dict[str, Any]:
+    [rep] = [r for r in c.get("/v1/replicas") if r["model"] == name]
+    return rep
+
+
+def engine_pid(c: Cluster, node: str) -> int:
+    [rec] = c.engine_records(node)
+    return int(rec["pid"])
+
+
+def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("nap")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("nap")
+    first = the_replica(c, "nap")
+    pid = engine_pid(c, "gpu1")
+
+    # The development endpoints are the agent's alone: the gateway routes none of them.
+    for method, path in (("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
+        r = httpx.request(method, f"{gw.url}{path}", timeout=10)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+    assert ask(gw, "nap").status_code == 200, "the engine did not sleep for them"
+
+    wait_until(
+        lambda: (
+            the_replica(c, "nap")["state"] == "sleeping"
+            and the_replica(c, "nap")["shards"][0]["state"] == "sleeping"
+        ),
+        timeout=60,
+        what="the idle replica asleep",
+        diagnose=gw.logs,
+    )
+    assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
+    assert "sleeping" in c.ctl("replicas")
+
+    answers = [ask(gw, "nap") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    woken = the_replica(c, "nap")
+    assert woken["id"] == first["id"] and woken["state"] == "ready"
+    assert engine_pid(c, "gpu1") == pid, "woken, not restarted"
+    events = c.ctl("events")
+    assert "Slept" in events and "Woke" in events, events
+    gw.stop()
