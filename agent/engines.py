@@ -23,7 +23,7 @@ Lifecycles, per (replica id, rank):
     any --unassigned--> stopping --exit--> gone   (SIGTERM, grace, SIGKILL)
     ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
     ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
-        ready, with the reason in its report (`sleep_error`), never tried again
+        ready, with the reason in its reports (`sleep_error`): never tried again
     sleeping --assignment awake--> waking --POST /wake_up answered 200--> ready
     waking --the wake failed--> failed (killed)
 
@@ -245,8 +245,6 @@ class EngineSupervisor:
         for key, eng in list(self._engines.items()):
             want = desired.get(key)
             if want is not None and want.awake() == eng.assignment.awake():
-                if want.sleep_level is None:
-                    eng.sleep_error = None  # a later sleep is a new try
                 eng.assignment = want  # at most its sleep changed: the monitor acts on it
                 continue
             # Unassigned, or assigned differently (the new one starts once this is gone).
@@ -278,7 +276,7 @@ class EngineSupervisor:
                         port=eng.port,
                         idle_seconds=idle,
                         traffic=eng.meter.traffic() if ready else None,
-                        sleep_error=eng.sleep_error if a.sleep_level is not None else None,
+                        sleep_error=eng.sleep_error,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error

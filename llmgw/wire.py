@@ -383,8 +383,8 @@ class ReplicaReport(Inbound):
     exit_code: ExitCode | None = None
     error: Text | None = None
     traffic: EngineTraffic | None = None  # rank 0 of a ready engine, once scraped twice
-    # Asked to sleep, it did not: why (no sleep mode, the engine refused). Sent while
-    # the assignment asks for sleep; the agent does not try again.
+    # Asked to sleep, it did not: why (no sleep mode, the engine refused). Said in
+    # every report from then on; the agent never tries that engine again.
     sleep_error: Text | None = None
 
 

@@ -67,8 +67,11 @@ def _scale_down(
     staying = mine.standing
     if spec.sleeps:
         # The warm tier: a sleeping replica stays (it costs no serving card time); an
-        # idle one sleeps instead of stopping (`warm`). What may still go is a starting one.
-        staying = tuple(s for s in staying if s.state is ReplicaState.STARTING)
+        # idle one sleeps instead of stopping (`warm`). What may still go is a starting
+        # one, or one whose engine could not sleep (it falls back to stopping).
+        staying = tuple(
+            s for s in staying if s.state is ReplicaState.STARTING or s.sleep_error is not None
+        )
         desired = max(0, desired - (len(mine.standing) - len(staying)))
     # Demand came back before they stopped (a reclaimed one stays reclaimed).
     undone = [r for r in leaving if r.leave_reason is not LeaveReason.RECLAIM]

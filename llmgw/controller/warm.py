@@ -13,7 +13,7 @@ nothing in flight) is it `asleep_since` now, and its assignment carries the slee
 to its agent, the only caller of the engine's sleep endpoints: no request is sent to an
 engine on its way to sleep. It is out of routing until it is ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
 awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
-(`sleep_error`: it leaves and stops, as a scale-down's replica does).
+(`sleep_error`: awake and in routing again, it stops as without sleep when demand falls).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from llmgw.controller.faults import fault_under
 from llmgw.controller.fleet_snapshot import FleetSnapshot, ModelReplicas
 from llmgw.controller.placing import stoppable
 from llmgw.controller.plans import Plan, Planner
-from llmgw.controller.records import LeaveReason
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.wire import EventReason, ModelSpec, ReplicaState
 
@@ -63,16 +62,21 @@ def _falling_asleep(s: ReplicaStatus) -> bool:
 
 
 def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
-    """Found out at the first try: its model falls back to stopping it."""
+    """Found out at the first try (its engines say so from then on): it is awake, so
+    back in routing, never asked again, and stopped as a replica of a model that does
+    not sleep is (`demand` scales it down)."""
     for s in mine.standing:
         error = s.sleep_error
         if s.record.state is not ReplicaState.SLEEPING or error is None:
             continue
         rec = s.record
-        why = f"could not sleep: {error.splitlines()[0]}"
-        plan.put([rec.leaves(LeaveReason.SCALE_DOWN, why)])
-        plan.event(f"replica/{rec.id}", EventReason.SLEEP_FAILED, f"{rec.model}: {why}; stopping")
-        plan.remove(stoppable(snap, plan, [rec.id]))
+        plan.put([replace(rec, state=ReplicaState.READY, asleep_since=None)])
+        plan.event(
+            f"replica/{rec.id}",
+            EventReason.SLEEP_FAILED,
+            f"{rec.model}: could not sleep ({error.splitlines()[0]}); it stays awake and "
+            "stops when demand falls, as without sleep",
+        )
 
 
 def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatus]) -> int:
@@ -138,6 +142,7 @@ def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelRepli
             and snap.now - s.idle_since >= after
             and not s.in_flight(snap.gateway_in_flight)
             and fault_under(rec, snap.faults) is None
+            and s.sleep_error is None  # it cannot: found out once
         ):
             let_go = stoppable(snap, plan, [rec.id])  # out of routing, as before a stop
             asleep_since = snap.wall if let_go else None

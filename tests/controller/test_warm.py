@@ -26,6 +26,7 @@ from llmgw.wire import EventReason, ModelSpec, ReplicaState, ShardState
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
 NOW = 100.0  # the snapshot's clock
+AT_ZERO = SLEEPY.model_copy(update={"max_replicas": None})  # a fixed count of 0: scale down
 
 
 def shard(
@@ -141,28 +142,40 @@ def test_one_not_asleep_yet_is_not_woken_and_none_wakes_without_requests() -> No
     assert not on_its_way.put and not quiet.put
 
 
-def test_a_replica_that_could_not_sleep_stops_instead() -> None:
+def test_a_replica_that_could_not_sleep_stays_awake_and_stops_as_without_sleep() -> None:
     tried = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
     why = "engine 'fake' cannot sleep: POST /sleep answered 404"
+    engine = {"a": shard(tried, ShardState.READY, 60.0, sleep_error=why)}
 
-    plan = sleep_and_wake(
-        reported([tried], {"a": shard(tried, ShardState.READY, 60.0, sleep_error=why)})
-    )
+    plan = sleep_and_wake(reported([tried], engine))
 
-    [leaving] = plan.put
-    assert leaving.leave_reason is LeaveReason.SCALE_DOWN
-    assert plan.removed == ["a"], "no gateway to wait for"
+    [back] = plan.put
+    assert (back.state, back.asleep_since, back.leave_reason) == (ReplicaState.READY, None, None)
+    assert plan.removed == []
     [event] = plan.events
     assert event.reason is EventReason.SLEEP_FAILED and why in event.message
+    # Never asked again, and a scale-down stops it as it would without sleep.
+    again = reported([back], {"a": shard(back, ShardState.READY, 3600.0, sleep_error=why)})
+    assert not sleep_and_wake(again)
+    at_zero = reported(
+        [back], {"a": shard(back, ShardState.READY, 3600.0, sleep_error=why)}, [AT_ZERO]
+    )
+    scaled = scale(at_zero, LoopMemory())
+    assert [(r.id, r.leave_reason) for r in scaled.put] == [("a", LeaveReason.SCALE_DOWN)]
 
 
 def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:
     asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
-    snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)})
+    awake = replica("b")
+    plain = AT_ZERO.model_copy(update={"sleep_after_s": None})
 
-    plan = scale(replace(snap, desired={"chat": 0}), LoopMemory())
+    kept = scale(
+        reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, [AT_ZERO]), LoopMemory()
+    )
+    stopped = scale(reported([awake], {"b": shard(awake, ShardState.READY)}, [plain]), LoopMemory())
 
-    assert plan.put == [] and plan.removed == [] and plan.stopping == []
+    assert kept.put == [] and kept.removed == [] and kept.stopping == []
+    assert [r.id for r in stopped.put] == ["b"], "without sleep, the same count stops it"
 
 
 def test_replica_state_follows_the_decision_then_the_engines() -> None:

@@ -33,6 +33,10 @@ async def _complete(sup: EngineSupervisor) -> int:
         return r.status
 
 
+def _complete_count(state_dir: Path) -> int:
+    return next((state_dir / "logs").glob("r1-0.log")).read_text().count("POST /v1/completions")
+
+
 async def ready(sup: EngineSupervisor) -> None:
     await wait_for(lambda: only(sup).state is ShardState.READY, what="ready")
 
@@ -98,12 +102,14 @@ async def test_an_engine_without_dev_mode_cannot_sleep_and_says_so_once_tried(
     assert rep.state is ShardState.READY
     assert rep.sleep_error is not None and "answered 404" in rep.sleep_error
     assert await _complete(sup) == 200  # still serving
-    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
-    tries = log.count("POST /sleep")
-    assert tries == 1  # found out at the first try, not tried again
-    # The assignment no longer asks for sleep: the report drops it.
+    # Awake again, then asked again: said in every report, never tried again.
     await sup.apply([sleepy()], {})
-    assert only(sup).sleep_error is None
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await _complete(sup)  # a request after the monitor's next ticks, logged after any try
+    await wait_for(lambda: _complete_count(state_dir) >= 2, what="the second request logged")
+    assert only(sup).sleep_error == rep.sleep_error and only(sup).state is ShardState.READY
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert log.count("POST /sleep") == 1, "found out at the first try, not tried again"
 
 
 async def test_a_template_without_sleep_never_calls_the_engine(

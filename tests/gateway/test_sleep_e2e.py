@@ -81,3 +81,36 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     events = c.ctl("events")
     assert "Slept" in events and "Woke" in events, events
     gw.stop()
+
+
+def test_an_engine_that_cannot_sleep_is_found_out_once_and_keeps_serving(
+    cluster: Cluster,
+) -> None:
+    # The fake engine's sleep mode without the development mode: its /sleep is a 404,
+    # as a vLLM started without VLLM_SERVER_DEV_MODE (or too old) answers.
+    c = cluster
+    templates = c.root / "engines.toml"
+    templates.write_text("[engines.fake.sleep]\nenv = {}\n")
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB", extra=["--engine-templates", str(templates)])
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("insomniac")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("insomniac")
+    first = the_replica(c, "insomniac")
+    pid = engine_pid(c, "gpu1")
+    wait_until(lambda: "SleepFailed" in c.ctl("events"), timeout=60, what="the failed sleep said")
+    wait_until(
+        lambda: the_replica(c, "insomniac")["state"] == "ready",
+        timeout=30,
+        what="back in routing",
+    )
+    answers = [ask(gw, "insomniac") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert the_replica(c, "insomniac")["id"] == first["id"] and engine_pid(c, "gpu1") == pid
+    events = c.ctl("events")
+    assert events.count("SleepFailed") == 1, events
+    assert "answered 404" in events, events
+    assert c.agent_log("gpu1").count("cannot sleep") == 1
+    gw.stop()
