@@ -791,6 +791,10 @@ class ModelView(Outbound):
     in_flight: float = 0.0
     scaling: str | None = None
     scaling_state: ScalingState | None = None  # None: not autoscaled (or a controller before it)
+    # The warm tier: replicas asleep (holding their cards, serving nothing) and waking.
+    # They count for `satisfied`: a request wakes one in seconds.
+    sleeping: int = 0
+    waking: int = 0
 
 
 class ModelDryRun(Outbound):

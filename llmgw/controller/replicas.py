@@ -87,6 +87,14 @@ def serving(counts: Mapping[ReplicaState, int]) -> int:
     return counts.get(ReplicaState.READY, 0) + counts.get(ReplicaState.DRAINING, 0)
 
 
+def answering(counts: Mapping[ReplicaState, int]) -> int:
+    """Replicas that answer a model's requests, now or after a wake (the warm tier):
+    what its minimum counts, in the summary and the model views alike."""
+    return (
+        serving(counts) + counts.get(ReplicaState.SLEEPING, 0) + counts.get(ReplicaState.WAKING, 0)
+    )
+
+
 def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:
     rec = status.record
     return ReplicaView(

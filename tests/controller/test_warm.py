@@ -5,8 +5,10 @@ requests (the same replica), one that cannot sleep stops (issue 32 items 1-2).""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -18,10 +20,11 @@ from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.nodes import ShardDigest
 from llmgw.controller.outcomes import record_transitions
 from llmgw.controller.records import LeaveReason, ReplicaRecord
-from llmgw.controller.replicas import replica_status
+from llmgw.controller.replicas import answering, replica_status
 from llmgw.controller.replies import sleep_level
 from llmgw.controller.revisions import same_engine
 from llmgw.controller.warm import sleep_and_wake
+from llmgw.present import Meaning, model_words
 from llmgw.wire import EventReason, ModelSpec, ReplicaState, ShardState
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
@@ -207,3 +210,18 @@ def test_spec_fields_are_strict() -> None:
         with pytest.raises(ValidationError):
             ModelSpec.model_validate({"name": "m", "source": "s", **bad})
     assert ModelSpec(name="m", source="s").sleeps is False
+
+
+def test_a_model_whose_replicas_sleep_is_satisfied_and_says_so() -> None:
+    asleep = Counter({ReplicaState.SLEEPING: 1})
+    assert answering(asleep) == 1 and answering(Counter({ReplicaState.STARTING: 1})) == 0
+    view = SimpleNamespace(
+        rollout=None, satisfied=True, ready=0, nodes=0, sleeping=1, waking=0, starting=0
+    )
+    assert model_words(view) == (
+        "asleep: 1 replica(s) sleeping, woken by a request",
+        Meaning.MUTED,
+    )
+    view.waking, view.sleeping = 1, 0
+    words, meaning = model_words(view)
+    assert words.startswith("waking") and meaning is Meaning.ATTENTION

@@ -72,6 +72,9 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     )
     assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
     assert "sleeping" in c.ctl("replicas")
+    assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
+    metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
+    assert 'llmgw_replicas{state="sleeping"} 1.0' in metrics
 
     answers = [ask(gw, "nap") for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
