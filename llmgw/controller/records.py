@@ -96,7 +96,10 @@ class ReplicaRecord:
         return sum(len(s.gpus) for s in self.shards)
 
     def with_state(self, state: ReplicaState, error: str | None = None) -> ReplicaRecord:
-        return replace(self, state=state, error=error if error is not None else self.error)
+        """In another state; out of sleep, its engines are told to wake."""
+        asleep_since = self.asleep_since if state is ReplicaState.SLEEPING else None
+        error = error if error is not None else self.error
+        return replace(self, state=state, error=error, asleep_since=asleep_since)
 
     def leaves(
         self, reason: LeaveReason, why: str, reclaimed_for: str | None = None
@@ -109,6 +112,7 @@ class ReplicaRecord:
             error=why,
             leave_reason=reason,
             reclaimed_for=reclaimed_for,
+            asleep_since=None,
         )
 
     def stays(self) -> ReplicaRecord:
@@ -120,6 +124,7 @@ class ReplicaRecord:
             error=None,
             leave_reason=None,
             reclaimed_for=None,
+            asleep_since=None,
         )
 
 

@@ -15,17 +15,19 @@ from pydantic import ValidationError
 from test_steps import CHAT, replica, snapshot
 
 from llmgw.controller.demand import scale
+from llmgw.controller.drains import drain
 from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.nodes import ShardDigest
 from llmgw.controller.outcomes import record_transitions
+from llmgw.controller.plans import MarkDrained
 from llmgw.controller.records import LeaveReason, ReplicaRecord
 from llmgw.controller.replicas import answering, replica_status
 from llmgw.controller.replies import sleep_level
 from llmgw.controller.revisions import same_engine
 from llmgw.controller.warm import sleep_and_wake
 from llmgw.present import Meaning, model_words
-from llmgw.wire import EventReason, ModelSpec, ReplicaState, ShardState
+from llmgw.wire import AdminFlag, AdminInfo, EventReason, ModelSpec, ReplicaState, ShardState
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
 NOW = 100.0  # the snapshot's clock
@@ -225,3 +227,22 @@ def test_a_model_whose_replicas_sleep_is_satisfied_and_says_so() -> None:
     view.waking, view.sleeping = 1, 0
     words, meaning = model_words(view)
     assert words.startswith("waking") and meaning is Meaning.ATTENTION
+
+
+def test_a_drain_stops_a_sleeping_replica_without_a_stand_in() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)})
+    draining = {"n1": AdminInfo(flag=AdminFlag.DRAINING, reason="maintenance")}
+
+    plan = drain(replace(snap, admin=draining))
+
+    assert plan.removed == ["a"] and plan.put == []
+    assert plan.of(MarkDrained) == [MarkDrained("n1")]
+
+
+def test_out_of_sleep_a_record_is_never_left_told_to_sleep() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    assert asleep.with_state(ReplicaState.DRAINING).asleep_since is None
+    assert asleep.leaves(LeaveReason.SCALE_DOWN, "scale down").asleep_since is None
+    assert asleep.stays().asleep_since is None
+    assert asleep.with_state(ReplicaState.SLEEPING).asleep_since == 900.0
