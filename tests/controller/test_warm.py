@@ -25,6 +25,7 @@ from llmgw.controller.records import LeaveReason, ReplicaRecord
 from llmgw.controller.replicas import answering, replica_status
 from llmgw.controller.replies import sleep_level
 from llmgw.controller.revisions import same_engine
+from llmgw.controller.rolling import roll
 from llmgw.controller.warm import sleep_and_wake
 from llmgw.present import Meaning, model_words
 from llmgw.wire import AdminFlag, AdminInfo, EventReason, ModelSpec, ReplicaState, ShardState
@@ -246,3 +247,14 @@ def test_out_of_sleep_a_record_is_never_left_told_to_sleep() -> None:
     assert asleep.leaves(LeaveReason.SCALE_DOWN, "scale down").asleep_since is None
     assert asleep.stays().asleep_since is None
     assert asleep.with_state(ReplicaState.SLEEPING).asleep_since == 900.0
+
+
+def test_a_rollout_stops_an_old_sleeping_replica_at_once() -> None:
+    old = replica("old", ReplicaState.SLEEPING, revision=1, asleep_since=900.0)
+    new = replica("new", revision=2, created_at=2.0)
+    shards = {"old": shard(old, ShardState.SLEEPING), "new": shard(new, ShardState.READY)}
+    snap = replace(reported([old, new], shards, [CHAT]), outdated=frozenset({"old"}))
+
+    plan = roll(snap)
+
+    assert plan.removed == ["old"] and plan.put == []
