@@ -555,7 +555,8 @@ class ModelSpec(Inbound):
     # stopping (None: never; nothing changes for a spec that does not ask), at
     # `sleep_level` (1: weights kept in host memory; 2: dropped, reloaded on waking;
     # auto: 1 when the node's host memory holds the weights, else 2), and is stopped
-    # after `stop_asleep_after_s` asleep (None: never while its cards are not needed).
+    # after `stop_asleep_after_s` asleep (None: never), never below the model's minimum
+    # or desired count.
     sleep_after_s: Annotated[float, Strict()] | None = Field(
         default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
     )

@@ -42,9 +42,42 @@ def sleep_and_wake(snap: FleetSnapshot) -> Plan:
         _could_not_sleep(snap, plan, mine)
         if not _wake(snap, plan, spec, mine):
             _let_go(snap, plan, mine)
+            _stop_long_asleep(snap, plan, spec, mine)
             if spec.sleeps:
                 _sleep(snap, plan, spec, mine)
     return plan.plan()
+
+
+def _stop_long_asleep(
+    snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas
+) -> None:
+    """Asleep for `stop_asleep_after_s`: stopped, the longest asleep first, but never
+    below what the model should have (its minimum, its desired count), which would
+    only place a cold replica in its stead."""
+    limit = spec.stop_asleep_after_s
+    if limit is None:
+        return
+    room = len(mine.standing) - max(spec.min_replicas, snap.desired.get(spec.name, 0))
+    long_asleep = sorted(
+        (
+            s.record
+            for s in mine.standing
+            if s.record.state is ReplicaState.SLEEPING
+            and s.record.asleep_since is not None
+            and snap.wall - s.record.asleep_since >= limit
+        ),
+        key=lambda r: (r.asleep_since, r.id),
+    )[: max(room, 0)]
+    if not long_asleep:
+        return
+    plan.remove(r.id for r in long_asleep)  # out of routing since it was let go
+    for rec in long_asleep:
+        asleep_s = snap.wall - (rec.asleep_since or snap.wall)
+        plan.event(
+            f"model/{spec.name}",
+            EventReason.SCALED_DOWN,
+            f"{rec.id} stopped after {asleep_s:.0f}s asleep (stop_asleep_after_s {limit:g})",
+        )
 
 
 def _let_go(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:

@@ -258,3 +258,18 @@ def test_a_rollout_stops_an_old_sleeping_replica_at_once() -> None:
     plan = roll(snap)
 
     assert plan.removed == ["old"] and plan.put == []
+
+
+def test_asleep_for_stop_asleep_after_a_replica_stops_but_never_below_the_minimum() -> None:
+    spec = SLEEPY.model_copy(update={"stop_asleep_after_s": 60.0, "min_replicas": 1})
+    long_ago = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)  # 100 s at wall 1000
+    lately = replica("b", ReplicaState.SLEEPING, asleep_since=990.0, created_at=2.0)
+    shards = {"a": shard(long_ago, ShardState.SLEEPING), "b": shard(lately, ShardState.SLEEPING)}
+
+    plan = sleep_and_wake(reported([long_ago, lately], shards, [spec]))
+    alone = sleep_and_wake(reported([long_ago], {"a": shards["a"]}, [spec]))
+
+    assert plan.removed == ["a"]
+    assert [e.reason for e in plan.events] == [EventReason.SCALED_DOWN]
+    assert "after 100s asleep" in plan.events[0].message
+    assert alone.removed == [], "the model's minimum keeps it, asleep"
