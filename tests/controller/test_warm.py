@@ -21,6 +21,7 @@ from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.nodes import ShardDigest
 from llmgw.controller.outcomes import record_transitions
 from llmgw.controller.plans import MarkDrained
+from llmgw.controller.reclaim import Candidate, order
 from llmgw.controller.records import LeaveReason, ReplicaRecord
 from llmgw.controller.replicas import answering, replica_status
 from llmgw.controller.replies import sleep_level
@@ -273,3 +274,16 @@ def test_asleep_for_stop_asleep_after_a_replica_stops_but_never_below_the_minimu
     assert [e.reason for e in plan.events] == [EventReason.SCALED_DOWN]
     assert "after 100s asleep" in plan.events[0].message
     assert alone.removed == [], "the model's minimum keeps it, asleep"
+
+
+def test_reclaim_takes_sleeping_replicas_before_idle_ones() -> None:
+    idle = Candidate(replica("idle", created_at=1.0), CHAT, True, 0)
+    busy = Candidate(replica("busy", created_at=3.0), CHAT, False, 4)
+    asleep = Candidate(
+        replica("asleep", ReplicaState.SLEEPING, created_at=2.0, asleep_since=900.0),
+        CHAT,
+        False,
+        0,
+    )
+
+    assert [c.record.id for c in order([busy, idle, asleep])] == ["asleep", "idle", "busy"]
