@@ -136,3 +136,22 @@ async def test_a_model_that_does_not_ask_starts_as_before(
     pid = pid_of(sup)
     assert b"VLLM_SERVER_DEV_MODE=1" not in proc_file(pid, "environ").split(b"\0")
     assert b"--enable-sleep-mode" not in proc_file(pid, "cmdline").split(b"\0")
+
+
+async def test_a_restarted_agent_adopts_a_sleeping_engine_and_wakes_it(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    await sup.apply([sleepy(sleep_level=2)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    pid = pid_of(sup)
+    await sup.close()  # the agent goes; its engine stays, asleep
+
+    again = make_supervisor()
+    assert only(again).state is ShardState.SLEEPING and pid_of(again) == pid
+    await again.apply([sleepy()], {})
+    await ready(again)
+    assert pid_of(again) == pid
+    assert await _complete(again) == 200

@@ -56,8 +56,15 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     pid = engine_pid(c, "gpu1")
 
     # The development endpoints are the agent's alone: the gateway routes none of them.
-    for method, path in (("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
-        r = httpx.request(method, f"{gw.url}{path}", timeout=10)
+    dev = (
+        ("POST", "/sleep?level=1"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/reset_prefix_cache"),
+    )
+    for method, path in dev:
+        r = httpx.request(method, f"{gw.url}{path}", json={"method": "reload_weights"}, timeout=10)
         assert r.status_code == 404, (path, r.status_code, r.text)
     assert ask(gw, "nap").status_code == 200, "the engine did not sleep for them"
 
