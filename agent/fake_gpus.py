@@ -166,11 +166,15 @@ class FakeGpuFile:
     rewrites (UUIDs derive from the node and the card's index)."""
 
     def __init__(
-        self, node: str, path: Path, busy: Callable[[], Iterable[str]] | None = None
+        self,
+        node: str,
+        path: Path,
+        busy: Callable[[], Iterable[str]] | None = None,
+        memory_dir: Path | None = None,
     ) -> None:
-        self.node, self.path, self.busy = node, path, busy
+        self.node, self.path, self.busy, self.memory_dir = node, path, busy, memory_dir
         self._groups = read_fake_file(path)  # the first reading must be good
-        self._cards = FakeGpus(node, self._groups, busy=busy)
+        self._cards = FakeGpus(node, self._groups, busy=busy, memory_dir=memory_dir)
         self._problem: str | None = None
 
     def scan(self) -> GpuScan:
@@ -186,7 +190,9 @@ class FakeGpuFile:
                 self._problem = None
             if groups != self._groups:
                 self._groups = groups
-                self._cards = FakeGpus(self.node, groups, busy=self.busy)
+                self._cards = FakeGpus(
+                    self.node, groups, busy=self.busy, memory_dir=self.memory_dir
+                )
         return self._cards.scan()
 
     def close(self) -> None:

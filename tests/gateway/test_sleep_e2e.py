@@ -41,6 +41,11 @@ def engine_pid(c: Cluster, node: str) -> int:
     return int(rec["pid"])
 
 
+def card_used_mib(c: Cluster) -> int | None:
+    [card] = c.get("/v1/nodes/gpu1")["gpus"]
+    return card["memory_used_mib"]  # type: ignore[no-any-return]
+
+
 def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     cluster: Cluster,
 ) -> None:
@@ -54,6 +59,8 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     gw.wait_serving("nap")
     first = the_replica(c, "nap")
     pid = engine_pid(c, "gpu1")
+    # The fake card counts what the engine process holds on it, as NVML would.
+    wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the engine's memory counted")
 
     # The development endpoints are the agent's alone: the gateway routes none of them.
     dev = (
@@ -78,6 +85,7 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
         diagnose=gw.logs,
     )
     assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
+    wait_until(lambda: card_used_mib(c) == 512, timeout=20, what="the memory freed by the sleep")
     assert "sleeping" in c.ctl("replicas")
     assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
     metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
@@ -88,6 +96,7 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     woken = the_replica(c, "nap")
     assert woken["id"] == first["id"] and woken["state"] == "ready"
     assert engine_pid(c, "gpu1") == pid, "woken, not restarted"
+    wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the memory held again")
     events = c.ctl("events")
     assert "Slept" in events and "Woke" in events, events
     gw.stop()
