@@ -115,7 +115,8 @@ def run(rate: str, seconds: float, clients: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llmgw", "controller", "--listen", f"127.0.0.1:{port}",
-             "--state-dir", state, "--allow-shared-agent-token", "--enroll-rate", rate],
+             "--state-dir", state, "--allow-shared-agent-token", "--allow-static-enroll-token",
+             "--enroll-rate", rate],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:

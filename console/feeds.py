@@ -45,12 +45,23 @@ class EventFeed:
         self.error: str | None = None  # why the last fetch failed (the events stay)
 
     def take(self, page: EventList) -> int:
-        """Add what the controller answered; returns how many events were new."""
+        """Add what the controller answered; returns how many events were new. A
+        counted event (count > 1) replaces the newest of the same object and reason."""
         new = [e for e in page.events if e.id > self.cursor]
-        self.events.extend(new)
+        for event in new:
+            if event.count > 1:
+                self._drop_replaced(event)
+            self.events.append(event)
         self.cursor = max(self.cursor, page.cursor, *(e.id for e in new))
         self.loaded, self.error = True, None
         return len(new)
+
+    def _drop_replaced(self, counted: EventView) -> None:
+        for i in range(len(self.events) - 1, -1, -1):
+            e = self.events[i]
+            if (e.object, e.reason) == (counted.object, counted.reason):
+                del self.events[i]
+                return
 
 
 class ViewsModel(ConsoleModel, Protocol):

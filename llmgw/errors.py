@@ -1,37 +1,66 @@
 """Every error that crosses llmgw's admin API, in one tree.
 
     LlmgwError
-    ├── ServerError              raised in the controller, answered as {"error": message}
-    │   ├── BadRequest           400  the request cannot be taken as sent (+ field detail)
-    │   │   └── BadCursor        400  `since` is not a cursor from an earlier answer
-    │   ├── ClientGone           400  the client left before its body arrived
-    │   ├── SlowBody             408  the body arrived slower than the body timeout
-    │   ├── TooLarge             413  the body is over the size limit
-    │   └── Unknown              404  the name is nothing this controller knows
-    │       ├── UnknownNode
-    │       └── UnknownModel
-    └── ClientError              raised in a client; ADVICE gives its exit code and hint
-        ├── UsageError           2  asked for something that cannot be done as asked
-        │   └── TlsConfigError   2  a CA file or certificate that cannot be used
+    ├── ServerError               raised in the controller, answered as {"error": message}
+    │   ├── BadRequest            400  the request cannot be taken as sent (+ field detail)
+    │   │   └── BadCursor         400  `since` is not a cursor from an earlier answer
+    │   ├── ClientGone            400  the client left before its body arrived
+    │   ├── NotAuthenticated      401  no token, or one this controller does not take
+    │   │   └── TokenSpent        401  an enrollment token expired or used up
+    │   ├── PermissionDenied      403  a token or credential that may not do this
+    │   ├── Unknown               404  the name is nothing this controller knows
+    │   │   ├── UnknownNode       404
+    │   │   ├── UnknownModel      404
+    │   │   └── UnknownEnrollToken 404
+    │   ├── SlowBody              408  the body arrived slower than the body timeout
+    │   ├── Conflict              409  valid, but the object's state refuses it
+    │   │   ├── AwaitsApproval    409  an uncordon of a node that awaits approval
+    │   │   ├── AlreadyEnrolled   409  the node holds a credential already
+    │   │   ├── EnrollNotAllowed  409  the node reported before and holds no allowance
+    │   │   ├── NotRevocable      409  a credential from --agent-token-file
+    │   │   └── TooManyTokens     409  the enrollment tokens kept are at their bound
+    │   ├── TooLarge              413  the body is over the size limit
+    │   ├── CompressedBody        415  a compressed body, refused before it is read
+    │   ├── TooMany               429  past a rate or a bound (+ Retry-After when known)
+    │   │   ├── TooManyEnrollments 429 past the enrollment rate
+    │   │   └── TooManyGateways   429  past the gateway names kept
+    │   └── Unavailable           503  nothing was done; the same request may work later
+    │       ├── NotTheLeader      503  a follower: the leader's URL in the body and a header
+    │       └── StoreUnavailable  503  a write was not stored; nothing in memory changed
+    │           └── Fenced        503  ... because another controller leads (a NotTheLeader too)
+    └── ClientError               raised in a client; ADVICE gives its exit code and hint
+        ├── UsageError            2  asked for something that cannot be done as asked
+        │   └── TlsConfigError    2  a CA file or certificate that cannot be used
         ├── ControllerUnreachable 1  no answer at all: refused, DNS, timeout
-        │   └── TlsRefused       1  the controller's certificate did not verify
-        ├── BadAnswer            1  an answer this client does not understand
-        └── ControllerError      1  the controller answered with an error (status, message)
-            ├── NeedsToken       401  no token, or one the controller does not know
-            ├── WrongToken       403  a token of a kind that may not do this
-            ├── NotFound         404  the name is nothing the controller knows
-            ├── NoLeader         503  only followers answered: a failover is under way
+        │   └── TlsRefused        1  the controller's certificate did not verify
+        ├── BadAnswer             1  an answer this client does not understand
+        └── ControllerError       1  the controller answered with an error (status, message)
+            ├── NeedsToken        401  no token, or one the controller does not know
+            ├── WrongToken        403  a token of a kind that may not do this
+            ├── NotFound          404  the name is nothing the controller knows
+            ├── NoLeader          503  only followers answered: a failover is under way
             ├── ControllerFailing 5xx  the controller failed; its log says why
-            └── NotAController        something answers at the URL, not a controller
+            └── NotAController         something answers at the URL, not a controller
 
-A server error carries its status and message, so the controller's error
-middleware is one clause; a client error is shown as its message plus the hint
-from ADVICE, the one table ctl's exit codes and the console's advice read.
+Every refusal the controller gives is a server error raised where the refusal is
+decided (a handler, the facts, the store, the auth middleware): it carries its
+status, its body and its headers, so the controller's front middleware maps them
+all in one clause and no handler builds an error answer. A client error is shown
+as its message plus the hint from ADVICE, the one table ctl's exit codes and the
+console's advice read.
+
+Signals that never reach an answer stay beside their code: the change log's
+`HistoryLost` (a view resyncs), the store's `StateError` (the controller does not
+start) and its rolled-back `_Spent`.
 
 Importing this module loads nothing beyond the standard library (ctl starts fast).
 """
 
 from __future__ import annotations
+
+import math
+
+from llmgw.leader import LEADER_HEADER, NOT_THE_LEADER
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
 TYPE_CHECKING = False
@@ -64,6 +93,9 @@ class ServerError(LlmgwError):
             payload["detail"] = self.detail
         return payload
 
+    def headers(self) -> dict[str, str] | None:
+        return None
+
 
 class BadRequest(ServerError):
     status = 400
@@ -90,16 +122,19 @@ class ClientGone(ServerError):
         super().__init__("the client closed the connection before its body arrived")
 
 
-class SlowBody(ServerError):
-    status = 408
-    close = True
+class NotAuthenticated(ServerError):
+    status = 401
 
 
-class TooLarge(ServerError):
-    status = 413
+class TokenSpent(NotAuthenticated):
+    """`why`: the token and how it is spent (llmgw.controller.enroll_tokens.why_spent)."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body too large: the limit is {limit} bytes")
+    def __init__(self, why: str) -> None:
+        super().__init__(f"{why}: ask an admin for a new one (llmgw ctl credentials token create)")
+
+
+class PermissionDenied(ServerError):
+    status = 403
 
 
 class Unknown(ServerError):
@@ -110,6 +145,24 @@ class UnknownNode(Unknown):
     def __init__(self, name: str) -> None:
         super().__init__(f"no node named {name!r} has ever reported to this controller")
         self.name = name
+
+
+class UnknownModel(Unknown):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no model named {name!r} is declared")
+        self.name = name
+
+
+class UnknownEnrollToken(Unknown):
+    def __init__(self, token_id: str) -> None:
+        super().__init__(
+            f"no enrollment token {token_id[:20]!r} (llmgw ctl credentials token list)"
+        )
+
+
+class SlowBody(ServerError):
+    status = 408
+    close = True
 
 
 class Conflict(ServerError):
@@ -126,10 +179,129 @@ class AwaitsApproval(Conflict):
         )
 
 
-class UnknownModel(Unknown):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no model named {name!r} is declared")
-        self.name = name
+class AlreadyEnrolled(Conflict):
+    """`source`: "enrolled" (revocable) or "file" (--agent-token-file)."""
+
+    def __init__(self, node: str, source: str) -> None:
+        how = (
+            f"revoke it first (`llmgw ctl credentials revoke {node}`) to enroll it again"
+            if source == "enrolled"
+            else "it is configured in --agent-token-file"
+        )
+        super().__init__(f"node {node!r} already holds a credential; {how}")
+
+
+class EnrollNotAllowed(Conflict):
+    """A name that has reported before, not allowed to enroll by an admin."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(
+            f"node {node!r} has reported to this controller before: an enrollment could "
+            "take it over, so an admin must allow it first "
+            f"(`llmgw ctl credentials allow {node}`)"
+        )
+
+
+class NotRevocable(Conflict):
+    def __init__(self, node: str) -> None:
+        super().__init__(
+            f"node {node!r}'s credential is configured in --agent-token-file: "
+            "remove its line and restart the controller"
+        )
+
+
+class TooManyTokens(Conflict):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"{limit} enrollment tokens are kept already: delete some "
+            "(`llmgw ctl credentials token delete ID`; `token list` shows the spent ones)"
+        )
+
+
+class TooLarge(ServerError):
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body too large: the limit is {limit} bytes")
+
+
+class CompressedBody(ServerError):
+    """Refused before anything reads it (llmgw.controller.bodies): the rest of the
+    body is not read, so the connection closes."""
+
+    status = 415
+    close = True
+
+    def __init__(self, coding: str) -> None:
+        super().__init__(
+            f"compressed request bodies are refused (Content-Encoding: {coding}); "
+            "send the body uncompressed"
+        )
+
+
+class TooMany(ServerError):
+    """`retry_after_s`: when the same request may pass, where that is known."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str] | None:
+        if self.retry_after_s is None:
+            return None
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}  # whole seconds
+
+
+class TooManyEnrollments(TooMany):
+    def __init__(self, rate: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"too many enrollments (at most {rate:g} per second): try again shortly",
+            retry_after_s,
+        )
+
+
+class TooManyGateways(TooMany):
+    """A status under a new gateway name past the bound: refused, nothing kept."""
+
+
+class Unavailable(ServerError):
+    status = 503
+
+
+class NotTheLeader(Unavailable):
+    """A follower's answer: the leader's URL (when one leads) in the body and in the
+    X-LLMGW-Leader header, which every client follows (llmgw.leader)."""
+
+    def __init__(self, leader: str | None, why: str | None = None) -> None:
+        super().__init__(NOT_THE_LEADER)
+        self.leader = leader
+        self.why = why
+
+    def body(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"error": NOT_THE_LEADER, "leader": self.leader}
+        if self.why:
+            payload["why"] = self.why
+        return payload
+
+    def headers(self) -> dict[str, str] | None:
+        return {LEADER_HEADER: self.leader} if self.leader else None
+
+
+class StoreUnavailable(Unavailable):
+    """A write was not stored (message names the cause); nothing in memory changed."""
+
+
+class Fenced(StoreUnavailable, NotTheLeader):
+    """A write refused because this controller does not hold the leader's lease (any
+    more): `leader` is the URL of the controller that does, when one does. Answered
+    as a follower answers, with the store's words as `why`."""
+
+    def __init__(self, message: str, leader: str | None) -> None:
+        ServerError.__init__(self, message)
+        self.leader = leader
+        self.why = message
 
 
 # -- the clients' side ---------------------------------------------------------------

@@ -102,6 +102,15 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def repeats(event: Any) -> str:
+    """`x12 over 2h13m` for an event counted 12 times (an EventView), as kubectl's
+    LAST SEEN says it; "" for an event that happened once."""
+    if event.count <= 1:
+        return ""
+    span = event.at - (event.first_at if event.first_at is not None else event.at)
+    return f"x{event.count} over {duration(span)}"
+
+
 def latency(seconds: float | None) -> str:
     """A request latency: 850ms, 2.4s; '-' when none finished."""
     if seconds is None:

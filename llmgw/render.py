@@ -511,11 +511,14 @@ EVENT_WIDE = ["TIME", "ID"]
 
 
 def events_table(events: Sequence[Any], *, wide: bool = False) -> Table:
-    """`ctl events`: oldest first, as `kubectl get events`."""
+    """`ctl events`: oldest first, as `kubectl get events`; AGE is since the last time,
+    and a counted event says how often over how long: `4m10s (x12 over 2h13m)`."""
     now = time.time()
     table = _table(*EVENT_COLUMNS, *(EVENT_WIDE if wide else []), "MESSAGE")
     for e in events:
-        cells = [_age(max(now - e.at, 0.0)), Cell(str(e.reason)), Cell(clean(e.object))]
+        age, counted = max(now - e.at, 0.0), present.repeats(e)
+        shown = f"{duration(age)} ({counted})" if counted else duration(age)
+        cells = [Cell(shown, key=age), Cell(str(e.reason)), Cell(clean(e.object))]
         if wide:
             cells += [Cell(timestamp(e.at), key=e.at), Cell(str(e.id), key=e.id)]
         table.add(f"event/{e.id}", *cells, clean(e.message))
@@ -554,14 +557,15 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
     return table
 
 
-CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY", "APPROVAL"]
+CREDENTIAL_COLUMNS = ["NODE", "SOURCE", "ISSUED", "BY", "APPROVAL", "EXPIRES"]
 
 
 def credentials_table(creds: Sequence[Any]) -> Table:
-    """`ctl credentials list`; `-o name` prints node/NAME, which `credentials revoke` takes."""
+    """`ctl credentials list`; `-o name` prints node/NAME, which `credentials revoke` takes.
+    EXPIRES: when a credential its node has not reported with yet goes ("-": never)."""
     table = _table(*CREDENTIAL_COLUMNS)
     for c in creds:
-        at = c.get("issued_at")
+        at, expires = c.get("issued_at"), c.get("expires_at")
         table.add(
             f"node/{c['node']}",
             Cell(c["node"]),
@@ -569,6 +573,7 @@ def credentials_table(creds: Sequence[Any]) -> Table:
             Cell(timestamp(at), key=at),
             Cell(clean(c.get("by") or "-")),
             Cell("awaiting approval" if c.get("awaiting_approval") else "-"),
+            Cell(timestamp(expires), key=expires),
         )
     return table
 

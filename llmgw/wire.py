@@ -87,6 +87,8 @@ def _not_a_number(value: str) -> str:
             raise ValueError(
                 f"{NODE_NAME_RULE}; {value!r} is all digits, which reads as an IP address"
             ) from None
+    elif _reads_as_ipv4(value):
+        raise ValueError(f"{NODE_NAME_RULE}; {value!r} reads as an IPv4 address in hex")
     return value
 
 
@@ -132,6 +134,16 @@ MiB = Annotated[int, Field(ge=0, le=2**40)]
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+# What a resolver's inet_aton reads as an IPv4 address although it has letters: one to
+# four numbers, decimal or hex (0x7f.0.0.1 and 0x7f000001 are both 127.0.0.1).
+_HEX_IPV4 = re.compile(r"(?:0[xX][0-9A-Fa-f]+|[0-9]+)(?:\.(?:0[xX][0-9A-Fa-f]+|[0-9]+)){0,3}")
+
+
+def _reads_as_ipv4(value: str) -> bool:
+    """A name with hex numbers that a resolver would take for an IPv4 address."""
+    return ("x" in value or "X" in value) and _HEX_IPV4.fullmatch(value) is not None
+
+
 # An IPv4 dotted quad as ipaddress takes it (no leading zeros), or a host name
 # whose labels `_HOST_LABEL` takes and which is not all digits and dots.
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -150,11 +162,23 @@ def host_problem(value: str) -> str | None:
     (1-63 characters each, 253 in all, no empty label, no trailing dot); an IP
     literal is IPv4 dotted-quad or IPv6 without brackets or zone. Anything else
     (a space, a slash, a percent sign, a port) would make an engine URL that no
-    gateway can use."""
+    gateway can use; a name of hex numbers (0x7f.0.0.1) is an IPv4 address in
+    disguise to a resolver, not a host name."""
     if _PLAIN_ADDRESS.fullmatch(value):  # what nearly every report carries: one regex
+        if _reads_as_ipv4(value):
+            return (
+                f"must be {ADDRESS_RULE}: {value!r} reads as an IPv4 address in hex; "
+                "write the address as a dotted quad"
+            )
         return None
     if not value or len(value) > 253:
         return f"must be {ADDRESS_RULE}: 1 to 253 characters"
+    if "%" in value and ":" in value:
+        return (
+            f"must be {ADDRESS_RULE}: {value!r} has an IPv6 zone id (%...), which an engine"
+            " URL cannot carry and other hosts cannot route; give an address that is not"
+            " link-local"
+        )
     if ":" in value:
         try:
             ipaddress.IPv6Address(value)
@@ -477,6 +501,8 @@ class CredentialView(Outbound):
     issued_at: float | None = None  # unix time, controller clock
     by: str | None = None
     awaiting_approval: bool = False  # `llmgw ctl credentials approve NODE`
+    # Its node has not reported with it yet: it expires then unless it does.
+    expires_at: float | None = None
 
 
 DEFAULT_ENROLL_TOKEN_TTL_S = 86_400.0  # as kubeadm's bootstrap tokens
@@ -615,17 +641,24 @@ class EventReason(StrEnum):
     SCALED_UP = "ScaledUp"  # demand raised a model's desired replicas
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
     RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
+    CREDENTIAL_EXPIRED = "CredentialExpired"  # issued, never reported with: dropped
     SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
-    SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: stopped instead
+    SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
 
 
 class EventView(Outbound):
+    """One event, or a run of repeats counted as one (llmgw.controller.events): an
+    event with `count` > 1 replaces the newest earlier event of the same object and
+    reason, which a client that holds it drops."""
+
     id: int  # increasing, durable: `GET /v1/events?since=ID` answers the ones after it
-    at: float  # unix time, controller clock
+    at: float  # unix time, controller clock; of the last repeat when counted
     object: str  # node/NAME, model/NAME or replica/ID
     reason: EventReason
-    message: str
+    message: str  # the last repeat's
+    count: int = 1  # how many times it happened
+    first_at: float | None = None  # the first time, when it happened more than once
 
 
 class EventList(Outbound):

@@ -128,6 +128,7 @@ async def test_demo_fleet_end_to_end_in_process(capsys: pytest.CaptureFixture[st
     )  # a temporary demo leaves nothing behind
 
 
+@pytest.mark.slow
 async def test_demo_declares_models_when_engines_run(tmp_path: Path) -> None:
     stop = asyncio.Event()
     urls: list[str] = []
@@ -369,6 +370,7 @@ async def test_panes_fill_and_idleness_is_only_what_was_observed(tmp_path: Path)
         assert await asyncio.wait_for(task, 30) == 0
 
 
+@pytest.mark.slow
 async def test_demo_gateway_routes_to_the_demo_engines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.test_structure import ROOT, _rel, _sources, _tree
 
 # Names that hold a reason or a state's words in this code base.
-REASON_NAMES = {"why", "reason", "reasons", "scaling", "unserved", "cause", "outcome"}
+REASON_NAMES = {"why", "reason", "reasons", "scaling", "unserved", "cause", "outcome", "leaving"}
 # Calls that read words.
 TEXT_READERS = {
     "startswith",

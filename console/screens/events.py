@@ -31,7 +31,7 @@ from console.widgets.header import ConnectionBanner
 from console.widgets.keyed_table import KeyedTable
 from console.widgets.widths import fill_width
 from llmgw.common import printable
-from llmgw.present import STYLE, Meaning, duration, timestamp
+from llmgw.present import STYLE, Meaning, duration, repeats, timestamp
 from llmgw.wire import EventReason, EventView
 
 MESSAGE_MIN = 24
@@ -89,11 +89,16 @@ class EventsTable(KeyedTable):
 
 
 def event_cells(e: EventView, now: float) -> tuple[Text, ...]:
+    """AGE is since the last time; a counted event's message starts `(x12 over 2h13m)`."""
+    message = styled(printable(e.message))
+    counted = repeats(e)
+    if counted:
+        message = Text.assemble((f"({counted}) ", "dim"), message)
     return (
         styled(duration(max(0.0, now - e.at)), "dim"),
         styled(e.reason, STYLE[REASON_MEANING.get(e.reason, Meaning.MUTED)]),
         styled(printable(e.object)),
-        styled(printable(e.message)),
+        message,
     )
 
 
@@ -103,6 +108,8 @@ def event_text(e: EventView) -> Text:
     text.append(timestamp(e.at), style="dim")
     text.append(f"  {printable(e.object)}  ", style="bold")
     text.append(str(e.reason), style=STYLE[REASON_MEANING.get(e.reason, Meaning.MUTED)])
+    if e.count > 1 and e.first_at is not None:
+        text.append(f"  {repeats(e)}, first {timestamp(e.first_at)}", style="dim")
     text.append("\n" + printable(e.message, keep_lines=True))
     return text
 

@@ -5,7 +5,7 @@ loop, before any handler (or the auth middleware) has run, and its size limit
 counts inflated bytes: 1 MiB of gzip is 1 GiB of work and memory. No client of
 llmgw compresses what it sends, so the app is built with `auto_decompress`
 off (`HANDLER_ARGS`) and the app's first middleware refuses an encoded body
-with a 415 (`refused_encoding`) before anything reads it.
+with a 415 (`refuse_encoded`) before anything reads it.
 
 A request answered without reading its body (a 401, 403, 404, 413 or 415) is
 answered with `Connection: close` and its connection closed, rather than
@@ -16,6 +16,8 @@ a connection it had just told the client it would keep (`close_if_unread`).
 from __future__ import annotations
 
 from aiohttp import web
+
+from llmgw.errors import CompressedBody
 
 # For web.Application(handler_args=...): the server never inflates a body itself.
 HANDLER_ARGS = {"auto_decompress": False}
@@ -30,20 +32,11 @@ def _encoded(request: web.Request) -> str | None:
     return coding if coding not in ("", "identity") and request.body_exists else None
 
 
-def refused_encoding(request: web.Request) -> web.Response | None:
-    """The 415 for a compressed body, before anything reads it; None for the rest."""
+def refuse_encoded(request: web.Request) -> None:
+    """Raise the 415 for a compressed body, before anything reads it."""
     coding = _encoded(request)
-    if coding is None:
-        return None
-    resp = web.json_response(
-        {
-            "error": f"compressed request bodies are refused (Content-Encoding: {coding}); "
-            "send the body uncompressed"
-        },
-        status=415,
-    )
-    resp.force_close()  # whatever of the body is still coming is not read
-    return resp
+    if coding is not None:
+        raise CompressedBody(coding)  # closes: whatever of the body is still coming is not read
 
 
 def close_if_unread(request: web.Request, resp: web.StreamResponse) -> None:

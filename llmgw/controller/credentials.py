@@ -11,7 +11,12 @@ the controller's database. Enrollment is bounded, as kubeadm bounds joining:
   (`ctl credentials allow NODE`): the allowance is used up by that enrollment;
 - tokens made with `ctl credentials token create` expire and count their uses
   (`enroll_tokens.py`); with --enroll-approval a new credential awaits an admin's
-  approval before its node gets work (`Approvals.await_approval`).
+  approval before its node gets work (`Approvals.await_approval`);
+- a credential whose node has not reported with it within `UNREPORTED_TTL_S`
+  (an hour) of its issue expires: it no longer authenticates, and goes at the next
+  enrollment or listing (`expire`). An enrollment flood, a new name each time and
+  no agent behind any, so keeps at most --enroll-rate x an hour of them (18,000 at
+  the default 5 per second); `ctl credentials list` shows each one's expiry.
 
 Credentials from `--agent-token-file NODE TOKEN` lines are listed too; they live
 in the operator's file, so they are revoked by editing it.
@@ -26,35 +31,10 @@ from llmgw.controller.auth import Tokens, digest
 from llmgw.controller.enroll_tokens import EnrollTokens
 from llmgw.controller.records import EnrollToken
 from llmgw.controller.stores.base import StateStore
+from llmgw.errors import AlreadyEnrolled, EnrollNotAllowed, NotRevocable, TokenSpent
 
-
-class AlreadyEnrolled(Exception):
-    def __init__(self, node: str, source: str) -> None:
-        how = (
-            f"revoke it first (`llmgw ctl credentials revoke {node}`) to enroll it again"
-            if source == "enrolled"
-            else "it is configured in --agent-token-file"
-        )
-        super().__init__(f"node {node!r} already holds a credential; {how}")
-
-
-class NotRevocable(Exception):
-    pass
-
-
-class NotAllowed(Exception):
-    """A name that has reported before, not allowed to enroll by an admin."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(
-            f"node {node!r} has reported to this controller before: an enrollment could "
-            "take it over, so an admin must allow it first "
-            f"(`llmgw ctl credentials allow {node}`)"
-        )
-
-
-class TokenSpent(Exception):
-    """The enrollment token expired or was used up before this enrollment took its use."""
+# An agent reports within seconds of its enrollment: an hour is generous.
+UNREPORTED_TTL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +43,7 @@ class Credential:
     source: str  # "enrolled" | "file"
     issued_at: float | None
     by: str | None
+    expires_at: float | None = None  # its node has not reported with it: it goes then
 
 
 class Credentials:
@@ -72,6 +53,8 @@ class Credentials:
         self._issued: dict[str, tuple[str, float, str]] = {}
         self._by_digest: dict[str, str] = {}
         self._allowed: dict[str, tuple[str, float]] = {}
+        # Issued and not reported with -> issued_at, oldest first.
+        self._unreported: dict[str, float] = {}
         self.tokens = EnrollTokens(store)
         self.reload()
 
@@ -80,11 +63,41 @@ class Credentials:
         self._issued = self._store.credentials()
         self._by_digest = {d: node for node, (d, _, _) in self._issued.items()}
         self._allowed = self._store.enroll_allowed()
+        self._unreported = self._store.unreported_credentials()
         self.tokens.reload()
 
-    def identify(self, presented: str) -> str | None:
-        """The node an issued credential speaks for, or None."""
-        return self._by_digest.get(digest(presented))
+    def identify(self, presented: str, now: float) -> str | None:
+        """The node an issued credential speaks for, or None (also once it expired)."""
+        node = self._by_digest.get(digest(presented))
+        expires = None if node is None else self.expires_at(node)
+        return None if expires is not None and expires <= now else node
+
+    def expires_at(self, node: str) -> float | None:
+        """When the node's credential expires unless its node reports (None: never)."""
+        issued = self._unreported.get(node)
+        return None if issued is None else issued + UNREPORTED_TTL_S
+
+    def reported(self, node: str, at: float) -> None:
+        """The node reported with its credential: it no longer expires."""
+        if node in self._unreported:
+            self._store.credential_reported(node, at=at)
+            del self._unreported[node]
+
+    def expire(self, now: float) -> list[str]:
+        """Drop the credentials that never reported within UNREPORTED_TTL_S of their
+        issue; returns their nodes."""
+        gone = []
+        for node, issued in self._unreported.items():  # oldest first
+            if issued + UNREPORTED_TTL_S > now:
+                break
+            gone.append(node)
+        if gone:
+            self._store.expire_credentials(gone)
+            for node in gone:
+                del self._unreported[node]
+                d, _, _ = self._issued.pop(node)
+                self._by_digest.pop(d, None)
+        return gone
 
     def holds(self, node: str) -> bool:
         """Whether the node holds a credential (issued or from the token file)."""
@@ -109,7 +122,7 @@ class Credentials:
         if node in self._issued:
             raise AlreadyEnrolled(node, "enrolled")
         if known and node not in self._allowed:
-            raise NotAllowed(node)
+            raise EnrollNotAllowed(node)
         secret = "llmgw-node-" + secrets.token_urlsafe(32)
         d = digest(secret)
         token_id = token.id if token is not None else None
@@ -120,6 +133,7 @@ class Credentials:
         self._allowed.pop(node, None)
         self._issued[node] = (d, at, by)
         self._by_digest[d] = node
+        self._unreported[node] = at
         return secret
 
     def allow(self, node: str, *, by: str, at: float) -> None:
@@ -132,18 +146,19 @@ class Credentials:
     def revoke(self, node: str) -> bool:
         """Revoke an issued credential; False when the node holds none."""
         if node in self._file_nodes and node not in self._issued:
-            raise NotRevocable(
-                f"node {node!r}'s credential is configured in --agent-token-file: "
-                "remove its line and restart the controller"
-            )
+            raise NotRevocable(node)
         if node not in self._issued:
             return False
         self._store.delete_credential(node)
         d, _, _ = self._issued.pop(node)
         self._by_digest.pop(d, None)
+        self._unreported.pop(node, None)
         return True
 
     def list(self) -> list[Credential]:
-        out = [Credential(n, "enrolled", at, by) for n, (_, at, by) in self._issued.items()]
+        out = [
+            Credential(n, "enrolled", at, by, self.expires_at(n))
+            for n, (_, at, by) in self._issued.items()
+        ]
         out += [Credential(n, "file", None, None) for n in self._file_nodes - set(self._issued)]
         return sorted(out, key=lambda c: c.node)

@@ -31,7 +31,7 @@ from llmgw.controller.fleet_snapshot import GateView
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
-from llmgw.errors import BadCursor
+from llmgw.errors import BadCursor, TooManyGateways
 from llmgw.wire import (
     Endpoint,
     EndpointsDelta,
@@ -244,10 +244,6 @@ def _revision(cursor: str, run: str) -> int | None:
         return cursors.parse(cursor, run)
     except BadCursor:
         return None
-
-
-class TooManyGateways(Exception):
-    """A status under a new name past the bound: refused, nothing kept."""
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import replace
 from llmgw.controller.auth import digest
 from llmgw.controller.records import EnrollToken
 from llmgw.controller.stores.base import StateStore
+from llmgw.errors import TooManyTokens
 from llmgw.present import timestamp
 from llmgw.wire import EnrollTokenView
 
@@ -29,10 +30,6 @@ PREFIX = "llmgw-enroll-"
 _FORM = re.compile(r"llmgw-enroll-([a-z0-9]{6})\.([A-Za-z0-9_-]{16,64})")
 # Tokens kept at once: each is made by an admin, but the table must stay small.
 MAX_TOKENS = 1000
-
-
-class TooManyTokens(Exception):
-    pass
 
 
 def _new_id() -> str:
@@ -95,10 +92,7 @@ class EnrollTokens:
     ) -> tuple[str, EnrollToken]:
         """A new token: (the secret to hand out once, its record)."""
         if len(self._by_id) >= MAX_TOKENS:
-            raise TooManyTokens(
-                f"{MAX_TOKENS} enrollment tokens are kept already: delete some "
-                "(`llmgw ctl credentials token delete ID`; `token list` shows the spent ones)"
-            )
+            raise TooManyTokens(MAX_TOKENS)
         token_id = _new_id()
         while token_id in self._by_id:
             token_id = _new_id()

@@ -26,8 +26,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from llmgw.controller.facts import Facts
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconcile import Reconciler
@@ -35,21 +33,11 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.term import Term
-from llmgw.leader import LEADER_HEADER, NOT_THE_LEADER
 
 if TYPE_CHECKING:
     from llmgw.controller.stores.postgres import PgLease
 
 log = logging.getLogger("llmgw.controller.leadership")
-
-
-def not_the_leader(leader: str | None, why: str | None = None) -> web.Response:
-    """A follower's answer: 503, the leader's URL in the body and in a header."""
-    body: dict[str, Any] = {"error": NOT_THE_LEADER, "leader": leader}
-    if why:
-        body["why"] = why
-    headers = {LEADER_HEADER: leader} if leader else None
-    return web.json_response(body, status=503, headers=headers)
 
 
 class Leadership:

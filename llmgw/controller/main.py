@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,10 +14,8 @@ from llmgw.controller.app import create_app
 from llmgw.controller.auth import Role, Tokens
 from llmgw.controller.serve import ServerLimits, serve
 from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
-from llmgw.controller.store import STATE_FILE, StateError, Store, StoreUnavailable
+from llmgw.controller.store import StateError, Store
 from llmgw.controller.stores import (
-    StateStore,
-    StoreSpec,
     describe,
     open_store,
     parse_store,
@@ -81,8 +77,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enroll-token-file",
         type=Path,
-        help="enrollment token: a new agent trades it for its own node credential "
-        "(else LLMGW_ENROLL_TOKEN)",
+        help="a static enrollment token (needs --allow-static-enroll-token): a new agent "
+        "trades it for its own node credential (else LLMGW_ENROLL_TOKEN)",
     )
     p.add_argument(
         "--enroll-approval",
@@ -102,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
         "--allow-shared-agent-token",
         action="store_true",
         help="accept a shared agent token, which may report as any node (warned about)",
+    )
+    p.add_argument(
+        "--allow-static-enroll-token",
+        action="store_true",
+        help="accept a static enrollment token, which never expires and has no use limit "
+        "(warned about)",
     )
     p.add_argument(
         "--admin-token-file", type=Path, help="tokens for admin changes (else LLMGW_ADMIN_TOKEN)"
@@ -262,6 +264,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             "credential (`NODE TOKEN` lines, or enrollment with --enroll-token-file), or pass "
             "--allow-shared-agent-token to accept it anyway."
         )
+    if tokens.has(Role.ENROLL) and not args.allow_static_enroll_token:
+        raise ValueError(
+            "a static enrollment token (--enroll-token-file, LLMGW_ENROLL_TOKEN) never expires "
+            "and has no use limit: whoever reads it can enroll nodes for ever. Make tokens "
+            "that expire and count their uses (`llmgw ctl credentials token create --ttl 1h "
+            "--uses N`), or pass --allow-static-enroll-token to accept it anyway."
+        )
     if args.metrics_listen is not None:
         metrics_host, _ = split_listen(args.metrics_listen)
         if not is_loopback(metrics_host):
@@ -326,81 +335,10 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def migrate(argv: list[str]) -> int:
-    """`llmgw controller migrate --from STORE --to STORE`: copy a fleet's durable state
-    into an empty store (stop the controller first)."""
-    p = argparse.ArgumentParser(
-        prog="llmgw controller migrate",
-        description="Copy durable state (cordons, history, models and their revisions, "
-        "replicas, backoffs, decision events, node credentials, enrollment tokens and "
-        "allowances) from one store to another, empty one. Stop the controller first.",
-        epilog=examples(
-            "llmgw controller migrate --from sqlite:/var/lib/llmgw --to postgresql://llmgw@db/llmgw"
-        ),
-        formatter_class=HelpWithExamples,
-    )
-    p.add_argument("--from", dest="source", required=True, help="sqlite:DIR or postgresql://...")
-    p.add_argument("--to", dest="target", required=True, help="sqlite:DIR or postgresql://...")
-    args = p.parse_args(argv)
-    try:
-        source_spec, target_spec = parse_store(args.source), parse_store(args.target)
-        if source_spec[0] == "sqlite" and not (Path(source_spec[1]) / STATE_FILE).exists():
-            raise StateError(
-                f"no state to copy: {Path(source_spec[1]) / STATE_FILE} does not exist"
-            )
-        source = open_store(source_spec)
-        state = source.dump()
-        source.close()
-        target = open_store(target_spec)
-        if not target.dump().empty():
-            target.close()
-            raise StateError(
-                f"{describe(target_spec)} already holds state: migrate copies only into an empty store"
-            )
-        with _leading(target, target_spec):
-            target.load(state)
-        target.close()
-    except (ValueError, StateError, StoreUnavailable) as exc:
-        print(f"llmgw controller migrate: {exc}", file=sys.stderr)
-        return 2
-    print(f"copied {state.counts()} from {describe(source_spec)} to {describe(target_spec)}")
-    return 0
-
-
-@contextlib.contextmanager
-def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
-    """`migrate` writes a PostgreSQL store as its leader would: holding the lease
-    (refused while a controller leads it), released when done."""
-    if spec[0] != "postgresql":
-        yield
-        return
-    from llmgw.controller.leadership import new_holder
-    from llmgw.controller.stores.postgres import PgLease
-
-    lease = PgLease(
-        spec[1], holder=new_holder(), advertise_url="llmgw controller migrate", ttl_s=60
-    )
-    try:
-        epoch = lease.acquire()
-        if epoch is None:
-            _, leader, _ = lease.leader()
-            raise StateError(
-                f"a controller leads {describe(spec)} (at {leader}): stop every controller "
-                "on it first"
-            )
-        store.epoch = epoch
-        yield
-        lease.release(epoch)
-    except Exception as exc:
-        if isinstance(exc, StateError | StoreUnavailable):
-            raise
-        raise StateError(f"cannot take the lease of {describe(spec)}: {exc}") from exc
-    finally:
-        lease.close()
-
-
 def main(argv: list[str]) -> int:
     if argv[:1] == ["migrate"]:
+        from llmgw.controller.migrate import migrate
+
         return migrate(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(
@@ -420,8 +358,8 @@ def main(argv: list[str]) -> int:
         )
     if settings.tokens.has(Role.ENROLL):
         log.warning(
-            "a static enrollment token is accepted (--enroll-token-file, LLMGW_ENROLL_TOKEN): it "
-            "never expires and has no use limit; prefer tokens made with "
+            "a static enrollment token is accepted (--allow-static-enroll-token): it never "
+            "expires and has no use limit; prefer tokens made with "
             "`llmgw ctl credentials token create --ttl 1h --uses N`"
         )
     try:  # a taken port is said before the state is touched (created, or moved aside)

@@ -10,14 +10,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from llmgw.controller.auth import Identity, Role, bearer
-from llmgw.controller.bodies import close_if_unread, refused_encoding
+from llmgw.controller.bodies import close_if_unread, refuse_encoded
 from llmgw.controller.enroll_tokens import why_spent
 from llmgw.controller.keys import LEADERSHIP, Handler, term_of
-from llmgw.controller.leadership import not_the_leader
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import Fenced, StoreUnavailable
-from llmgw.controller.web_io import error
-from llmgw.errors import BadRequest, ServerError
+from llmgw.controller.web_io import answer
+from llmgw.errors import (
+    BadRequest,
+    NotAuthenticated,
+    NotTheLeader,
+    PermissionDenied,
+    ServerError,
+    TokenSpent,
+)
 from llmgw.wire import printable
 
 # What a follower still answers itself: who leads, and its own process metrics.
@@ -28,41 +33,32 @@ FOLLOWER_PATHS = frozenset({"/healthz", "/metrics"})
 async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """What every request meets before auth, in one layer (each layer costs every
     request a call and a coroutine): a compressed body refused (llmgw.controller.bodies);
-    only the leader takes reports, admin writes and reads of the fleet; each error
-    answered with its status and message (llmgw.errors)."""
-    resp: web.StreamResponse | None = refused_encoding(request)
-    if resp is None:
-        try:
-            lead = request.app.get(LEADERSHIP)
-            if lead is None or lead.is_leader:
-                resp = await handler(request)
-                if (
-                    lead is not None
-                    and not lead.is_leader
-                    and request.method == "GET"
-                    and request.path not in FOLLOWER_PATHS
-                ):
-                    # Stepped down while it waited (a long poll): its answer is no longer
-                    # the fleet's. A write that got here was stored under the fence, so
-                    # its answer stands.
-                    resp = not_the_leader(lead.leader_url)
-            elif request.path in FOLLOWER_PATHS:
-                resp = await handler(request)
-            else:
-                resp = not_the_leader(lead.leader_url)
-        except ServerError as exc:
-            resp = error(exc.status, exc.message, exc.detail)
-            if exc.close:
-                resp.force_close()
-        except Fenced as exc:  # a deposed leader's write: nothing stored, here is the leader
-            resp = not_the_leader(exc.leader, str(exc))
-        except StoreUnavailable as exc:  # nothing was stored, nothing changed
-            resp = error(503, str(exc))
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            resp = error(exc.status, exc.reason)
-    assert resp is not None
+    only the leader takes reports, admin writes and reads of the fleet; every refusal
+    answered here, with its status, body and headers (llmgw.errors): the one place
+    that maps errors to answers."""
+    try:
+        refuse_encoded(request)
+        lead = request.app.get(LEADERSHIP)
+        if lead is None or lead.is_leader or request.path in FOLLOWER_PATHS:
+            resp = await handler(request)
+        else:
+            raise NotTheLeader(lead.leader_url)
+        if (
+            lead is not None
+            and not lead.is_leader
+            and request.method == "GET"
+            and request.path not in FOLLOWER_PATHS
+        ):
+            # Stepped down while it waited (a long poll): its answer is no longer
+            # the fleet's. A write that got here was stored under the fence, so
+            # its answer stands.
+            raise NotTheLeader(lead.leader_url)
+    except ServerError as exc:
+        resp = answer(exc)
+    except web.HTTPException as exc:  # aiohttp's own: no route, method not allowed
+        if exc.status < 400:
+            raise
+        resp = web.json_response({"error": exc.reason}, status=exc.status)
     close_if_unread(request, resp)
     return resp
 
@@ -92,35 +88,32 @@ def auth_middleware(
             return await handler(request)
         header = request.headers.get("Authorization")
         if header is not None and not _is_text(header):
-            return error(401, "invalid token: the Authorization header is not valid text")
+            raise NotAuthenticated("invalid token: the Authorization header is not valid text")
         presented = bearer(header)
         if presented is None:
-            return error(401, "missing token: this controller needs a bearer token")
-        identity = tokens.identify(presented)
+            raise NotAuthenticated("missing token: this controller needs a bearer token")
+        identity, now = tokens.identify(presented), time.time()
         if identity is None:
-            node = term_of(request.app).credentials.identify(presented)
+            node = term_of(request.app).credentials.identify(presented, now)
             identity = None if node is None else Identity(node, Role.AGENT, node)
         if identity is None:
             enroll_token = term_of(request.app).credentials.tokens.identify(presented)
             if enroll_token is not None:
-                spent = why_spent(enroll_token, time.time())
+                spent = why_spent(enroll_token, now)
                 if spent is not None:
-                    return error(
-                        401,
-                        f"{spent}: ask an admin for a new one (llmgw ctl credentials token create)",
-                    )
+                    raise TokenSpent(spent)
                 identity = Identity(f"enrollment token {enroll_token.id}", Role.ENROLL)
                 request["enroll_token"] = enroll_token
         if identity is None:
-            return error(401, "invalid token")
+            raise NotAuthenticated("invalid token")
         if identity.node is not None and key not in NODE_CREDENTIAL_ROUTES:
-            return error(
-                403, f"a node credential (node {identity.node}) may only report as its node"
+            raise PermissionDenied(
+                f"a node credential (node {identity.node}) may only report as its node"
             )
         if identity.role not in allowed:
             need = " or ".join(_article(v) for v in sorted(r.value for r in allowed))
-            return error(
-                403, f"{_article(str(identity.role))} token cannot do this; it needs {need} token"
+            raise PermissionDenied(
+                f"{_article(str(identity.role))} token cannot do this; it needs {need} token"
             )
         claimed = _claimed_user(request)
         if claimed and claimed != identity.name:

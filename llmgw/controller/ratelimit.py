@@ -7,7 +7,6 @@ work (a credential written per enrollment), whoever asks.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -31,11 +30,6 @@ class TokenBucket:
             self._level -= 1
             return 0.0
         return (1 - self._level) / self.rate
-
-
-def retry_after(wait_s: float) -> str:
-    """A Retry-After header's value: whole seconds, at least 1."""
-    return str(max(1, math.ceil(wait_s)))
 
 
 class Once:

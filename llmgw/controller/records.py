@@ -39,7 +39,8 @@ class EnrollToken:
 class IssuedCredential:
     """A node's credential as enrollment issued it: the secret is kept only as a
     SHA-256. `pending`: awaiting an admin's approval; `token`: the enrollment
-    token's id it came with (None: none, or issued before tokens were counted)."""
+    token's id it came with (None: none, or issued before tokens were counted);
+    `reported_at`: when its node first reported with it (None: not yet)."""
 
     node: str
     digest: str
@@ -47,6 +48,7 @@ class IssuedCredential:
     by: str
     pending: bool = False
     token: str | None = None
+    reported_at: float | None = None
 
 
 @dataclass(frozen=True)

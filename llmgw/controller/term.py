@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from llmgw.controller import cursors, model_views
 from llmgw.controller.changes import ChangeKind
-from llmgw.controller.credentials import Credentials
+from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
 from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
 from llmgw.controller.facts import Facts
 from llmgw.controller.loop_memory import LoopMemory
@@ -36,7 +36,14 @@ from llmgw.controller.replies import Replies, assignments_for
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import Totals, build_summary
-from llmgw.wire import EndpointsDelta, FleetSummary, ModelView, ReplicaView, ShardAssignment
+from llmgw.wire import (
+    EndpointsDelta,
+    EventReason,
+    FleetSummary,
+    ModelView,
+    ReplicaView,
+    ShardAssignment,
+)
 
 # What placement reads: a node's facts, its flag, the cards assigned on it (by
 # node); the specs and the replicas (the whole fleet).
@@ -96,6 +103,18 @@ class Term:
         return Term.begin(
             facts.store, facts.settings, clock=facts.clock, wall=facts.wall, after=self
         )
+
+    def expire_credentials(self, now: float) -> None:
+        """Drop the credentials never reported with (`Credentials.expire`): an event
+        for each, and its node awaits no approval any more."""
+        for node in self.credentials.expire(now):
+            self.facts.approvals.drop(node)
+            self.facts.event(
+                f"node/{node}",
+                EventReason.CREDENTIAL_EXPIRED,
+                f"its credential was never used to report within {UNREPORTED_TTL_S / 3600:g} h"
+                " of its enrollment: dropped (the node enrolls again with a valid token)",
+            )
 
     # -- reads composed of several views -------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What handlers read and answer: a JSON body validated into a wire type (any
 failure a 400 naming the field, within the body deadline and size bounds), a node
-named in the URL, who is asking; JSON answers and `{"error": ...}` answers."""
+named in the URL, who is asking; JSON answers, and a refusal's answer (llmgw.errors)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmgw.controller.auth import Identity
 from llmgw.controller.keys import SETTINGS
-from llmgw.errors import BadRequest, ClientGone, SlowBody, TooLarge
+from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
 from llmgw.wire import PATTERN_MESSAGES, node_name, validate_json
 
 M = TypeVar("M", bound=BaseModel)
@@ -29,11 +29,12 @@ def json_models(models: list[Any]) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
-def error(status: int, message: str, detail: list[dict[str, Any]] | None = None) -> web.Response:
-    payload: dict[str, Any] = {"error": message}
-    if detail:
-        payload["detail"] = detail
-    return web.json_response(payload, status=status)
+def answer(refusal: ServerError) -> web.Response:
+    """A refusal as the client sees it: its status, JSON body and headers."""
+    resp = web.json_response(refusal.body(), status=refusal.status, headers=refusal.headers())
+    if refusal.close:
+        resp.force_close()
+    return resp
 
 
 def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:

@@ -354,6 +354,17 @@ def test_the_feed_keeps_the_newest_and_moves_its_cursor() -> None:
     assert feed.take(EventList(events=[], cursor=6)) == 0
 
 
+def test_a_counted_event_replaces_the_one_it_counted() -> None:
+    feed = EventFeed(None)
+    feed.take(EventList(events=[event(1), event(2, "other")], cursor=2))
+    counted = event(3, "placed 1 replica again").model_copy(update={"count": 3, "first_at": 940.0})
+    assert feed.take(EventList(events=[counted], cursor=3)) == 1
+    assert [(e.id, e.count) for e in feed.events] == [(1, 1), (3, 3)]
+    cells = event_cells(counted, now=1100.0)
+    assert cells[3].plain == "(x3 over 1m03s) placed 1 replica again"
+    assert cells[0].plain == "1m37s", "the age of its last time"
+
+
 def test_free_text_in_events_is_escaped() -> None:
     cells = event_cells(event(1, "moved\x1b[2J off\ngpu-a01"), now=1100.0)
     assert cells[3].plain == "moved\\x1b[2J off\\ngpu-a01"

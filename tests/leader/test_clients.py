@@ -1,7 +1,7 @@
 """Clients follow the leader (llmgw/leader.py): ctl's blocking client, the async
 client the console uses, and the agent's report loop, against real HTTP servers
-on loopback that answer as a follower does (the controller's own `not_the_leader`
-response), as a leader, or not at all."""
+on loopback that answer as a follower does (the controller's own answer to
+`NotTheLeader`), as a leader, or not at all."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from aiohttp import web
 from agent.loop import ReportLoop
 from llmgw import api
 from llmgw.client import AdminClient
-from llmgw.controller.leadership import not_the_leader
+from llmgw.controller.web_io import answer
+from llmgw.errors import NotTheLeader
 from llmgw.leader import Endpoints, Following, Tries, leader_of, split_urls
 from llmgw.sync_client import SyncAdminClient
 from llmgw.wire import AdminFlag, NodeReport, NodeState, ReportReply
@@ -37,7 +38,7 @@ class Server:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
         if self.following:
-            return not_the_leader(self.leader)
+            return answer(NotTheLeader(self.leader))
         if self.custom is not None:
             return await self.custom(request)
         if request.path == "/v1/agent/report":
@@ -76,7 +77,7 @@ DEAD = f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def test_a_follower_answer_is_told_from_other_503s() -> None:
-    follower = not_the_leader("http://ctl-b:7460")
+    follower = answer(NotTheLeader("http://ctl-b:7460"))
     assert follower.body is not None
     assert leader_of(503, follower.headers, bytes(follower.body)) == (True, "http://ctl-b:7460")
     body = b'{"error": "not the leader", "leader": "ctl-c:7460"}'

@@ -39,6 +39,7 @@ def test_the_advertised_url(tmp_path: Path) -> None:
     tokens.write_text("secret-token-1\n")
     public = ["--listen", "0.0.0.0:7000", *tls]
     public += ["--admin-token-file", str(tokens), "--enroll-token-file", str(tokens)]
+    public += ["--allow-static-enroll-token"]
 
     def settings(*extra: str) -> ControllerSettings:
         return settings_from_args(parser().parse_args([*public, *extra]))

@@ -35,7 +35,13 @@ def test_agents_enroll_once_and_cannot_report_as_another_node(
     enroll.write_text("enroll-secret\n")
     admins = tmp_path / "admins"
     admins.write_text(f"alice {ADMIN}\n")
-    c.start_controller("--enroll-token-file", str(enroll), "--admin-token-file", str(admins))
+    c.start_controller(
+        "--enroll-token-file",
+        str(enroll),
+        "--allow-static-enroll-token",
+        "--admin-token-file",
+        str(admins),
+    )
     c.http.headers["Authorization"] = f"Bearer {ADMIN}"
 
     # First contact: each agent trades the enrollment token for its own credential.

@@ -56,9 +56,25 @@ VALID: dict[str, dict[str, Any]] = {
     "token-create": {"ttl_s": 60, "uses": 2, "description": "rack 7"},
 }
 # Where engines are reached: it becomes the host of URLs every gateway uses.
-ADDRESSES = st.sampled_from(
-    [" ", "%2e%2e", "host/path", "evil:1/x", "[::1]", "a..b", "n1.", "-x", "1.2.3", "a b", "\x1b"]
-) | st.text(max_size=20)
+ADDRESSES = (
+    st.sampled_from(
+        [
+            " ",
+            "%2e%2e",
+            "host/path",
+            "evil:1/x",
+            "[::1]",
+            "a..b",
+            "n1.",
+            "-x",
+            "1.2.3",
+            "a b",
+            "\x1b",
+        ]
+    )
+    | st.sampled_from(["fe80::1%eth0", "0x7f.0.0.1", "0x7f000001"])
+    | st.text(max_size=20)
+)
 # Keys of a gateway's status maps are replica ids: no control characters.
 REPLICA_KEYS = st.sampled_from(["r1", "\x1b[2J", "a\nb", "\x00", "x" * 65, ""]) | st.text(
     max_size=8

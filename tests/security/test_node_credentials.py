@@ -245,5 +245,20 @@ def test_a_public_bind_may_rely_on_enrollment(
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "a")
     monkeypatch.setenv("LLMGW_ENROLL_TOKEN", "e")
-    settings = settings_from_args(start_args(tmp_path, "--listen", "0.0.0.0:7460"))
+    settings = settings_from_args(
+        start_args(tmp_path, "--listen", "0.0.0.0:7460", "--allow-static-enroll-token")
+    )
     assert settings.tokens.has(Role.ENROLL)
+    # Without an admin-made token's expiry and uses, the operator must say so.
+    with pytest.raises(ValueError, match="never expires and has no use limit") as refused:
+        settings_from_args(start_args(tmp_path, "--listen", "0.0.0.0:7460"))
+    assert "--allow-static-enroll-token" in str(refused.value)
+    assert "ctl credentials token create" in str(refused.value)
+    path = tmp_path / "enroll.token"
+    path.write_text("e\n")
+    monkeypatch.delenv("LLMGW_ENROLL_TOKEN")
+    with pytest.raises(ValueError, match="--allow-static-enroll-token"):
+        settings_from_args(start_args(tmp_path, "--enroll-token-file", str(path)))
+    monkeypatch.delenv("LLMGW_ADMIN_TOKEN")
+    admin_made_only = settings_from_args(start_args(tmp_path))  # tokens from ctl: no flag
+    assert not admin_made_only.tokens.has(Role.ENROLL)

@@ -1,5 +1,8 @@
 """Node names are host names, normalised in one place (llmgw.wire): lower case,
-no empty label, no trailing dot, not a bare number (issue 25 item 4)."""
+no empty label, no trailing dot, not a bare number (issue 25 item 4). A node's
+address is a host name or an IP literal that can be the host of an engine URL:
+no IPv6 zone id, no hex number that a resolver reads as an IPv4 address (issue 36
+item 7)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from tests.security.conftest import ADMIN, AGENT, ENROLL, auth, report_body
 
 NAMES = TypeAdapter(NodeName)
 BAD = ["n1.", "a..b", ".a", "0", "123", "1.2.3", "-a", "a-", "a_b", "a b", "é", "a" * 64, ""]
+# What a resolver reads as 127.0.0.1 (issue 36 item 7).
+HEX_IPV4 = ["0x7f.0.0.1", "0x7f000001", "0X7F.1"]
 
 
 @pytest.mark.parametrize(
@@ -30,7 +35,7 @@ def test_names_are_kept_in_lower_case(given: str, kept: str) -> None:
     assert node_name(given) == kept
 
 
-@pytest.mark.parametrize("bad", BAD)
+@pytest.mark.parametrize("bad", BAD + HEX_IPV4)
 def test_names_that_are_not_host_names_are_refused(bad: str) -> None:
     with pytest.raises(ValidationError):
         NAMES.validate_python(bad)
@@ -77,3 +82,35 @@ async def test_a_url_naming_no_possible_node_is_a_400(client: TestClient) -> Non
     resp = await client.post("/v1/nodes/a..b/cordon", json={"reason": "x"}, headers=auth(ADMIN))
     assert resp.status == 400
     assert "host name" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("fe80::1%eth0", "has an IPv6 zone id"),
+        ("fd00::7%25eth0", "has an IPv6 zone id"),
+        *((hexed, "reads as an IPv4 address in hex") for hexed in HEX_IPV4),
+    ],
+)
+async def test_an_address_no_engine_url_can_carry_is_a_400_saying_why(
+    client: TestClient, address: str, why: str
+) -> None:
+    before = await (await client.get("/v1/nodes/gpu01", headers=auth(ADMIN))).json()
+    body = report_body(address=address)
+    resp = await client.post("/v1/agent/report", json=body, headers=auth(AGENT))
+    assert resp.status == 400
+    [detail] = (await resp.json())["detail"]
+    assert detail["loc"] == "address" and why in detail["msg"], detail
+    after = await (await client.get("/v1/nodes/gpu01", headers=auth(ADMIN))).json()
+    assert after["address"] == before["address"], "nothing changed"
+
+
+@pytest.mark.parametrize(
+    "address", ["10.0.0.7", "fd00::7", "fe80::1", "gpu-a01.example.com", "box0x1"]
+)
+async def test_addresses_that_are_hosts_are_taken(client: TestClient, address: str) -> None:
+    body = report_body(address=address)
+    resp = await client.post("/v1/agent/report", json=body, headers=auth(AGENT))
+    assert resp.status == 200
+    detail = await (await client.get("/v1/nodes/gpu01", headers=auth(ADMIN))).json()
+    assert detail["address"] == address

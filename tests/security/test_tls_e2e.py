@@ -146,7 +146,11 @@ def test_agents_verify_the_controller(https_controller: str, tls: Tls, tmp_path:
 def test_a_public_bind_without_tls_is_warned_about(tmp_path: Path) -> None:
     env = {"LLMGW_ADMIN_TOKEN": "a", "LLMGW_ENROLL_TOKEN": "e"}
     proc = ControllerProcess(
-        tmp_path / "controller.log", state_dir=tmp_path / "state", host="0.0.0.0", env=env
+        tmp_path / "controller.log",
+        state_dir=tmp_path / "state",
+        host="0.0.0.0",
+        env=env,
+        args=["--allow-static-enroll-token"],
     )
     try:
         proc.start(ready=lambda: "listening on" in proc.output(), what="listening on")

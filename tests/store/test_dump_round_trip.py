@@ -38,7 +38,15 @@ SPEC = ModelSpec.model_validate(
 TOKEN = EnrollToken("tok001", "d-tok", 1.0, "alice", expires_at=900.0, uses=3, description="rack 4")
 OPEN_TOKEN = EnrollToken("tok002", "d-open", 2.0, "bob")
 DECISIONS = [
-    EventView(id=7, at=20.0, object="model/m", reason=EventReason.PLACED, message="placed r1"),
+    EventView(
+        id=7,
+        at=20.0,
+        object="model/m",
+        reason=EventReason.PLACED,
+        message="placed r1",
+        count=3,
+        first_at=12.0,
+    ),
     EventView(id=8, at=21.0, object="node/n2", reason=EventReason.ENROLLED, message="enrolled"),
 ]
 
@@ -70,10 +78,11 @@ def fill(store: StateStore) -> None:
         ]
     )
     store.put_backoff(Backoff("m", 2, 50.0, "crashed"))
-    store.add_events(DECISIONS, keep_after_id=0, keep_after=0.0)
+    store.add_events(DECISIONS, gone=(), keep_after=0.0)
     store.put_enroll_token(TOKEN)
     store.put_enroll_token(OPEN_TOKEN)
     store.put_credential("n1", "d-n1", at=8.0, by="enroll")
+    store.credential_reported("n1", at=8.5)
     assert store.enroll("n2", "d-n2", at=9.0, by="enroll", pending=True, token=TOKEN.id)
     store.allow_enroll("n5", by="alice", at=10.0)
 
@@ -102,7 +111,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
     dump = source.dump()
     assert dump.decisions == DECISIONS
     assert dump.credentials == {
-        "n1": IssuedCredential("n1", "d-n1", 8.0, "enroll"),
+        "n1": IssuedCredential("n1", "d-n1", 8.0, "enroll", reported_at=8.5),
         "n2": IssuedCredential("n2", "d-n2", 9.0, "enroll", pending=True, token="tok001"),
     }
     assert dump.enroll_tokens == [
@@ -124,6 +133,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
         "n2": ("d-n2", 9.0, "enroll"),
     }
     assert other_store.pending_credentials() == {"n2": 9.0}
+    assert other_store.unreported_credentials() == {"n2": 9.0}, "n1 reported: it never expires"
     assert other_store.events(100) == DECISIONS
     assert not other_store.enroll("n6", "d-n6", at=950.0, by="t", pending=False, token="tok001"), (
         "the copied token keeps its expiry"

@@ -12,7 +12,8 @@ import psycopg
 from llmgw.controller.records import Backoff, LeaveReason
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.stores.postgres import PostgresStore, take_lease
-from llmgw.controller.stores.schema import SCHEMA_VERSION
+from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
+from llmgw.controller.stores.sql import HISTORY_KEPT
 from llmgw.controller.stores.sqlite import STATE_FILE, Store
 from llmgw.wire import AdminFlag, AdminInfo, ReplicaState
 from tests.store import legacy_schemas as legacy
@@ -147,7 +148,7 @@ def test_schema_6_lowers_node_names_stored_before(tmp_path: Path) -> None:
         "INSERT INTO replicas(id, model, state, shards, created_at) VALUES ('r1', 'm', 'ready', ?, 6)",
         (shards,),
     )
-    db.execute("DELETE FROM schema_version WHERE version >= 6")
+    db.execute("DELETE FROM schema_version WHERE version >= 6")  # back to schema 5
     db.commit()
     db.close()
 
@@ -193,3 +194,38 @@ def test_schema_7_gives_leaving_replicas_stored_before_their_reason(tmp_path: Pa
         "r3": (None, None, None),
     }
     assert versions(tmp_path / STATE_FILE) == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_bounded_tables_schema_keeps_known_credentials_and_cuts_long_histories(
+    tmp_path: Path,
+) -> None:
+    """The schema that bounds tables: a credential of a node known before counts as
+    reported (it never expires), one of a node never seen does not, and each node's
+    history is cut to its newest HISTORY_KEPT."""
+    version = 1 + next(
+        i
+        for i, steps in enumerate(MIGRATIONS)
+        if AddColumn("agent_credentials", "reported_at", "DOUBLE PRECISION") in steps
+    )
+    Store(tmp_path).close()
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    db.execute("INSERT INTO nodes(name, first_seen) VALUES ('n1', 1.0)")
+    db.executemany(
+        "INSERT INTO agent_credentials(node, digest, issued_at, by) VALUES (?, ?, 4, 'e')",
+        [("n1", "d1"), ("ghost", "d2")],
+    )
+    db.executemany(
+        "INSERT INTO admin_events(node, action, by, at) VALUES (?, 'cordon', 'ops', ?)",
+        [("n1", float(i)) for i in range(HISTORY_KEPT + 20)] + [("n2", 1.0)],
+    )
+    db.execute("UPDATE agent_credentials SET reported_at = NULL")
+    db.execute("DELETE FROM schema_version WHERE version >= ?", (version,))
+    db.commit()
+    db.close()
+
+    again = Store(tmp_path)
+    assert again.unreported_credentials() == {"ghost": 4.0}
+    kept = again.history("n1", limit=10 * HISTORY_KEPT)
+    assert [e.at for e in kept] == [float(i) for i in reversed(range(20, HISTORY_KEPT + 20))]
+    assert len(again.history("n2")) == 1
+    again.close()

@@ -13,7 +13,8 @@ from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, ShardR
 from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
 from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
 from llmgw.controller.stores.schema import SCHEMA_VERSION
-from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, ReplicaState
+from llmgw.controller.stores.sql import HISTORY_KEPT
+from llmgw.wire import AdminFlag, AdminInfo, EventReason, EventView, ModelSpec, ReplicaState
 from tests.store.conftest import StoreFactory
 
 SPEC = ModelSpec.model_validate(
@@ -83,6 +84,51 @@ def test_clearing_and_deleting(open_store: StoreFactory) -> None:
     store.forget_node("n2", ["r2"], by="ops", at=3.0)
     assert store.known_nodes() == {"n1": 1.0} and store.replicas() == {}
     assert store.history("n2")[0].action == "forget"
+
+
+def test_events_keep_their_count_and_gone_ones_are_deleted(open_store: StoreFactory) -> None:
+    store = open_store()
+    placed = EventView(id=1, at=5.0, object="model/m", reason=EventReason.PLACED, message="p")
+    lost = EventView(id=2, at=6.0, object="node/n1", reason=EventReason.NODE_LOST, message="l")
+    store.add_events([placed, lost], gone=(), keep_after=0.0)
+    counted = lost.model_copy(update={"id": 3, "at": 9.0, "count": 2, "first_at": 6.0})
+    store.add_events([counted], gone=[2], keep_after=0.0)
+    store.close()
+    again = open_store()
+    assert again.events(10) == [placed, counted]
+    again.add_events([], gone=[], keep_after=7.0)  # last seen before: gone
+    assert again.events(10) == [counted]
+
+
+def test_a_nodes_history_keeps_its_newest_at_the_bound(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.add_nodes([("n1", 1.0), ("n2", 1.0)])
+    cordon = AdminInfo(flag=AdminFlag.CORDONED, reason="x", by="ops", at=1.0)
+    store.set_admin("n2", cordon, action="cordon", by="ops", at=1.0)
+    for i in range(HISTORY_KEPT + 10):
+        store.set_admin(
+            "n1", cordon.model_copy(update={"at": float(i)}), action="cordon", by="ops", at=float(i)
+        )
+    kept = store.history("n1", limit=10 * HISTORY_KEPT)
+    assert [e.at for e in kept] == [float(i) for i in reversed(range(10, HISTORY_KEPT + 10))]
+    assert len(store.history("n2")) == 1, "another node's is its own"
+    store.forget_node("n1", [], by="ops", at=500.0)
+    assert [(e.action, e.at) for e in store.history("n1")] == [("forget", 500.0)]
+
+
+def test_credentials_say_whether_their_node_reported(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.put_credential("n1", "d1", at=5.0, by="e")
+    assert store.enroll("n2", "d2", at=6.0, by="e", pending=False, token=None)
+    assert store.unreported_credentials() == {"n1": 5.0, "n2": 6.0}
+    store.credential_reported("n2", at=7.0)
+    store.credential_reported("n2", at=8.0)  # the first time stays
+    store.close()
+    again = open_store()
+    assert again.unreported_credentials() == {"n1": 5.0}
+    again.expire_credentials(["n1", "n2"])  # n2 reported: it stays
+    assert again.credentials() == {"n2": ("d2", 6.0, "e")}
+    assert again.dump().credentials["n2"].reported_at == 7.0
 
 
 def test_node_credentials_survive_a_reopen_and_revoke(open_store: StoreFactory) -> None:

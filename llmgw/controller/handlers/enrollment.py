@@ -8,12 +8,17 @@ import time
 
 from aiohttp import web
 
-from llmgw.controller.credentials import AlreadyEnrolled, NotAllowed, NotRevocable, TokenSpent
-from llmgw.controller.enroll_tokens import TooManyTokens
 from llmgw.controller.enroll_tokens import view as token_view
 from llmgw.controller.keys import ENROLL_LIMIT, ENROLL_REFUSALS, SETTINGS, term_of
-from llmgw.controller.ratelimit import retry_after
-from llmgw.controller.web_io import error, json_model, json_models, node_param, parse_body, who
+from llmgw.controller.web_io import json_model, json_models, node_param, parse_body, who
+from llmgw.errors import (
+    AlreadyEnrolled,
+    Conflict,
+    EnrollNotAllowed,
+    TooManyEnrollments,
+    Unknown,
+    UnknownEnrollToken,
+)
 from llmgw.wire import (
     CredentialView,
     EmptyRequest,
@@ -30,15 +35,13 @@ async def agent_enroll(request: web.Request) -> web.Response:
     """Trade an enrollment token for the node's own credential (once per node)."""
     wait = request.app[ENROLL_LIMIT].take()  # before the body: a refusal costs nothing
     if wait:
-        rate = request.app[SETTINGS].enroll_rate
-        resp = error(429, f"too many enrollments (at most {rate:g} per second): try again shortly")
-        resp.headers["Retry-After"] = retry_after(wait)
-        return resp
+        raise TooManyEnrollments(request.app[SETTINGS].enroll_rate, wait)
     body = await parse_body(request, EnrollRequest)
     node, by, at = body.node, who(request), time.time()
     term = term_of(request.app)
     creds = term.credentials
     pending = request.app[SETTINGS].enroll_approval
+    term.expire_credentials(at)  # enrollments add credentials: the expired go first
     try:
         secret = creds.enroll(
             node,
@@ -48,13 +51,11 @@ async def agent_enroll(request: web.Request) -> web.Response:
             pending=pending,
             token=request.get("enroll_token"),
         )
-    except (AlreadyEnrolled, NotAllowed) as exc:
+    except (AlreadyEnrolled, EnrollNotAllowed) as exc:
         # Someone tried to take over a node that exists: worth an event, once an hour.
         if request.app[ENROLL_REFUSALS].due(node):
             term.facts.event(f"node/{node}", EventReason.ENROLL_REFUSED, f"{by}: {exc}")
-        return error(409, str(exc))
-    except TokenSpent as exc:
-        return error(401, f"{exc}: ask an admin for a new one (llmgw ctl credentials token create)")
+        raise
     term.facts.event(f"node/{node}", EventReason.ENROLLED, f"credential issued ({by})")
     if pending:
         term.facts.approvals.await_approval(node, at)
@@ -70,7 +71,9 @@ async def agent_enroll(request: web.Request) -> web.Response:
 
 
 async def list_credentials(request: web.Request) -> web.Response:
-    pending = term_of(request.app).facts.approvals.pending
+    term = term_of(request.app)
+    term.expire_credentials(time.time())
+    pending = term.facts.approvals.pending
     return json_models(
         [
             CredentialView(
@@ -79,20 +82,17 @@ async def list_credentials(request: web.Request) -> web.Response:
                 issued_at=c.issued_at,
                 by=c.by,
                 awaiting_approval=c.node in pending,
+                expires_at=c.expires_at,
             )
-            for c in term_of(request.app).credentials.list()
+            for c in term.credentials.list()
         ]
     )
 
 
 async def revoke_credential(request: web.Request) -> web.Response:
     node = node_param(request, "node")
-    try:
-        revoked = term_of(request.app).credentials.revoke(node)
-    except NotRevocable as exc:
-        return error(409, str(exc))
-    if not revoked:
-        return error(404, f"node {node!r} holds no issued credential")
+    if not term_of(request.app).credentials.revoke(node):
+        raise Unknown(f"node {node!r} holds no issued credential")
     log.info("credential of node %s revoked by %s", node, who(request))
     return web.json_response({"node": node, "revoked": True})
 
@@ -104,8 +104,8 @@ async def approve_credential(request: web.Request) -> web.Response:
     term = term_of(request.app)
     if not term.facts.approvals.approve(node, who(request), term.facts.wall()):
         if not term.credentials.holds(node):
-            return error(404, f"node {node!r} holds no credential to approve")
-        return error(409, f"node {node!r} awaits no approval: it may take replicas already")
+            raise Unknown(f"node {node!r} holds no credential to approve")
+        raise Conflict(f"node {node!r} awaits no approval: it may take replicas already")
     log.info("node %s approved by %s", node, who(request))
     return web.json_response({"node": node, "approved": True})
 
@@ -115,29 +115,21 @@ async def allow_enroll(request: web.Request) -> web.Response:
     node = node_param(request, "node")
     await parse_body(request, EmptyRequest, optional=True)
     if node not in term_of(request.app).facts.nodes:
-        return error(
-            409, f"node {node!r} has never reported here: it may enroll without an allowance"
-        )
-    try:
-        term_of(request.app).credentials.allow(node, by=who(request), at=time.time())
-    except AlreadyEnrolled as exc:
-        return error(409, str(exc))
+        raise Conflict(f"node {node!r} has never reported here: it may enroll without an allowance")
+    term_of(request.app).credentials.allow(node, by=who(request), at=time.time())
     log.info("node %s allowed to enroll by %s", node, who(request))
     return web.json_response({"node": node, "allowed": True})
 
 
 async def create_enroll_token(request: web.Request) -> web.Response:
     body = await parse_body(request, EnrollTokenRequest, optional=True)
-    try:
-        secret, token = term_of(request.app).credentials.tokens.create(
-            by=who(request),
-            at=time.time(),
-            ttl_s=body.ttl_s or None,
-            uses=body.uses,
-            description=body.description,
-        )
-    except TooManyTokens as exc:
-        return error(409, str(exc))
+    secret, token = term_of(request.app).credentials.tokens.create(
+        by=who(request),
+        at=time.time(),
+        ttl_s=body.ttl_s or None,
+        uses=body.uses,
+        description=body.description,
+    )
     log.info("enrollment token %s made by %s", token.id, who(request))
     return json_model(token_view(token, time.time(), secret), status=201)
 
@@ -150,8 +142,6 @@ async def list_enroll_tokens(request: web.Request) -> web.Response:
 async def delete_enroll_token(request: web.Request) -> web.Response:
     token_id = request.match_info["id"]
     if not term_of(request.app).credentials.tokens.delete(token_id):
-        return error(
-            404, f"no enrollment token {token_id[:20]!r} (llmgw ctl credentials token list)"
-        )
+        raise UnknownEnrollToken(token_id)
     log.info("enrollment token %s deleted by %s", token_id, who(request))
     return web.Response(status=204)

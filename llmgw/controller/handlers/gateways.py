@@ -5,10 +5,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.controller import cursors
-from llmgw.controller.endpoints import MAX_WAIT_S, TooManyGateways
+from llmgw.controller.endpoints import MAX_WAIT_S
 from llmgw.controller.keys import term_of
-from llmgw.controller.web_io import error, json_model, json_models, parse_body, who
-from llmgw.errors import BadRequest
+from llmgw.controller.web_io import json_model, json_models, parse_body, who
+from llmgw.errors import BadRequest, Unavailable
 from llmgw.wire import GatewayStatus
 
 
@@ -17,7 +17,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
     term = term_of(request.app)
     not_yet = term.feed_hold.reason()  # a new leader, before the agents reported
     if not_yet is not None:
-        return error(503, not_yet)
+        raise Unavailable(not_yet)
     since = request.query.get("since", "")
     try:
         wait = float(request.query.get("wait", "0"))
@@ -36,10 +36,7 @@ async def gateway_status(request: web.Request) -> web.Response:
     body = await parse_body(
         request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
     )
-    try:
-        term_of(request.app).gateways.report(body, by=who(request))
-    except TooManyGateways as exc:
-        return error(429, str(exc))
+    term_of(request.app).gateways.report(body, by=who(request))
     return web.Response(status=204)
 
 

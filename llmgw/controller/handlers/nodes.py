@@ -12,12 +12,11 @@ from aiohttp import web
 from llmgw.controller.admin_flags import BY_LLMGW
 from llmgw.controller.auth import Identity
 from llmgw.controller.authorize import report_refusal
-from llmgw.controller.credentials import NotRevocable
 from llmgw.controller.facts import Facts
 from llmgw.controller.keys import METRICS, REFUSALS, term_of
 from llmgw.controller.reconcile import drain_plan as plan_drain
-from llmgw.controller.web_io import error, json_model, node_param, parse_body, who
-from llmgw.errors import BadRequest, Conflict
+from llmgw.controller.web_io import json_model, node_param, parse_body, who
+from llmgw.errors import BadRequest, Conflict, NotRevocable, PermissionDenied
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -46,8 +45,10 @@ async def agent_report(request: web.Request) -> web.Response:
         if refusal is not None:
             outcome = "refused"
             request.app[REFUSALS].note(identity.node or report.node, refusal)
-            return error(403, refusal)
+            raise PermissionDenied(refusal)
         body = term.replies.ingest_json(report, await request.read())
+        if identity.node is not None:  # its credential, used: it no longer expires
+            term.credentials.reported(identity.node, time.time())
         outcome = "ok"
     finally:
         request.app[METRICS].reports.observe(time.perf_counter() - started, outcome)

@@ -118,17 +118,23 @@ def admin_event_from_row(r: Row) -> AdminEvent:
 
 
 def decision_row(e: EventView) -> tuple[object, ...]:
-    return (e.id, e.at, e.object, e.reason.value, e.message)
+    return (e.id, e.at, e.object, e.reason.value, e.message, e.count, e.first_at)
 
 
 def decision_from_row(r: Row) -> EventView:
     return EventView(
-        id=r["id"], at=r["at"], object=r["object"], reason=r["reason"], message=r["message"]
+        id=r["id"],
+        at=r["at"],
+        object=r["object"],
+        reason=r["reason"],
+        message=r["message"],
+        count=r["count"],
+        first_at=r["first_at"],
     )
 
 
 def credential_row(c: IssuedCredential) -> tuple[object, ...]:
-    return (c.node, c.digest, c.issued_at, c.by, int(c.pending), c.token)
+    return (c.node, c.digest, c.issued_at, c.by, int(c.pending), c.token, c.reported_at)
 
 
 def credential_from_row(r: Row) -> IssuedCredential:
@@ -139,6 +145,7 @@ def credential_from_row(r: Row) -> IssuedCredential:
         by=r["by"],
         pending=bool(r["pending"]),
         token=r["token"],
+        reported_at=r["reported_at"],
     )
 
 

@@ -121,7 +121,22 @@ MIGRATIONS: list[list[Step]] = [
         AddColumn("replicas", "reclaimed_for", "TEXT"),
         LeaveReasons(),
     ],
-    # 8: the warm tier (issue 32): when a sleeping replica's engines were told to
+    # 8: bounded tables. Repeated events counted as one (how many times; the first
+    # time, NULL when once: `at` is the last). When a node first reported with its
+    # credential (NULL: never; one that never does expires), those of nodes known
+    # before counted as reported. Each node's admin history cut to its newest 50
+    # (stores/sql.py HISTORY_KEPT).
+    [
+        AddColumn("events", "count", "INTEGER NOT NULL DEFAULT 1"),
+        AddColumn("events", "first_at", "DOUBLE PRECISION"),
+        AddColumn("agent_credentials", "reported_at", "DOUBLE PRECISION"),
+        "UPDATE agent_credentials SET reported_at = issued_at"
+        " WHERE reported_at IS NULL AND node IN (SELECT name FROM nodes)",
+        "DELETE FROM admin_events WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER()"
+        " OVER (PARTITION BY node ORDER BY id DESC) AS n FROM admin_events) AS ranked"
+        " WHERE n > 50)",
+    ],
+    # 9: the warm tier (issue 32): when a sleeping replica's engines were told to
     # sleep (NULL while the gateways let go of it), so a restart neither wakes it
     # nor tells it again.
     [

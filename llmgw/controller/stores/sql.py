@@ -37,7 +37,10 @@ from llmgw.controller.stores.rows import (
 from llmgw.controller.stores.session import Dialect, Params, Row, Session
 from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
 
-__all__ = ["REVISION", "SqlStore"]
+__all__ = ["HISTORY_KEPT", "REVISION", "SqlStore"]
+
+# Each node's admin history keeps its newest entries, as many as a node's detail shows.
+HISTORY_KEPT = 50
 
 
 # -- queries ----------------------------------------------------------------------
@@ -51,6 +54,10 @@ _ADMIN_UPSERT = (
 )
 _EVENT_ADD = (
     "INSERT INTO admin_events(node, action, reason, by, at, force_at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_HISTORY_TRIM = (  # (node, node): what is past the node's newest HISTORY_KEPT goes
+    "DELETE FROM admin_events WHERE node = ? AND id <= (SELECT id FROM admin_events"
+    f" WHERE node = ? ORDER BY id DESC LIMIT 1 OFFSET {HISTORY_KEPT})"
 )
 _MODEL_UPSERT = (
     "INSERT INTO models(name, spec, updated_at) VALUES (?, ?, ?)"
@@ -79,12 +86,12 @@ _BACKOFF_UPSERT = (
     " retry_at=excluded.retry_at, last_failure=excluded.last_failure"
 )
 _DECISION_ADD = (
-    "INSERT INTO events(id, at, object, reason, message) VALUES (?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO NOTHING"
+    "INSERT INTO events(id, at, object, reason, message, count, first_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
 _CREDENTIAL_ADD = (
-    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO agent_credentials(node, digest, issued_at, by, pending, token, reported_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _TOKEN_ADD = (
     "INSERT INTO enroll_tokens(id, digest, created_at, by, expires_at, uses, used, description)"
@@ -200,13 +207,15 @@ class SqlStore:
             s.run_many(_NODE_ADD, nodes)
 
     def forget_node(self, name: str, replica_ids: Iterable[str], *, by: str, at: float) -> None:
-        """Forget a node in one transaction: its name, admin flag and the given
-        replicas go; the event stays in its history."""
+        """Forget a node in one transaction: its name, admin flag, history and the
+        given replicas go. The forget itself stays, the one line of the name's
+        history, so a node that takes the name again shows no cordon of the old one."""
         with self._tx() as s:
             s.run("DELETE FROM nodes WHERE name = ?", (name,))
             s.run("DELETE FROM node_admin WHERE name = ?", (name,))
+            s.run("DELETE FROM admin_events WHERE node = ?", (name,))
             s.run_many("DELETE FROM replicas WHERE id = ?", [(i,) for i in replica_ids])
-            s.run(_EVENT_ADD, (name, "forget", None, by, at, None))
+            _add_history(s, name, "forget", None, by, at)
 
     # -- admin flags ----------------------------------------------------------------------
 
@@ -234,9 +243,9 @@ class SqlStore:
                 s.run("DELETE FROM node_admin WHERE name = ?", (name,))
             else:
                 s.run(_ADMIN_UPSERT, admin_row(name, info))
-            s.run(_EVENT_ADD, (name, action, info.reason, by, at, info.force_at))
+            _add_history(s, name, action, info.reason, by, at, info.force_at)
 
-    def history(self, name: str, limit: int = 50) -> list[AdminEvent]:
+    def history(self, name: str, limit: int = HISTORY_KEPT) -> list[AdminEvent]:
         rows = self._read(
             "SELECT * FROM admin_events WHERE node = ? ORDER BY id DESC LIMIT ?", (name, limit)
         )
@@ -291,12 +300,14 @@ class SqlStore:
         return [decision_from_row(r) for r in reversed(rows)]
 
     def add_events(
-        self, events: Iterable[EventView], *, keep_after_id: int, keep_after: float
+        self, events: Iterable[EventView], *, gone: Iterable[int], keep_after: float
     ) -> None:
-        """Write events and drop those beyond what is kept (by count and by age)."""
+        """Write events, delete those `gone` (counted into a newer one, or past their
+        reason's bound) and those last seen before `keep_after`."""
         with self._tx() as s:
+            s.run_many("DELETE FROM events WHERE id = ?", [(i,) for i in gone])
             s.run_many(_DECISION_ADD, [decision_row(e) for e in events])
-            s.run("DELETE FROM events WHERE id <= ? OR at < ?", (keep_after_id, keep_after))
+            s.run("DELETE FROM events WHERE at < ?", (keep_after,))
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -340,7 +351,33 @@ class SqlStore:
 
     def put_credential(self, node: str, digest: str, *, at: float, by: str) -> None:
         with self._tx() as s:
-            s.run(_CREDENTIAL_ADD, (node, digest, at, by, 0, None))
+            s.run(_CREDENTIAL_ADD, (node, digest, at, by, 0, None, None))
+
+    def unreported_credentials(self) -> dict[str, float]:
+        """Credentials issued whose node has not reported with them -> issued_at,
+        oldest first."""
+        rows = self._read(
+            "SELECT node, issued_at FROM agent_credentials WHERE reported_at IS NULL"
+            " ORDER BY issued_at, node"
+        )
+        return {r["node"]: r["issued_at"] for r in rows}
+
+    def credential_reported(self, node: str, *, at: float) -> None:
+        """The node reported with its credential for the first time."""
+        with self._tx() as s:
+            s.run(
+                "UPDATE agent_credentials SET reported_at = ? WHERE node = ?"
+                " AND reported_at IS NULL",
+                (at, node),
+            )
+
+    def expire_credentials(self, nodes: Iterable[str]) -> None:
+        """Delete credentials that never reported (one that reported meanwhile stays)."""
+        with self._tx() as s:
+            s.run_many(
+                "DELETE FROM agent_credentials WHERE node = ? AND reported_at IS NULL",
+                [(n,) for n in nodes],
+            )
 
     def delete_credential(self, node: str) -> bool:
         with self._tx() as s:
@@ -359,7 +396,7 @@ class SqlStore:
                 if token is not None and s.run(_TOKEN_USE, (token, at)) == 0:
                     raise _Spent
                 s.run("DELETE FROM enroll_allowed WHERE node = ?", (node,))
-                s.run(_CREDENTIAL_ADD, (node, digest, at, by, int(pending), token))
+                s.run(_CREDENTIAL_ADD, (node, digest, at, by, int(pending), token, None))
         except _Spent:
             return False
         return True
@@ -376,7 +413,7 @@ class SqlStore:
                 "UPDATE agent_credentials SET pending = 0 WHERE node = ? AND pending = 1", (node,)
             )
             if done:
-                s.run(_EVENT_ADD, (node, "approve", None, by, at, None))
+                _add_history(s, node, "approve", None, by, at)
         return done > 0
 
     def enroll_tokens(self) -> list[EnrollToken]:
@@ -399,7 +436,21 @@ class SqlStore:
         """Allow one enrollment of a known node, recorded in its admin history."""
         with self._tx() as s:
             s.run(_ALLOW_UPSERT, (node, by, at))
-            s.run(_EVENT_ADD, (node, "allow enrollment", None, by, at, None))
+            _add_history(s, node, "allow enrollment", None, by, at)
+
+
+def _add_history(
+    s: Session,
+    node: str,
+    action: str,
+    reason: str | None,
+    by: str,
+    at: float,
+    force_at: float | None = None,
+) -> None:
+    """One entry of a node's admin history; the oldest past HISTORY_KEPT goes."""
+    s.run(_EVENT_ADD, (node, action, reason, by, at, force_at))
+    s.run(_HISTORY_TRIM, (node, node))
 
 
 class _Spent(Exception):
