@@ -85,6 +85,9 @@ class ReplicaRecord:
     leaving: str | None = None
     leave_reason: LeaveReason | None = None
     reclaimed_for: str | None = None
+    # Sleeping (the warm tier): when its engines were told to sleep (wall time); None
+    # while the gateways are still letting go of it, as before a stop.
+    asleep_since: float | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -95,7 +98,10 @@ class ReplicaRecord:
         return sum(len(s.gpus) for s in self.shards)
 
     def with_state(self, state: ReplicaState, error: str | None = None) -> ReplicaRecord:
-        return replace(self, state=state, error=error if error is not None else self.error)
+        """In another state; out of sleep, its engines are told to wake."""
+        asleep_since = self.asleep_since if state is ReplicaState.SLEEPING else None
+        error = error if error is not None else self.error
+        return replace(self, state=state, error=error, asleep_since=asleep_since)
 
     def leaves(
         self, reason: LeaveReason, why: str, reclaimed_for: str | None = None
@@ -108,6 +114,7 @@ class ReplicaRecord:
             error=why,
             leave_reason=reason,
             reclaimed_for=reclaimed_for,
+            asleep_since=None,
         )
 
     def stays(self) -> ReplicaRecord:
@@ -119,6 +126,7 @@ class ReplicaRecord:
             error=None,
             leave_reason=None,
             reclaimed_for=None,
+            asleep_since=None,
         )
 
 

@@ -73,7 +73,10 @@ def fill(store: StateStore) -> None:
                 leaving="reclaimed for big (priority 9)",
                 leave_reason=LeaveReason.RECLAIM,
                 reclaimed_for="big",
-            )
+            ),
+            ReplicaRecord(
+                "r2", "m", ReplicaState.SLEEPING, (shard,), 7.0, revision=1, asleep_since=7.5
+            ),
         ]
     )
     store.put_backoff(Backoff("m", 2, 50.0, "crashed"))

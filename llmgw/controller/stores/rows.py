@@ -81,6 +81,7 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         rec.leaving,
         None if rec.leave_reason is None else rec.leave_reason.value,
         rec.reclaimed_for,
+        rec.asleep_since,
     )
 
 
@@ -104,6 +105,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         leaving=r["leaving"],
         leave_reason=None if r["leave_reason"] is None else LeaveReason(r["leave_reason"]),
         reclaimed_for=r["reclaimed_for"],
+        asleep_since=r["asleep_since"],
     )
 
 

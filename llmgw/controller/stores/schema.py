@@ -144,5 +144,11 @@ MIGRATIONS: list[list[Step]] = [
         " created_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL,"
         " expires_at DOUBLE PRECISION, last_used DOUBLE PRECISION)",
     ],
+    # 10: the warm tier (issue 32): when a sleeping replica's engines were told to
+    # sleep (NULL while the gateways let go of it), so a restart neither wakes it
+    # nor tells it again.
+    [
+        AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -73,12 +73,14 @@ _REVISION_ADD = (
 _REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
     "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision,"
-    " leaving, leave_reason, reclaimed_for) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " leaving, leave_reason, reclaimed_for, asleep_since)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
     " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
     " revision=excluded.revision, leaving=excluded.leaving,"
-    " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for"
+    " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for,"
+    " asleep_since=excluded.asleep_since"
 )
 _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
