@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent.enroll import Enroller, read_credential
 from agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
+from agent.fake_process_memory import ENV_DIR
 from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
@@ -224,6 +225,12 @@ def _xids(text: str) -> frozenset[int]:
         raise UsageError(f"--ignore-xids wants numbers separated by commas, got {text!r}") from exc
 
 
+def fake_memory(args: argparse.Namespace) -> Path:
+    """Where this agent's fake engines say what they hold on its fake cards
+    (agent.fake_process_memory): the driver's part, which fake cards have none of."""
+    return Path(args.state_dir) / "fake-gpu-memory"
+
+
 def make_gpus(args: argparse.Namespace) -> GpuSource:
     if args.fake_gpus:
         files = [spec for spec in args.fake_gpus if spec.startswith("@")]
@@ -231,11 +238,11 @@ def make_gpus(args: argparse.Namespace) -> GpuSource:
             raise UsageError("--fake-gpus @FILE: give the file alone (one spec per line in it)")
         try:
             if files:
-                return FakeGpuFile(args.node, Path(files[0][1:]))
+                return FakeGpuFile(args.node, Path(files[0][1:]), memory_dir=fake_memory(args))
             groups = [parse_fake_spec(spec) for spec in args.fake_gpus]
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
-        return FakeGpus(args.node, groups)
+        return FakeGpus(args.node, groups, memory_dir=fake_memory(args))
     # --once reads once: no Xid event thread to start and stop.
     return NvmlGpus(_xids(args.ignore_xids), watch_xids=not args.once)
 
@@ -292,6 +299,7 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             templates=templates,
             start_timeout_s=args.engine_start_timeout,
             start_stall_s=args.engine_start_stall,
+            extra_env={ENV_DIR: str(fake_memory(args))} if args.fake_gpus else None,
         )
         builder.engines = list(supervisor.templates)  # reported: see NodeReport.engines
         return supervisor

@@ -45,6 +45,13 @@ is where the engine's HTTP server counts the requests it holds (vLLM's `/load`, 
 the built-in template turns on): a vLLM whose engine core is stopped keeps its
 `/metrics` gauges at their last values, often 0, so only that count shows the
 requests waiting in it.
+
+`sleep` says whether and how the engine sleeps (vLLM's sleep mode: the built-in `vllm`
+and `fake` templates have it). For a model whose spec asks for sleep, the agent adds
+its `args` to the command and its `env` to the environment, and is the only caller of
+its endpoints: `sleep_path?level=N`, `wake_path`, and after a level-2 wake (the
+weights were dropped) `reload_path` with vLLM's `{"method": "reload_weights"}` and
+`reset_cache_path`. A template without it never sleeps: the model stops instead.
 """
 
 from __future__ import annotations
@@ -91,6 +98,22 @@ class TemplateError(ValueError):
     """A template that cannot be used; the message says which and why."""
 
 
+class SleepMode(BaseModel):
+    """How an engine sleeps and wakes; the defaults are vLLM's (development endpoints,
+    there only with VLLM_SERVER_DEV_MODE=1, and only with --enable-sleep-mode working)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    args: Command = "--enable-sleep-mode"
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=lambda: {"VLLM_SERVER_DEV_MODE": "1"}, max_length=64
+    )
+    sleep_path: UrlPath = "/sleep"  # POST, ?level=1 or 2
+    wake_path: UrlPath = "/wake_up"  # POST
+    reload_path: UrlPath | None = "/collective_rpc"  # POST after a level-2 wake
+    reset_cache_path: UrlPath | None = "/reset_prefix_cache"  # POST after a level-2 wake
+
+
 class EngineTemplate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -112,8 +135,10 @@ class EngineTemplate(BaseModel):
     # {"server_load": N}, with --enable-server-load-tracking): work the hung rule sees
     # when a stopped engine core no longer updates its gauges.
     load_path: UrlPath | None = None
+    sleep: SleepMode | None = None  # None: this engine cannot sleep
 
-    def command_for(self, rank: int, nnodes: int) -> str:
+    def command_for(self, rank: int, nnodes: int, sleeps: bool = False) -> str:
+        """The command of this rank; `sleeps`: the model may sleep, and the engine can."""
         if nnodes <= 1:
             command = self.command
         else:
@@ -123,6 +148,8 @@ class EngineTemplate(BaseModel):
             command = f"{self.executable} {_arguments(command)}"
         if self.probes == "quiet" and self.quiet_probes_args and self.serves_http(rank):
             command = f"{command} {self.quiet_probes_args}"
+        if sleeps and self.sleep is not None:
+            command = f"{command} {self.sleep.args}"
         return command
 
     def serves_http(self, rank: int) -> bool:
@@ -162,6 +189,7 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         worker_command=_VLLM_MULTI + " --headless",
         quiet_probes_args=_QUIET_PROBES,
         load_path="/load",
+        sleep=SleepMode(),
     ),
     "sglang": EngineTemplate(
         command=_SGLANG + " --tp-size {gpus}",
@@ -172,6 +200,7 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         worker_serves_http=True,
         quiet_probes_args=_QUIET_PROBES,
         load_path="/load",
+        sleep=SleepMode(),
     ),
 }
 
@@ -201,17 +230,23 @@ def _substitute(text: str, values: Mapping[str, str], where: str) -> str:
     return _FIELD.sub(sub, text)
 
 
-def render_env(template: EngineTemplate, values: Mapping[str, str]) -> dict[str, str]:
-    """The template's environment, `{variables}` substituted (values are not split)."""
-    return {name: _substitute(value, values, value) for name, value in template.env.items()}
+def render_env(
+    template: EngineTemplate, values: Mapping[str, str], sleeps: bool = False
+) -> dict[str, str]:
+    """The template's environment, `{variables}` substituted (values are not split);
+    `sleeps`: with its sleep mode's variables under it."""
+    env = dict(template.env)
+    if sleeps and template.sleep is not None:
+        env = {**template.sleep.env, **env}
+    return {name: _substitute(value, values, value) for name, value in env.items()}
 
 
 def _check(name: str, template: EngineTemplate) -> None:
     dummy = {v: "x" for v in VARIABLES}
     try:
         for rank, nnodes in ((0, 1), (0, 2), (1, 2)):
-            render(template.command_for(rank, nnodes), dummy)
-        render_env(template, dummy)
+            render(template.command_for(rank, nnodes, sleeps=True), dummy)
+        render_env(template, dummy, sleeps=True)
     except TemplateError as exc:
         raise TemplateError(f"engine {name!r}: {exc}") from exc
 

@@ -21,6 +21,11 @@ Lifecycles, per (replica id, rank):
         a check that timed out while the agent's own loop ran late, or while
         the engine's token counters moved, is load, not a failure
     any --unassigned--> stopping --exit--> gone   (SIGTERM, grace, SIGKILL)
+    ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
+    ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
+        ready, with the reason in its reports (`sleep_error`): never tried again
+    sleeping --assignment awake--> waking --POST /wake_up answered 200--> ready
+    waking --the wake failed--> failed (killed)
 
 Engines run in their own session, outside the agent's process group, and are
 recorded in state_dir/engines.json: an agent restart (or `close()`) leaves them
@@ -81,7 +86,8 @@ STATE_FILE = "engines.json"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
 MAX_ERROR_CHARS = 4096  # ReplicaReport.error's bound
 # Why the supervisor killed an engine: the label of llmgw_agent_engine_kills_total.
-KILL_REASONS = ("hung", "unhealthy", "start_timeout", "start_stalled")
+KILL_REASONS = ("hung", "unhealthy", "start_timeout", "start_stalled", "wake_failed")
+SLEEP_TIMEOUT_S = 300.0  # a sleep or a wake (a level-2 wake reloads the weights from disk)
 # How often a starting engine's log and CPU are looked at (a pass over /proc).
 START_LOOK_S = 10.0
 
@@ -99,6 +105,14 @@ class Unhealthy(NamedTuple):
 
     kind: HealthFailure
     message: str  # "no answer within 5s"; "answered 503"; "Connection refused"
+
+
+class Refused(NamedTuple):
+    """A sleep, wake or reload the engine did not do: its HTTP status (None: no
+    answer) beside the words the report quotes."""
+
+    status: int | None
+    message: str
 
 
 @dataclass
@@ -125,6 +139,9 @@ class Engine:
     progress: ProgressWatch = field(default_factory=ProgressWatch)
     start_watch: StartWatch = field(default_factory=StartWatch)  # while starting
     meter: TrafficMeter = field(default_factory=TrafficMeter)
+    sleep_error: str | None = None  # asked to sleep, it could not: why
+    slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
+    turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
 
     @property
     def key(self) -> Key:
@@ -226,7 +243,9 @@ class EngineSupervisor:
         self._poll_exits()
         desired = {(a.replica_id, a.rank): a for a in assignments}
         for key, eng in list(self._engines.items()):
-            if desired.get(key) == eng.assignment:
+            want = desired.get(key)
+            if want is not None and want.awake() == eng.assignment.awake():
+                eng.assignment = want  # at most its sleep changed: the monitor acts on it
                 continue
             # Unassigned, or assigned differently (the new one starts once this is gone).
             if eng.state is ShardState.FAILED:
@@ -257,6 +276,7 @@ class EngineSupervisor:
                         port=eng.port,
                         idle_seconds=idle,
                         traffic=eng.meter.traffic() if ready else None,
+                        sleep_error=eng.sleep_error,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -275,6 +295,9 @@ class EngineSupervisor:
         if self._closed:
             return
         self._closed = True
+        for eng in self._engines.values():  # a sleep or wake under way ends with us
+            if eng.turning is not None:
+                eng.turning.cancel()
         if self._monitor is not None:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -301,8 +324,9 @@ class EngineSupervisor:
         try:
             values = self._values(a, local_weights, port)
             # engine_args are separate argv words already: appended as they are, never split.
-            argv = [*render(template.command_for(a.rank, a.nnodes), values), *a.engine_args]
-            template_env = render_env(template, values)
+            command = template.command_for(a.rank, a.nnodes, sleeps=a.sleep_mode)
+            argv = [*render(command, values), *a.engine_args]
+            template_env = render_env(template, values, sleeps=a.sleep_mode)
         except (TemplateError, ValueError) as exc:
             return self._failed_to_start(a, template, f"cannot build the engine command: {exc}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -496,6 +520,89 @@ class EngineSupervisor:
             ]
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
+        self._steer_sleep()
+
+    # -- sleep and wake ------------------------------------------------------------
+
+    def _steer_sleep(self) -> None:
+        """Begin the sleep or wake an engine's assignment asks for (one at a time each)."""
+        for eng in self._engines.values():
+            if eng.turning is not None and not eng.turning.done():
+                continue
+            asleep_wanted = eng.assignment.sleep_level is not None
+            if eng.state is ShardState.READY and asleep_wanted and eng.sleep_error is None:
+                eng.turning = asyncio.create_task(self._sleep(eng))
+            elif eng.state is ShardState.SLEEPING and not asleep_wanted:
+                eng.state = ShardState.WAKING
+                eng.turning = asyncio.create_task(self._wake(eng))
+
+    async def _sleep(self, eng: Engine) -> None:
+        a, mode = eng.assignment, eng.template.sleep if eng.template else None
+        level = a.sleep_level or 1
+        if mode is None or not a.sleep_mode:
+            why = "its template has no sleep mode" if mode is None else "started unable to"
+            self._cannot_sleep(eng, f"engine {a.engine!r} cannot sleep: {why}")
+            return
+        if not eng.serves_http:  # a multi-node worker: its leader's engine sleeps it
+            eng.state = ShardState.SLEEPING
+            return
+        answer = await self._post(eng, f"{mode.sleep_path}?level={level}")
+        if eng.state is not ShardState.READY:
+            return  # it exited or was unassigned meanwhile
+        if answer is None:
+            eng.state, eng.slept_level = ShardState.SLEEPING, level
+            log.info("engine %s/%d asleep at level %d", *eng.key, level)
+            self._save()
+        elif answer.status == 404:
+            self._cannot_sleep(
+                eng,
+                f"engine {a.engine!r} cannot sleep: POST {mode.sleep_path} answered 404 "
+                "(no sleep endpoints: a version without sleep mode, or no development mode)",
+            )
+        else:
+            self._cannot_sleep(eng, f"engine {a.engine!r} did not sleep: {answer.message}")
+
+    def _cannot_sleep(self, eng: Engine, why: str) -> None:
+        eng.sleep_error = why
+        log.warning("engine %s/%d: %s", *eng.key, why)
+
+    async def _wake(self, eng: Engine) -> None:
+        mode = eng.template.sleep if eng.template else None
+        calls: list[tuple[str, dict[str, str] | None]] = []
+        if mode is not None and eng.serves_http:
+            calls.append((mode.wake_path, None))
+            if eng.slept_level == 2:  # the weights were dropped: load them again
+                if mode.reload_path:
+                    calls.append((mode.reload_path, {"method": "reload_weights"}))
+                if mode.reset_cache_path:
+                    calls.append((mode.reset_cache_path, None))
+        for path, body in calls:
+            failed = await self._post(eng, path, body)
+            if eng.state is not ShardState.WAKING:
+                return
+            if failed is not None:
+                self._kill_failed(eng, f"did not wake: {failed.message}", "wake_failed")
+                return
+        eng.tracker = IdleTracker()  # idleness is counted afresh from the wake
+        self._mark_ready(eng)
+
+    async def _post(
+        self, eng: Engine, path: str, body: dict[str, str] | None = None
+    ) -> Refused | None:
+        """POST to the engine; None when it answered 200, else what happened."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            timeout = aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)
+            async with self._session.post(self._url(eng, path), json=body, timeout=timeout) as r:
+                if r.status == 200:
+                    return None
+                text = printable((await r.text())[:200]) or "nothing"
+                return Refused(r.status, f"POST {path} answered {r.status}: {text}")
+        except TimeoutError:
+            return Refused(None, f"POST {path}: no answer within {SLEEP_TIMEOUT_S:g}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return Refused(None, f"POST {path}: {str(exc) or type(exc).__name__}")
 
     def _stall_limit(self, eng: Engine) -> float:
         """How long `eng` may start with no sign of progress (0: for ever)."""
@@ -683,6 +790,10 @@ class EngineSupervisor:
                 started_at=rec.started_at,
                 started_mono=time.monotonic() - max(0.0, time.time() - rec.started_at),
             )
+            if eng.state is ShardState.WAKING:
+                eng.state = ShardState.SLEEPING  # the wake is asked again (it is idempotent)
+            if eng.state is ShardState.SLEEPING:
+                eng.slept_level = rec.assignment.sleep_level
             if ref.alive():
                 log.info("adopted engine %s/%d pid %d (%s)", *key, rec.pid, eng.state.value)
                 if rec.stop_requested:

@@ -22,6 +22,17 @@ first token fine from 1 ms. Like vLLM's (uvicorn's), it logs every request it
 serves, except the paths given to `--disable-access-log-for-endpoints`.
 `--traffic RATE` makes it serve simulated requests by itself, so that a demo
 fleet has some busy replicas and some idle ones.
+
+It sleeps as vLLM does: with `VLLM_SERVER_DEV_MODE=1` in its environment it has the
+development endpoints `POST /sleep?level=N`, `POST /wake_up` and `GET /is_sleeping`
+(without it they are 404, as vLLM's); `--enable-sleep-mode` lets them work (else a
+sleep answers 500). A sleep takes `--sleep-seconds`, a wake `--wake-seconds`; asleep or
+on its way, inference answers 503 naming the sleep, while `/health`, `/metrics` and
+`/v1/models` still answer (`POST /collective_rpc` takes the `reload_weights` a level-2
+wake asks for). With `LLMGW_FAKE_GPU_MEMORY_DIR` set it says what it holds on
+its cards (CUDA_VISIBLE_DEVICES), `--gpu-memory-mib` each awake and only a CUDA context's
+worth asleep (agent.fake_process_memory); the fault `--sleep-keeps-memory` answers the
+sleep 200 and keeps it all held (vLLM #47654).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
 import signal
 import sys
@@ -39,11 +51,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from agent import fake_process_memory
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,18 @@ class FakeConfig:
     stall_after_s: float | None = None  # then nothing generates; /health still answers 200
     health_delay_s: float = 0.0  # /health answers after this long
     load_tracking: bool = False  # /load counts requests (vLLM's --enable-server-load-tracking)
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: the sleep endpoints exist
+    sleep_mode: bool = False  # --enable-sleep-mode: they work
+    sleep_s: float = 0.2  # a sleep takes this long
+    wake_s: float = 0.5  # a wake takes this long
+    gpu_memory_mib: int = 16384  # held on each card awake
+    sleep_keeps_memory: bool = False  # fault: a sleep answers 200 and frees nothing
+    memory_dir: Path | None = None  # where it says what it holds (agent.fake_process_memory)
+    gpus: tuple[str, ...] = ()  # its cards (CUDA_VISIBLE_DEVICES)
+
+
+# What a sleeping vLLM still holds on each card: the CUDA context and its pools.
+ASLEEP_MIB = 512
 
 
 # vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py): e2e starts at 0.3 s.
@@ -188,6 +215,7 @@ class EngineState:
     cache: PrefixCache = field(default_factory=lambda: PrefixCache(0))
     active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
     server_load: int = 0  # requests the HTTP server holds (vLLM's /load), stalled ones too
+    sleep: SleepState = field(default_factory=lambda: SleepState())
 
     @property
     def loaded(self) -> bool:
@@ -205,7 +233,79 @@ class EngineState:
             await asyncio.Event().wait()
 
 
+@dataclass
+class SleepState:
+    """Where the engine is in vLLM's sleep cycle; one sleep or wake at a time."""
+
+    level: int = 0  # 0: awake; 1 or 2: asleep at that level (or on its way)
+    asleep: bool = False  # the sleep finished (what /is_sleeping says)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def serving(self) -> bool:
+        return self.level == 0 and not self.asleep
+
+
 STATE = web.AppKey("fake_engine_state", EngineState)
+
+
+def _hold(state: EngineState, mib: int) -> None:
+    """Say what this process holds on each of its cards, as the driver would list it."""
+    cfg = state.config
+    if cfg.memory_dir is not None and cfg.gpus:
+        fake_process_memory.write(cfg.memory_dir, os.getpid(), cfg.gpus, mib)
+
+
+async def post_sleep(request: web.Request) -> web.Response:
+    """vLLM's POST /sleep?level=N: level 1 keeps the weights in host memory, level 2
+    drops them; both drop the KV cache (here: the prefix cache)."""
+    state = request.app[STATE]
+    if not state.config.sleep_mode:
+        return _error(500, "Sleep mode is not enabled (--enable-sleep-mode)", "InternalServerError")
+    raw = request.query.get("level", "1")
+    if raw not in ("1", "2"):
+        return _error(400, f"level must be 1 or 2, not {raw!r}", "BadRequestError")
+    async with state.sleep.lock:
+        if state.sleep.asleep:
+            return web.Response(status=200)
+        state.sleep.level = int(raw)  # from now on inference is refused
+        await asyncio.sleep(state.config.sleep_s)
+        state.cache = PrefixCache(state.config.cache_blocks)
+        if not state.config.sleep_keeps_memory:
+            _hold(state, min(ASLEEP_MIB, state.config.gpu_memory_mib))
+        state.sleep.asleep = True
+    _say(f"asleep at level {raw}")
+    return web.Response(status=200)
+
+
+async def post_wake_up(request: web.Request) -> web.Response:
+    """vLLM's POST /wake_up (its `tags` are accepted and ignored: everything wakes)."""
+    state = request.app[STATE]
+    if not state.config.sleep_mode:
+        return _error(500, "Sleep mode is not enabled (--enable-sleep-mode)", "InternalServerError")
+    async with state.sleep.lock:
+        if state.sleep.serving:
+            return web.Response(status=200)
+        await asyncio.sleep(state.config.wake_s)
+        _hold(state, state.config.gpu_memory_mib)
+        state.sleep.level, state.sleep.asleep = 0, False
+    _say("awake")
+    return web.Response(status=200)
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    """vLLM's POST /collective_rpc, for the one method a level-2 wake needs."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("method") != "reload_weights":
+        return _error(400, 'only {"method": "reload_weights"} is simulated', "BadRequestError")
+    return web.json_response({"results": [None]})
+
+
+async def get_is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": request.app[STATE].sleep.asleep})
 
 
 async def _serve_one(state: EngineState, prompt_tokens: int, max_tokens: int) -> str:
@@ -309,6 +409,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             "the model is still loading; retry shortly",
             "service_unavailable",
             code="model_not_ready",
+        )
+    if not state.sleep.serving:  # vLLM's protected endpoints answer 503 while it sleeps
+        return _error(
+            503,
+            "The model is sleeping; wake it up first",
+            "service_unavailable",
+            code="model_sleeping",
         )
     try:
         body = await request.json()
@@ -525,18 +632,33 @@ async def _traffic_ctx(app: web.Application) -> AsyncIterator[None]:
             await task
 
 
+async def _memory_ctx(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    _hold(state, state.config.gpu_memory_mib)
+    yield
+    if state.config.memory_dir is not None:
+        fake_process_memory.forget(state.config.memory_dir, os.getpid())
+
+
 def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """uvicorn's access-log line for every request, as vLLM prints them."""
 
-    @web.middleware
-    async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        resp = await handler(request)
+    def said(request: web.Request, status: int) -> None:
         if request.path not in quiet:
             peer = request.remote or "-"
             print(
-                f'INFO:     {peer} - "{request.method} {request.path_qs} HTTP/1.1" {resp.status}',
+                f'INFO:     {peer} - "{request.method} {request.path_qs} HTTP/1.1" {status}',
                 flush=True,
             )
+
+    @web.middleware
+    async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:  # no such path: a 404, logged as uvicorn does
+            said(request, exc.status)
+            raise
+        said(request, resp.status)
         return resp
 
     return log_access
@@ -557,6 +679,12 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/load", server_load)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    if config.dev_mode:  # vLLM registers its development endpoints only then
+        app.router.add_post("/sleep", post_sleep)
+        app.router.add_post("/wake_up", post_wake_up)
+        app.router.add_get("/is_sleeping", get_is_sleeping)
+        app.router.add_post("/collective_rpc", collective_rpc)
+    app.cleanup_ctx.append(_memory_ctx)
     app.cleanup_ctx.append(_traffic_ctx)
     return app
 
@@ -629,6 +757,24 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default="",
         help="comma-separated paths left out of the access log (as vLLM's option)",
     )
+    p.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="POST /sleep and /wake_up work (they exist only with VLLM_SERVER_DEV_MODE=1)",
+    )
+    p.add_argument("--sleep-seconds", type=float, default=0.2, help="time a sleep takes")
+    p.add_argument("--wake-seconds", type=float, default=0.5, help="time a wake takes")
+    p.add_argument(
+        "--gpu-memory-mib",
+        type=int,
+        default=16384,
+        help=f"MiB held on each card awake ({fake_process_memory.ENV_DIR} says where it is told)",
+    )
+    p.add_argument(
+        "--sleep-keeps-memory",
+        action="store_true",
+        help="fault: a sleep answers 200 and keeps the memory held",
+    )
     # Real engines take many more options; accept and ignore unknown ones so a
     # model spec's engine_args written for vLLM do not crash the fake.
     args, unknown = p.parse_known_args(argv)
@@ -656,6 +802,14 @@ async def _run(args: argparse.Namespace) -> int:
         stall_after_s=args.stall_after,
         health_delay_s=args.health_delay,
         load_tracking=args.enable_server_load_tracking,
+        dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
+        sleep_mode=args.enable_sleep_mode,
+        sleep_s=args.sleep_seconds,
+        wake_s=args.wake_seconds,
+        gpu_memory_mib=args.gpu_memory_mib,
+        sleep_keeps_memory=args.sleep_keeps_memory,
+        memory_dir=Path(d) if (d := os.environ.get(fake_process_memory.ENV_DIR)) else None,
+        gpus=tuple(g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

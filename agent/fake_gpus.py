@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent import fake_process_memory
+from agent.fake_process_memory import ProcessMemory
 from agent.gpus import GpuScan
 from llmgw.wire import GpuHealth, GpuReport
 
@@ -75,6 +77,9 @@ class FakeGpus:
     # Cards something runs on now (the demo: its engines' assigned cards), shown
     # busy with memory used, as NVML shows a card an engine holds.
     busy: Callable[[], Iterable[str]] | None = None
+    # Where fake engines say what they hold (agent.fake_process_memory): a card's used
+    # memory is then the sum of its processes', as NVML counts it.
+    memory_dir: Path | None = None
     _cards: list[tuple[str, str, int]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -93,12 +98,26 @@ class FakeGpus:
     def uuids(self) -> list[str]:
         return [uid for uid, _, _ in self._cards]
 
+    def processes(self) -> list[ProcessMemory]:
+        """Per process and card, the memory fake engines hold (NVML's running processes)."""
+        if self.memory_dir is None:
+            return []
+        return [p for p in fake_process_memory.read(self.memory_dir) if p.gpu_uuid in self._uuids]
+
+    @property
+    def _uuids(self) -> frozenset[str]:
+        return frozenset(self.uuids)
+
     def scan(self) -> GpuScan:
         gpus = []
         running = set(self.busy()) if self.busy is not None else set()
+        held: dict[str, int] = {}
+        for p in self.processes():
+            held[p.gpu_uuid] = held.get(p.gpu_uuid, 0) + p.used_mib
         for index, (uid, cls, mem) in enumerate(self._cards):
             bad = uid in self.unhealthy
-            busy = uid in self.in_use or uid in running
+            busy = uid in self.in_use or uid in running or uid in held
+            used = min(mem, held[uid]) if uid in held else mem * 9 // 10 if busy else 0
             gpus.append(
                 GpuReport(
                     uuid=uid,
@@ -106,7 +125,7 @@ class FakeGpus:
                     name=f"simulated {cls}",
                     gpu_class=cls,
                     memory_total_mib=mem,
-                    memory_used_mib=mem * 9 // 10 if busy else 0,
+                    memory_used_mib=used,
                     utilization_pct=80 if busy else 0,
                     in_use=busy,
                     health=GpuHealth.UNHEALTHY if bad else GpuHealth.HEALTHY,
@@ -147,11 +166,15 @@ class FakeGpuFile:
     rewrites (UUIDs derive from the node and the card's index)."""
 
     def __init__(
-        self, node: str, path: Path, busy: Callable[[], Iterable[str]] | None = None
+        self,
+        node: str,
+        path: Path,
+        busy: Callable[[], Iterable[str]] | None = None,
+        memory_dir: Path | None = None,
     ) -> None:
-        self.node, self.path, self.busy = node, path, busy
+        self.node, self.path, self.busy, self.memory_dir = node, path, busy, memory_dir
         self._groups = read_fake_file(path)  # the first reading must be good
-        self._cards = FakeGpus(node, self._groups, busy=busy)
+        self._cards = FakeGpus(node, self._groups, busy=busy, memory_dir=memory_dir)
         self._problem: str | None = None
 
     def scan(self) -> GpuScan:
@@ -167,7 +190,9 @@ class FakeGpuFile:
                 self._problem = None
             if groups != self._groups:
                 self._groups = groups
-                self._cards = FakeGpus(self.node, groups, busy=self.busy)
+                self._cards = FakeGpus(
+                    self.node, groups, busy=self.busy, memory_dir=self.memory_dir
+                )
         return self._cards.scan()
 
     def close(self) -> None:

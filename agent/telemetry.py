@@ -115,7 +115,8 @@ def _supervisor_metrics(supervisor: object) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "llmgw_agent_engine_kills",
             "Engines the agent killed, by reason (hung: work and no tokens; unhealthy: "
-            "/health failing; start_timeout; start_stalled: no output and no CPU while starting).",
+            "/health failing; start_timeout; start_stalled: no output and no CPU while starting; "
+            "wake_failed: a sleeping engine that did not wake).",
             labels=["reason"],
         )
         for reason, n in sorted(kills.items()):

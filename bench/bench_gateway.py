@@ -5,7 +5,11 @@ simulated prefix cache each):
 
 * direct to the engines (client-side round robin): the floor;
 * through SMG as `llmgw gateway` runs it (same options), `round_robin`;
-* the same, `cache_aware`.
+* the same, `cache_aware`;
+* through llmgw's front door (gateway/front.py, in a process of its own, as
+  `llmgw gateway` runs it) and SMG `round_robin` behind it, with a client key of
+  the controller's: one that allows every model (`front`), and one limited by a
+  pattern (`front+models`: the body is read for its `model`).
 
 Workload: 32 system prompts of ~2,000 tokens, each behind many short user
 turns, streamed; at a fixed arrival rate and at saturation (closed loop).
@@ -19,6 +23,8 @@ stopping, to a long-polling gateway receiving the change, at 2,000 replicas
 (an in-process controller app over real HTTP).
 
     python bench/bench_gateway.py [--engines 4] [--seconds 4] [--rate 40]
+
+The front's added latency is its p50 less `round_robin`'s, SMG alone, in the same run.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import statistics
 import subprocess
@@ -39,7 +46,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from llmgw.gateway.front import Front, new_upstream_key
+from llmgw.gateway.keyring import Keyring
+from llmgw.gateway.keys import ApiKey
+from llmgw.gateway.main import event_loop_factory
 from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
+from llmgw.tenant_keys import digest
+from llmgw.wire import ClientKeyEntry
+
+KEY_ALL, KEY_LIMITED = "sk-llmgw-benchall-0123456789", "sk-llmgw-benchlim-0123456789"
 
 PROMPTS = 32
 PROMPT_TOKENS = 2000
@@ -101,7 +116,12 @@ async def one(
 
 
 async def run_load(
-    targets: list[str], prompts: list[str], seconds: float, rate: float | None, seed: int
+    targets: list[str],
+    prompts: list[str],
+    seconds: float,
+    rate: float | None,
+    seed: int,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """rate: Poisson arrivals per second; None: saturation with 32 clients."""
     rng = random.Random(seed)
@@ -110,7 +130,7 @@ async def run_load(
     failed = 0
     counter = iter(range(10**9))
     conn = aiohttp.TCPConnector(limit=256)
-    async with aiohttp.ClientSession(connector=conn) as http:
+    async with aiohttp.ClientSession(connector=conn, headers=headers) as http:
 
         async def fire() -> None:
             nonlocal failed
@@ -201,22 +221,51 @@ def routing_figures(before: list[dict[str, float]], after: list[dict[str, float]
     return f"hit {h / q if q else 0:5.1%}  imbalance {max(per) / mean:4.2f}"
 
 
+async def serve_front(upstream: str, port: int) -> None:
+    """`--serve-front`: the gateway's front door alone, its keys read from stdin."""
+    given = json.loads(sys.stdin.read())
+    keyring = Keyring()
+    keyring.set_controller_keys(ClientKeyEntry.model_validate(e) for e in given["keys"])
+    front = Front(keyring, upstream, given["upstream_key"])
+    await front.start("127.0.0.1", port)
+    await asyncio.Event().wait()
+
+
+def start_front(upstream: str, upstream_key: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_loopback_port()
+    keys = [
+        ClientKeyEntry(id="all", tenant="a", digest=digest(KEY_ALL), models=["*"]),
+        ClientKeyEntry(id="lim", tenant="b", digest=digest(KEY_LIMITED), models=["ben*", "x"]),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-front", upstream, str(port)], stdin=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    body = {"upstream_key": upstream_key, "keys": [k.model_dump() for k in keys]}
+    proc.stdin.write(json.dumps(body).encode())
+    proc.stdin.close()
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def data_plane(args: argparse.Namespace) -> None:
     prompts = system_prompts()
     # Each engine holds about a quarter of the 32 prefixes (125 blocks each).
     cache_blocks = PROMPTS * (PROMPT_TOKENS // 16) // args.engines
     procs, urls = start_engines(args.engines, cache_blocks)
     gateways: dict[str, tuple[Smg, asyncio.Task[None]]] = {}
+    upstream_key = new_upstream_key()
+    front: subprocess.Popen[bytes] | None = None
     try:
         await asyncio.sleep(1.5)
-        for policy in ("round_robin", "cache_aware"):
+        for policy in ("round_robin", "cache_aware", "behind_front"):
             work = Path(tempfile.mkdtemp(prefix=f"bench-gw-{policy}-"))
+            keys = [ApiKey("llmgw-gateway", upstream_key)] if policy == "behind_front" else []
             smg = Smg(
                 SmgOptions(
                     host="127.0.0.1",
                     port=free_loopback_port(),
-                    policy=policy,
-                    keys=[],
+                    policy="round_robin" if policy == "behind_front" else policy,
+                    keys=keys,
                     workdir=work,
                 )
             )
@@ -226,24 +275,35 @@ async def data_plane(args: argparse.Namespace) -> None:
             while sum((await smg.workers()).values()) < len(urls):  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
             gateways[policy] = (smg, task)
-        modes = [("direct", urls)] + [(p, [g[0].base]) for p, g in gateways.items()]
+        front, front_url = start_front(gateways["behind_front"][0].base, upstream_key)
+        await asyncio.sleep(1.5)
+        modes: list[tuple[str, list[str], dict[str, str] | None]] = [("direct", urls, None)]
+        modes += [(p, [g[0].base], None) for p, g in gateways.items() if p != "behind_front"]
+        modes += [
+            ("front", [front_url], {"Authorization": f"Bearer {KEY_ALL}"}),
+            ("front+models", [front_url], {"Authorization": f"Bearer {KEY_LIMITED}"}),
+        ]
         print(
             f"{args.engines} fake engines, {PROMPTS} system prompts x {PROMPT_TOKENS} tokens,"
             f" cache {cache_blocks} blocks/engine; {args.seconds:g}s per run\n"
         )
         for label, rate in ((f"fixed {args.rate:g} req/s", args.rate), ("saturation", None)):
             print(f"## {label}")
-            base = None
-            for seed, (mode, targets) in enumerate(modes):
+            base = smg_p50 = None
+            for seed, (mode, targets, headers) in enumerate(modes):
                 await reset_caches(urls)  # every mode starts cold
                 before = await engine_totals(urls)
-                r = await run_load(targets, prompts, args.seconds, rate, seed)
+                r = await run_load(targets, prompts, args.seconds, rate, seed, headers)
                 after = await engine_totals(urls)
                 # Added latency: round_robin routes as the direct client does, so
-                # the difference is the gateway's own cost.
-                added = (
-                    f"  +p50 {r['p50'] - base:5.2f} ms" if mode == "round_robin" and base else ""
-                )
+                # the difference is the gateway's own cost; the front's is its p50
+                # less round_robin's (the same SMG policy behind it).
+                added = ""
+                if mode == "round_robin" and base:
+                    added = f"  +p50 {r['p50'] - base:5.2f} ms"
+                    smg_p50 = r["p50"]
+                elif mode.startswith("front") and smg_p50:
+                    added = f"  +p50 {r['p50'] - smg_p50:5.2f} ms over SMG"
                 base = r["p50"] if base is None else base
                 print(
                     f"{mode:12} {r['rps']:7.1f} req/s  p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms"
@@ -252,6 +312,9 @@ async def data_plane(args: argparse.Namespace) -> None:
                 )
             print()
     finally:
+        if front is not None:
+            front.terminate()
+            front.wait()
         for _, task in gateways.values():
             task.cancel()
         for _, task in gateways.values():
@@ -363,7 +426,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rate", type=float, default=40.0)
     p.add_argument("--replicas", type=int, default=2000)
+    p.add_argument("--serve-front", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_front:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # as the gateway's
+            runner.run(serve_front(args.serve_front[0], int(args.serve_front[1])))
+        return
     asyncio.run(data_plane(args))
     asyncio.run(control_plane(args.replicas))
 

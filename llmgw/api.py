@@ -334,6 +334,25 @@ def delete_enroll_token(token_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/credentials/tokens/{seg(token_id)}", parse=_none)
 
 
+def create_client_key(
+    tenant: str, models: list[str], expires_s: float | None = None
+) -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/keys", {"tenant": tenant, "models": models, "expires_s": expires_s})
+
+
+def client_keys() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/keys")
+
+
+def revoke_client_key(key_id: str) -> Call[Any]:
+    return Call("DELETE", f"/v1/keys/{seg(key_id)}")
+
+
+def client_keys_feed(cursor: str, wait_s: float) -> Call[Any]:
+    """Every client key's digest (the gateway's), long-polled past `cursor`."""
+    return Call("GET", "/v1/keys/feed", params={"since": cursor, "wait": f"{wait_s:g}"})
+
+
 def forget_node(node: str) -> Call[dict[str, Any]]:
     return Call("POST", f"/v1/nodes/{seg(node)}/forget", {})
 

@@ -11,14 +11,16 @@
     │   ├── Unknown               404  the name is nothing this controller knows
     │   │   ├── UnknownNode       404
     │   │   ├── UnknownModel      404
-    │   │   └── UnknownEnrollToken 404
+    │   │   ├── UnknownEnrollToken 404
+    │   │   └── UnknownClientKey  404
     │   ├── SlowBody              408  the body arrived slower than the body timeout
     │   ├── Conflict              409  valid, but the object's state refuses it
     │   │   ├── AwaitsApproval    409  an uncordon of a node that awaits approval
     │   │   ├── AlreadyEnrolled   409  the node holds a credential already
     │   │   ├── EnrollNotAllowed  409  the node reported before and holds no allowance
     │   │   ├── NotRevocable      409  a credential from --agent-token-file
-    │   │   └── TooManyTokens     409  the enrollment tokens kept are at their bound
+    │   │   ├── TooManyTokens     409  the enrollment tokens kept are at their bound
+    │   │   └── TooManyKeys       409  the client keys kept are at their bound
     │   ├── TooLarge              413  the body is over the size limit
     │   ├── CompressedBody        415  a compressed body, refused before it is read
     │   ├── TooMany               429  past a rate or a bound (+ Retry-After when known)
@@ -160,6 +162,11 @@ class UnknownEnrollToken(Unknown):
         )
 
 
+class UnknownClientKey(Unknown):
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no client key {key_id[:20]!r} (llmgw ctl keys list)")
+
+
 class SlowBody(ServerError):
     status = 408
     close = True
@@ -215,6 +222,14 @@ class TooManyTokens(Conflict):
         super().__init__(
             f"{limit} enrollment tokens are kept already: delete some "
             "(`llmgw ctl credentials token delete ID`; `token list` shows the spent ones)"
+        )
+
+
+class TooManyKeys(Conflict):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"{limit} client keys are kept already: revoke some "
+            "(`llmgw ctl keys revoke ID`; `keys list` shows the expired ones)"
         )
 
 

@@ -220,6 +220,11 @@ def model_words(m: Any) -> tuple[str, Meaning]:
         return rolling
     if not m.satisfied:
         return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
+    waking, sleeping = getattr(m, "waking", 0), getattr(m, "sleeping", 0)
+    if waking:
+        return f"waking: {waking} asleep replica(s) woken for its requests", Meaning.ATTENTION
+    if sleeping and m.ready == 0:
+        return f"asleep: {sleeping} replica(s) sleeping, woken by a request", Meaning.MUTED
     if all_on_one_node(m):
         return "satisfied, all on one node", Meaning.ATTENTION
     scaling = getattr(m, "scaling", None)

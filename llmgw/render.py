@@ -578,6 +578,27 @@ def credentials_table(creds: Sequence[Any]) -> Table:
     return table
 
 
+CLIENT_KEY_COLUMNS = ["ID", "TENANT", "MODELS", "STATE", "CREATED", "EXPIRES", "LAST USED"]
+
+
+def client_keys_table(keys: Sequence[Any]) -> Table:
+    """`ctl keys list`: never a key (the controller has none to give)."""
+    table = _table(*CLIENT_KEY_COLUMNS)
+    for k in keys:
+        created, expires, used = k.get("created_at"), k.get("expires_at"), k.get("last_used")
+        table.add(
+            k["id"],
+            Cell(k["id"]),
+            Cell(clean(k["tenant"])),
+            Cell(clean(" ".join(k["models"]))),
+            Cell(k["state"]),
+            Cell(timestamp(created), key=created),
+            Cell(timestamp(expires) if expires else "never", key=expires or 0),
+            Cell(timestamp(used) if used else "-", key=used or 0),
+        )
+    return table
+
+
 # What --sort-by may name, per command (shell completion offers these).
 SORT_COLUMNS = {
     "nodes": [*NODE_COLUMNS, *NODE_WIDE, "REASON"],
@@ -585,6 +606,7 @@ SORT_COLUMNS = {
     "replicas": [*REPLICA_COLUMNS, *REPLICA_WIDE, "ERROR"],
     "events": [*EVENT_COLUMNS, *EVENT_WIDE, "MESSAGE"],
     "credentials": CREDENTIAL_COLUMNS,
+    "keys": CLIENT_KEY_COLUMNS,
     "rollout": REVISION_COLUMNS,
 }
 

@@ -320,6 +320,8 @@ class ReplicaState(StrEnum):
     READY = "ready"
     DRAINING = "draining"
     FAILED = "failed"
+    SLEEPING = "sleeping"  # its process keeps its cards, serves nothing (issue 32)
+    WAKING = "waking"  # a sleeping replica on its way back to ready
 
 
 class ShardState(StrEnum):
@@ -329,6 +331,8 @@ class ShardState(StrEnum):
     READY = "ready"
     STOPPING = "stopping"
     FAILED = "failed"
+    SLEEPING = "sleeping"  # its engine answered the sleep: it serves nothing
+    WAKING = "waking"  # asked to wake, not answered yet
 
 
 # -- the agent's report ---------------------------------------------------------
@@ -403,6 +407,9 @@ class ReplicaReport(Inbound):
     exit_code: ExitCode | None = None
     error: Text | None = None
     traffic: EngineTraffic | None = None  # rank 0 of a ready engine, once scraped twice
+    # Asked to sleep, it did not: why (no sleep mode, the engine refused). Said in
+    # every report from then on; the agent never tries that engine again.
+    sleep_error: Text | None = None
 
 
 class NodeReport(Inbound):
@@ -453,6 +460,12 @@ class ShardAssignment(Outbound):
     leader_node: str | None = None
     leader_address: str | None = None
     port: int | None = None  # rendezvous port for multi-node engines
+    sleep_mode: bool = False  # start the engine able to sleep (its spec asks for sleep)
+    sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
+
+    def awake(self) -> ShardAssignment:
+        """The same engine, awake: what decides whether a changed assignment restarts it."""
+        return self if self.sleep_level is None else self.model_copy(update={"sleep_level": None})
 
 
 class ReportReply(Outbound):
@@ -516,6 +529,54 @@ class EnrollTokenView(Outbound):
     token: str | None = None  # the secret: in the answer that made it, never again
 
 
+# -- client keys of tenants (`ctl keys`; llmgw.tenant_keys) ----------------------------
+
+TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+# A model name's characters and the shell-style glob's own.
+ModelPattern = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/@+*?\[\]!-]{1,256}$")]
+ClientKeyId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{1,16}$")]
+
+
+class ClientKeyRequest(Inbound):
+    """`POST /v1/keys`: make a client key for a tenant (`ctl keys create`)."""
+
+    tenant: TenantName
+    # The models it allows (shell-style patterns); none given: every model.
+    models: list[ModelPattern] = Field(default_factory=list, max_length=64)
+    expires_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)] | None = None  # None: never
+
+
+class ClientKeyView(Outbound):
+    """What `ctl keys list` shows: never the key, nor its digest."""
+
+    id: str
+    tenant: str
+    models: list[str]
+    state: str  # "valid" | "expired"
+    created_at: float  # unix time, controller clock
+    by: str
+    expires_at: float | None = None  # None: never
+    last_used: float | None = None  # as the gateways reported it (to the minute)
+    key: str | None = None  # the key: in the answer that made it, never again
+
+
+class ClientKeyEntry(Outbound):
+    """One key as a gateway gets it: its digest, never the key."""
+
+    id: str
+    tenant: str
+    digest: str
+    models: list[str]
+    expires_at: float | None = None
+
+
+class ClientKeysFeed(Outbound):
+    """`GET /v1/keys/feed`: every key (they are few), and the cursor to wait past."""
+
+    cursor: str
+    keys: list[ClientKeyEntry]
+
+
 class EmptyRequest(Inbound):
     """A body that carries nothing: `{}` or no body at all."""
 
@@ -564,6 +625,24 @@ class ModelSpec(Inbound):
         default=600.0, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
     )
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    # The warm tier (issue 32): a ready replica idle this long sleeps instead of
+    # stopping (None: never; nothing changes for a spec that does not ask), at
+    # `sleep_level` (1: weights kept in host memory; 2: dropped, reloaded on waking;
+    # auto: 1 when the node's host memory holds the weights, else 2), and is stopped
+    # after `stop_asleep_after_s` asleep (None: never), never below the model's minimum
+    # or desired count.
+    sleep_after_s: Annotated[float, Strict()] | None = Field(
+        default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+    sleep_level: Literal[1, 2, "auto"] = "auto"
+    stop_asleep_after_s: Annotated[float, Strict()] | None = Field(
+        default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
+    )
+
+    @property
+    def sleeps(self) -> bool:
+        """Its idle replicas sleep instead of stopping."""
+        return self.sleep_after_s is not None
 
     @model_validator(mode="after")
     def _a_rollout_can_move(self) -> ModelSpec:
@@ -611,6 +690,9 @@ class EventReason(StrEnum):
     SCALED_DOWN = "ScaledDown"  # demand stayed lower: one replica leaves, or has stopped
     RECLAIMED = "Reclaimed"  # replicas stopped to make room for a higher-priority model
     CREDENTIAL_EXPIRED = "CredentialExpired"  # issued, never reported with: dropped
+    SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
+    WOKE = "Woke"  # a sleeping replica woken for its model's requests
+    SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
 
 
 class EventView(Outbound):
@@ -791,6 +873,10 @@ class ModelView(Outbound):
     in_flight: float = 0.0
     scaling: str | None = None
     scaling_state: ScalingState | None = None  # None: not autoscaled (or a controller before it)
+    # The warm tier: replicas asleep (holding their cards, serving nothing) and waking.
+    # They count for `satisfied`: a request wakes one in seconds.
+    sleeping: int = 0
+    waking: int = 0
 
 
 class ModelDryRun(Outbound):
@@ -846,6 +932,8 @@ class ReplicaCounts(Outbound):
     starting: int = 0
     draining: int = 0
     failed: int = 0
+    sleeping: int = 0  # the warm tier: holding their cards, serving nothing
+    waking: int = 0
 
 
 class ModelCounts(Outbound):
@@ -1060,6 +1148,10 @@ class GatewayStatus(Inbound):
     )
     # Requests it holds per model asleep at zero replicas, waiting for one to wake.
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
+    # Client keys used since the last status (key id -> unix time, the gateway's clock).
+    keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000
     )
 

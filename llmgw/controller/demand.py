@@ -66,6 +66,14 @@ def _scale_down(
     desired = desired_count(spec, decision)
     leaving = [s.record for s in mine.leaving]
     staying = mine.standing
+    if spec.sleeps:
+        # The warm tier: a sleeping replica stays (it costs no serving card time); an
+        # idle one sleeps instead of stopping (`warm`). What may still go is a starting
+        # one, or one whose engine could not sleep (it falls back to stopping).
+        staying = tuple(
+            s for s in staying if s.state is ReplicaState.STARTING or s.sleep_error is not None
+        )
+        desired = max(0, desired - (len(mine.standing) - len(staying)))
     # Demand came back before they stopped (a reclaimed one stays reclaimed).
     undone = [r for r in leaving if r.leave_reason is not LeaveReason.RECLAIM]
     if undone and len(staying) < desired:
@@ -164,7 +172,10 @@ def reclaim(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
         if s.record.model in snap.models
         and snap.models[s.record.model].priority < spec.priority
         and s.record.id in takeable
-        and s.state in (ReplicaState.READY, ReplicaState.STARTING)
+        and (
+            s.state in (ReplicaState.READY, ReplicaState.STARTING)
+            or (s.state is ReplicaState.SLEEPING and s.record.asleep_since is not None)
+        )
     ]
     if not candidates:
         memory.note_reclaim_hopeless(spec, snap.capacity_version)
@@ -176,17 +187,24 @@ def reclaim(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
         memory.note_reclaim_hopeless(spec, snap.capacity_version)
         return plan.plan()
     why = reclaimed_words(spec.name, spec.priority)
-    for rec in picked:
+    # Asleep: out of routing already, its engines told to sleep. Stopped now (waking
+    # it to stop it would take the time the short model waits for).
+    asleep = [r for r in picked if r.state is ReplicaState.SLEEPING]
+    for rec in asleep:
+        plan.event(f"model/{rec.model}", EventReason.RECLAIMED, f"{rec.id} stopped, asleep: {why}")
+    plan.remove(r.id for r in asleep)
+    awake = [r for r in picked if r.state is not ReplicaState.SLEEPING]
+    for rec in awake:
         plan.event(
             f"model/{rec.model}",
             EventReason.RECLAIMED,
             f"{rec.id} out of routing, to stop: {why}, short of its minimum",
         )
-    plan.put(r.leaves(LeaveReason.RECLAIM, why, spec.name) for r in picked)
+    plan.put(r.leaves(LeaveReason.RECLAIM, why, spec.name) for r in awake)
     plan.event(
         f"model/{spec.name}",
         EventReason.RECLAIMED,
         f"room for a replica: {', '.join(f'{r.id} ({r.model})' for r in picked)} to stop",
     )
-    plan.remove(stoppable(snap, plan, [r.id for r in picked]))
+    plan.remove(stoppable(snap, plan, [r.id for r in awake]))
     return plan.plan()

@@ -48,6 +48,9 @@ def drain_plan(snap: FleetSnapshot, nodes: list[str]) -> DrainPlan:
     return plan_drain(snap.models.values(), running, snap.capacity(), set(nodes))
 
 
+_WARM = (ReplicaState.SLEEPING, ReplicaState.WAKING)  # the warm tier: serving nothing
+
+
 def cancel_called_off(snap: FleetSnapshot) -> Plan:
     """An operator uncordoned (or re-cordoned) a draining node, or a failed
     card reads healthy again: its replicas stay, and stand-ins that are not
@@ -99,6 +102,13 @@ def drain(snap: FleetSnapshot) -> Plan:
             ]
             plan.put(replace(r, replaces=None) for r in stand_ins if r is not None)
             on_node = []
+        # One asleep or waking serves nothing: it stops without a stand-in (its
+        # model's minimum no longer counts it, so the shortfall step places again).
+        warm = [r.id for r in on_node if r.state in _WARM]
+        if warm:
+            gone = set(stoppable(snap, plan, warm))
+            plan.remove(gone)
+            on_node = [r for r in on_node if r.id not in gone]
         # Replacements that are ready let their originals go, once the
         # gateways route to the stand-ins and have let go of the originals.
         done = stoppable(
@@ -123,12 +133,13 @@ def drain(snap: FleetSnapshot) -> Plan:
         plan.put(
             r.with_state(ReplicaState.DRAINING)
             for r in on_node
-            if r.state is not ReplicaState.DRAINING
+            if r.state is not ReplicaState.DRAINING and r.state not in _WARM
         )
         needing = [
             r
             for r in on_node
-            if r.id not in by_replaced
+            if r.state not in _WARM
+            and r.id not in by_replaced
             and r.leave_reason is None  # leaving by the loop's decision: no stand-in
             and r.model in snap.models
             and not snap.backing_off(r.model)
@@ -164,7 +175,8 @@ def replace_faulted(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
     if not hit:
         memory.note_fault_blocked({})
         return plan.plan()
-    starting = [r.id for r, _ in hit if r.state is ReplicaState.STARTING]
+    # Nothing to hand over from a replica that serves nothing: stopped at once.
+    starting = [r.id for r, _ in hit if r.state is ReplicaState.STARTING or r.state in _WARM]
     if starting:
         log.warning("stopping %d starting replica(s) on failed cards", len(starting))
         plan.remove(starting)

@@ -65,7 +65,9 @@ _SERVING_STATES = (ReplicaState.READY, ReplicaState.DRAINING)
 
 def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None:
     """Where a replica is served, or None while it is not in routing."""
-    if rec.state not in _SERVING_STATES:
+    # One going to sleep is a stopping endpoint until the gateways let go of it.
+    falling_asleep = rec.state is ReplicaState.SLEEPING and rec.asleep_since is None
+    if rec.state not in _SERVING_STATES and not falling_asleep:
         return None
     leader = rec.shards[0].node
     entry = fleet.nodes.get(leader)
@@ -144,8 +146,17 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
         unplaceable = reasons.get(name)
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
+        asleep, woken = counts[name][ReplicaState.SLEEPING], counts[name][ReplicaState.WAKING]
         if unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
+        elif woken or asleep:  # the warm tier: held while the same replica wakes
+            message = (
+                f"{woken} replica{'s' if woken != 1 else ''} waking"
+                if woken
+                else f"{asleep} replica{'s' if asleep != 1 else ''} asleep, woken by its "
+                "first request"
+            )
+            out[name] = Unserved(kind=UnservedKind.ASLEEP, message=message)
         elif spec.min_replicas == 0 and spec.most_replicas >= 1:  # sleeps at zero, wakes
             waking = f"waking, {n} replica{'s' if n != 1 else ''} starting" if n else ""
             out[name] = Unserved(

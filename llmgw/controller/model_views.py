@@ -20,6 +20,7 @@ from llmgw.controller.reclaim import reclaimed_words
 from llmgw.controller.records import LeaveReason
 from llmgw.controller.replicas import (
     ReplicaStatus,
+    answering,
     count_by_model,
     replica_status,
     replica_view,
@@ -132,6 +133,7 @@ def model_views(facts: Facts) -> list[ModelView]:
     for name, spec in sorted(facts.models.items()):
         mine = counts[name]
         ready = serving(mine)
+        satisfied = answering(mine) >= spec.min_replicas
         backoff = facts.backoffs.get(name)
         desired = facts.desired_replicas(name)
         scaling = facts.decisions.scaling(name)
@@ -156,10 +158,10 @@ def model_views(facts: Facts) -> list[ModelView]:
                 ready=ready,
                 starting=mine[ReplicaState.STARTING],
                 failed=mine[ReplicaState.FAILED],
-                satisfied=ready >= spec.min_replicas,
+                satisfied=satisfied,
                 nodes=len(serving_on[name]),
                 unplaceable_reason=None
-                if ready >= spec.min_replicas
+                if satisfied
                 else reasons.get(name) or _failed_now(failed_with.get(name)),
                 last_failure=backoff.last_failure if backoff else None,
                 rollout=_rollout_view(facts, spec, updated[name], outdated[name]),
@@ -167,6 +169,8 @@ def model_views(facts: Facts) -> list[ModelView]:
                 in_flight=round(scaling.in_flight, 2) if scaling is not None else 0.0,
                 scaling=why,
                 scaling_state=autoscaled.state if autoscaled is not None else None,
+                sleeping=mine[ReplicaState.SLEEPING],
+                waking=mine[ReplicaState.WAKING],
             )
         )
     return views

@@ -61,6 +61,7 @@ class ShardDigest(NamedTuple):
     error: str | None
     port: int | None = None  # where the engine listens on the node's address
     traffic: EngineTraffic | None = None  # what the engine served lately (rank 0)
+    sleep_error: str | None = None  # asked to sleep, it could not: why
 
 
 class NodeDigest(NamedTuple):
@@ -139,6 +140,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             r.error,
             r.port,
             r.traffic,
+            r.sleep_error,
         )
         for r in report.replicas
     )

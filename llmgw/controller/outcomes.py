@@ -28,7 +28,7 @@ STALL_MESSAGE_MAX = 4096
 
 
 def record_transitions(snap: FleetSnapshot) -> Plan:
-    """A replica whose shards are all ready becomes ready; one whose engine
+    """A replica whose shards are all ready (started, or woken) becomes ready; one whose engine
     failed is removed, and its model backs off exponentially (so a crash-looping
     engine cannot cause a placement storm), unless its card failed under it. A
     failed replica of a rollout's new revision stalls the rollout."""
@@ -37,7 +37,8 @@ def record_transitions(snap: FleetSnapshot) -> Plan:
     became_ready = [
         s.record.with_state(ReplicaState.READY)
         for s in snap.statuses.values()
-        if s.state is ReplicaState.READY and s.record.state is ReplicaState.STARTING
+        if s.state is ReplicaState.READY
+        and s.record.state in (ReplicaState.STARTING, ReplicaState.WAKING)
     ]
     plan.put(became_ready)
     for rec in became_ready:

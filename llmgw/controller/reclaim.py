@@ -11,8 +11,9 @@ of lower priority do not grow (`shortfalls.shortfalls`), so the room goes to it.
 The rules:
 
 - only from models of strictly lower priority, never below their minimum;
-- idle replicas first (`IDLE_AFTER_S`, as the summary's idle list), then the
-  least busy, then the lowest priority, then the newest (the coldest cache);
+- sleeping replicas first (they serve nothing; stopped at once), then idle ones
+  (`IDLE_AFTER_S`, as the summary's idle list), then the least busy, then the
+  lowest priority, then the newest (the coldest cache);
 - the fewest that make one replica of the short model fit, taken in that order;
   none at all when even every candidate would not make it fit;
 - at most `MAX_CANDIDATES` candidates looked at in one pass.
@@ -27,7 +28,7 @@ from typing import NamedTuple
 
 from llmgw.controller.records import ReplicaRecord
 from llmgw.scheduler import NodeCapacity, Placement, place
-from llmgw.wire import ModelSpec
+from llmgw.wire import ModelSpec, ReplicaState
 
 __all__ = ["MAX_CANDIDATES", "Candidate", "choose", "reclaimed_words"]
 
@@ -50,6 +51,7 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
     return sorted(
         candidates,
         key=lambda c: (
+            c.record.state is not ReplicaState.SLEEPING,
             not c.idle,
             c.in_flight,
             c.spec.priority,

@@ -59,6 +59,7 @@ from llmgw.controller.rolling import roll
 from llmgw.controller.shortfalls import Limits, fill_shortfalls
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.term import Term
+from llmgw.controller.warm import sleep_and_wake
 from llmgw.wire import DrainPlan
 
 __all__ = ["Reconciler", "drain_plan", "snapshot"]
@@ -159,6 +160,7 @@ class Reconciler:
         snap = self._apply(snap, replace_faulted(snap, memory))
         snap = self._apply(snap, roll(snap))
         snap = self._apply(snap, scale(snap, memory))
+        snap = self._apply(snap, sleep_and_wake(snap))
         self._apply(snap, reclaim(snap, memory))
         yield
         limits = Limits(self.attempts_per_pass, self.attempts_per_slice, self.slice_s)

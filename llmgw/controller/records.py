@@ -85,6 +85,9 @@ class ReplicaRecord:
     leaving: str | None = None
     leave_reason: LeaveReason | None = None
     reclaimed_for: str | None = None
+    # Sleeping (the warm tier): when its engines were told to sleep (wall time); None
+    # while the gateways are still letting go of it, as before a stop.
+    asleep_since: float | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -95,7 +98,10 @@ class ReplicaRecord:
         return sum(len(s.gpus) for s in self.shards)
 
     def with_state(self, state: ReplicaState, error: str | None = None) -> ReplicaRecord:
-        return replace(self, state=state, error=error if error is not None else self.error)
+        """In another state; out of sleep, its engines are told to wake."""
+        asleep_since = self.asleep_since if state is ReplicaState.SLEEPING else None
+        error = error if error is not None else self.error
+        return replace(self, state=state, error=error, asleep_since=asleep_since)
 
     def leaves(
         self, reason: LeaveReason, why: str, reclaimed_for: str | None = None
@@ -108,6 +114,7 @@ class ReplicaRecord:
             error=why,
             leave_reason=reason,
             reclaimed_for=reclaimed_for,
+            asleep_since=None,
         )
 
     def stays(self) -> ReplicaRecord:
@@ -119,7 +126,23 @@ class ReplicaRecord:
             error=None,
             leave_reason=None,
             reclaimed_for=None,
+            asleep_since=None,
         )
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """A tenant's client key (`ctl keys create`): its id is public, the key is kept
+    only as a SHA-256 (llmgw.tenant_keys). `models`: the patterns it allows."""
+
+    id: str
+    tenant: str
+    digest: str
+    models: tuple[str, ...]
+    created_at: float
+    by: str
+    expires_at: float | None = None  # None: never
+    last_used: float | None = None  # as the gateways reported it (to the minute)
 
 
 @dataclass(frozen=True)
@@ -148,6 +171,7 @@ class StateDump:
     credentials: dict[str, IssuedCredential] = field(default_factory=dict)
     enroll_tokens: list[EnrollToken] = field(default_factory=list)
     enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
+    client_keys: list[ClientKey] = field(default_factory=list)  # digests, never a key
 
     def sizes(self) -> list[tuple[int, str]]:
         """How many of each thing the dump holds, named (never a digest)."""
@@ -163,6 +187,7 @@ class StateDump:
             (len(self.credentials), "node credentials"),
             (len(self.enroll_tokens), "enrollment tokens"),
             (len(self.enroll_allowed), "enrollment allowances"),
+            (len(self.client_keys), "client keys"),
         ]
 
     def empty(self) -> bool:

@@ -19,6 +19,16 @@ class ReplicaStatus:
     idle_since: float | None  # most recent activity over the shards that know
 
     @property
+    def asleep(self) -> bool:
+        """Every engine of it says it sleeps (not merely asked to)."""
+        return all(s is not None and s.state is ShardState.SLEEPING for s in self.shards)
+
+    @property
+    def sleep_error(self) -> str | None:
+        """Asked to sleep, an engine of it could not: why."""
+        return next((s.sleep_error for s in self.shards if s and s.sleep_error), None)
+
+    @property
     def error(self) -> str | None:
         errors = [s.error for s in self.shards if s is not None and s.error]
         return errors[0] if errors else self.record.error
@@ -62,18 +72,20 @@ def replica_status(
 
     Failed is sticky. A replica is failed when one of its shards failed, even
     while draining: a crashed engine serves nothing and must not count as
-    ready. Otherwise draining is the controller's sticky decision; else a
-    replica is ready when every shard is, else starting.
+    ready. Otherwise draining and sleeping are the controller's sticky decisions;
+    else a replica is ready when every shard is, else waking (asked to) or starting.
     """
     shards = tuple(reported.get((record.id, s.rank)) for s in record.shards)
     states = [s.state if s else None for s in shards]
     state: ReplicaState
     if record.state is ReplicaState.FAILED or ShardState.FAILED in states:
         state = ReplicaState.FAILED
-    elif record.state is ReplicaState.DRAINING:
-        state = ReplicaState.DRAINING
+    elif record.state in (ReplicaState.DRAINING, ReplicaState.SLEEPING):
+        state = record.state  # the controller's decision, whatever the engines say yet
     elif states and all(s is ShardState.READY for s in states):
-        state = ReplicaState.READY
+        state = ReplicaState.READY  # a waking replica too, once every engine is awake
+    elif record.state is ReplicaState.WAKING:
+        state = ReplicaState.WAKING
     else:
         state = ReplicaState.STARTING
     # Only rank 0 serves requests in most multi-node engines, so other ranks
@@ -94,6 +106,14 @@ def count_by_model(statuses: Iterable[ReplicaStatus]) -> dict[str, Counter[Repli
 def serving(counts: Mapping[ReplicaState, int]) -> int:
     """Replicas that answer: a draining one still does until its stand-in is ready."""
     return counts.get(ReplicaState.READY, 0) + counts.get(ReplicaState.DRAINING, 0)
+
+
+def answering(counts: Mapping[ReplicaState, int]) -> int:
+    """Replicas that answer a model's requests, now or after a wake (the warm tier):
+    what its minimum counts, in the summary and the model views alike."""
+    return (
+        serving(counts) + counts.get(ReplicaState.SLEEPING, 0) + counts.get(ReplicaState.WAKING, 0)
+    )
 
 
 def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from llmgw.controller.changes import ChangeKind
 from llmgw.controller.facts import Facts
-from llmgw.wire import NodeReport, ReplicaState, ReportReply, ShardAssignment
+from llmgw.wire import ModelSpec, NodeReport, ReplicaState, ReportReply, ShardAssignment
 
 
 def rendezvous_port(replica_id: str) -> int:
     """A stable port for a multi-node replica's leader, derived from its id."""
     return 29500 + sum(replica_id.encode()) % 500
+
+
+def sleep_level(spec: ModelSpec) -> int:
+    """The level a replica of `spec` sleeps at. `auto` is level 2 until agents report
+    their free host memory: level 1 keeps the weights there, and must not exhaust it."""
+    return 2 if spec.sleep_level == "auto" else spec.sleep_level
 
 
 def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
@@ -42,6 +48,9 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     leader_node=leader,
                     leader_address=leader_address,
                     port=rendezvous_port(rec.id) if len(rec.shards) > 1 else None,
+                    sleep_mode=spec.sleeps,
+                    # Told only once the gateways let go of it (`warm`).
+                    sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
                 )
             )
     return out

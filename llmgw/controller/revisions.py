@@ -31,7 +31,17 @@ __all__ = [
     "undone",
 ]
 
-ENGINE_FIELDS = ("source", "engine", "engine_args", "gpus_per_shard", "shards", "gpu_class")
+# `sleeps`: whether the engine starts able to sleep (vLLM's --enable-sleep-mode); how
+# long an idle replica waits before it sleeps is policy, and moves nothing.
+ENGINE_FIELDS = (
+    "source",
+    "engine",
+    "engine_args",
+    "gpus_per_shard",
+    "shards",
+    "gpu_class",
+    "sleeps",
+)
 KEPT = 10
 # The change a model declared before revisions were kept gets as its revision 1.
 SEEDED = "as declared before revisions were kept"

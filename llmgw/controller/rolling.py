@@ -25,6 +25,9 @@ __all__ = ["roll"]
 log = logging.getLogger("llmgw.reconcile")
 
 
+_SERVING_NOTHING = (ReplicaState.STARTING, ReplicaState.SLEEPING, ReplicaState.WAKING)
+
+
 def roll(snap: FleetSnapshot) -> Plan:
     """Models with replicas of an older revision: place new ones and let old
     ones go, as `llmgw.controller.rollout` says, and say why one waits."""
@@ -68,7 +71,8 @@ def roll(snap: FleetSnapshot) -> Plan:
         )
         going = set(rollout.leave)
         why = f"rollout: replaced by revision {revision}"
-        plan.remove(r.id for r in old if r.id in going and r.state is ReplicaState.STARTING)
+        # One that serves nothing (starting, asleep, waking) just stops.
+        plan.remove(r.id for r in old if r.id in going and r.state in _SERVING_NOTHING)
         plan.put(
             r.with_state(ReplicaState.DRAINING, why)
             for r in old

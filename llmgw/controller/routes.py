@@ -13,6 +13,12 @@ from llmgw.controller.auth import (
     READ_ROLES,
     Role,
 )
+from llmgw.controller.handlers.client_keys import (
+    client_keys_feed,
+    create_client_key,
+    list_client_keys,
+    revoke_client_key,
+)
 from llmgw.controller.handlers.enrollment import (
     agent_enroll,
     allow_enroll,
@@ -76,6 +82,10 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/gateways/status", gateway_status, GATEWAY_ROLES),
     ("GET", "/v1/gateways", list_gateways, READ_ROLES),
     ("GET", "/v1/events", list_events, READ_ROLES),
+    ("POST", "/v1/keys", create_client_key, ADMIN_ROLES),
+    ("GET", "/v1/keys", list_client_keys, READ_ROLES),
+    ("DELETE", "/v1/keys/{id}", revoke_client_key, ADMIN_ROLES),
+    ("GET", "/v1/keys/feed", client_keys_feed, GATEWAY_ROLES),
     ("GET", "/v1/whoami", whoami, frozenset(Role)),
 ]
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from llmgw.controller.changes import ChangeKind, HistoryLost
 from llmgw.controller.facts import Facts
 from llmgw.controller.nodes import CardCounts
-from llmgw.controller.replicas import ReplicaStatus, count_by_model, serving
+from llmgw.controller.replicas import ReplicaStatus, answering, count_by_model
 from llmgw.wire import (
     IDLE_AFTER_S,
     AdminFlag,
@@ -243,7 +243,7 @@ def build_summary(
     short = sorted(
         name
         for name, spec in models.items()
-        if serving(by_model.get(name, none)) < spec.min_replicas
+        if answering(by_model.get(name, none)) < spec.min_replicas
     )
     unplaceable = [n for n in short if by_model.get(n, none)[ReplicaState.STARTING] == 0]
 

@@ -12,6 +12,7 @@ the reconcile loop's memory) can be read against this one's revisions.
     ├── replies      agents' report replies, cached by revision (replies.py)
     ├── gateways     the gateways' statuses, the feed hold, the stop gate (endpoints.py)
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
+    ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
     └── memory       what the reconcile loop remembers across passes (loop_memory.py)
 
 Capacity, what placement reads, is the log itself: its version is the newest
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from llmgw.controller import cursors, model_views
 from llmgw.controller.changes import ChangeKind
+from llmgw.controller.client_keys import ClientKeys
 from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
 from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
 from llmgw.controller.facts import Facts
@@ -62,6 +64,7 @@ class Term:
     feed_hold: FeedHold
     stop_gate: StopGate
     credentials: Credentials
+    client_keys: ClientKeys
     memory: LoopMemory  # what the reconcile loop remembers across its passes
 
     @classmethod
@@ -91,6 +94,7 @@ class Term:
             feed_hold=FeedHold(facts),
             stop_gate=StopGate(facts, gateways),
             credentials=Credentials(store, settings.tokens),
+            client_keys=ClientKeys(store, run),
             memory=LoopMemory(),
         )
 

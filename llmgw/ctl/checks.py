@@ -66,6 +66,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"rollout {args.action} prints one line: -o json or -o yaml, or no -o")
     if args.command == "credentials":
         _check_credentials(args)
+    if args.command == "keys":
+        _check_keys(args)
     if args.command == "events":
         obj = args.object
         if obj is not None and (
@@ -122,6 +124,22 @@ def _check_output_options(args: argparse.Namespace) -> None:
         )
     if args.watch and command not in WATCHES:
         raise UsageError(f"-w applies to {', '.join(WATCHES)}")
+
+
+def _check_keys(args: argparse.Namespace) -> None:
+    if args.action != "create" and (args.tenant or args.models or args.expires is not None):
+        raise UsageError("--tenant, --models and --expires go with `keys create`")
+    if args.action == "create":
+        if not args.tenant:
+            raise UsageError("keys create needs --tenant NAME")
+        if args.ids:
+            raise UsageError("keys create takes no ID")
+        if args.expires is not None and args.expires <= 0:
+            raise UsageError("--expires must be a positive duration (leave it out: never)")
+    elif args.action == "revoke" and not args.ids:
+        raise UsageError("keys revoke needs the ID of each key (llmgw ctl keys list)")
+    elif args.action == "list" and args.ids:
+        raise UsageError("keys list takes no ID")
 
 
 def _check_names(args: argparse.Namespace) -> None:

@@ -159,6 +159,27 @@ class Ctl:
             self.term.write(f"{t['id']:<8} {t['state']:<9} {_token_limits(t)}{what}\n")
         return EXIT_OK
 
+    def keys(self) -> int:
+        a = self.args
+        if a.action == "create":
+            made = self.client.json(api.create_client_key(a.tenant, a.models, a.expires))
+            if a.output in ("json", "yaml"):
+                self.out.data(made)
+                return EXIT_OK
+            # The key alone on stdout's first line: KEY=$(llmgw ctl keys create ...).
+            self.term.write(f"{made['key']}\n")
+            print(
+                f"client key {made['id']} of tenant {made['tenant']} "
+                f"({render.clean(' '.join(made['models']))}"
+                f"{', expires ' + present.timestamp(made['expires_at']) if made['expires_at'] else ''}"
+                "). It is shown only now: every gateway takes it within a second",
+                file=sys.stderr,
+            )
+            return EXIT_OK
+        if a.action == "revoke":
+            return self._each(a.ids, api.revoke_client_key, "revoked")
+        return self._read(api.client_keys(), render.client_keys_table, plain=True)
+
     def models(self) -> int:
         wide = self.args.output == "wide"
         return self._read(api.models(), lambda ms: render.models_table(ms, wide=wide))

@@ -24,6 +24,7 @@ COMMANDS = (
     "nodes",
     "node",
     "credentials",
+    "keys",
     "cordon",
     "uncordon",
     "drain",
@@ -50,7 +51,7 @@ _VALUED = frozenset(
     }
 )
 # The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
-SORTS = ("nodes", "models", "replicas", "events", "credentials", "rollout")
+SORTS = ("nodes", "models", "replicas", "events", "credentials", "keys", "rollout")
 WATCHES = ("status", "nodes", "models", "replicas", "events")
 WAITS = ("drain", "rollout")  # --wait polls too: --interval is the time between polls
 WATCH_INTERVAL_S, WAIT_INTERVAL_S = 2.0, 1.0
@@ -314,6 +315,34 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             "--uses", type=int, default=None, help="with token create: at most this many nodes"
         )
         s.add_argument("--description", help="with token create: what it is for (listed)")
+
+    if wanted("keys"):
+        s = _sub(
+            sub,
+            "keys",
+            "tenants' client keys for the gateways: create (shown once), list, revoke",
+            "llmgw ctl keys create --tenant acme --models 'llama-*' chat --expires 90d\n"
+            "KEY=$(llmgw ctl keys create --tenant acme)   # the key alone on stdout\n"
+            "llmgw ctl keys list -o json\n"
+            "llmgw ctl keys revoke k3f9a2b1",
+        )
+        s.add_argument("action", choices=["create", "list", "revoke"])
+        s.add_argument("ids", nargs="*", metavar="ID", help="with revoke: the keys")
+        s.add_argument("--tenant", help="with create: whose key it is (letters, digits, ._-)")
+        s.add_argument(
+            "--models",
+            nargs="+",
+            metavar="PATTERN",
+            default=[],
+            help="with create: the models it may use, shell-style (llama-*); default: every model",
+        )
+        s.add_argument(
+            "--expires",
+            type=duration_arg,
+            metavar="DURATION",
+            default=None,
+            help="with create: how long it works (90d, 12h); default: until revoked",
+        )
 
     if wanted("cordon"):
         s = _sub(

@@ -11,19 +11,23 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.settings import is_loopback, split_listen
 from llmgw.durations import duration_arg, format_duration
 from llmgw.gateway.explain import WAKE_TIMEOUT_S
-from llmgw.gateway.keys import ENV_KEY, load_keys
-from llmgw.gateway.smg import Smg, SmgOptions
+from llmgw.gateway.front import Front, new_upstream_key
+from llmgw.gateway.keyring import Keyring
+from llmgw.gateway.keys import ENV_KEY, ApiKey, load_keys
+from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
 from llmgw.gateway.sync import Follower
 from llmgw.listen import PortInUse, check_free
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
+FRONT_TENANT = "llmgw-gateway"  # SMG's tenant for requests with the controller's keys
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,6 +91,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's where it is installed: the front door proxies every request, and
+    uvloop takes about a third off what that costs (bench/README.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _whole_seconds(option: str, seconds: float) -> int:
     """Whole seconds, 1 to a day (SMG takes whole seconds)."""
     if not seconds.is_integer() or not 1 <= seconds <= 86_400:
@@ -110,11 +124,19 @@ def _token(path: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
-async def _serve(follower: Follower, smg: Smg) -> None:
+async def _serve(follower: Follower, smg: Smg, front: Front, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await front.start(host, port)
+    try:
+        await _run(follower, smg, stop)
+    finally:
+        await front.stop()
+
+
+async def _run(follower: Follower, smg: Smg, stop: asyncio.Event) -> None:
     tasks = [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
@@ -151,11 +173,14 @@ def main(argv: list[str]) -> int:
     except (ValueError, PortInUse) as exc:
         print(f"llmgw gateway: {exc}", file=sys.stderr)
         return 2
-    if not keys and not is_loopback(host):
+    public = not is_loopback(host)
+    if not keys and not token and public:
+        # Without a gateway token it cannot read the controller's keys either.
         print(
             f"llmgw gateway: refusing to listen on {host} without client keys: anyone on the "
-            f"network could use every model. Give --api-key-file (or {ENV_KEY}), or listen "
-            "on 127.0.0.1.",
+            f"network could use every model. Give --api-key-file (or {ENV_KEY}), or the "
+            "gateway token (--token-file) of a controller that holds keys (llmgw ctl keys "
+            "create), or listen on 127.0.0.1.",
             file=sys.stderr,
         )
         return 2
@@ -166,22 +191,36 @@ def main(argv: list[str]) -> int:
                 tempfile.TemporaryDirectory(prefix="llmgw-gateway-", ignore_cleanup_errors=True)
             )
             workdir = Path(temp)
+        # SMG behind the front (front.py), on a loopback port, with the key the front
+        # passes for the controller's keys beside the file's.
+        upstream_key = new_upstream_key()
         options = SmgOptions(
-            host=host,
-            port=port,
+            host="127.0.0.1",
+            port=free_loopback_port(),
             policy=args.policy,
-            keys=keys,
+            keys=[*keys, ApiKey(FRONT_TENANT, upstream_key)],
             workdir=workdir,
             request_timeout_s=args.request_timeout,
         )
         smg = Smg(options)
-        follower = Follower(args.controller, token, args.name, smg, args.wake_timeout)
-        auth = f"{len(keys)} client key(s)" if keys else "no client keys (loopback only)"
+        keyring = Keyring(keys)
+        front = Front(
+            keyring, smg.base, upstream_key, public=public, body_timeout_s=args.request_timeout
+        )
+        follower = Follower(
+            args.controller, token, args.name, smg, args.wake_timeout, keyring=keyring
+        )
+        auth = (
+            f"{len(keys)} client key(s) from the file, and the controller's"
+            if keys
+            else "the controller's client keys"
+        )
         kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"
         print(
             f"llmgw gateway {args.name} listening on http://{args.listen} (policy {args.policy}, "
             f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log{kept}",
             flush=True,
         )
-        asyncio.run(_serve(follower, smg))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_serve(follower, smg, front, host, port))
     return 0

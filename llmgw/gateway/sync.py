@@ -27,9 +27,10 @@ import aiohttp
 from llmgw.api import error_message
 from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
+from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
-from llmgw.wire import Endpoint, EndpointsDelta, Unserved, printable
+from llmgw.wire import ClientKeysFeed, Endpoint, EndpointsDelta, Unserved, printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -73,6 +74,7 @@ class Follower:
         name: str,
         smg: Smg,
         wake_timeout_s: float = WAKE_TIMEOUT_S,
+        keyring: Keyring | None = None,
     ) -> None:
         # Several controllers (`--controller A,B`): follow the one that leads.
         self.controllers = Endpoints(split_urls(controller))
@@ -93,15 +95,17 @@ class Follower:
         # a model declared then is answered by its explainer, never SMG's 404.
         self.routed = ""
         self.changed = asyncio.Event()
+        self.keyring = keyring  # follows the controller's client keys (their digests)
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
         await self.explainer.start()
         try:
             async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
-                await asyncio.gather(
-                    self._poll(http), self._apply_loop(), self._status(http), self._evict_loop()
-                )
+                loops = [self._poll(http), self._apply_loop(), self._status(http)]
+                if self.keyring is not None:
+                    loops.append(self._poll_keys(http))
+                await asyncio.gather(*loops, self._evict_loop())
         finally:
             await self.explainer.stop()
 
@@ -146,6 +150,35 @@ class Follower:
             if e.state == "serving":
                 serving.setdefault(e.model, []).append(e.url)
         self.explainer.set_serving(serving)
+
+    async def _poll_keys(self, http: aiohttp.ClientSession) -> None:
+        """Follow the controller's client keys: every key's digest, long-polled, so a
+        key made or revoked takes effect here within one round trip. Kept as they are
+        while no controller answers (keyring.py)."""
+        assert self.keyring is not None
+        outage = Outage("client keys from the controller")
+        cursor = ""
+        while True:
+            params = {"since": cursor, "wait": str(POLL_WAIT_S if cursor else 0)}
+            try:
+                _, status, body = await aiohttp_request(
+                    http, self.controllers, "GET", "/v1/keys/feed", params=params
+                )
+                if status == 404:  # a controller from before client keys: it has none
+                    feed = ClientKeysFeed(cursor="", keys=[])
+                elif status >= 400:
+                    raise RuntimeError(f"{status}: {error_message(body, str(status))}")
+                else:
+                    feed = ClientKeysFeed.model_validate_json(body)
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
+                outage.failed(exc)
+                await asyncio.sleep(1.0)
+                continue
+            outage.ok()
+            self.keyring.set_controller_keys(feed.keys)
+            if not feed.cursor:
+                await asyncio.sleep(POLL_WAIT_S)
+            cursor = feed.cursor
 
     # -- applying to SMG -----------------------------------------------------------------
 
@@ -320,6 +353,9 @@ class Follower:
                 body["held"] = dict(self.explainer.held)
             if self.routed != cursor:  # the same (only while removals are pending)
                 body["routed"] = self.routed
+            used = self.keyring.take_used() if self.keyring is not None else {}
+            if used:  # the same
+                body["keys_used"] = used
             try:
                 _, status, answer = await aiohttp_request(
                     http, self.controllers, "POST", "/v1/gateways/status", json=body

@@ -283,7 +283,14 @@ def test_replica_counts_and_model_satisfaction(fleet: Term) -> None:
         )
     )
     s = fleet.summary()
-    assert s.replicas.model_dump() == {"ready": 1, "starting": 1, "draining": 1, "failed": 1}
+    assert s.replicas.model_dump() == {
+        "ready": 1,
+        "starting": 1,
+        "draining": 1,
+        "failed": 1,
+        "sleeping": 0,
+        "waking": 0,
+    }
     assert (s.models.total, s.models.satisfied, s.models.short) == (4, 1, 3)
     # short with no replica starting, sorted
     assert s.unplaceable == ["aa-stuck", "zz-stuck"]

@@ -24,7 +24,8 @@ UNKNOWN = {"NODE": NODE, "NAME": NODE, "MODEL": MODEL, "KIND": "model"}  # NAME:
 # Options whose value names an object: each kind of name it takes.
 NAMING_OPTIONS = {"--for": [f"node/{NODE}", f"model/{MODEL}"]}
 # Commands that take no name at all; any other command must yield a case below.
-NAMELESS = {"status", "models", "replicas", "apply", "config"}
+# (`keys` names client keys by their id: tests/tenants/test_keys_controller.py.)
+NAMELESS = {"status", "models", "replicas", "apply", "config", "keys"}
 # A word a free positional also takes, which argparse cannot list (its help says it).
 VERBS = {("node", "name"): ["forget"]}
 

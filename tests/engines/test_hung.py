@@ -92,7 +92,13 @@ async def test_engine_with_work_and_no_tokens_is_hung_though_health_answers(
     # Counted by reason in the agent's /metrics.
     (kills, _late) = _supervisor_metrics(sup)
     counted = {s.labels["reason"]: s.value for s in kills.samples if s.name.endswith("_total")}
-    assert counted == {"hung": 1, "unhealthy": 0, "start_timeout": 0, "start_stalled": 0}
+    assert counted == {
+        "hung": 1,
+        "unhealthy": 0,
+        "start_timeout": 0,
+        "start_stalled": 0,
+        "wake_failed": 0,
+    }
 
 
 async def test_idle_engine_is_never_hung(make_supervisor: SupervisorFactory) -> None:

@@ -38,12 +38,11 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
     )
     gw.start()
 
-    def answers() -> bool:
+    def answers() -> bool:  # the front door answers 503 until SMG does
         try:
-            httpx.get(f"{gw.url}/health", timeout=2)
+            return httpx.get(f"{gw.url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
-        return True
 
     try:
         wait_until(answers, timeout=40, what="SMG to answer", diagnose=gw.logs)
@@ -96,11 +95,14 @@ def test_a_slow_body_without_a_key_is_refused_before_it_is_read(gateway: Gateway
 
 
 def test_what_answers_without_a_key_is_what_readme_says(gateway: Gateway) -> None:
-    """SMG answers /v1/models and /health to anyone (no llmgw code can change that:
-    SMG itself listens); every serving route wants the key."""
+    """/health answers anyone; with client keys, /v1/models wants one as every serving
+    route does (issue 34: the gateway's front door, before SMG, which would list the
+    models to anyone)."""
     assert httpx.get(f"{gateway.url}/health").status_code == 200
     models = httpx.get(f"{gateway.url}/v1/models")
-    assert models.status_code != 401, models.text
+    assert models.status_code == 401, models.text
+    keyed = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert keyed.status_code != 401, keyed.text
     for path in ("/v1/chat/completions", "/v1/completions"):
         refused = httpx.post(f"{gateway.url}{path}", json={"model": "m", "prompt": "x"})
         assert refused.status_code == 401, (path, refused.text)

@@ -12,6 +12,7 @@ import pytest
 
 from llmgw.controller.records import (
     Backoff,
+    ClientKey,
     EnrollToken,
     IssuedCredential,
     LeaveReason,
@@ -37,6 +38,7 @@ SPEC = ModelSpec.model_validate(
 )
 TOKEN = EnrollToken("tok001", "d-tok", 1.0, "alice", expires_at=900.0, uses=3, description="rack 4")
 OPEN_TOKEN = EnrollToken("tok002", "d-open", 2.0, "bob")
+CLIENT_KEY = ClientKey("k1", "acme", "d-key", ("llama-*", "chat"), 3.0, "alice", 99.0, 12.0)
 DECISIONS = [
     EventView(
         id=7,
@@ -71,7 +73,10 @@ def fill(store: StateStore) -> None:
                 leaving="reclaimed for big (priority 9)",
                 leave_reason=LeaveReason.RECLAIM,
                 reclaimed_for="big",
-            )
+            ),
+            ReplicaRecord(
+                "r2", "m", ReplicaState.SLEEPING, (shard,), 7.0, revision=1, asleep_since=7.5
+            ),
         ]
     )
     store.put_backoff(Backoff("m", 2, 50.0, "crashed"))
@@ -82,6 +87,7 @@ def fill(store: StateStore) -> None:
     store.credential_reported("n1", at=8.5)
     assert store.enroll("n2", "d-n2", at=9.0, by="enroll", pending=True, token=TOKEN.id)
     store.allow_enroll("n5", by="alice", at=10.0)
+    store.put_client_key(CLIENT_KEY)
 
 
 @pytest.fixture
@@ -116,6 +122,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
         OPEN_TOKEN,
     ]
     assert dump.enroll_allowed == {"n5": ("alice", 10.0)}
+    assert dump.client_keys == [CLIENT_KEY], "a client key as stored: its digest"
     assert [r.revision for r in dump.revisions["m"]] == [1]
     assert other_store.dump().empty()
     before = other_store.revision
@@ -146,6 +153,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
         StateDump(credentials={"n1": IssuedCredential("n1", "d", 1.0, "enroll")}),
         StateDump(enroll_tokens=[OPEN_TOKEN]),
         StateDump(enroll_allowed={"n1": ("alice", 1.0)}),
+        StateDump(client_keys=[CLIENT_KEY]),
     ],
 )
 def test_a_store_holding_any_of_them_is_not_empty(only: StateDump) -> None:
@@ -157,7 +165,9 @@ def test_the_counts_name_no_digest() -> None:
     dump = StateDump(
         credentials={"n1": IssuedCredential("n1", "secret-digest", 1.0, "enroll")},
         enroll_tokens=[EnrollToken("tok", "token-digest", 1.0, "alice")],
+        client_keys=[ClientKey("k", "acme", "key-digest", ("*",), 1.0, "alice")],
     )
     counts = dump.counts()
     assert "1 node credentials" in counts and "1 enrollment tokens" in counts
+    assert "1 client keys" in counts
     assert "digest" not in counts

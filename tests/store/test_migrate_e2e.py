@@ -131,6 +131,8 @@ def test_migrate_keeps_credentials_enrollment_and_events(
     c.stop_agent("gpu03")  # gpu03 will enroll again: revoked, and allowed to
     c.ctl("--token", ADMIN, "credentials", "revoke", "gpu03", "--allow-enroll")
     spare = make_token(c, tmp_path / "spare-token", uses=1)
+    client_key = c.ctl("--token", ADMIN, "keys", "create", "--tenant", "acme").strip()
+    keys = c.http.get("/v1/keys").json()
     tokens = c.http.get("/v1/credentials/tokens").json()
     credentials = c.http.get("/v1/credentials").json()
     events = c.http.get("/v1/events").json()["events"]
@@ -146,10 +148,12 @@ def test_migrate_keeps_credentials_enrollment_and_events(
     counts = {what: int(n) for n, what in copied}
     assert counts["node credentials"] == 2 and counts["enrollment tokens"] == 2
     assert counts["enrollment allowances"] == 1 and counts["decision events"] == len(events)
+    assert counts["client keys"] == 1
     source = Store(c.root / "controller")
     stored = source.dump()
     source.close()
     secrets = [held.strip(), used, spare, *(t.digest for t in stored.enroll_tokens)]
+    secrets += [client_key, *(k.digest for k in stored.client_keys)]
     secrets += [cred.digest for cred in stored.credentials.values()]
     assert not any(x in done.stdout + done.stderr for x in secrets), "no secret is printed"
 
@@ -167,6 +171,7 @@ def test_migrate_keeps_credentials_enrollment_and_events(
     assert (c.state_dir("gpu01") / "credential").read_text() == held
     assert c.http.get("/v1/credentials").json() == credentials
     assert c.http.get("/v1/credentials/tokens").json() == tokens
+    assert c.http.get("/v1/keys").json() == keys, "the client keys, as they were"
     assert c.http.get("/v1/events").json()["events"][: len(events)] == events
     listed = c.ctl("--token", ADMIN, "events", "--for", "node/gpu02")
     assert "AwaitingApproval" in listed, listed

@@ -9,7 +9,13 @@ import time
 import psycopg
 import pytest
 
-from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, ShardRecord
+from llmgw.controller.records import (
+    Backoff,
+    ClientKey,
+    EnrollToken,
+    ReplicaRecord,
+    ShardRecord,
+)
 from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
 from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
 from llmgw.controller.stores.schema import SCHEMA_VERSION
@@ -170,6 +176,25 @@ def test_an_enrollment_takes_one_use_of_its_token_in_its_transaction(
     assert again.pending_credentials() == {}
     assert [(e.action, e.by) for e in again.history("n1")] == [("approve", "alice")]
     assert again.delete_enroll_token("abc123") and not again.delete_enroll_token("abc123")
+
+
+def test_client_keys_survive_a_reopen_and_last_use_never_goes_back(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store()
+    key = ClientKey("k1", "acme", "d-k1", ("llama-*", "chat"), 1.0, "alice", expires_at=50.0)
+    store.put_client_key(key)
+    store.put_client_key(ClientKey("k2", "beta", "d-k2", ("*",), 2.0, "bob"))
+    store.client_keys_used([("k1", 20.0), ("k2", 30.0)])
+    store.client_keys_used([("k1", 10.0), ("gone", 5.0)])  # older: kept at 20
+    store.close()
+    again = open_store()
+    assert again.client_keys() == [
+        ClientKey("k1", "acme", "d-k1", ("llama-*", "chat"), 1.0, "alice", 50.0, 20.0),
+        ClientKey("k2", "beta", "d-k2", ("*",), 2.0, "bob", None, 30.0),
+    ]
+    assert again.delete_client_key("k1") and not again.delete_client_key("k1")
+    assert [k.id for k in again.client_keys()] == ["k2"]
 
 
 def test_dump_and_load_copy_everything(

@@ -37,6 +37,8 @@ async def gateway_status(request: web.Request) -> web.Response:
         request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
     )
     term_of(request.app).gateways.report(body, by=who(request))
+    if body.keys_used:
+        term_of(request.app).client_keys.used(body.keys_used)
     return web.Response(status=204)
 
 

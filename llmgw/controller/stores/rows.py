@@ -7,6 +7,7 @@ import json
 
 from llmgw.controller.records import (
     Backoff,
+    ClientKey,
     EnrollToken,
     IssuedCredential,
     LeaveReason,
@@ -21,6 +22,8 @@ __all__ = [
     "admin_from_row",
     "admin_row",
     "backoff_row",
+    "client_key_from_row",
+    "client_key_row",
     "credential_from_row",
     "credential_row",
     "decision_from_row",
@@ -78,6 +81,7 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         rec.leaving,
         None if rec.leave_reason is None else rec.leave_reason.value,
         rec.reclaimed_for,
+        rec.asleep_since,
     )
 
 
@@ -101,6 +105,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         leaving=r["leaving"],
         leave_reason=None if r["leave_reason"] is None else LeaveReason(r["leave_reason"]),
         reclaimed_for=r["reclaimed_for"],
+        asleep_since=r["asleep_since"],
     )
 
 
@@ -144,6 +149,32 @@ def credential_from_row(r: Row) -> IssuedCredential:
         pending=bool(r["pending"]),
         token=r["token"],
         reported_at=r["reported_at"],
+    )
+
+
+def client_key_row(k: ClientKey) -> tuple[object, ...]:
+    return (
+        k.id,
+        k.tenant,
+        k.digest,
+        json.dumps(list(k.models)),
+        k.created_at,
+        k.by,
+        k.expires_at,
+        k.last_used,
+    )
+
+
+def client_key_from_row(r: Row) -> ClientKey:
+    return ClientKey(
+        id=r["id"],
+        tenant=r["tenant"],
+        digest=r["digest"],
+        models=tuple(json.loads(r["models"])),
+        created_at=r["created_at"],
+        by=r["by"],
+        expires_at=r["expires_at"],
+        last_used=r["last_used"],
     )
 
 

@@ -136,5 +136,19 @@ MIGRATIONS: list[list[Step]] = [
         " OVER (PARTITION BY node ORDER BY id DESC) AS n FROM admin_events) AS ranked"
         " WHERE n > 50)",
     ],
+    # 9: tenants' client keys (`ctl keys`): only the SHA-256 of each key is kept, with
+    # the model patterns it allows (JSON list), its expiry and when it was last used.
+    [
+        "CREATE TABLE IF NOT EXISTS client_keys (id TEXT PRIMARY KEY, tenant TEXT NOT NULL,"
+        " digest TEXT NOT NULL UNIQUE, models TEXT NOT NULL,"
+        " created_at DOUBLE PRECISION NOT NULL, by TEXT NOT NULL,"
+        " expires_at DOUBLE PRECISION, last_used DOUBLE PRECISION)",
+    ],
+    # 10: the warm tier (issue 32): when a sleeping replica's engines were told to
+    # sleep (NULL while the gateways let go of it), so a restart neither wakes it
+    # nor tells it again.
+    [
+        AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

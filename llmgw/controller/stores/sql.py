@@ -17,13 +17,15 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from llmgw.controller.records import Backoff, EnrollToken, ReplicaRecord, StateDump
+from llmgw.controller.records import Backoff, ClientKey, EnrollToken, ReplicaRecord, StateDump
 from llmgw.controller.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.stores.rows import (
     admin_event_from_row,
     admin_from_row,
     admin_row,
     backoff_row,
+    client_key_from_row,
+    client_key_row,
     credential_from_row,
     credential_row,
     decision_from_row,
@@ -71,12 +73,14 @@ _REVISION_ADD = (
 _REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
     "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision,"
-    " leaving, leave_reason, reclaimed_for) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " leaving, leave_reason, reclaimed_for, asleep_since)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
     " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
     " revision=excluded.revision, leaving=excluded.leaving,"
-    " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for"
+    " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for,"
+    " asleep_since=excluded.asleep_since"
 )
 _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
@@ -98,6 +102,10 @@ _TOKEN_ADD = (
 _ALLOW_UPSERT = (
     "INSERT INTO enroll_allowed(node, by, at) VALUES (?, ?, ?)"
     " ON CONFLICT (node) DO UPDATE SET by=excluded.by, at=excluded.at"
+)
+_CLIENT_KEY_ADD = (
+    "INSERT INTO client_keys(id, tenant, digest, models, created_at, by, expires_at, last_used)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # One use of an enrollment token, taken only while it is unexpired and not used up.
 _TOKEN_USE = (
@@ -169,6 +177,7 @@ class SqlStore:
             },
             enroll_tokens=self.enroll_tokens(),
             enroll_allowed=self.enroll_allowed(),
+            client_keys=self.client_keys(),
         )
 
     def load(self, state: StateDump) -> None:
@@ -194,6 +203,7 @@ class SqlStore:
             s.run_many(_CREDENTIAL_ADD, [credential_row(c) for c in state.credentials.values()])
             s.run_many(_TOKEN_ADD, [token_row(t) for t in state.enroll_tokens])
             s.run_many(_ALLOW_UPSERT, [(n, by, at) for n, (by, at) in state.enroll_allowed.items()])
+            s.run_many(_CLIENT_KEY_ADD, [client_key_row(k) for k in state.client_keys])
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -436,6 +446,33 @@ class SqlStore:
             s.run(_ALLOW_UPSERT, (node, by, at))
             _add_history(s, node, "allow enrollment", None, by, at)
 
+    # -- tenants' client keys (digests only) ------------------------------------------
+
+    def client_keys(self) -> list[ClientKey]:
+        rows = self._read("SELECT * FROM client_keys ORDER BY created_at, id")
+        return [client_key_from_row(r) for r in rows]
+
+    def put_client_key(self, k: ClientKey) -> None:
+        with self._tx() as s:
+            s.run(_CLIENT_KEY_ADD, client_key_row(k))
+
+    def delete_client_key(self, key_id: str) -> bool:
+        with self._tx() as s:
+            return s.run("DELETE FROM client_keys WHERE id = ?", (key_id,)) > 0
+
+    def client_keys_used(self, used: Iterable[tuple[str, float]]) -> None:
+        """When keys were last used (key id, unix time); a time never goes back."""
+        with self._tx() as s:
+            s.run_many(
+                "UPDATE client_keys SET last_used = ? WHERE id = ?"
+                " AND (last_used IS NULL OR last_used < ?)",
+                [(at, key_id, at) for key_id, at in used],
+            )
+
+
+class _Spent(Exception):
+    """An enrollment token's use was not there to take: the transaction is rolled back."""
+
 
 def _add_history(
     s: Session,
@@ -449,7 +486,3 @@ def _add_history(
     """One entry of a node's admin history; the oldest past HISTORY_KEPT goes."""
     s.run(_EVENT_ADD, (node, action, reason, by, at, force_at))
     s.run(_HISTORY_TRIM, (node, node))
-
-
-class _Spent(Exception):
-    """An enrollment token's use was not there to take: the transaction is rolled back."""

@@ -1,0 +1,289 @@
+"""The warm tier's step (`warm.sleep_and_wake`) and what it rests on, on snapshots
+built by hand: idle replicas sleep instead of stopping, sleeping ones wake for held
+requests (the same replica), one that cannot sleep stops (issue 32 items 1-2)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+from test_steps import CHAT, replica, snapshot
+
+from llmgw.controller.demand import scale
+from llmgw.controller.drains import drain
+from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
+from llmgw.controller.loop_memory import LoopMemory
+from llmgw.controller.nodes import ShardDigest
+from llmgw.controller.outcomes import record_transitions
+from llmgw.controller.plans import MarkDrained
+from llmgw.controller.reclaim import Candidate, order
+from llmgw.controller.records import LeaveReason, ReplicaRecord
+from llmgw.controller.replicas import answering, replica_status
+from llmgw.controller.replies import sleep_level
+from llmgw.controller.revisions import same_engine
+from llmgw.controller.rolling import roll
+from llmgw.controller.warm import sleep_and_wake
+from llmgw.present import Meaning, model_words
+from llmgw.wire import AdminFlag, AdminInfo, EventReason, ModelSpec, ReplicaState, ShardState
+
+SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
+NOW = 100.0  # the snapshot's clock
+AT_ZERO = SLEEPY.model_copy(update={"max_replicas": None})  # a fixed count of 0: scale down
+
+
+def shard(
+    rec: ReplicaRecord,
+    state: ShardState,
+    idle_for: float | None = None,
+    sleep_error: str | None = None,
+) -> ShardDigest:
+    idle_since = None if idle_for is None else NOW - idle_for
+    return ShardDigest(rec.id, 0, state, idle_since, None, 8000, None, sleep_error)
+
+
+def reported(
+    records: Iterable[ReplicaRecord],
+    shards: dict[str, ShardDigest],
+    models: Iterable[ModelSpec] = (SLEEPY,),
+    gate: GateView | None = None,
+) -> FleetSnapshot:
+    """A snapshot whose replicas' states come from their engines' reports, as the facts'."""
+    records = list(records)
+    snap = snapshot(records, models, gate=gate)
+    statuses = {r.id: replica_status(r, {(r.id, 0): shards[r.id]}) for r in records}
+    return replace(snap, statuses=statuses)
+
+
+def held(model: str, n: int) -> GateView:
+    return GateView(now=NOW, grace_s=math.inf, live=((None, {}),), held={model: n})
+
+
+def test_a_replica_idle_for_sleep_after_sleeps_instead_of_stopping() -> None:
+    idle, busy = replica("a"), replica("b", created_at=2.0)
+    shards = {"a": shard(idle, ShardState.READY, 31.0), "b": shard(busy, ShardState.READY, 5.0)}
+
+    plan = sleep_and_wake(reported([idle, busy], shards))
+
+    # No gateway to let go of it: told to sleep at once.
+    assert [(r.id, r.state, r.asleep_since) for r in plan.put] == [
+        ("a", ReplicaState.SLEEPING, 1_000.0)
+    ]
+    assert plan.removed == []
+    [event] = plan.events
+    assert (event.obj, event.reason) == ("replica/a", EventReason.SLEPT)
+    assert "idle for 31s" in event.message
+
+
+def test_a_replica_is_told_to_sleep_only_once_the_gateways_let_go_of_it() -> None:
+    idle = replica("a")
+    holding = GateView(now=NOW, grace_s=math.inf, live=((None, {}),))
+
+    decided = sleep_and_wake(
+        reported([idle], {"a": shard(idle, ShardState.READY, 60.0)}, gate=holding)
+    )
+
+    [going] = decided.put
+    assert (going.state, going.asleep_since) == (ReplicaState.SLEEPING, None), "not told yet"
+    assert decided.stopping == ["a"], "out of routing as before a stop"
+    let_go = GateView(now=NOW, grace_s=math.inf, live=((50, {}),), stopping={"a": (40, 90.0)})
+    still = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=holding))
+    told = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=let_go))
+    assert still.put == []
+    assert [(r.id, r.state, r.asleep_since) for r in told.put] == [
+        ("a", ReplicaState.SLEEPING, 1_000.0)
+    ]
+
+
+def test_nothing_sleeps_for_a_spec_that_does_not_ask() -> None:
+    idle = replica("a")
+    plain = SLEEPY.model_copy(update={"sleep_after_s": None})
+
+    plan = sleep_and_wake(reported([idle], {"a": shard(idle, ShardState.READY, 3600.0)}, [plain]))
+
+    assert not plan
+
+
+def test_an_idle_replica_with_requests_held_or_unknown_idleness_stays_awake() -> None:
+    idle = replica("a")
+    unknown = sleep_and_wake(reported([idle], {"a": shard(idle, ShardState.READY)}))
+    holding = sleep_and_wake(
+        reported([idle], {"a": shard(idle, ShardState.READY, 60.0)}, gate=held("chat", 1))
+    )
+    assert not unknown.put and not holding.put
+
+
+def test_held_requests_wake_the_sleeping_replica_itself() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+
+    plan = sleep_and_wake(
+        reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, gate=held("chat", 2))
+    )
+
+    assert [(r.id, r.state, r.asleep_since) for r in plan.put] == [("a", ReplicaState.WAKING, None)]
+    assert [(e.obj, e.reason) for e in plan.events] == [("replica/a", EventReason.WOKE)]
+    assert plan.removed == []
+
+
+def test_held_requests_take_back_one_not_told_to_sleep_yet() -> None:
+    going = replica("a", ReplicaState.SLEEPING)
+
+    plan = sleep_and_wake(
+        reported([going], {"a": shard(going, ShardState.READY)}, gate=held("chat", 1))
+    )
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.READY)]
+
+
+def test_one_not_asleep_yet_is_not_woken_and_none_wakes_without_requests() -> None:
+    # Told to sleep, its engine has not answered yet.
+    falling = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
+    on_its_way = sleep_and_wake(
+        reported([falling], {"a": shard(falling, ShardState.READY)}, gate=held("chat", 1))
+    )
+    quiet = sleep_and_wake(reported([falling], {"a": shard(falling, ShardState.SLEEPING)}))
+    assert not on_its_way.put and not quiet.put
+
+
+def test_a_replica_that_could_not_sleep_stays_awake_and_stops_as_without_sleep() -> None:
+    tried = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
+    why = "engine 'fake' cannot sleep: POST /sleep answered 404"
+    engine = {"a": shard(tried, ShardState.READY, 60.0, sleep_error=why)}
+
+    plan = sleep_and_wake(reported([tried], engine))
+
+    [back] = plan.put
+    assert (back.state, back.asleep_since, back.leave_reason) == (ReplicaState.READY, None, None)
+    assert plan.removed == []
+    [event] = plan.events
+    assert event.reason is EventReason.SLEEP_FAILED and why in event.message
+    # Never asked again, and a scale-down stops it as it would without sleep.
+    again = reported([back], {"a": shard(back, ShardState.READY, 3600.0, sleep_error=why)})
+    assert not sleep_and_wake(again)
+    at_zero = reported(
+        [back], {"a": shard(back, ShardState.READY, 3600.0, sleep_error=why)}, [AT_ZERO]
+    )
+    scaled = scale(at_zero, LoopMemory())
+    assert [(r.id, r.leave_reason) for r in scaled.put] == [("a", LeaveReason.SCALE_DOWN)]
+
+
+def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    awake = replica("b")
+    plain = AT_ZERO.model_copy(update={"sleep_after_s": None})
+
+    kept = scale(
+        reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, [AT_ZERO]), LoopMemory()
+    )
+    stopped = scale(reported([awake], {"b": shard(awake, ShardState.READY)}, [plain]), LoopMemory())
+
+    assert kept.put == [] and kept.removed == [] and kept.stopping == []
+    assert [r.id for r in stopped.put] == ["b"], "without sleep, the same count stops it"
+
+
+def test_replica_state_follows_the_decision_then_the_engines() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING)
+    waking = replica("a", ReplicaState.WAKING)
+
+    def state(rec: ReplicaRecord, engine: ShardState) -> ReplicaState:
+        return replica_status(rec, {("a", 0): shard(rec, engine)}).state
+
+    assert state(asleep, ShardState.READY) is ReplicaState.SLEEPING, "decided: out of routing"
+    assert state(waking, ShardState.SLEEPING) is ReplicaState.WAKING
+    assert state(waking, ShardState.WAKING) is ReplicaState.WAKING
+    assert state(waking, ShardState.READY) is ReplicaState.READY
+    snap = reported([waking], {"a": shard(waking, ShardState.READY)})
+    assert [(r.id, r.state) for r in record_transitions(snap).put] == [("a", ReplicaState.READY)]
+
+
+def test_turning_sleep_on_is_an_engine_change_its_idle_time_is_not() -> None:
+    later = SLEEPY.model_copy(update={"sleep_after_s": 600.0})
+    off = SLEEPY.model_copy(update={"sleep_after_s": None})
+    assert same_engine(SLEEPY, later)
+    assert not same_engine(SLEEPY, off), "the engine starts with --enable-sleep-mode or not"
+    assert sleep_level(SLEEPY) == 2, "auto: level 2 until host memory is reported"
+    assert sleep_level(SLEEPY.model_copy(update={"sleep_level": 1})) == 1
+
+
+def test_spec_fields_are_strict() -> None:
+    for bad in ({"sleep_level": 3}, {"sleep_after_s": -1.0}, {"stop_asleep_after_s": "5"}):
+        with pytest.raises(ValidationError):
+            ModelSpec.model_validate({"name": "m", "source": "s", **bad})
+    assert ModelSpec(name="m", source="s").sleeps is False
+
+
+def test_a_model_whose_replicas_sleep_is_satisfied_and_says_so() -> None:
+    asleep = Counter({ReplicaState.SLEEPING: 1})
+    assert answering(asleep) == 1 and answering(Counter({ReplicaState.STARTING: 1})) == 0
+    view = SimpleNamespace(
+        rollout=None, satisfied=True, ready=0, nodes=0, sleeping=1, waking=0, starting=0
+    )
+    assert model_words(view) == (
+        "asleep: 1 replica(s) sleeping, woken by a request",
+        Meaning.MUTED,
+    )
+    view.waking, view.sleeping = 1, 0
+    words, meaning = model_words(view)
+    assert words.startswith("waking") and meaning is Meaning.ATTENTION
+
+
+def test_a_drain_stops_a_sleeping_replica_without_a_stand_in() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)})
+    draining = {"n1": AdminInfo(flag=AdminFlag.DRAINING, reason="maintenance")}
+
+    plan = drain(replace(snap, admin=draining))
+
+    assert plan.removed == ["a"] and plan.put == []
+    assert plan.of(MarkDrained) == [MarkDrained("n1")]
+
+
+def test_out_of_sleep_a_record_is_never_left_told_to_sleep() -> None:
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    assert asleep.with_state(ReplicaState.DRAINING).asleep_since is None
+    assert asleep.leaves(LeaveReason.SCALE_DOWN, "scale down").asleep_since is None
+    assert asleep.stays().asleep_since is None
+    assert asleep.with_state(ReplicaState.SLEEPING).asleep_since == 900.0
+
+
+def test_a_rollout_stops_an_old_sleeping_replica_at_once() -> None:
+    old = replica("old", ReplicaState.SLEEPING, revision=1, asleep_since=900.0)
+    new = replica("new", revision=2, created_at=2.0)
+    shards = {"old": shard(old, ShardState.SLEEPING), "new": shard(new, ShardState.READY)}
+    snap = replace(reported([old, new], shards, [CHAT]), outdated=frozenset({"old"}))
+
+    plan = roll(snap)
+
+    assert plan.removed == ["old"] and plan.put == []
+
+
+def test_asleep_for_stop_asleep_after_a_replica_stops_but_never_below_the_minimum() -> None:
+    spec = SLEEPY.model_copy(update={"stop_asleep_after_s": 60.0, "min_replicas": 1})
+    long_ago = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)  # 100 s at wall 1000
+    lately = replica("b", ReplicaState.SLEEPING, asleep_since=990.0, created_at=2.0)
+    shards = {"a": shard(long_ago, ShardState.SLEEPING), "b": shard(lately, ShardState.SLEEPING)}
+
+    plan = sleep_and_wake(reported([long_ago, lately], shards, [spec]))
+    alone = sleep_and_wake(reported([long_ago], {"a": shards["a"]}, [spec]))
+
+    assert plan.removed == ["a"]
+    assert [e.reason for e in plan.events] == [EventReason.SCALED_DOWN]
+    assert "after 100s asleep" in plan.events[0].message
+    assert alone.removed == [], "the model's minimum keeps it, asleep"
+
+
+def test_reclaim_takes_sleeping_replicas_before_idle_ones() -> None:
+    idle = Candidate(replica("idle", created_at=1.0), CHAT, True, 0)
+    busy = Candidate(replica("busy", created_at=3.0), CHAT, False, 4)
+    asleep = Candidate(
+        replica("asleep", ReplicaState.SLEEPING, created_at=2.0, asleep_since=900.0),
+        CHAT,
+        False,
+        0,
+    )
+
+    assert [c.record.id for c in order([busy, idle, asleep])] == ["asleep", "idle", "busy"]

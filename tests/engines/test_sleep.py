@@ -1,0 +1,157 @@
+"""The agent sleeps and wakes the engines its assignments say (issue 32 item 1), with
+real fake-engine processes: it is the only caller of their sleep endpoints, reports
+`sleeping` and `waking`, and an engine that cannot sleep is found out at its first
+try, said in its report, and never tried again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agent.engine_templates import BUILTIN_TEMPLATES
+from agent.engines import EngineSupervisor
+from llmgw.wire import ShardAssignment, ShardState
+
+from .conftest import SupervisorFactory, assignment, wait_for
+from .test_supervisor import only, pid_of, proc_file
+
+FAST = ["--load-seconds", "0", "--sleep-seconds", "0", "--wake-seconds", "0", "--latency", "0"]
+
+
+def sleepy(args: list[str] = FAST, **kw: Any) -> ShardAssignment:
+    return assignment(engine_args=args, sleep_mode=True, **kw)
+
+
+async def _complete(sup: EngineSupervisor) -> int:
+    port = only(sup).port
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x"}) as r,
+    ):
+        return r.status
+
+
+def _complete_count(state_dir: Path) -> int:
+    return next((state_dir / "logs").glob("r1-0.log")).read_text().count("POST /v1/completions")
+
+
+async def ready(sup: EngineSupervisor) -> None:
+    await wait_for(lambda: only(sup).state is ShardState.READY, what="ready")
+
+
+async def test_sleeps_and_wakes_the_same_process(make_supervisor: SupervisorFactory) -> None:
+    sup = make_supervisor()
+    args = [*FAST, "--wake-seconds", "0.5"]  # long enough for the report to say waking
+    await sup.apply([sleepy(args)], {})
+    await ready(sup)
+    pid = pid_of(sup)
+    environ = proc_file(pid, "environ").split(b"\0")
+    assert b"VLLM_SERVER_DEV_MODE=1" in environ
+    assert b"--enable-sleep-mode" in proc_file(pid, "cmdline").split(b"\0")
+
+    await sup.apply([sleepy(args, sleep_level=1)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    assert only(sup).idle_seconds is None and only(sup).sleep_error is None
+    assert await _complete(sup) == 503  # the engine itself says it sleeps
+
+    await sup.apply([sleepy(args)], {})
+    states: set[ShardState] = set()
+    await wait_for(lambda: states.add(only(sup).state) or only(sup).state is ShardState.READY)
+    assert ShardState.WAKING in states
+    assert pid_of(sup) == pid  # woken, not restarted
+    assert await _complete(sup) == 200
+
+
+async def test_a_level_2_wake_reloads_the_weights(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    await sup.apply([sleepy(sleep_level=2)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert '"POST /sleep?level=2 HTTP/1.1" 200' in log
+    wake, reload, reset = (
+        log.index(f'"POST {path} HTTP/1.1" 200')
+        for path in ("/wake_up", "/collective_rpc", "/reset_prefix_cache")
+    )
+    assert wake < reload < reset
+
+
+async def test_an_engine_without_dev_mode_cannot_sleep_and_says_so_once_tried(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    # A template whose sleep mode sets no development mode: /sleep is 404, as an
+    # old vLLM or one started without VLLM_SERVER_DEV_MODE answers.
+    sleep = BUILTIN_TEMPLATES["fake"].sleep
+    assert sleep is not None
+    tpl = BUILTIN_TEMPLATES["fake"].model_copy(
+        update={"sleep": sleep.model_copy(update={"env": {}})}
+    )
+    sup = make_supervisor(templates={"fake": tpl})
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await wait_for(lambda: only(sup).sleep_error is not None, what="the sleep error")
+    rep = only(sup)
+    assert rep.state is ShardState.READY
+    assert rep.sleep_error is not None and "answered 404" in rep.sleep_error
+    assert await _complete(sup) == 200  # still serving
+    # Awake again, then asked again: said in every report, never tried again.
+    await sup.apply([sleepy()], {})
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await _complete(sup)  # a request after the monitor's next ticks, logged after any try
+    await wait_for(lambda: _complete_count(state_dir) >= 2, what="the second request logged")
+    assert only(sup).sleep_error == rep.sleep_error and only(sup).state is ShardState.READY
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert log.count("POST /sleep") == 1, "found out at the first try, not tried again"
+
+
+async def test_a_template_without_sleep_never_calls_the_engine(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    tpl = BUILTIN_TEMPLATES["fake"].model_copy(update={"sleep": None})
+    sup = make_supervisor(templates={"fake": tpl})
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    assert b"--enable-sleep-mode" not in proc_file(pid_of(sup), "cmdline").split(b"\0")
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await wait_for(lambda: only(sup).sleep_error is not None, what="the sleep error")
+    assert "has no sleep mode" in (only(sup).sleep_error or "")
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert "/sleep" not in log
+
+
+async def test_a_model_that_does_not_ask_starts_as_before(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([assignment(engine_args=FAST)], {})
+    await ready(sup)
+    pid = pid_of(sup)
+    assert b"VLLM_SERVER_DEV_MODE=1" not in proc_file(pid, "environ").split(b"\0")
+    assert b"--enable-sleep-mode" not in proc_file(pid, "cmdline").split(b"\0")
+
+
+async def test_a_restarted_agent_adopts_a_sleeping_engine_and_wakes_it(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor()
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    await sup.apply([sleepy(sleep_level=2)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    pid = pid_of(sup)
+    await sup.close()  # the agent goes; its engine stays, asleep
+
+    again = make_supervisor()
+    assert only(again).state is ShardState.SLEEPING and pid_of(again) == pid
+    await again.apply([sleepy()], {})
+    await ready(again)
+    assert pid_of(again) == pid
+    assert await _complete(again) == 200

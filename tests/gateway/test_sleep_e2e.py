@@ -1,0 +1,135 @@
+"""The warm tier end to end (issue 32 items 1 and 4): a real controller, an agent
+with a fake card and engine, the gateway with its SMG child.
+
+A model whose spec asks for sleep sleeps once idle for `sleep_after_s`: its replica
+leaves routing, its engine process stays. Its next request is held by the gateway,
+wakes that same replica (same id, same process: a wake, not an engine start), and is
+answered by it; no request fails. The engine's sleep endpoints, there because the
+agent started it able to sleep, are not reachable through the gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.procs import Cluster, wait_until
+from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, model, wait_cluster_ready
+
+pytestmark = pytest.mark.slow
+
+
+def warm(name: str) -> dict[str, Any]:
+    spec = model(name)
+    args = [*spec["engine_args"], "--wake-seconds", "0.5"]
+    return {**spec, "engine_args": args, "sleep_after_s": 1}
+
+
+def ask(gw: Gateway, name: str) -> httpx.Response:
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def the_replica(c: Cluster, name: str) -> dict[str, Any]:
+    [rep] = [r for r in c.get("/v1/replicas") if r["model"] == name]
+    return rep
+
+
+def engine_pid(c: Cluster, node: str) -> int:
+    [rec] = c.engine_records(node)
+    return int(rec["pid"])
+
+
+def card_used_mib(c: Cluster) -> int | None:
+    [card] = c.get("/v1/nodes/gpu1")["gpus"]
+    return card["memory_used_mib"]  # type: ignore[no-any-return]
+
+
+def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("nap")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("nap")
+    first = the_replica(c, "nap")
+    pid = engine_pid(c, "gpu1")
+    # The fake card counts what the engine process holds on it, as NVML would.
+    wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the engine's memory counted")
+
+    # The development endpoints are the agent's alone: the gateway routes none of them.
+    dev = (
+        ("POST", "/sleep?level=1"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/reset_prefix_cache"),
+    )
+    for method, path in dev:
+        r = httpx.request(method, f"{gw.url}{path}", json={"method": "reload_weights"}, timeout=10)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+    assert ask(gw, "nap").status_code == 200, "the engine did not sleep for them"
+
+    wait_until(
+        lambda: (
+            the_replica(c, "nap")["state"] == "sleeping"
+            and the_replica(c, "nap")["shards"][0]["state"] == "sleeping"
+        ),
+        timeout=60,
+        what="the idle replica asleep",
+        diagnose=gw.logs,
+    )
+    assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
+    wait_until(lambda: card_used_mib(c) == 512, timeout=20, what="the memory freed by the sleep")
+    assert "sleeping" in c.ctl("replicas")
+    assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
+    metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
+    assert 'llmgw_replicas{state="sleeping"} 1.0' in metrics
+
+    answers = [ask(gw, "nap") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    woken = the_replica(c, "nap")
+    assert woken["id"] == first["id"] and woken["state"] == "ready"
+    assert engine_pid(c, "gpu1") == pid, "woken, not restarted"
+    wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the memory held again")
+    events = c.ctl("events")
+    assert "Slept" in events and "Woke" in events, events
+    gw.stop()
+
+
+def test_an_engine_that_cannot_sleep_is_found_out_once_and_keeps_serving(
+    cluster: Cluster,
+) -> None:
+    # The fake engine's sleep mode without the development mode: its /sleep is a 404,
+    # as a vLLM started without VLLM_SERVER_DEV_MODE (or too old) answers.
+    c = cluster
+    templates = c.root / "engines.toml"
+    templates.write_text("[engines.fake.sleep]\nenv = {}\n")
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB", extra=["--engine-templates", str(templates)])
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("insomniac")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("insomniac")
+    first = the_replica(c, "insomniac")
+    pid = engine_pid(c, "gpu1")
+    wait_until(lambda: "SleepFailed" in c.ctl("events"), timeout=60, what="the failed sleep said")
+    wait_until(
+        lambda: the_replica(c, "insomniac")["state"] == "ready",
+        timeout=30,
+        what="back in routing",
+    )
+    answers = [ask(gw, "insomniac") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert the_replica(c, "insomniac")["id"] == first["id"] and engine_pid(c, "gpu1") == pid
+    events = c.ctl("events")
+    assert events.count("SleepFailed") == 1, events
+    assert "answered 404" in events, events
+    assert c.agent_log("gpu1").count("cannot sleep") == 1
+    gw.stop()
