@@ -132,8 +132,7 @@ class Explainer:
         return self._answer(model, why)
 
     async def _hold(self, request: web.Request, model: str) -> web.StreamResponse:
-        """Wait for `model` to wake, then send the request to a replica of it.
-        Held counts the waiting only: once sent on, the engine counts it in flight."""
+        """Wait for `model` to wake, then send the request to a replica of it."""
         if self.held[model] >= MAX_HELD:
             return self._answer(
                 model, _waking(f"{MAX_HELD} requests are held already while it wakes")
@@ -149,7 +148,7 @@ class Explainer:
                 urls = self._serving.get(model)
                 if urls:
                     url = urls[next(self._turn) % len(urls)]
-                    break
+                    return await self._forward(request, model, url, body)
                 _, why = self.reasons.get(slug(model), (model, None))
                 if why is not None and why.kind is not UnservedKind.ASLEEP:  # unplaceable, say
                     return self._answer(model, why)
@@ -168,7 +167,6 @@ class Explainer:
             self.held[model] -= 1
             if not self.held[model]:
                 del self.held[model]
-        return await self._forward(request, model, url, body)
 
     async def _forward(
         self, request: web.Request, model: str, url: str, body: bytes

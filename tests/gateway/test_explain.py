@@ -6,8 +6,6 @@ never by its words (issue 31 item 3), and a controller that sends the words alon
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
@@ -118,46 +116,3 @@ def test_a_new_gateway_reads_an_older_controllers_words() -> None:
 def test_a_kind_from_a_newer_controller_reads_as_not_ready() -> None:
     newer = delta(unserved_reasons={"a": {"kind": "quarantined", "message": "held back"}})
     assert newer.reasons() == {"a": Unserved(kind=NOT_READY, message="held back")}
-
-
-async def test_a_held_request_sent_on_is_the_engines_to_count_not_held() -> None:
-    """Issue 35 item 5: once a replica serves the model, the held request goes to its
-    engine, which counts it in flight; still counted as held too, it was counted
-    twice by the autoscaler (held is added to in flight)."""
-    from aiohttp import web
-
-    from tests.e2e.procs import free_port
-
-    held, arrived, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-    async def engine(request: web.Request) -> web.Response:
-        arrived.set()
-        await release.wait()
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    e = Explainer(on_hold=held.set)
-    await e.start()
-    try:
-        (url,) = e.set_unserved({"m": Unserved(kind=ASLEEP, message="asleep: woken")})
-        async with httpx.AsyncClient() as http:
-            call = asyncio.create_task(
-                http.post(f"{url}/v1/chat/completions", json={"model": "m"}, timeout=30)
-            )
-            await asyncio.wait_for(held.wait(), 10)
-            assert e.held == {"m": 1}  # waiting: the gateway's to count
-            e.set_serving({"m": [f"http://127.0.0.1:{port}"]})
-            await asyncio.wait_for(arrived.wait(), 10)
-            assert e.held == {}  # at the engine: its count has it
-            release.set()
-            r = await call
-        assert r.status_code == 200 and r.json() == {"ok": True}
-    finally:
-        release.set()
-        await e.stop()
-        await runner.cleanup()
