@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
@@ -113,6 +114,7 @@ class ConfirmModal(ModalScreen[object]):
         # Asked again after the controller refused it: filled in as it was, and why.
         self.form = form
         self.why = why
+        self._answered = False  # see dismiss
 
     def on_mount(self) -> None:
         if self.why:
@@ -140,6 +142,16 @@ class ConfirmModal(ModalScreen[object]):
 
     def title_text(self) -> Text:
         return Text(f"{self.verb} {targets_label(self.names)}", style="bold")
+
+    def dismiss(self, result: object | None = None) -> AwaitComplete:
+        """Answer once. Two answers can be on their way before the first one's pop
+        lands (Enter in the box and a click on the button, both queued): the
+        first runs the action, a second must neither run it again nor pop
+        the screen below (Textual's dismiss pops whatever is on top)."""
+        if self._answered:
+            return AwaitComplete.nothing()
+        self._answered = True
+        return super().dismiss(result)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
