@@ -81,6 +81,7 @@ class ConsoleApp(App[None]):
         refresh: float = 1.0,
         clock: Callable[[], float] = time.time,
         about: str = "",
+        gateway: str = "",
     ) -> None:
         super().__init__()
         keep_pastes_in_order()
@@ -88,6 +89,7 @@ class ConsoleApp(App[None]):
         # What whoever started the console wants the operator to know (the
         # demo's gateway and curl line): the help shows it, the first frame points there.
         self.about = about
+        self.gateway = gateway
         self.readonly_flag = readonly  # --readonly: the admin screens are never built
         self.role: str | None = None  # the token's role, once the controller said it
         self.role_known = readonly  # --readonly needs no answer

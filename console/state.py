@@ -119,6 +119,7 @@ class ConsoleModel(Protocol):
     readonly: bool  # --readonly, or a token that may only read (or not yet known)
     role_known: bool  # --readonly, or the controller has said what the token may do
     about: str  # shown in the help: the demo's gateway and curl line; "" for none
+    gateway: str  # the gateway's URL, for the header, where known (the demo's); else ""
 
     @property
     def base_url(self) -> str: ...

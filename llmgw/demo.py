@@ -468,13 +468,18 @@ async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> No
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def gateway_banner(url: str) -> str:
+def curl_line(url: str) -> str:
+    """A first request through the gateway: one line, so a paste runs it whole."""
     body = f'{{"model": "{SLEEPING_MODEL}", "messages": [{{"role": "user", "content": "hello"}}]}}'
+    return f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+
+
+def gateway_banner(url: str) -> str:
     return "\n".join(
         [
             f"  gateway (OpenAI API, SMG): {url}",
-            f"    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
-            f"      -d '{body}'",
+            # One line: pasted whole as a command (the console's help copies it with y).
+            f"    {curl_line(url)}",
             f"    ({SLEEPING_MODEL} sleeps at zero replicas: this request wakes it and is",
             "    answered in a few seconds; `llmgw ctl status` shows it waking)",
             f"    ({ROUTED_MODEL}'s traffic comes through it, with a rush a minute in:"
@@ -534,7 +539,7 @@ async def run_demo(
         if args.headless:
             await stop.wait()
         else:
-            await _console(url, stop, about)
+            await _console(url, stop, about, gateway_url or "")
         return 0
     finally:
         stop.set()
@@ -563,7 +568,7 @@ async def _settled(url: str, nodes: int, reconcile_s: float) -> None:
     await asyncio.sleep(1.5 * reconcile_s)  # one reconcile pass over every report
 
 
-async def _console(url: str, stop: asyncio.Event, about: str) -> None:
+async def _console(url: str, stop: asyncio.Event, about: str, gateway: str) -> None:
     """The live console in this terminal, the banner in its help (the terminal's
     scrollback is hidden behind it); quitting it ends the demo."""
     try:
@@ -572,7 +577,7 @@ async def _console(url: str, stop: asyncio.Event, about: str) -> None:
         await stop.wait()
         return
     async with AdminClient(url) as client:
-        app = ConsoleApp(client, about=about)
+        app = ConsoleApp(client, about=about, gateway=gateway)
         console = asyncio.create_task(app.run_async())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({console, stopped}, return_when=asyncio.FIRST_COMPLETED)

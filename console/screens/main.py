@@ -50,7 +50,21 @@ class MainScreen(NodeScreen):
         # Views of their own (console/screens/models.py, events.py), listed in the help.
         Binding("m", "models", "Models", show=False, priority=True),
         Binding("e", "events", "Events", show=False, priority=True),
+        # Under 34 rows the summary panes take turns (k9s switches views the same way).
+        Binding("p", "next_panes", "Panes", priority=True),
     ]
+
+    # The short layout's pages of summary panes, by id: the first is the glance
+    # (cards and what cannot be placed); the others need the whole width.
+    PANE_PAGES: tuple[tuple[str, ...], ...] = (
+        ("gpus", "unplaceable"),
+        ("fabrics",),
+        ("idle",),
+        ("traffic",),
+        ("weights",),
+    )
+    pane_page = 0
+    FOOTER_ACTIONS = (*NodeScreen.FOOTER_ACTIONS, "next_panes")
 
     class DetailRequested(Message):
         """Open the detail of node `name` (the app fetches it while open)."""
@@ -79,6 +93,7 @@ class MainScreen(NodeScreen):
 
     def on_mount(self) -> None:
         self.query_one("#nodes-pane").border_title = "Nodes"
+        self._show_pane_page()
         self.query_one(NodesTable).focus()
         self.watch(self.app, "fleet", self.show_fleet)
         self.watch(self.app, "connection", self.show_connection)
@@ -118,7 +133,7 @@ class MainScreen(NodeScreen):
         header = self.query_one(FleetHeader)
         # READ-ONLY once the controller has said so, not while it is still asked.
         readonly = app.readonly and app.role_known
-        header.show(app.fleet, app.connection, now, app.controller_label, readonly)
+        header.show(app.fleet, app.connection, now, app.controller_label, readonly, app.gateway)
         self.query_one(ConnectionBanner).show(app.connection, app.fleet, now)
         if app.fleet is not None:
             self.nodes_table.set_age_offset(max(0.0, now - app.fleet.fetched_at))
@@ -243,6 +258,29 @@ class MainScreen(NodeScreen):
         if table.cursor_row < table.row_count - 1:
             table.move_cursor(row=table.cursor_row + 1)
 
+    def action_next_panes(self) -> None:
+        self.pane_page = (self.pane_page + 1) % len(self.PANE_PAGES)
+        self._show_pane_page()
+
+    def _show_pane_page(self) -> None:
+        """Mark the panes of the page (app.tcss shows only them when short); when
+        short, the first pane's title says where the page is in the turn."""
+        page = self.PANE_PAGES[self.pane_page]
+        short = self.has_class("-short")
+        # 80 columns hold every key only without the padding between them.
+        self.query_one(Footer).compact = short
+        for pane in self.query("#panes > .pane"):
+            pane.set_class(pane.id in page, "-page")
+            title = str(getattr(type(pane), "BORDER_TITLE", ""))
+            if short and pane.id == page[0]:
+                title += f" · p {self.pane_page + 1}/{len(self.PANE_PAGES)}"
+            pane.border_title = title
+
+    def on_resize(self) -> None:
+        # The app sets -short on a resize; read it once it has.
+        self.call_after_refresh(self._show_pane_page)
+        self.call_after_refresh(self.update_footer)
+
     def action_models(self) -> None:
         self.post_message(ModelsWanted())
 
@@ -272,6 +310,8 @@ class MainScreen(NodeScreen):
             return False  # the filter box has the keys (Escape still leaves it)
         if action == "open_detail":
             return bool(self.targets())
+        if action == "next_panes":
+            return self.has_class("-short")  # a tall terminal shows every pane
         return True
 
 

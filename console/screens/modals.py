@@ -16,8 +16,9 @@ from rich.table import Table
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, HorizontalScroll, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
@@ -113,6 +114,7 @@ class ConfirmModal(ModalScreen[object]):
         # Asked again after the controller refused it: filled in as it was, and why.
         self.form = form
         self.why = why
+        self._answered = False  # see dismiss
 
     def on_mount(self) -> None:
         if self.why:
@@ -140,6 +142,16 @@ class ConfirmModal(ModalScreen[object]):
 
     def title_text(self) -> Text:
         return Text(f"{self.verb} {targets_label(self.names)}", style="bold")
+
+    def dismiss(self, result: object | None = None) -> AwaitComplete:
+        """Answer once. Two answers can be on their way before the first one's pop
+        lands (Enter in the box and a click on the button, both queued): the
+        first runs the action, a second must neither run it again nor pop
+        the screen below (Textual's dismiss pops whatever is on top)."""
+        if self._answered:
+            return AwaitComplete.nothing()
+        self._answered = True
+        return super().dismiss(result)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -474,6 +486,7 @@ VIEW_KEYS = [
     ("/", "filter nodes (escape clears)"),
     ("m", "models: ready, rollouts, spread (e: its events)"),
     ("e", "events llmgw decided by itself (on a node: its own)"),
+    ("p", "next summary panes, under 34 rows (GPUs, fabrics, idle, traffic, weights)"),
     ("s / S", "sort by the next column (every column in turn) / reverse"),
     (
         " ".join(s.letter for s in SORTS[:3]) + " …",
@@ -492,6 +505,11 @@ APP_KEYS = [
     ("ctrl+p", "command palette (same actions)"),
     ("q", "quit"),
 ]
+
+
+def command_line(about: str) -> str:
+    """The first command in `about` that a newcomer would paste (the demo's curl)."""
+    return next((s for line in about.splitlines() if (s := line.strip()).startswith("curl ")), "")
 
 
 def help_keys(readonly: bool) -> list[tuple[str, str]]:
@@ -522,12 +540,14 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape", "dismiss", "Close", priority=True),
         Binding("question_mark", "dismiss", "Close", show=False, priority=True),
         Binding("q", "dismiss", "Close", show=False, priority=True),
+        Binding("y", "copy_command", "Copy the curl line", priority=True),
     ]
 
     def __init__(self, readonly: bool, about: str = "") -> None:
         super().__init__()
         self.readonly = readonly
         self.about = about  # first: how to reach what the console shows (the demo's)
+        self.command = command_line(about)
 
     def compose(self) -> ComposeResult:
         text = Text()
@@ -544,13 +564,30 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="dialog"):
             if self.about:
                 yield Static(Text("This fleet", style="bold"))
-                yield Static(Text(self.about), id="about", classes="keys")
+                # Unwrapped, as it was printed: a wrapped command pastes as two.
+                with HorizontalScroll(id="about-scroll", classes="keys"):
+                    yield Static(Text(self.about, no_wrap=True, overflow="ignore"), id="about")
+                if self.command:
+                    yield Static(
+                        Text.assemble(
+                            ("y", "bold cyan"),
+                            " copies the curl line to your terminal's clipboard (OSC 52)",
+                        ),
+                        classes="keys",
+                    )
             yield Static(Text("Keys", style="bold"))
             yield Static(_key_grid(help_keys(self.readonly)), classes="keys")
             yield Static(Text("Sort by a column (shift+letter)", style="bold"))
             yield Static(_key_grid(sort_letters(), columns=4), classes="keys")
             yield Static(text)
             yield Button("Close", id="close", variant="primary")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return bool(self.command) if action == "copy_command" else True
+
+    def action_copy_command(self) -> None:
+        self.app.copy_to_clipboard(self.command)
+        self.notify("Copied the curl line: paste it into a shell.", timeout=4)
 
     @on(Button.Pressed, "#close")
     def _close(self) -> None:

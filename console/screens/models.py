@@ -41,7 +41,8 @@ class ModelsTable(KeyedTable):
             ("nodes", "NODES"),
             ("status", "STATUS"),
         ):
-            self.add_column(title, key=key)
+            # Names share their start (meta-llama/Llama-3.1-…): cut in the middle.
+            self.add_column(title, key=key, cut_middle=key == "model")
 
     def show(self, models: tuple[ModelView, ...]) -> None:
         self.sync({m.spec.name: model_cells(m) for m in models})
@@ -96,9 +97,16 @@ def model_text(m: ModelView) -> Text:
         f"  source {printable(s.source)}",
         style="dim",
     )
+    # Why demand asks for this many (`in flight 12, target 4 -> 3`), said once:
+    # the status words end with it (`satisfied: …`) or are it (asleep, waking).
+    demand = m.scaling or ""
+    if demand and words.endswith(f": {demand}"):
+        words = words[: -len(demand) - 2]
+    elif demand in words:
+        demand = ""
     text.append("\n" + printable(words), style=STYLE[meaning])
-    if m.scaling:  # why demand asks for this many: `in flight 12, target 4 -> 3`
-        text.append(f"  demand: {printable(m.scaling)}", style="dim")
+    if demand:
+        text.append(f"  demand: {printable(demand)}", style="dim")
     rollout = m.rollout
     if rollout is not None and rollout.state != "complete" and rollout.outdated:
         text.append(

@@ -39,6 +39,7 @@ class Column:
     width: int | None  # fixed; None: as wide as its widest cell
     content_width: int = 0  # widest cell seen (for auto-width columns)
     hidden: bool = False  # not drawn (a narrow terminal): see set_widths
+    cut_middle: bool = False  # cut a long cell in the middle (names that differ at the end)
 
     @property
     def text_width(self) -> int:
@@ -51,6 +52,18 @@ class Column:
     @property
     def render_width(self) -> int:
         return 0 if self.hidden else self.text_width + 2 * PAD
+
+
+def cut_middle(name: str, width: int) -> str:
+    """`meta-llama/…3.1-70B`: the organisation and the tail, where names that
+    share a prefix differ; the end cut both to `meta-llama/Llama-3.…`."""
+    if len(name) <= width:
+        return name
+    if width < 3:
+        return name[:width]
+    org, slash, _ = name.partition("/")
+    head = org + slash if slash and len(org) + 1 <= width - 8 else name[: (width - 1) // 2]
+    return head + "…" + name[len(name) - (width - 1 - len(head)) :]
 
 
 def _one_line(cell: Text) -> Text:
@@ -190,8 +203,11 @@ class KeyedTable(ScrollView, can_focus=True):
 
     # -- columns ------------------------------------------------------------------
 
-    def add_column(self, label: str | Text, *, key: str, width: int | None = None) -> None:
-        self.columns[key] = Column(key, Text(label) if isinstance(label, str) else label, width)
+    def add_column(
+        self, label: str | Text, *, key: str, width: int | None = None, cut_middle: bool = False
+    ) -> None:
+        label = Text(label) if isinstance(label, str) else label
+        self.columns[key] = Column(key, label, width, cut_middle=cut_middle)
         self._reshape()
 
     def set_column_label(self, key: str, label: str | Text) -> None:
@@ -453,6 +469,8 @@ class KeyedTable(ScrollView, can_focus=True):
             if column.hidden:
                 continue
             text = _one_line(cell).copy()
+            if column.cut_middle and text.cell_len > column.text_width:
+                text = Text(cut_middle(text.plain, column.text_width), style=text.style)
             text.truncate(column.text_width, overflow="ellipsis", pad=True)
             segments.append(pad)
             if text.style:  # Text.render leaves the base style to the Console

@@ -250,3 +250,36 @@ async def test_a_request_the_controller_refuses_comes_back_in_its_dialog(
         assert faults.mutations[1] == Recorded(
             "POST", "/v1/nodes/gpu-a01/cordon", {"reason": "fan tray 2"}
         )
+
+
+async def test_one_cordon_of_two_marked_nodes_is_one_request_each_and_one_toast(
+    make_app: MakeApp, faults: Faults
+) -> None:
+    """Issue 35 item 13. Typed, the action runs once: one request per node and
+    one toast. A second answer on its way before the first one's pop lands
+    (Enter in the box and a click on Cordon, both queued) sent nothing more
+    but popped the screen below (Textual's dismiss pops whatever is on top):
+    the dialog answers once."""
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        app = await loaded(pilot)
+        main = app.screen
+        toasts: list[str] = []  # every one, however briefly shown
+        notify = app.notify
+        app.notify = lambda message, **kw: (toasts.append(message), notify(message, **kw))[1]  # type: ignore[method-assign]
+        await pilot.press("space", "space", "c", *"rack 4 power", "enter")
+        await until(pilot, lambda: toasts, "the toast")
+        cordons = [r.path for r in faults.mutations]
+        assert cordons == ["/v1/nodes/gpu-a01/cordon", "/v1/nodes/gpu-a02/cordon"]
+        assert toasts == ["Cordoned: gpu-a01, gpu-a02"]
+
+        await pilot.press("space", "space", "c", *"rack 5 power")
+        modal = app.screen
+        assert isinstance(modal, CordonModal) and modal.names  # gpu-a03 is cordoned already
+        names = modal.names
+        modal.confirm()
+        modal.confirm()
+        await until(pilot, lambda: len(toasts) == 2, "one more toast")
+        await pilot.pause()
+        assert app.screen is main and len(app.screen_stack) == 1
+        assert [r.path for r in faults.mutations[2:]] == [f"/v1/nodes/{n}/cordon" for n in names]
+        assert toasts[1:] == [f"Cordoned: {', '.join(names)}"]

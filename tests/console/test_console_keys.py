@@ -787,3 +787,31 @@ async def test_what_the_console_was_started_with_is_in_its_help(
         assert isinstance(app.screen, HelpScreen)
         about = str(app.screen.query_one("#about").render())
         assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in about
+
+
+async def test_the_demos_curl_line_is_one_line_in_the_help_and_y_copies_it(
+    controller: LiveController, faults: Faults, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 item 9: the help wrapped the curl line at the dialog's width, so
+    a paste ran half a command. It is shown as printed (one line, scrolled
+    sideways at 80 columns), `y` copies it, and the header names the gateway."""
+    from llmgw.demo import curl_line, gateway_banner
+
+    gateway = "http://127.0.0.1:8000"
+    about = "llmgw demo: 3 simulated nodes in 1 fabrics (ib-a)\n" + gateway_banner(gateway)
+    assert curl_line(gateway) in about.splitlines()[2]  # printed on one line
+    app = ConsoleApp(
+        controller.client(faults), refresh=3600.0, clock=clock, about=about, gateway=gateway
+    )
+    copied: list[str] = []
+    monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        assert f"gateway {gateway}" in str(app.screen.query_one("#header").render())
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        lines = str(app.screen.query_one("#about").render()).splitlines()
+        assert lines[2].strip() == curl_line(gateway)
+        await pilot.press("y")
+        assert copied == [curl_line(gateway)]
+        assert isinstance(app.screen, HelpScreen)  # copying does not close the help

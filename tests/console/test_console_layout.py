@@ -44,14 +44,17 @@ async def test_the_main_screen_at_80x24_keeps_what_each_pane_is_for(make_app: Ma
         assert len(heads) == 3
         for head, memory in zip(heads, ("-40GB", "-80GB", "-48GB"), strict=True):
             assert memory in head, heads
-        # Fabrics keep BLOCK.
-        fabrics = drawn(app.screen.query_one(FabricsTable))
-        assert "BLOCK" in fabrics[0]
-        assert fabrics[1].split()[:2] == ["ib-a", "0"] and fabrics[2].split()[:2] == ["ib-b", "1"]
         # The unplaceable model's name is never broken across lines.
         unplaceable = drawn(app.screen.query_one(UnplaceableList))
         assert unplaceable[0].strip() == "✗ Llama-3.1-70B"
         assert "Llama-3.1-70B" not in " ".join(unplaceable[1:])
+        # Fabrics keep BLOCK, on the next page of panes (`p`), whole.
+        await pilot.press("p")
+        await pilot.pause()
+        fabrics = drawn(app.screen.query_one(FabricsTable))
+        assert "BLOCK" in fabrics[0]
+        assert fabrics[1].split()[:2] == ["ib-a", "0"] and fabrics[2].split()[:2] == ["ib-b", "1"]
+        assert "MODELS" in fabrics[0]  # the last column: nothing cut
 
 
 async def test_the_node_detail_at_80x24_keeps_health_and_reason(make_app: MakeApp) -> None:

@@ -439,3 +439,33 @@ def test_events_of_a_node_80x24(
         await events_open(pilot, "e")
 
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
+
+
+def test_the_model_detail_says_demand_once() -> None:
+    """Issue 35 item 8: the detail said `satisfied: in flight 3, …` and then
+    `demand: in flight 3, …`, the same words twice."""
+    spec = ModelSpec(name="org/m", source="org/m", min_replicas=1, max_replicas=4, gpus_per_shard=1)
+    scaling = "in flight 3, target 4 -> 1"
+    for m in (
+        view(spec=spec, ready=1, desired=1, scaling=scaling),  # satisfied: …
+        view(spec=spec, ready=1, desired=2, scaling=scaling),  # scaling up 1 -> 2: …
+        view(spec=spec, ready=3, desired=2, scaling=scaling),  # scaling down 3 -> 2: …
+    ):
+        text = model_text(m).plain
+        assert text.count(scaling) == 1 and f"demand: {scaling}" in text, text
+    assert model_text(view(spec=spec, ready=1, desired=1, scaling=scaling)).plain.splitlines()[
+        1
+    ] == (f"satisfied  demand: {scaling}")
+
+
+def test_long_model_names_are_cut_in_the_middle_where_they_differ() -> None:
+    """Issue 35 item 8: two models both read `meta-llama/Llama-3.…` at 80 columns."""
+    from console.widgets.keyed_table import cut_middle
+
+    a, b = "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B"
+    assert cut_middle(a, 19) == "meta-llama/…3.1-70B"
+    assert cut_middle(b, 19) == "meta-llama/….1-405B"
+    assert cut_middle(a, 30) == a
+    assert len(cut_middle("x" * 40, 12)) == 12
+    # An organisation too long to keep whole: half of the start, the rest from the end.
+    assert cut_middle("deepseek-ai/DeepSeek-V3-0324-Instruct", 18) == "deepseek…-Instruct"

@@ -24,7 +24,7 @@ def test_rules_check() -> None:
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 10 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 11 rules found" in out.stdout + out.stderr
 
 
 @needs_promtool
