@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from aiohttp import web
 
+from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.smg import free_loopback_port
 from llmgw.wire import Unserved, UnservedKind
 
@@ -46,8 +47,12 @@ def slug(model: str) -> str:
 
 class Explainer:
     def __init__(
-        self, wake_timeout_s: float = WAKE_TIMEOUT_S, on_hold: Callable[[], None] | None = None
+        self,
+        wake_timeout_s: float = WAKE_TIMEOUT_S,
+        on_hold: Callable[[], None] | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
+        self.max_body = max_body  # a held request's body is read here: the front's bound
         # slug -> (model, why it is unserved; None: served again, SMG not told yet)
         self.reasons: dict[str, tuple[str, Unserved | None]] = {}
         self.port = 0
@@ -89,7 +94,7 @@ class Explainer:
         return url.startswith(f"http://127.0.0.1:{self.port}/u/")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/u/{slug}/health", self._health)
         app.router.add_get("/u/{slug}/v1/models", self._models)
         app.router.add_post("/u/{slug}/{tail:.*}", self._unavailable)
