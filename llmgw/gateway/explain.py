@@ -16,6 +16,7 @@ in the gateway's status so that the controller wakes it, and each is sent to a
 replica of the model as soon as one serves, its answer streamed back as it
 comes; the client sees latency, not an error. Past the wake timeout, or when
 the model turns out unplaceable, a held request gets the 503 and the reason.
+A held request whose client leaves is dropped at once: no longer counted, never sent.
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ class Explainer:
         app.router.add_get("/u/{slug}/health", self._health)
         app.router.add_get("/u/{slug}/v1/models", self._models)
         app.router.add_post("/u/{slug}/{tail:.*}", self._unavailable)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A held request whose client left is dropped at once, never counted or sent:
+        # the client closing its connection closes the front's and then SMG's to here
+        # (each cancels its handler), and this handler is cancelled with it.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         # A held request's answer streams for as long as the engine takes.
         self._http = aiohttp.ClientSession(

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from agent.metrics import parse_engine_metrics
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
 
@@ -132,3 +133,59 @@ def test_past_the_hold_bound_the_answer_is_model_waking(cluster: Cluster) -> Non
         assert r.json()["error"]["code"] == "model_waking", r.text
         assert "1000 requests are held" in r.json()["error"]["message"]
         assert r.headers["Retry-After"] == "5"
+
+
+def test_held_requests_whose_clients_left_are_dropped(cluster: Cluster) -> None:
+    """Issue 36 item 2: 1,000 clients give up while their model wakes; none is sent
+    to the engine once it serves, and none is counted as held."""
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="2xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    spec = model("nap", min_replicas=0)
+    args = list(spec["engine_args"])
+    args[args.index("--load-seconds") + 1] = "3"
+    c.apply([{**spec, "engine_args": args, "max_replicas": 1, "scale_down_after_s": 600}])
+    gw = Gateway(c, "--wake-timeout", "100s")
+    gw.start()
+    body = {"model": "nap", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    url = f"{gw.url}/v1/chat/completions"
+
+    def held() -> int:
+        return sum(w["held"] for w in c.get("/v1/summary")["waking"] if w["model"] == "nap")
+
+    def listed() -> bool:
+        try:
+            return "nap" in {m["id"] for m in httpx.get(f"{gw.url}/v1/models").json()["data"]}
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+
+    wait_until(listed, timeout=30, what="the sleeping model listed")
+
+    async def give_up() -> None:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1100)) as http:
+            tasks = [
+                asyncio.create_task(http.post(url, json=body, timeout=60)) for _ in range(1000)
+            ]
+            await asyncio.to_thread(
+                wait_until, lambda: held() >= 1000, timeout=60, what="1,000 requests held"
+            )
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(give_up())
+    wait_until(lambda: held() == 0, timeout=20, what="nothing held once the clients left")
+    (replica,) = wait_until(
+        lambda: [r for r in c.get("/v1/replicas") if r["model"] == "nap" and r.get("url")] or None,
+        timeout=60,
+        what="the woken replica in routing",
+    )
+    gw.wait_serving("nap")  # one request of ours, sent once it serves
+
+    def sent() -> float:
+        text = httpx.get(f"{replica['url']}/metrics", timeout=5).text
+        sample = parse_engine_metrics(text)
+        return sample.counters.get("vllm:request_success_total", 0.0) if sample else 0.0
+
+    assert sent() == 1, "only our own request reached the engine"
