@@ -21,8 +21,9 @@ the public address with this small proxy, and SMG on a loopback port of its own:
   an undeclared model gets; a POST without a `model` is a 400;
 * SMG's 404 for a model no worker serves becomes OpenAI's answer for a model that
   does not exist ("The model `X` does not exist…", `model_not_found`) when the
-  controller has not declared it, and a 503 `model_not_ready` with Retry-After when
-  it has (SMG has not taken its worker yet): a declared model is never a 404;
+  controller has not declared it; one it has is sent again (SMG has not taken its
+  worker yet) for up to `UPSTREAM_RETRY_S`, then a 503 `model_not_ready` with
+  Retry-After: a declared model is never a 404;
 * a body over `max_body` is a 413 in OpenAI's error shape, before SMG;
 * a request that never reached SMG (its connection refused or reset on connecting:
   SMG restarting) is sent again for up to `UPSTREAM_RETRY_S`; one that reached it
@@ -303,15 +304,24 @@ class Front:
                     up = await self._http.request(
                         request.method, url, headers=headers, data=body, allow_redirects=False
                     )
-                    break
                 except aiohttp.ClientConnectorError:
                     # Nothing was sent: SMG is not listening (restarting). Again, a while.
                     if time.monotonic() >= deadline:
                         raise
                     await asyncio.sleep(_RETRY_EVERY_S)
+                    continue
+                if up.status != 404 or up.headers.get("x-smg-error-code") != "model_not_found":
+                    break
+                # SMG sent it nowhere: no worker for the model. One the controller
+                # declared is being registered (SMG just restarted, or the model was
+                # just applied): again, a while, and then the 503 to retry.
+                up.release()
+                request_id = up.headers.get("x-request-id")
+                model = _model_in(request.path, body) or ""
+                if model not in self.declared or time.monotonic() >= deadline:
+                    return self._no_worker(model, request.path, request_id)
+                await asyncio.sleep(_RETRY_EVERY_S)
             async with up:
-                if up.status == 404 and up.headers.get("x-smg-error-code") == "model_not_found":
-                    return self._no_worker(request.path, body, up.headers.get("x-request-id"))
                 answer = web.StreamResponse(status=up.status, reason=up.reason)
                 for k, v in up.headers.items():
                     if k.lower() not in _ANSWER_HOP:
@@ -335,11 +345,10 @@ class Front:
                 **{"Retry-After": NOT_READY_RETRY_S},
             )
 
-    def _no_worker(self, path: str, body: bytes | None, request_id: str | None) -> web.Response:
+    def _no_worker(self, model: str, path: str, request_id: str | None) -> web.Response:
         """For SMG's 404 "no worker available for model": OpenAI's 404 for a model
         nobody declared, a 503 to retry for one the controller declared (SMG has
         not taken its worker yet)."""
-        model = _model_in(path, body) or ""
         if model in self.declared:
             return openai_error(
                 503,

@@ -22,9 +22,15 @@ KEY = "sk-file-key-1"
 MiB = 2**20
 
 
+ASKED: dict[str, int] = {}  # model -> requests the fake SMG got for it
+
+
 async def fake_smg(request: web.Request) -> web.StreamResponse:
     body = await request.json()
-    if body["model"] != "served":  # what SMG answers for a model no worker serves
+    ASKED[body["model"]] = ASKED.get(body["model"], 0) + 1
+    # "late" is registered on its third request, as SMG takes a new worker.
+    served = body["model"] == "served" or (body["model"] == "late" and ASKED["late"] > 2)
+    if not served:  # what SMG answers for a model no worker serves
         return web.json_response(
             {"error": {"type": "invalid_request_error", "code": "model_not_found",
                        "message": f"No worker available for model '{body['model']}'",
@@ -103,7 +109,7 @@ async def test_a_body_over_the_bound_is_a_413_in_openais_shape(smg: TestServer) 
 async def test_an_undeclared_model_does_not_exist_and_a_declared_one_is_retried(
     smg: TestServer,
 ) -> None:
-    front, url = await start(str(smg.make_url("")), declared={"declared-not-routed"})
+    front, url = await start(str(smg.make_url("")), declared={"declared-not-routed", "late"})
     try:
         with pytest.raises(openai.NotFoundError) as missing:
             await client(url).chat.completions.create(**chat("no-such-model"))  # type: ignore[call-overload]
@@ -115,7 +121,12 @@ async def test_an_undeclared_model_does_not_exist_and_a_declared_one_is_retried(
             "param": None,
         }
         assert missing.value.response.headers["x-request-id"] == "chatcmpl-smg1"
-        # Declared, and SMG has no worker for it yet: never a 404, a 503 to retry.
+        assert ASKED["no-such-model"] == 1
+        # Declared, and SMG takes its worker a moment later: sent again, answered.
+        answer = await client(url).chat.completions.create(**chat("late"))  # type: ignore[call-overload]
+        assert answer.choices[0].message.content == "ok" and ASKED["late"] == 3
+        # Declared, and SMG has no worker for it within the bound: never a 404, a 503
+        # to retry.
         with pytest.raises(openai.InternalServerError) as waiting:
             await client(url).chat.completions.create(**chat("declared-not-routed"))  # type: ignore[call-overload]
         assert waiting.value.status_code == 503 and waiting.value.code == "model_not_ready"
