@@ -16,6 +16,7 @@ in the gateway's status so that the controller wakes it, and each is sent to a
 replica of the model as soon as one serves, its answer streamed back as it
 comes; the client sees latency, not an error. Past the wake timeout, or when
 the model turns out unplaceable, a held request gets the 503 and the reason.
+A held request whose client leaves is dropped at once: no longer counted, never sent.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from aiohttp import web
 
+from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.smg import free_loopback_port
 from llmgw.wire import Unserved, UnservedKind
 
@@ -46,8 +48,12 @@ def slug(model: str) -> str:
 
 class Explainer:
     def __init__(
-        self, wake_timeout_s: float = WAKE_TIMEOUT_S, on_hold: Callable[[], None] | None = None
+        self,
+        wake_timeout_s: float = WAKE_TIMEOUT_S,
+        on_hold: Callable[[], None] | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
+        self.max_body = max_body  # a held request's body is read here: the front's bound
         # slug -> (model, why it is unserved; None: served again, SMG not told yet)
         self.reasons: dict[str, tuple[str, Unserved | None]] = {}
         self.port = 0
@@ -89,11 +95,14 @@ class Explainer:
         return url.startswith(f"http://127.0.0.1:{self.port}/u/")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/u/{slug}/health", self._health)
         app.router.add_get("/u/{slug}/v1/models", self._models)
         app.router.add_post("/u/{slug}/{tail:.*}", self._unavailable)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A held request whose client left is dropped at once, never counted or sent:
+        # the client closing its connection closes the front's and then SMG's to here
+        # (each cancels its handler), and this handler is cancelled with it.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         # A held request's answer streams for as long as the engine takes.
         self._http = aiohttp.ClientSession(

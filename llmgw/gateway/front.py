@@ -18,7 +18,16 @@ the public address with this small proxy, and SMG on a loopback port of its own:
   goes on as it is (SMG has it too, and scopes stored responses by it);
 * a key limited to some models: `GET /v1/models` lists only those, and a request
   for any other model (`model` in a JSON body, or `/v1/models/NAME`) gets the 404
-  SMG gives an unknown model, word for word; a POST without a `model` is a 400.
+  an undeclared model gets; a POST without a `model` is a 400;
+* SMG's 404 for a model no worker serves becomes OpenAI's answer for a model that
+  does not exist ("The model `X` does not exist…", `model_not_found`) when the
+  controller has not declared it; one it has is sent again (SMG has not taken its
+  worker yet) for up to `UPSTREAM_RETRY_S`, then a 503 `model_not_ready` with
+  Retry-After: a declared model is never a 404;
+* a body over `max_body` is a 413 in OpenAI's error shape, before SMG;
+* a request that never reached SMG (its connection refused or reset on connecting:
+  SMG restarting) is sent again for up to `UPSTREAM_RETRY_S`; one that reached it
+  is never sent twice.
 
 It reads a request's head, and its body only for a limited key, and streams the
 answer back as it comes. What it costs per request is in bench/README.md.
@@ -30,6 +39,8 @@ import asyncio
 import json
 import logging
 import secrets
+import time
+from collections.abc import Container
 from typing import Any
 
 import aiohttp
@@ -58,8 +69,12 @@ _HOP = frozenset(
     )
 )
 _ANSWER_HOP = _HOP - {"authorization"}
-MAX_BODY = 512 * 1024 * 1024  # SMG's own default (--max-payload-size)
+MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (README: why)
 NOT_READY_RETRY_S = "1"
+# How long a request that could not connect to SMG is tried again: SMG restarts
+# within about 1 s of dying (smg.py's first backoff, 0.5 s, and its start).
+UPSTREAM_RETRY_S = 5.0
+_RETRY_EVERY_S = 0.05
 
 
 def openai_error(status: int, kind: str, code: str, message: str, **headers: str) -> web.Response:
@@ -72,19 +87,45 @@ _ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
 _ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
-def unknown_model(path: str, model: str) -> web.Response:
-    """What SMG answers for a model no worker serves (smg 1.13), word for word and
-    header for header, so that a model a key does not allow cannot be told apart."""
-    request_id = _ID_PREFIX.get(path, "req-") + "".join(
-        secrets.choice(_ID_CHARS) for _ in range(24)
-    )
+def unknown_model(path: str, model: str, request_id: str | None = None) -> web.Response:
+    """OpenAI's answer for a model that does not exist, word for word, with SMG's
+    headers for it (smg 1.13): one answer for a model nobody declared and for one a
+    key does not allow, so that the two cannot be told apart."""
+    if request_id is None:
+        request_id = _ID_PREFIX.get(path, "req-") + "".join(
+            secrets.choice(_ID_CHARS) for _ in range(24)
+        )
     return openai_error(
         404,
         "invalid_request_error",
         "model_not_found",
-        f"No worker available for model '{model}'",
+        f"The model `{model}` does not exist or you do not have access to it.",
         **{"x-smg-error-code": "model_not_found", "x-request-id": request_id},
     )
+
+
+def too_large(max_body: int) -> web.Response:
+    answer = openai_error(
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        f"the request body is larger than this gateway takes ({max_body} bytes: "
+        "llmgw gateway --max-body)",
+    )
+    answer.force_close()  # the rest of the body is not read: this connection ends
+    return answer
+
+
+def _model_in(path: str, body: bytes | None) -> str | None:
+    """The model a request names: `/v1/models/NAME`, or `model` in a JSON body."""
+    if path.startswith("/v1/models/"):
+        return path[len("/v1/models/") :]
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        return None
+    asked = parsed.get("model") if isinstance(parsed, dict) else None
+    return asked if isinstance(asked, str) else None
 
 
 class Front:
@@ -96,12 +137,16 @@ class Front:
         *,
         public: bool = False,
         body_timeout_s: float = 1800.0,
+        max_body: int = MAX_BODY,
+        declared: Container[str] = frozenset(),
     ) -> None:
         self.keyring = keyring
         self.public = public  # not loopback: open mode refused
         # SMG's --request-timeout: the bound on a body this proxy reads itself (one
         # it passes on, SMG reads and bounds).
         self.body_timeout_s = body_timeout_s
+        self.max_body = max_body
+        self.declared = declared  # the controller's models (the endpoint feed's)
         self.upstream = upstream.rstrip("/")
         self._upstream_auth = f"Bearer {upstream_key}"
         self._http: aiohttp.ClientSession | None = None
@@ -118,7 +163,8 @@ class Front:
         # lingering_time: how long aiohttp goes on reading a body left unread (a slow
         # one refused with a 408) before that answer goes out; its default is 10 s.
         app = web.Application(
-            client_max_size=MAX_BODY, handler_args={"max_field_size": 65536, "lingering_time": 0.5}
+            client_max_size=self.max_body,
+            handler_args={"max_field_size": 65536, "lingering_time": 0.5},
         )
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -188,12 +234,8 @@ class Front:
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        asked = parsed.get("model") if isinstance(parsed, dict) else None
-        if not isinstance(asked, str):
+        asked = _model_in(path, body)
+        if asked is None:
             return openai_error(
                 400,
                 "invalid_request_error",
@@ -207,9 +249,13 @@ class Front:
     async def _body(self, request: web.Request) -> bytes | web.Response:
         """The whole body, or a 408 once it has taken longer than SMG's request
         timeout to arrive (only a key holder gets this far: a slow body without a
-        key was refused on its head)."""
+        key was refused on its head), or a 413 for one over `max_body`."""
+        if (request.content_length or 0) > self.max_body:
+            return too_large(self.max_body)
         try:
             return await asyncio.wait_for(request.read(), self.body_timeout_s)
+        except web.HTTPRequestEntityTooLarge:  # chunked, and over
+            return too_large(self.max_body)
         except TimeoutError:
             return openai_error(
                 408,
@@ -251,10 +297,31 @@ class Front:
             body = read
         url = f"{self.upstream}{request.rel_url}"
         answer: web.StreamResponse | None = None
+        deadline = time.monotonic() + UPSTREAM_RETRY_S
         try:
-            async with self._http.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
-            ) as up:
+            while True:
+                try:
+                    up = await self._http.request(
+                        request.method, url, headers=headers, data=body, allow_redirects=False
+                    )
+                except aiohttp.ClientConnectorError:
+                    # Nothing was sent: SMG is not listening (restarting). Again, a while.
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(_RETRY_EVERY_S)
+                    continue
+                if up.status != 404 or up.headers.get("x-smg-error-code") != "model_not_found":
+                    break
+                # SMG sent it nowhere: no worker for the model. One the controller
+                # declared is being registered (SMG just restarted, or the model was
+                # just applied): again, a while, and then the 503 to retry.
+                up.release()
+                request_id = up.headers.get("x-request-id")
+                model = _model_in(request.path, body) or ""
+                if model not in self.declared or time.monotonic() >= deadline:
+                    return self._no_worker(model, request.path, request_id)
+                await asyncio.sleep(_RETRY_EVERY_S)
+            async with up:
                 answer = web.StreamResponse(status=up.status, reason=up.reason)
                 for k, v in up.headers.items():
                     if k.lower() not in _ANSWER_HOP:
@@ -277,6 +344,20 @@ class Front:
                 "the gateway's router is not answering: retry shortly",
                 **{"Retry-After": NOT_READY_RETRY_S},
             )
+
+    def _no_worker(self, model: str, path: str, request_id: str | None) -> web.Response:
+        """For SMG's 404 "no worker available for model": OpenAI's 404 for a model
+        nobody declared, a 503 to retry for one the controller declared (SMG has
+        not taken its worker yet)."""
+        if model in self.declared:
+            return openai_error(
+                503,
+                "service_unavailable",
+                "model_not_ready",
+                f"model {model!r} is declared and being put in routing; retry",
+                **{"Retry-After": NOT_READY_RETRY_S},
+            )
+        return unknown_model(path, model, request_id)
 
 
 def new_upstream_key() -> str:

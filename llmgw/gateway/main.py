@@ -18,9 +18,10 @@ from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.settings import is_loopback, split_listen
 from llmgw.durations import duration_arg, format_duration
 from llmgw.gateway.explain import WAKE_TIMEOUT_S
-from llmgw.gateway.front import Front, new_upstream_key
+from llmgw.gateway.front import MAX_BODY, Front, new_upstream_key
 from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.keys import ENV_KEY, ApiKey, load_keys
+from llmgw.gateway.sizes import format_size, size_arg
 from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
 from llmgw.gateway.sync import Follower
 from llmgw.listen import PortInUse, check_free
@@ -82,6 +83,15 @@ def parser() -> argparse.ArgumentParser:
         help="the longest a request may take, reading its body and streaming its answer "
         "included: a body still arriving after it gets a 408; whole seconds, at most 1d "
         "(default 30m, SMG's; SMG has no bound on reading a body alone)",
+    )
+    p.add_argument(
+        "--max-body",
+        type=size_arg,
+        default=MAX_BODY,
+        metavar="SIZE",
+        help="the largest request body taken (e.g. 64MiB, 512KiB, 1GiB); a larger one gets "
+        f"a 413 in OpenAI's error shape (default {format_size(MAX_BODY)}: a long-context "
+        "prompt and OpenAI's 50 MB of images per request fit)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -165,6 +175,8 @@ def main(argv: list[str]) -> int:
                 f"({args.request_timeout} s: SMG ends a held request then), "
                 f"got {args.wake_timeout:g}"
             )
+        if args.max_body < 1:
+            raise ValueError("--max-body must be at least 1 byte")
         host, port = split_listen(args.listen)
         keys = load_keys(args.api_key_file)
         token = _token(args.token_file)
@@ -201,14 +213,27 @@ def main(argv: list[str]) -> int:
             keys=[*keys, ApiKey(FRONT_TENANT, upstream_key)],
             workdir=workdir,
             request_timeout_s=args.request_timeout,
+            max_body=args.max_body,
         )
         smg = Smg(options)
         keyring = Keyring(keys)
-        front = Front(
-            keyring, smg.base, upstream_key, public=public, body_timeout_s=args.request_timeout
-        )
         follower = Follower(
-            args.controller, token, args.name, smg, args.wake_timeout, keyring=keyring
+            args.controller,
+            token,
+            args.name,
+            smg,
+            args.wake_timeout,
+            keyring=keyring,
+            max_body=args.max_body,
+        )
+        front = Front(
+            keyring,
+            smg.base,
+            upstream_key,
+            public=public,
+            body_timeout_s=args.request_timeout,
+            max_body=args.max_body,
+            declared=follower.declared,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"

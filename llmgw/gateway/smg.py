@@ -39,6 +39,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
 
@@ -67,6 +68,7 @@ class SmgOptions:
     # its own for a body it buffers): a slow body is a 408 after this long.
     request_timeout_s: int = 1800
     log_level: str = "warn"
+    max_body: int = MAX_BODY  # the front refuses larger ones first
     extra: list[str] = field(default_factory=list)
 
 
@@ -134,6 +136,13 @@ class Smg:
             str(o.request_timeout_s),
             "--log-level",
             o.log_level,
+            "--max-payload-size",
+            str(o.max_body),
+            # SMG's breaker counts a worker's 5xx as failures and then refuses the
+            # model with its own 503: an explainer's 503s (held past the bound,
+            # unplaceable, not ready) are its answers, not failures. Engines that
+            # fail leave routing by the controller's word and SMG's health checks.
+            "--disable-circuit-breaker",
         ]
         return argv + o.extra
 

@@ -27,6 +27,7 @@ import aiohttp
 from llmgw.api import error_message
 from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
+from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
@@ -75,6 +76,7 @@ class Follower:
         smg: Smg,
         wake_timeout_s: float = WAKE_TIMEOUT_S,
         keyring: Keyring | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
         # Several controllers (`--controller A,B`): follow the one that leads.
         self.controllers = Endpoints(split_urls(controller))
@@ -82,11 +84,14 @@ class Follower:
         self.name = name
         self.smg = smg
         self.nudge = asyncio.Event()  # post the status now: a model was just woken
-        self.explainer = Explainer(wake_timeout_s, on_hold=self.nudge.set)
+        self.explainer = Explainer(wake_timeout_s, on_hold=self.nudge.set, max_body=max_body)
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
         self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
         self.unserved: dict[str, Unserved] = {}
+        # Every model the controller declared: served, unserved or stopping. One set,
+        # updated in place, that the front reads (SMG's 404 for one is a 503).
+        self.declared: set[str] = set()
         self.cursor = ""  # the latest answer's
         self.model_of: dict[str, str] = {}  # worker URL -> its model, for those in SMG
         self.written: set[str] = set()  # the worker URLs of the manifest last written
@@ -144,6 +149,8 @@ class Follower:
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor
             self.changed.set()
+        self.declared.clear()
+        self.declared.update(unserved, (e.model for e in self.endpoints.values()))
         self.usable = self.entries.usable(self.endpoints.values())
         serving: dict[str, list[str]] = {}
         for e in self.usable:

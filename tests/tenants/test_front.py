@@ -117,7 +117,7 @@ async def test_a_limited_key_sees_and_uses_only_its_models(smg: TestServer) -> N
             "error": {
                 "type": "invalid_request_error",
                 "code": "model_not_found",
-                "message": "No worker available for model 'chat'",
+                "message": "The model `chat` does not exist or you do not have access to it.",
                 "param": None,
             }
         }
