@@ -24,7 +24,7 @@ def clock() -> FakeClock:
 def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b"):
-        f.replies.ingest(report(name, n_gpus=4))
+        f.ingest(report(name, n_gpus=4))
     return f
 
 
@@ -47,9 +47,9 @@ def test_each_change_gets_the_next_revision_with_its_kind_and_key(fleet: Term) -
 def test_a_report_that_changes_nothing_appends_nothing(fleet: Term, clock: FakeClock) -> None:
     start = fleet.facts.revision
     clock.advance(1)
-    fleet.replies.ingest(report("a", n_gpus=4))
+    fleet.ingest(report("a", n_gpus=4))
     assert fleet.facts.changes_since(start) == []
-    fleet.replies.ingest(report("a", n_gpus=3))
+    fleet.ingest(report("a", n_gpus=3))
     assert kinds(fleet.facts.changes_since(start)) == [(ChangeKind.NODE, "a")]
 
 

@@ -47,7 +47,7 @@ async def agent_report(request: web.Request) -> web.Response:
             outcome = "refused"
             request.app[REFUSALS].note(identity.node or report.node, refusal)
             return error(403, refusal)
-        body = term.replies.ingest_json(report, await request.read())
+        body = term.ingest_json(report, await request.read())
         outcome = "ok"
     finally:
         request.app[METRICS].reports.observe(time.perf_counter() - started, outcome)
