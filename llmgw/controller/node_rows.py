@@ -155,15 +155,16 @@ class NodeRows(Follower):
         facts = self._facts
         entry = facts.nodes[name]
         d = entry.digest
+        classes, _ = d.counted(facts.assigned_gpus(name))
         return {
             "name": name,
             "state": facts.state_of(name, now),
             "admin": facts.admin_info(name),
-            "classes": {cls: c.total for cls, c in d.classes},
+            "classes": {cls: c.total for cls, c in classes},
             "gpus_total": d.gpus_total,
-            "gpus_used": sum(c.used for _, c in d.classes),
-            "gpus_unhealthy": sum(c.unhealthy for _, c in d.classes),
-            "gpus_unknown": sum(c.unknown for _, c in d.classes),
+            "gpus_used": sum(c.used for _, c in classes),
+            "gpus_unhealthy": sum(c.unhealthy for _, c in classes),
+            "gpus_unknown": sum(c.unknown for _, c in classes),
             "fabrics": list(d.fabrics),
             "models": sorted(d.models),
             "replicas": len(facts.by_node.get(name, ())),

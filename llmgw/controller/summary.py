@@ -6,9 +6,9 @@ never disagree with them.
 
 Node-level figures are kept as running sums (`FleetTotals`): each node adds its
 contribution, and takes it back out before a changed one goes in. `Totals`
-keeps them by following the change log (a node's facts, its admin flag;
-follow.py), so a summary of 10,000 nodes costs as much as one of ten; only
-replicas are walked.
+keeps them by following the change log (a node's facts, its admin flag, the
+cards assigned on it; follow.py), so a summary of 10,000 nodes costs as much as
+one of ten; only replicas are walked.
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ class FleetTotals:
 
 class Totals(Follower):
     """The running sums, following the facts: each node's contribution is built
-    again when the log says its facts or admin flag changed."""
+    again when the log says its facts, admin flag or assignments changed."""
 
-    follows = frozenset({ChangeKind.NODE, ChangeKind.ADMIN})
+    follows = frozenset({ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS})
 
     def __init__(self, facts: Facts) -> None:
         super().__init__(facts)
@@ -181,11 +181,12 @@ class Totals(Follower):
         name = change.key
         facts = self._facts
         d = facts.nodes[name].digest
+        classes, entirely_free = d.counted(facts.assigned_gpus(name))
         new = NodeFacts(
             facts.state_of(name, now),
             d.fabrics,
-            d.classes,
-            d.entirely_free,
+            classes,
+            entirely_free,
             d.models,
             d.copies,
             d.engines,

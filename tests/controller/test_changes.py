@@ -58,11 +58,15 @@ def test_replicas_backoffs_and_reasons_are_logged(fleet: Term) -> None:
     start = fleet.facts.revision
     rec = ReplicaRecord("r1", "m", ReplicaState.STARTING, (ShardRecord("a", 0, ("GPU-a-0",)),), 0.0)
     fleet.facts.put_replicas([rec])
+    # The node's report did not change, so neither did its facts (its digest is the
+    # report's): the cards the replica holds are its assignments, which the views
+    # that count cards in use join (`NodeDigest.counted`).
     assert kinds(fleet.facts.changes_since(start)) == [
         (ChangeKind.REPLICA, "r1"),
         (ChangeKind.ASSIGNMENTS, "a"),
-        (ChangeKind.NODE, "a"),
     ]
+    assert fleet.rows.row("a").gpus_used == 1
+    assert [(g.used, g.free) for g in fleet.summary().gpus] == [(1, 7)]
     start = fleet.facts.revision
     fleet.facts.back_off("m", "CUDA out of memory", 0.0)
     fleet.facts.decisions.set_unplaceable("m", "no room")

@@ -147,6 +147,46 @@ def test_cards_assigned_to_replicas_are_used(fleet: Term) -> None:
     assert (c["used"], c["free"]) == (2, 2)
 
 
+def test_a_card_a_replica_holds_is_used_once_and_moving_it_reads_no_report(
+    fleet: Term, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held: an idle card and one of unknown health turn used, a busy one stays used
+    once, a broken one stays broken. The node's digest is its report's: a replica
+    placed or removed changes what the views join (`NodeDigest.counted`), not it."""
+    cards = [
+        gpu("a", 0),
+        gpu("a", 1, health="unknown"),
+        gpu("a", 2, in_use=True),
+        gpu("a", 3, health="unhealthy", reason="Xid 79"),
+        gpu("a", 4),
+    ]
+    fleet.ingest(report("a", gpus=cards))
+    fleet.ingest(report("b", n_gpus=1))
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=4)])
+    digest = fleet.facts.nodes["a"].digest
+    assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 1  # b
+
+    def read() -> tuple[object, ...]:
+        c = by_class(fleet.summary())["H100-SXM-80GB"]
+        row = fleet.rows.row("a")
+        return (
+            (c["used"], c["unknown"], c["unhealthy"], c["free"]),
+            (row.gpus_used, row.gpus_unknown, row.gpus_unhealthy),
+            by_fabric(fleet.summary())["ib-a"]["largest_free_block"],
+        )
+
+    def no_report_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a report was parsed again")
+
+    monkeypatch.setattr(type(fleet.facts.nodes["a"]), "report", property(no_report_read))
+    on_a = [f"GPU-a-{i}" for i in range(4)]
+    fleet.facts.put_replicas([replica("r1", "m", [("a", on_a), ("b", ["GPU-b-0"])])])
+    assert read() == ((4, 0, 1, 1), (3, 0, 1), 0)
+    fleet.facts.remove_replicas(["r1"])
+    assert read() == ((1, 1, 1, 3), (1, 1, 1), 1)
+    assert fleet.facts.nodes["a"].digest is digest
+
+
 # -- fabrics ------------------------------------------------------------------------------
 
 
