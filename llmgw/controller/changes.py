@@ -124,9 +124,12 @@ class ChangeLog:
 
     def since(self, revision: int) -> list[Change]:
         """Every change after `revision`, oldest first; `HistoryLost` when that is unknown."""
-        if not self.oldest <= revision <= self.revision:
-            raise HistoryLost(revision, self.oldest, self.revision)
         n = self.revision - revision
+        if not 0 <= n <= len(self._kinds):
+            raise HistoryLost(revision, self.oldest, self.revision)
+        if n <= 64:  # a view a few changes behind (a report's reply): index from the end
+            end, recent_kinds, recent_keys = self.revision + 1, self._kinds, self._keys
+            return [Change(end + i, recent_kinds[i], recent_keys[i]) for i in range(-n, 0)]
         kinds = list(islice(reversed(self._kinds), n))
         keys = list(islice(reversed(self._keys), n))
         first = revision + 1

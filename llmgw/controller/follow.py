@@ -57,22 +57,19 @@ def replay(facts: Facts, after: int, handler: ChangeHandler, now: float) -> int:
         handler.resync(revision, now)
         return revision
     follows = handler.follows
-    newest: dict[Subject, dict[str, Change]] = {}
+    newest: dict[tuple[Subject, str], Change] = {}
     for change in changes:
-        kind = change.kind
-        if kind in follows:
-            subject = SUBJECTS[kind]
-            by_key = newest.get(subject)
-            if by_key is None:
-                by_key = newest[subject] = {}
-            by_key[change.key] = change
-    for subject, by_key in newest.items():
-        exists = _existing(facts, subject)
-        for key, change in by_key.items():
-            if key in exists:
-                handler.changed(change, now)
-            else:
-                handler.removed(change, now)
+        if change.kind in follows:
+            newest[SUBJECTS[change.kind], change.key] = change
+    existing: dict[Subject, Mapping[str, object]] = {}
+    for (subject, key), change in newest.items():
+        exists = existing.get(subject)
+        if exists is None:
+            exists = existing[subject] = _existing(facts, subject)
+        if key in exists:
+            handler.changed(change, now)
+        else:
+            handler.removed(change, now)
     return revision
 
 

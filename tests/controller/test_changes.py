@@ -98,6 +98,17 @@ def test_an_old_or_future_revision_is_detectable(monkeypatch: pytest.MonkeyPatch
         log.since(6)
 
 
+@pytest.mark.parametrize("back", [0, 1, 64, 65, 200])
+def test_since_gives_every_change_after_a_revision_near_or_far(back: int) -> None:
+    log = ChangeLog()
+    for i in range(200):
+        log.append(list(ChangeKind)[i % len(ChangeKind)], f"k{i + 1}")
+    after = log.revision - back
+    assert [(c.revision, c.kind, c.key) for c in log.since(after)] == [
+        (r, list(ChangeKind)[(r - 1) % len(ChangeKind)], f"k{r}") for r in range(after + 1, 201)
+    ]
+
+
 async def test_wait_changed_wakes_on_a_change_and_times_out_without_one() -> None:
     log = ChangeLog()
     waiter = asyncio.create_task(log.wait_changed(log.revision, 5.0))
