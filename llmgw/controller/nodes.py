@@ -197,6 +197,12 @@ class NodeEntry:
     raw: bytes | None = None
     received_at: float | None = None  # controller monotonic clock
     digest: NodeDigest = field(default=EMPTY_DIGEST)
+    # The digest's, set with it, by the names placement and the views read (an
+    # attribute each: a reconcile pass reads them for every node).
+    cards: tuple[tuple[str, str, bool], ...] = ()
+    faults: tuple[CardFault, ...] = ()
+    address: str | None = None
+    gpu_error: str | None = None
     shards: tuple[ShardDigest, ...] = ()
     # (replica id, port, failed) of each rank 0 here: with the address, where the
     # endpoint feed's URLs point.
@@ -213,6 +219,8 @@ class NodeEntry:
         facts = digest != old
         if facts:  # else the old one is kept: the new one dies young instead of
             self.digest = digest  # joining the long-lived objects every GC pass walks
+            self.cards, self.faults = digest.cards, digest.faults
+            self.address, self.gpu_error = digest.address, digest.gpu_error
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
         ports = tuple((r.id, r.port, r.state is _FAILED) for r in report.replicas if r.rank == 0)
@@ -221,24 +229,6 @@ class NodeEntry:
             moved = True
         self.interval_s = report.interval_s
         return Changed(facts, moved)
-
-    # What the digest says, by the names placement and the views read.
-
-    @property
-    def cards(self) -> tuple[tuple[str, str, bool], ...]:
-        return self.digest.cards
-
-    @property
-    def faults(self) -> tuple[CardFault, ...]:
-        return self.digest.faults
-
-    @property
-    def address(self) -> str | None:
-        return self.digest.address
-
-    @property
-    def gpu_error(self) -> str | None:
-        return self.digest.gpu_error
 
     @property
     def report(self) -> NodeReport | None:
