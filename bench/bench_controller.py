@@ -138,7 +138,10 @@ def serve_controller(
     if stub_ingest:
         owner: Any
         try:
-            from llmgw.controller.replies import Replies as owner
+            from llmgw.controller.term import Term as owner
+
+            if not hasattr(owner, "ingest_json"):  # before issue 31: the replies view took it
+                from llmgw.controller.replies import Replies as owner
         except ImportError:  # before the term: FleetState, or Fleet in older checkouts
             import llmgw.controller.fleet as fleet_module
 

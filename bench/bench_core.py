@@ -54,7 +54,8 @@ with tempfile.TemporaryDirectory() as tmp:
     term = make_fleet(Path(tmp), clock)
     facts = term.facts if new else term
     rows = term.rows if new else term
-    ingest_json = term.replies.ingest_json if new else term.ingest_json
+    # (Before the term: FleetState's; the term's since issue 31; its replies' between.)
+    ingest_json = getattr(term, "ingest_json", None) or term.replies.ingest_json
     reports = [node_report(i) for i in range(nodes)]
     for r in reports:
         ingest_json(r)

@@ -371,10 +371,10 @@ async def control_plane(replicas: int) -> None:
 
     reconciler = Reconciler(fleet)
     for i in range(replicas):
-        fleet.replies.ingest(report(i, False))
+        fleet.ingest(report(i, False))
     reconciler.tick()
     for i in range(replicas - 1):  # all but one ready
-        fleet.replies.ingest(report(i, True))
+        fleet.ingest(report(i, True))
     reconciler.tick()
     base = str(server.make_url(""))
     async with aiohttp.ClientSession() as http:
@@ -407,7 +407,7 @@ async def control_plane(replicas: int) -> None:
             await asyncio.sleep(0.2)  # the poll is waiting
             t_change = time.perf_counter()
             if what == "ready":
-                fleet.replies.ingest(report(replicas - 1, True))
+                fleet.ingest(report(replicas - 1, True))
                 reconciler.tick()
             else:
                 fleet.facts.mark_stopping(rid)

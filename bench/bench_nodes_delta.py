@@ -50,14 +50,14 @@ def run(nodes: int) -> None:
         clock = FakeClock()
         fleet = make_fleet(Path(tmp), clock)
         for i in range(nodes):
-            fleet.replies.ingest(node_report(i))
+            fleet.ingest(node_report(i))
         fleet.facts.flush()
         cursor = fleet.rows.nodes_since("").cursor
         clock.advance(1)
         for i in range(0, nodes, 2):  # half the fleet reports, nothing new
-            fleet.replies.ingest(node_report(i))
+            fleet.ingest(node_report(i))
         for i in range(0, nodes, 20):  # 5 % change what they use
-            fleet.replies.ingest(node_report(i, used=1))
+            fleet.ingest(node_report(i, used=1))
 
         delta = fleet.rows.nodes_since(cursor)
         full_bytes = len(b"".join(r.model_dump_json().encode() for r in fleet.rows.rows()))

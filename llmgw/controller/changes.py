@@ -3,10 +3,11 @@
 `Facts` (facts.py), the one writer, appends one `Change` per change it makes
 (a node's facts, an admin flag, a model, a replica, a backoff, an unplaceable
 reason); each gets the next revision. Everything derived follows this log
-instead of being told: the node rows and `?since=` answers (node_rows.py), the
-summary's totals (summary.py), cached report replies (replies.py), the
-capacity placement reads (`capacity_version`), long polls and the gateway's
-endpoint feed.
+instead of being told, each view the same way (follow.py): the node rows and
+`?since=` answers (node_rows.py), the summary's totals (summary.py), cached
+report replies (replies.py), the gateways' statuses and the endpoint feed
+(endpoints.py); the capacity placement reads (`capacity_version`) and long
+polls read its revisions.
 
 Only the newest `HISTORY_KEPT` changes are kept. A reader whose revision is
 older than that cannot be told what it missed (`HistoryLost`) and must give a
@@ -31,7 +32,7 @@ class ChangeKind(StrEnum):
     # address or error changed, or it turned unreachable or came back.
     NODE = "node"
     ADMIN = "admin"  # a node's admin flag (cordon, drain, deadline, approval, why a drain waits)
-    ASSIGNMENTS = "assignments"  # what a node's agent is told to run
+    ASSIGNMENTS = "assignments"  # what a node's agent is told to run, the cards replicas hold
     MODEL = "model"  # a model spec (added, changed or deleted)
     REPLICA = "replica"  # a replica record (added, changed or removed)
     BACKOFF = "backoff"  # a model's crash-loop backoff
@@ -39,10 +40,30 @@ class ChangeKind(StrEnum):
     LISTENING = "listening"  # where a node's engines listen (its address, rank-0 ports)
 
 
+class Subject(StrEnum):
+    """What a change's key names."""
+
+    NODE = "node"
+    MODEL = "model"
+    REPLICA = "replica"
+
+
+SUBJECTS: dict[ChangeKind, Subject] = {
+    ChangeKind.NODE: Subject.NODE,
+    ChangeKind.ADMIN: Subject.NODE,
+    ChangeKind.ASSIGNMENTS: Subject.NODE,
+    ChangeKind.LISTENING: Subject.NODE,
+    ChangeKind.MODEL: Subject.MODEL,
+    ChangeKind.BACKOFF: Subject.MODEL,
+    ChangeKind.UNPLACEABLE: Subject.MODEL,
+    ChangeKind.REPLICA: Subject.REPLICA,
+}
+
+
 class Change(NamedTuple):
     revision: int
     kind: ChangeKind
-    key: str  # node name, model name or replica id, by kind
+    key: str  # node name, model name or replica id: its kind's subject
 
 
 class HistoryLost(LookupError):
@@ -103,9 +124,12 @@ class ChangeLog:
 
     def since(self, revision: int) -> list[Change]:
         """Every change after `revision`, oldest first; `HistoryLost` when that is unknown."""
-        if not self.oldest <= revision <= self.revision:
-            raise HistoryLost(revision, self.oldest, self.revision)
         n = self.revision - revision
+        if not 0 <= n <= len(self._kinds):
+            raise HistoryLost(revision, self.oldest, self.revision)
+        if n <= 64:  # a view a few changes behind (a report's reply): index from the end
+            end, recent_kinds, recent_keys = self.revision + 1, self._kinds, self._keys
+            return [Change(end + i, recent_kinds[i], recent_keys[i]) for i in range(-n, 0)]
         kinds = list(islice(reversed(self._kinds), n))
         keys = list(islice(reversed(self._keys), n))
         first = revision + 1

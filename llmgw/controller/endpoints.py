@@ -23,11 +23,13 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import ClassVar
 
 from llmgw.controller import cursors
-from llmgw.controller.changes import ChangeKind, HistoryLost
+from llmgw.controller.changes import Change, ChangeKind
 from llmgw.controller.facts import Facts
 from llmgw.controller.fleet_snapshot import GateView
+from llmgw.controller.follow import Follower, replay
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
@@ -90,25 +92,42 @@ def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None
     )
 
 
+class _FeedChanges:
+    """The replicas whose endpoint may have moved after a gateway's cursor: a
+    follower of the log for one answer of the feed (follow.py)."""
+
+    follows: ClassVar[frozenset[ChangeKind]] = frozenset(
+        {ChangeKind.REPLICA, ChangeKind.NODE, ChangeKind.ASSIGNMENTS, ChangeKind.LISTENING}
+    )
+
+    def __init__(self, facts: Facts) -> None:
+        self._facts = facts
+        self.ids: set[str] | None = set()  # None: every replica (a full answer)
+
+    def changed(self, change: Change, now: float) -> None:
+        if self.ids is None:
+            return
+        if change.kind is ChangeKind.REPLICA:
+            self.ids.add(change.key)
+        else:  # where a node's replicas are served from
+            self.ids.update(r.id for r in self._facts.replicas_on(change.key))
+
+    # A replica gone is sent as removed; a node gone took its replicas with it.
+    removed = changed
+
+    def resync(self, revision: int, now: float) -> None:
+        self.ids = None
+
+
 def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
     """The endpoints that changed after cursor `since` of this term's `run`."""
     after = cursors.parse(since, run)
     now = fleet.clock()
     fleet.advance_time(now)
     records = fleet.records
-    changed: set[str] | None = None
-    if after is not None:
-        try:
-            changes = fleet.changes_since(after)
-        except HistoryLost:
-            changes = None
-        if changes is not None:
-            changed = set()
-            for c in changes:
-                if c.kind is ChangeKind.REPLICA:
-                    changed.add(c.key)
-                elif c.kind in (ChangeKind.NODE, ChangeKind.ASSIGNMENTS, ChangeKind.LISTENING):
-                    changed.update(r.id for r in fleet.replicas_on(c.key))
+    changes = _FeedChanges(fleet)
+    revision = replay(fleet, -1 if after is None else after, changes, now)
+    changed = changes.ids
     endpoints: list[Endpoint] = []
     removed: list[str] = []
     ids = sorted(records) if changed is None else sorted(changed)
@@ -120,7 +139,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
         elif changed is not None:
             removed.append(rid)
     return EndpointsDelta.build(
-        cursor=cursors.cursor(run, fleet.revision),
+        cursor=cursors.cursor(run, revision),
         full=changed is None,
         endpoints=endpoints,
         removed=removed,
@@ -183,13 +202,13 @@ class FeedHold:
     own), so a poll does not scan every replica."""
 
     def __init__(self, fleet: Facts) -> None:
-        self.fleet = fleet
+        self._facts = fleet
         self._open = False
 
     def reason(self) -> str | None:
         if self._open:
             return None
-        why = _waiting_for_reports(self.fleet)
+        why = _waiting_for_reports(self._facts)
         self._open = why is None
         return why
 
@@ -246,31 +265,39 @@ def _revision(cursor: str, run: str) -> int | None:
         return None
 
 
-@dataclass
-class Gateways:
+class Gateways(Follower):
     """The gateways that report, as last heard (soft state: rebuilt within a second).
 
     Everything here is keyed by what a gateway token chooses, so it is bounded:
     a name silent for FORGET_S is forgotten, one token holds at most
     MAX_NAMES_PER_TOKEN names (MAX_GATEWAYS in all), a status keeps entries only
-    for replicas that exist, and one bigger than those could fill is not read."""
+    for replicas that exist, and one bigger than those could fill is not read.
+    What a status said of a replica (or a sleeping model) removed since goes as
+    the log says, rather than at the gateway's next status (follow.py)."""
 
-    fleet: Facts
-    run: str  # the term's: what an applied cursor is read against
-    seen: dict[str, GatewaySeen] = field(default_factory=dict)
-    # The newest REPLICA or MODEL change the maps were last checked against.
-    _checked_at: int = field(default=0, init=False)
-    _heard: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    follows = frozenset({ChangeKind.REPLICA, ChangeKind.MODEL})
 
-    def _follow(self) -> None:
-        """What a status said of replicas (or sleeping models) removed since goes:
-        the maps follow the log, as every view does, rather than wait for the
-        gateway's next status."""
-        newest = self.fleet.log.newest(ChangeKind.REPLICA, ChangeKind.MODEL)
-        if newest == self._checked_at:
-            return
-        self._checked_at = newest
-        records, models = self.fleet.records, self.fleet.models
+    def __init__(self, facts: Facts, run: str) -> None:
+        super().__init__(facts)
+        self.run = run  # the term's: what an applied cursor is read against
+        self.seen: dict[str, GatewaySeen] = {}
+        self._heard = asyncio.Event()
+
+    def changed(self, change: Change, now: float) -> None:
+        """What a status said of a replica or model that still exists stands."""
+
+    def removed(self, change: Change, now: float) -> None:
+        key = change.key
+        for g in self.seen.values():
+            if change.kind is ChangeKind.MODEL:
+                g.held.pop(key, None)
+            else:
+                g.in_flight.pop(key, None)
+                g.requests.pop(key, None)
+                g.rejected.pop(key, None)
+
+    def resync(self, revision: int, now: float) -> None:
+        records, models = self._facts.records, self._facts.models
         for g in self.seen.values():
             for by_replica in (g.in_flight, g.requests, g.rejected):
                 for rid in [r for r in by_replica if r not in records]:
@@ -278,12 +305,18 @@ class Gateways:
             for model in [m for m in g.held if m not in models]:
                 del g.held[model]
 
+    def holds(self, key: str) -> bool:
+        return any(
+            key in g.in_flight or key in g.requests or key in g.rejected or key in g.held
+            for g in self.seen.values()
+        )
+
     def status_bytes(self) -> int:
         """The largest status body worth reading now (413 past it, before parsing)."""
-        return STATUS_BYTES_BASE + STATUS_BYTES_PER_REPLICA * len(self.fleet.records)
+        return STATUS_BYTES_BASE + STATUS_BYTES_PER_REPLICA * len(self._facts.records)
 
     def report(self, status: GatewayStatus, by: str = "") -> None:
-        now = self.fleet.clock()
+        now = self._facts.clock()
         self.expire(now)
         old = self.seen.get(status.name)
         if old is None:
@@ -294,11 +327,11 @@ class Gateways:
                     f"at most {MAX_NAMES_PER_TOKEN} per token, {MAX_GATEWAYS} in all): reuse a "
                     f"name, or wait: a name is forgotten {FORGET_S:g} s after its last status"
                 )
-        records = self.fleet.records
+        records = self._facts.records
         requests = {rid: n for rid, n in status.requests.items() if rid in records}
         before = old.requests if old else {}
         # New requests since its last status; a gateway's first status only sets the base.
-        self.fleet.note_requests(
+        self._facts.note_requests(
             (rid for rid, n in requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
@@ -310,7 +343,7 @@ class Gateways:
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
-            {m: n for m, n in status.held.items() if n and m in self.fleet.models},
+            {m: n for m, n in status.held.items() if n and m in self._facts.models},
             status.routed,
         )
         self._heard.set()
@@ -322,7 +355,7 @@ class Gateways:
         say which do not. `what`: the change waited for, in the warning."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        waiting = {g.name for g in self.live(self.fleet.clock())}
+        waiting = {g.name for g in self.live(self._facts.clock())}
         while True:
             waiting = {n for n in waiting if not self._routes(n, revision)}
             left = deadline - loop.time()
@@ -350,7 +383,7 @@ class Gateways:
             del self.seen[name]
 
     def live(self, now: float) -> list[GatewaySeen]:
-        self._follow()
+        self.catch_up(now)
         return [g for g in self.seen.values() if now - g.at <= LIVE_S]
 
     def in_flight(self, now: float) -> dict[str, int]:
@@ -371,9 +404,9 @@ class Gateways:
         return out
 
     def views(self) -> list[GatewayView]:
-        now = self.fleet.clock()
+        now = self._facts.clock()
         self.expire(now)
-        self._follow()
+        self.catch_up(now)
         return [
             GatewayView(
                 name=g.name,

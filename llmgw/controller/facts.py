@@ -27,7 +27,7 @@ from llmgw.controller.decisions import Decisions
 from llmgw.controller.events import KEEP as EVENTS_KEPT
 from llmgw.controller.events import Events
 from llmgw.controller.liveness import Liveness
-from llmgw.controller.nodes import NodeEntry, digest_report, node_state
+from llmgw.controller.nodes import NodeEntry, node_state
 from llmgw.controller.revisions import Revisions, same_engine, undone
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
@@ -135,6 +135,8 @@ class Facts:
         return list(self._by_node.get(node, ()))
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
+        """The cards replica shards on `node` were given (in use from the moment
+        they are, whatever its last report says)."""
         return frozenset(
             gpu
             for rec in self._by_node.get(node, ())
@@ -207,8 +209,7 @@ class Facts:
                 if rec.shards[0].node == node
                 for n in rec.nodes
             )
-        digest = digest_report(report, now, self.assigned_gpus(node))
-        moved = entry.update(report, raw or report.model_dump_json().encode(), now, digest)
+        moved = entry.update(report, raw or report.model_dump_json().encode(), now)
         if moved.listening:  # an engine restarted on a new port: the same id
             self.log.append(ChangeKind.LISTENING, node)
         if moved.facts or changed:
@@ -458,18 +459,10 @@ class Facts:
         return touched
 
     def _replicas_moved(self, touched: set[str]) -> None:
-        """Assignments changed on `touched`: re-index, and re-derive each node's digest
-        (its cards in use count the cards assigned)."""
+        """Assignments changed on `touched`: re-index; the views that count cards in
+        use join them again (`NodeDigest.counted`) as the log says."""
         self._index_records()
         self._assignments_changed(touched)
-        for node in touched:
-            entry = self._entries.get(node)
-            if entry is None or entry.raw is None or entry.received_at is None:
-                continue
-            report = entry.report
-            assert report is not None
-            if entry.set_digest(digest_report(report, entry.received_at, self.assigned_gpus(node))):
-                self.log.append(ChangeKind.NODE, node)
 
     def _assignments_changed(self, nodes: Iterable[str]) -> None:
         for node in sorted(set(nodes)):

@@ -1,6 +1,6 @@
 """`NodeRows`: the node rows (`GET /v1/nodes`, `?since=`, node detail), a view of the facts.
 
-It follows the change log (a node's facts, admin flag, assignments) and keeps,
+It follows the change log (a node's facts, admin flag, assignments; follow.py) and keeps,
 for each node, its row's content (everything but the report age), the revision
 at which that content last changed, and its JSON (row_json.py). A `?since=`
 answer is then the rows changed after the cursor's revision, without a scan of
@@ -13,35 +13,36 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.controller import cursors
-from llmgw.controller.changes import ChangeKind, HistoryLost
+from llmgw.controller.changes import Change, ChangeKind
 from llmgw.controller.facts import Facts
+from llmgw.controller.follow import Follower
 from llmgw.controller.nodes import NodeEntry
 from llmgw.controller.row_json import RowEncodings, delta_json, json_list
 from llmgw.wire import NodeDetail, NodeRow, NodesDelta
 
 # A node's row content: every `NodeRow` field except the report age.
 RowContent = dict[str, Any]
-FOLLOWS = frozenset({ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS})
 REMOVALS_KEPT = 10_000  # forgotten nodes remembered for `?since=`; older cursors: a full answer
 
 
-class NodeRows:
+class NodeRows(Follower):
+    follows = frozenset({ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS})
+
     def __init__(self, facts: Facts, run: str) -> None:
-        self._facts = facts
+        super().__init__(facts)
         self.run = run  # cursors of another run get a full answer
         self._content: dict[str, RowContent] = {}
         self._changed_at: dict[str, int] = {}  # name -> revision its content last changed
         self._removed: dict[str, int] = {}  # name -> revision it was forgotten at
         self._json = RowEncodings()
         self._floor = 0  # a cursor before this revision gets a full answer
-        self._at = -1  # the log is read up to this revision (-1: not yet)
 
     # -- what the API serves -----------------------------------------------------------
 
     def row(self, name: str, now: float | None = None) -> NodeRow:
         entry = self._facts.require(name)
         now = self._facts.clock() if now is None else now
-        self._catch_up(now)
+        self.catch_up(now)
         return NodeRow.model_validate({**self._content[name], "report_age_s": _age(entry, now)})
 
     def rows(self) -> list[NodeRow]:
@@ -52,7 +53,7 @@ class NodeRows:
         """`rows()` as `GET /v1/nodes` sends it: each row's JSON is kept from
         when it last changed (row_json), so an answer only writes the ages."""
         now = self._facts.clock()
-        self._catch_up(now)
+        self.catch_up(now)
         return json_list(self._json.rows(sorted(self._facts.nodes.items()), self._content, now))
 
     def nodes_since(self, since: str) -> NodesDelta:
@@ -92,52 +93,60 @@ class NodeRows:
             address=report.address if report else None,
         )
 
-    # -- following the facts -----------------------------------------------------------------
+    # -- following the facts (follow.py) ---------------------------------------------------
 
     def _delta(self, since: str) -> tuple[str, bool, list[str], list[str], float]:
         """(cursor, full, the rows to send by name, names removed, now) after `since`."""
         after = cursors.parse(since, self.run)
         now = self._facts.clock()
-        self._catch_up(now)
-        cursor = cursors.cursor(self.run, self._at)
-        if after is None or not self._floor <= after <= self._at:
+        self.catch_up(now)
+        cursor = cursors.cursor(self.run, self.at)
+        if after is None or not self._floor <= after <= self.at:
             return cursor, True, sorted(self._facts.nodes), [], now
         names = sorted(n for n, at in self._changed_at.items() if at > after)
         removed = sorted(n for n, at in self._removed.items() if at > after)
         return cursor, False, names, removed, now
 
-    def _catch_up(self, now: float) -> None:
-        """Read the changes since the last look; rebuild each row they touch."""
-        facts = self._facts
-        facts.advance_time(now)
-        log = facts.log
-        if log.revision == self._at:
-            return
-        try:
-            touched = {c.key: c.revision for c in log.since(self._at) if c.kind in FOLLOWS}
-        except HistoryLost:  # the first look, or behind the history kept: every row
-            touched = dict.fromkeys(self._content.keys() | facts.nodes.keys(), log.revision)
-            self._floor = log.revision
-        self._at = log.revision
-        for name, revision in touched.items():
-            if name not in facts.nodes:
-                if self._content.pop(name, None) is not None:
-                    self._changed_at.pop(name, None)
-                    self._json.forget(name)
-                    self._removed[name] = revision
-                continue
-            content = self._content_of(name, now)
-            if content != self._content.get(name):
-                self._content[name] = content
-                self._changed_at[name] = revision
-                self._json.drop(name)
-                self._removed.pop(name, None)
+    def catch_up(self, now: float | None = None) -> None:
+        super().catch_up(now)
         if len(self._removed) > REMOVALS_KEPT:
             for name, revision in sorted(self._removed.items(), key=lambda kv: kv[1])[
                 :-REMOVALS_KEPT
             ]:
                 del self._removed[name]
                 self._floor = max(self._floor, revision)
+
+    def changed(self, change: Change, now: float) -> None:
+        """Rebuild the row; it is sent as changed only if its content moved."""
+        name = change.key
+        content = self._content_of(name, now)
+        if content != self._content.get(name):
+            self._content[name] = content
+            self._changed_at[name] = change.revision
+            self._json.drop(name)
+            self._removed.pop(name, None)
+
+    def removed(self, change: Change, now: float) -> None:
+        name = change.key
+        if self._content.pop(name, None) is not None:
+            self._changed_at.pop(name, None)
+            self._json.forget(name)
+            self._removed[name] = change.revision
+
+    def resync(self, revision: int, now: float) -> None:
+        """Every row again; a cursor from before now gets a full answer."""
+        self._floor = revision
+        nodes = self._facts.nodes
+        for name in self._content.keys() | nodes.keys():
+            change = Change(revision, ChangeKind.NODE, name)
+            if name in nodes:
+                self.changed(change, now)
+            else:
+                self.removed(change, now)
+
+    def holds(self, key: str) -> bool:
+        # (A forgotten node's tombstone is not its row: at most REMOVALS_KEPT are kept.)
+        return key in self._content or key in self._changed_at or self._json.holds(key)
 
     def _content_of(self, name: str, now: float) -> RowContent:
         """Everything a node's row shows except the report age. The row is built
@@ -146,15 +155,16 @@ class NodeRows:
         facts = self._facts
         entry = facts.nodes[name]
         d = entry.digest
+        classes, _ = d.counted(facts.assigned_gpus(name))
         return {
             "name": name,
             "state": facts.state_of(name, now),
             "admin": facts.admin_info(name),
-            "classes": {cls: c.total for cls, c in d.classes},
+            "classes": {cls: c.total for cls, c in classes},
             "gpus_total": d.gpus_total,
-            "gpus_used": sum(c.used for _, c in d.classes),
-            "gpus_unhealthy": sum(c.unhealthy for _, c in d.classes),
-            "gpus_unknown": sum(c.unknown for _, c in d.classes),
+            "gpus_used": sum(c.used for _, c in classes),
+            "gpus_unhealthy": sum(c.unhealthy for _, c in classes),
+            "gpus_unknown": sum(c.unknown for _, c in classes),
             "fabrics": list(d.fabrics),
             "models": sorted(d.models),
             "replicas": len(facts.by_node.get(name, ())),

@@ -1,9 +1,12 @@
 """The node registry: each node's latest report, when it came, and its digest.
 
-A *digest* is the part of a report that the fleet summary depends on, reduced
-once when the report arrives, so that the summary never walks 80,000 GPU
-records. Digests are named tuples: thousands are built every second, and a
-tuple is the cheapest immutable record Python has.
+A *digest* is what the controller reads of a report (per-class card counts,
+weights held, cards, faults, address), reduced once when the report arrives, so
+that the summary never walks 80,000 GPU records. It is the report's alone: the
+cards the controller assigned to replicas are the facts' (`Facts.assigned_gpus`),
+joined by the views that count them (`NodeDigest.counted`), so a replica placed
+or removed re-reads no report. Digests are named tuples: thousands are built
+every second, and a tuple is the cheapest immutable record Python has.
 """
 
 from __future__ import annotations
@@ -65,17 +68,52 @@ class ShardDigest(NamedTuple):
 
 
 class NodeDigest(NamedTuple):
+    """What the controller reads of one report, reduced once when it arrives: a
+    function of the report alone. Two digests equal: nothing a node's row, the
+    summary or placement reads of the report changed (only its age)."""
+
+    # Per class, each card in one bucket as the agent sees it (broken beats busy
+    # beats unknown beats free); `counted` adds the cards replicas were assigned.
     classes: tuple[tuple[str, CardCounts], ...]
-    entirely_free: bool  # >= 1 card, every card healthy and unused
+    entirely_free: bool  # >= 1 card, every card healthy and idle
     models: frozenset[str]
     # (model, scope, where): where is the mount source for shared storage
     copies: frozenset[tuple[str, StorageScope, str]]
     fabrics: tuple[str, ...] = ()
     engines: frozenset[str] = frozenset()  # what the agent says it can run
+    # (uuid, class, healthy and idle per the agent): what placement hands out
+    cards: tuple[tuple[str, str, bool], ...] = ()
+    idle_unknown: frozenset[str] = frozenset()  # idle cards of unknown health
+    faults: tuple[CardFault, ...] = ()  # cards the agent reports unhealthy
+    address: str | None = None
+    gpu_error: str | None = None
 
     @property
     def gpus_total(self) -> int:
         return sum(c.total for _, c in self.classes)
+
+    def counted(self, assigned: Collection[str]) -> tuple[tuple[tuple[str, CardCounts], ...], bool]:
+        """(`classes`, `entirely_free`) with each idle card in `assigned` (the
+        controller's: replica shards on this node, `Facts.assigned_gpus`) counted
+        as used: a replica holds its cards before its engine shows on them."""
+        if not assigned:
+            return self.classes, self.entirely_free
+        taken: dict[str, list[int]] = {}  # class -> [cards taken, of them unknown]
+        unknown = self.idle_unknown
+        for uuid, cls, free in self.cards:
+            if uuid in assigned and (free or uuid in unknown):
+                counts = taken.setdefault(cls, [0, 0])
+                counts[0] += 1
+                counts[1] += not free
+        if not taken:
+            return self.classes, self.entirely_free
+        classes = tuple(
+            (cls, c._replace(used=c.used + t[0], unknown=c.unknown - t[1]))
+            if (t := taken.get(cls))
+            else (cls, c)
+            for cls, c in self.classes
+        )
+        return classes, False
 
 
 EMPTY_DIGEST = NodeDigest((), False, frozenset(), frozenset())
@@ -86,34 +124,25 @@ _SHARED = StorageScope.SHARED
 _FAILED = ShardState.FAILED
 
 
-def digest_report(
-    report: NodeReport,
-    received_at: float,
-    assigned_gpus: Collection[str],
-) -> NodeDigest:
-    """Reduce a report to what the aggregates need.
-
-    Each card lands in one bucket: broken beats busy beats unknown beats free.
-    A card is used when the agent sees compute processes on it or the controller
-    has assigned it to a replica shard on this node.
-    """
+def digest_report(report: NodeReport) -> NodeDigest:
+    """Reduce a report to what the controller reads of it (one pass over the cards)."""
     per_class: dict[str, list[int]] = {}  # class -> [total, used, unhealthy, unknown]
-    entirely_free = bool(report.gpus)
+    cards, faults, idle_unknown = [], [], []
     for gpu in report.gpus:
-        counts = per_class.get(gpu.gpu_class)
+        cls, health = gpu.gpu_class, gpu.health
+        counts = per_class.get(cls)
         if counts is None:
-            counts = per_class[gpu.gpu_class] = [0, 0, 0, 0]
+            counts = per_class[cls] = [0, 0, 0, 0]
         counts[0] += 1
-        if gpu.health is _UNHEALTHY:
+        cards.append((gpu.uuid, cls, health is _HEALTHY and not gpu.in_use))
+        if health is _UNHEALTHY:
             counts[2] += 1
-        elif gpu.in_use or gpu.uuid in assigned_gpus:
+            faults.append(CardFault(gpu.uuid, gpu.index, gpu.health_reason or "unhealthy"))
+        elif gpu.in_use:
             counts[1] += 1
-        elif gpu.health is _UNKNOWN:
+        elif health is _UNKNOWN:
             counts[3] += 1
-        else:
-            continue
-        entirely_free = False
-
+            idle_unknown.append(gpu.uuid)
     copies = frozenset(
         (m.name, loc.scope, (loc.mount_source or loc.path) if loc.scope is _SHARED else "")
         for loc in report.storage
@@ -121,11 +150,16 @@ def digest_report(
     )
     return NodeDigest(
         tuple(sorted((k, CardCounts(*v)) for k, v in per_class.items())),
-        entirely_free,
+        bool(cards) and all(ok for _, _, ok in cards),
         frozenset([c[0] for c in copies]),
         copies,
         tuple(sorted(set(report.fabrics))),
         frozenset(report.engines or ()),
+        tuple(cards),
+        frozenset(idle_unknown),
+        tuple(faults),
+        report.address,
+        report.gpu_error,
     )
 
 
@@ -147,7 +181,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
 
 
 class Changed(NamedTuple):
-    facts: bool  # what the node's row or placement reads
+    facts: bool  # what the node's row or placement reads (its digest)
     listening: bool  # where its engines listen (the endpoint feed's URLs)
 
 
@@ -165,58 +199,38 @@ class NodeEntry:
     raw: bytes | None = None
     received_at: float | None = None  # controller monotonic clock
     digest: NodeDigest = field(default=EMPTY_DIGEST)
-    shards: tuple[ShardDigest, ...] = ()
-    # (uuid, class, healthy and idle per the agent): what placement hands out
+    # The digest's, set with it, by the names placement and the views read (an
+    # attribute each: a reconcile pass reads them for every node).
     cards: tuple[tuple[str, str, bool], ...] = ()
-    # Cards the agent reports unhealthy (a fatal fault): (uuid, index, reason).
     faults: tuple[CardFault, ...] = ()
+    address: str | None = None
+    gpu_error: str | None = None
+    shards: tuple[ShardDigest, ...] = ()
     # (replica id, port, failed) of each rank 0 here: with the address, where the
     # endpoint feed's URLs point.
     ports: tuple[tuple[str, int | None, bool], ...] = ()
     interval_s: float = 5.0
-    address: str | None = None
-    gpu_error: str | None = None
 
-    def update(
-        self, report: NodeReport, raw: bytes, received_at: float, digest: NodeDigest
-    ) -> Changed:
-        """Take a report: whether a fact the node's row or placement reads changed (its
-        digest, cards, faults, address or GPU error), not just its age; and whether
-        where its engines listen did (its address, a rank 0's port or failure)."""
-        facts = self.set_digest(digest)
+    def update(self, report: NodeReport, raw: bytes, received_at: float) -> Changed:
+        """Take a report: whether a fact the node's row or placement reads changed
+        (its digest), not just its age; and whether where its engines listen did
+        (its address, a rank 0's port or failure)."""
+        digest = digest_report(report)
+        old = self.digest
+        moved = digest.address != old.address
+        facts = digest != old
+        if facts:  # else the old one is kept: the new one dies young instead of
+            self.digest = digest  # joining the long-lived objects every GC pass walks
+            self.cards, self.faults = digest.cards, digest.faults
+            self.address, self.gpu_error = digest.address, digest.gpu_error
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
-        cards, faults = [], []
-        for g in report.gpus:
-            health = g.health
-            cards.append((g.uuid, g.gpu_class, health is _HEALTHY and not g.in_use))
-            if health is _UNHEALTHY:
-                faults.append(CardFault(g.uuid, g.index, g.health_reason or "unhealthy"))
-        if cards != list(self.cards):
-            self.cards = tuple(cards)
-            facts = True
-        if faults != list(self.faults):
-            self.faults = tuple(faults)
-            facts = True
-        moved = report.address != self.address
-        if moved or report.gpu_error != self.gpu_error:
-            self.address, self.gpu_error = report.address, report.gpu_error
-            facts = True
         ports = tuple((r.id, r.port, r.state is _FAILED) for r in report.replicas if r.rank == 0)
         if ports != self.ports:
             self.ports = ports
             moved = True
         self.interval_s = report.interval_s
         return Changed(facts, moved)
-
-    def set_digest(self, digest: NodeDigest) -> bool:
-        """The one writer of `digest` (a report, or the cards assigned on the node
-        changed); False when equal. The old object is kept then: the new one dies
-        young instead of joining the long-lived objects every GC pass walks."""
-        if digest == self.digest:
-            return False
-        self.digest = digest
-        return True
 
     @property
     def report(self) -> NodeReport | None:

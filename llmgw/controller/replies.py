@@ -2,14 +2,15 @@
 
 Most replies repeat the node's last one word for word, so `Replies` keeps each
 node's last reply, encoded, until the log says the node's facts, admin flag or
-assignments changed (the revisions it was built at are its key).
+assignments changed (follow.py).
 """
 
 from __future__ import annotations
 
-from llmgw.controller.changes import ChangeKind
+from llmgw.controller.changes import Change, ChangeKind
 from llmgw.controller.facts import Facts
-from llmgw.wire import ModelSpec, NodeReport, ReplicaState, ReportReply, ShardAssignment
+from llmgw.controller.follow import Follower
+from llmgw.wire import ModelSpec, ReplicaState, ReportReply, ShardAssignment
 
 
 def rendezvous_port(replica_id: str) -> int:
@@ -65,31 +66,35 @@ def reply(facts: Facts, node: str, now: float) -> ReportReply:
     )
 
 
-class Replies:
+class Replies(Follower):
+    """Each node's last reply, encoded, until the log says what it reads changed."""
+
+    follows = frozenset({ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS})
+
     def __init__(self, facts: Facts) -> None:
-        self._facts = facts
-        self._last: dict[str, tuple[tuple[int, int, int], bytes]] = {}
+        super().__init__(facts)
+        self._last: dict[str, bytes] = {}
 
-    def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
-        """Take a report (`Facts.ingest`) and answer it."""
-        return reply(self._facts, report.node, self._facts.ingest(report, raw))
+    def reply(self, node: str, now: float) -> ReportReply:
+        """The answer to the report `node` just sent (`Facts.ingest` took it at `now`)."""
+        return reply(self._facts, node, now)
 
-    def ingest_json(self, report: NodeReport, raw: bytes | None = None) -> bytes:
-        """`ingest`, with the reply serialised: the node's last one while its key holds."""
-        facts, node = self._facts, report.node
-        now = facts.ingest(report, raw)
-        log = facts.log
-        key = (
-            log.latest(ChangeKind.NODE, node),
-            log.latest(ChangeKind.ADMIN, node),
-            log.latest(ChangeKind.ASSIGNMENTS, node),
-        )
-        if len(self._last) > len(facts.nodes):  # a node was forgotten: its reply goes too
-            for gone in self._last.keys() - facts.nodes.keys():
-                del self._last[gone]
-        cached = self._last.get(node)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        body = reply(facts, node, now).model_dump_json().encode()
-        self._last[node] = (key, body)
+    def reply_json(self, node: str, now: float) -> bytes:
+        """`reply`, serialised: the node's last one while nothing it reads changed."""
+        self.catch_up(now)
+        body = self._last.get(node)
+        if body is None:
+            body = self._last[node] = reply(self._facts, node, now).model_dump_json().encode()
         return body
+
+    def changed(self, change: Change, now: float) -> None:
+        self._last.pop(change.key, None)
+
+    def removed(self, change: Change, now: float) -> None:
+        self._last.pop(change.key, None)
+
+    def resync(self, revision: int, now: float) -> None:
+        self._last.clear()
+
+    def holds(self, key: str) -> bool:
+        return key in self._last

@@ -47,6 +47,9 @@ class RowEncodings:
         self._parts.pop(name, None)
         self._keys.pop(name, None)
 
+    def holds(self, name: str) -> bool:
+        return name in self._parts or name in self._keys
+
     def rows(
         self,
         entries: Iterable[tuple[str, NodeEntry]],

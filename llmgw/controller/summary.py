@@ -6,8 +6,9 @@ never disagree with them.
 
 Node-level figures are kept as running sums (`FleetTotals`): each node adds its
 contribution, and takes it back out before a changed one goes in. `Totals`
-keeps them by following the change log (a node's facts, its admin flag), so a
-summary of 10,000 nodes costs as much as one of ten; only replicas are walked.
+keeps them by following the change log (a node's facts, its admin flag, the
+cards assigned on it; follow.py), so a summary of 10,000 nodes costs as much as
+one of ten; only replicas are walked.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from llmgw.controller.changes import ChangeKind, HistoryLost
+from llmgw.controller.changes import Change, ChangeKind
 from llmgw.controller.facts import Facts
+from llmgw.controller.follow import Follower
 from llmgw.controller.nodes import CardCounts
 from llmgw.controller.replicas import ReplicaStatus, answering, count_by_model
 from llmgw.wire import (
@@ -160,53 +162,58 @@ class FleetTotals:
         return out
 
 
-class Totals:
+class Totals(Follower):
     """The running sums, following the facts: each node's contribution is built
-    again when the log says its facts or admin flag changed."""
+    again when the log says its facts, admin flag or assignments changed."""
+
+    follows = frozenset({ChangeKind.NODE, ChangeKind.ADMIN, ChangeKind.ASSIGNMENTS})
 
     def __init__(self, facts: Facts) -> None:
-        self._facts = facts
+        super().__init__(facts)
         self._sums = FleetTotals()
         self._of: dict[str, NodeFacts] = {}  # what each node last put into the sums
-        self._at = -1  # the log is read up to this revision (-1: not yet)
 
     def current(self, now: float) -> FleetTotals:
-        facts = self._facts
-        facts.advance_time(now)
-        log = facts.log
-        if log.revision == self._at:
-            return self._sums
-        try:
-            touched = {c.key for c in log.since(self._at) if c.kind in _FOLLOWS}
-        except HistoryLost:  # the first look, or behind the history kept: every node
-            touched = self._of.keys() | facts.nodes.keys()
-        self._at = log.revision
-        for name in touched:
-            entry = facts.nodes.get(name)
-            old = self._of.get(name)
-            if entry is None:
-                if old is not None:
-                    self._sums.remove(self._of.pop(name))
-                continue
-            d = entry.digest
-            new = NodeFacts(
-                facts.state_of(name, now),
-                d.fabrics,
-                d.classes,
-                d.entirely_free,
-                d.models,
-                d.copies,
-                d.engines,
-            )
-            if new != old:
-                if old is not None:
-                    self._sums.remove(old)
-                self._sums.add(new)
-                self._of[name] = new
+        self.catch_up(now)
         return self._sums
 
+    def changed(self, change: Change, now: float) -> None:
+        name = change.key
+        facts = self._facts
+        d = facts.nodes[name].digest
+        classes, entirely_free = d.counted(facts.assigned_gpus(name))
+        new = NodeFacts(
+            facts.state_of(name, now),
+            d.fabrics,
+            classes,
+            entirely_free,
+            d.models,
+            d.copies,
+            d.engines,
+        )
+        old = self._of.get(name)
+        if new != old:
+            if old is not None:
+                self._sums.remove(old)
+            self._sums.add(new)
+            self._of[name] = new
 
-_FOLLOWS = frozenset({ChangeKind.NODE, ChangeKind.ADMIN})
+    def removed(self, change: Change, now: float) -> None:
+        old = self._of.pop(change.key, None)
+        if old is not None:
+            self._sums.remove(old)
+
+    def resync(self, revision: int, now: float) -> None:
+        nodes = self._facts.nodes
+        for name in self._of.keys() | nodes.keys():
+            change = Change(revision, ChangeKind.NODE, name)
+            if name in nodes:
+                self.changed(change, now)
+            else:
+                self.removed(change, now)
+
+    def holds(self, key: str) -> bool:
+        return key in self._of
 
 
 def build_summary(

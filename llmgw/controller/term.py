@@ -7,14 +7,19 @@ the reconcile loop's memory) can be read against this one's revisions.
 
     Term
     ├── facts        the one writer (facts.py): store, then memory, then the change log
-    ├── rows         node rows, `?since=`, node detail (node_rows.py): follow the log
-    ├── totals       the summary's running sums (summary.py): follow the log
-    ├── replies      agents' report replies, cached by revision (replies.py)
-    ├── gateways     the gateways' statuses, the feed hold, the stop gate (endpoints.py)
+    ├── rows         node rows, `?since=`, node detail (node_rows.py)    *
+    ├── totals       the summary's running sums (summary.py)             *
+    ├── replies      agents' report replies (replies.py)                 *
+    ├── gateways     the gateways' statuses (endpoints.py)               *
+    ├── feed_hold    whether a new leader publishes the feed yet (endpoints.py)
+    ├── stop_gate    when a replica may stop (endpoints.py)
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
     ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
     └── memory       what the reconcile loop remembers across passes (loop_memory.py)
 
+    *: a follower of the change log with its own cache (follow.py; `followers`)
+
+A report goes to the facts, and its answer comes from a view (`ingest_json`).
 Capacity, what placement reads, is the log itself: its version is the newest
 change of a kind placement reads, so it needs no counter beside the log.
 """
@@ -31,6 +36,7 @@ from llmgw.controller.client_keys import ClientKeys
 from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
 from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
 from llmgw.controller.facts import Facts
+from llmgw.controller.follow import Follower
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.node_rows import NodeRows
 from llmgw.controller.replicas import ReplicaStatus
@@ -43,7 +49,9 @@ from llmgw.wire import (
     EventReason,
     FleetSummary,
     ModelView,
+    NodeReport,
     ReplicaView,
+    ReportReply,
     ShardAssignment,
 )
 
@@ -119,6 +127,26 @@ class Term:
                 f"its credential was never used to report within {UNREPORTED_TTL_S / 3600:g} h"
                 " of its enrollment: dropped (the node enrolls again with a valid token)",
             )
+
+    @property
+    def followers(self) -> Mapping[str, Follower]:
+        """The views that follow the change log, each keeping its own cache, by name."""
+        return {
+            "rows": self.rows,
+            "totals": self.totals,
+            "replies": self.replies,
+            "gateways": self.gateways,
+        }
+
+    # -- an agent's report: the facts take it, a view answers ----------------------------
+
+    def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
+        """Take a node's report (`raw`: its body as received) and answer it."""
+        return self.replies.reply(report.node, self.facts.ingest(report, raw))
+
+    def ingest_json(self, report: NodeReport, raw: bytes | None = None) -> bytes:
+        """`ingest`, the answer serialised (most are the node's last, kept encoded)."""
+        return self.replies.reply_json(report.node, self.facts.ingest(report, raw))
 
     # -- reads composed of several views -------------------------------------------------
 

@@ -53,7 +53,7 @@ class LoadingSim(Sim):
             gpu(node, i, health=bad[i][0], reason=bad[i][1]) if i in bad else gpu(node, i)
             for i in range(8)
         ]
-        self.fleet.replies.ingest(report(node, gpus=gpus, replicas=shards))
+        self.fleet.ingest(report(node, gpus=gpus, replicas=shards))
 
     def traffic(self, replica_id: str, model: str) -> dict[str, object] | None:
         """What a ready engine reports it served (None: nothing to say)."""

@@ -24,7 +24,7 @@ def clock() -> FakeClock:
 def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b"):
-        f.replies.ingest(report(name, n_gpus=4))
+        f.ingest(report(name, n_gpus=4))
     return f
 
 
@@ -47,9 +47,9 @@ def test_each_change_gets_the_next_revision_with_its_kind_and_key(fleet: Term) -
 def test_a_report_that_changes_nothing_appends_nothing(fleet: Term, clock: FakeClock) -> None:
     start = fleet.facts.revision
     clock.advance(1)
-    fleet.replies.ingest(report("a", n_gpus=4))
+    fleet.ingest(report("a", n_gpus=4))
     assert fleet.facts.changes_since(start) == []
-    fleet.replies.ingest(report("a", n_gpus=3))
+    fleet.ingest(report("a", n_gpus=3))
     assert kinds(fleet.facts.changes_since(start)) == [(ChangeKind.NODE, "a")]
 
 
@@ -58,11 +58,15 @@ def test_replicas_backoffs_and_reasons_are_logged(fleet: Term) -> None:
     start = fleet.facts.revision
     rec = ReplicaRecord("r1", "m", ReplicaState.STARTING, (ShardRecord("a", 0, ("GPU-a-0",)),), 0.0)
     fleet.facts.put_replicas([rec])
+    # The node's report did not change, so neither did its facts (its digest is the
+    # report's): the cards the replica holds are its assignments, which the views
+    # that count cards in use join (`NodeDigest.counted`).
     assert kinds(fleet.facts.changes_since(start)) == [
         (ChangeKind.REPLICA, "r1"),
         (ChangeKind.ASSIGNMENTS, "a"),
-        (ChangeKind.NODE, "a"),
     ]
+    assert fleet.rows.row("a").gpus_used == 1
+    assert [(g.used, g.free) for g in fleet.summary().gpus] == [(1, 7)]
     start = fleet.facts.revision
     fleet.facts.back_off("m", "CUDA out of memory", 0.0)
     fleet.facts.decisions.set_unplaceable("m", "no room")
@@ -92,6 +96,17 @@ def test_an_old_or_future_revision_is_detectable(monkeypatch: pytest.MonkeyPatch
         log.since(1)
     with pytest.raises(HistoryLost):
         log.since(6)
+
+
+@pytest.mark.parametrize("back", [0, 1, 64, 65, 200])
+def test_since_gives_every_change_after_a_revision_near_or_far(back: int) -> None:
+    log = ChangeLog()
+    for i in range(200):
+        log.append(list(ChangeKind)[i % len(ChangeKind)], f"k{i + 1}")
+    after = log.revision - back
+    assert [(c.revision, c.kind, c.key) for c in log.since(after)] == [
+        (r, list(ChangeKind)[(r - 1) % len(ChangeKind)], f"k{r}") for r in range(after + 1, 201)
+    ]
 
 
 async def test_wait_changed_wakes_on_a_change_and_times_out_without_one() -> None:

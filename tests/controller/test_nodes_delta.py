@@ -43,7 +43,7 @@ def clock() -> FakeClock:
 def fleet(tmp_path: Path, clock: FakeClock) -> Term:
     f = make_fleet(tmp_path, clock)
     for name in ("a", "b", "c"):
-        f.replies.ingest(report(name, n_gpus=4))
+        f.ingest(report(name, n_gpus=4))
     return f
 
 
@@ -95,7 +95,7 @@ def test_nothing_changed_sends_no_rows_but_every_age(fleet: Term, clock: FakeClo
 def test_a_report_that_changes_only_the_time_sends_no_row(fleet: Term, clock: FakeClock) -> None:
     cursor = caught_up(fleet)
     clock.advance(4)
-    fleet.replies.ingest(report("b", n_gpus=4))
+    fleet.ingest(report("b", n_gpus=4))
     delta = fleet.rows.nodes_since(cursor)
     assert delta.nodes == []
     assert delta.report_ages == {"a": 4.0, "b": 0.0, "c": 4.0}
@@ -126,7 +126,7 @@ def test_a_report_that_changes_the_row_sends_that_row_only(
     cursor = caught_up(fleet)
     before = fleet.rows.row("b")
     clock.advance(1)
-    fleet.replies.ingest(changed)
+    fleet.ingest(changed)
     delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert delta.nodes[0] == fleet.rows.row("b")
@@ -179,8 +179,8 @@ def test_a_node_turning_unreachable_with_time_alone_is_sent(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     fleet = make_fleet(tmp_path, clock)
-    fleet.replies.ingest(report("fast", interval_s=5))  # unreachable after 3 x 5 + 5 s
-    fleet.replies.ingest(report("slow", interval_s=60))
+    fleet.ingest(report("fast", interval_s=5))  # unreachable after 3 x 5 + 5 s
+    fleet.ingest(report("slow", interval_s=60))
     cursor = caught_up(fleet)
     clock.advance(19)
     delta = fleet.rows.nodes_since(cursor)
@@ -190,7 +190,7 @@ def test_a_node_turning_unreachable_with_time_alone_is_sent(
     assert names(delta) == ["fast"]
     assert delta.nodes[0].state == "unreachable"
     assert delta.report_ages == {"fast": 21.0, "slow": 21.0}
-    fleet.replies.ingest(report("fast", interval_s=5))
+    fleet.ingest(report("fast", interval_s=5))
     delta = fleet.rows.nodes_since(delta.cursor)
     assert names(delta) == ["fast"]
     assert delta.nodes[0].state == "ready"
@@ -234,7 +234,7 @@ def test_why_a_drain_waits_is_sent(fleet: Term) -> None:
 
 def test_a_new_node_is_sent_to_every_older_cursor(fleet: Term) -> None:
     cursor = caught_up(fleet)
-    fleet.replies.ingest(report("d"))
+    fleet.ingest(report("d"))
     delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["d"]
     assert set(delta.report_ages) == {"a", "b", "c", "d"}
@@ -246,7 +246,7 @@ def test_two_consumers_each_get_what_changed_since_their_own_cursor(
     first = caught_up(fleet)
     fleet.facts.set_flag("a", AdminFlag.CORDONED, "fan", "alice")
     second = fleet.rows.nodes_since(first).cursor  # this consumer has seen a's cordon
-    fleet.replies.ingest(report("b", n_gpus=2))
+    fleet.ingest(report("b", n_gpus=2))
     clock.advance(1)
     assert names(fleet.rows.nodes_since(first)) == ["a", "b"]
     assert names(fleet.rows.nodes_since(second)) == ["b"]
@@ -320,20 +320,20 @@ def test_a_field_added_to_the_row_is_sent_without_anything_else_to_change(
     monkeypatch.setattr("llmgw.controller.node_rows.NodeRow", RowWithVersion)
     cursor = caught_up(fleet)
     clock.advance(1)
-    fleet.replies.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
     delta = fleet.rows.nodes_since(cursor)
     assert names(delta) == ["b"]
     assert isinstance(delta.nodes[0], RowWithVersion)
     assert delta.nodes[0].agent_version == "2.0"
     clock.advance(1)
-    fleet.replies.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
+    fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))
     assert fleet.rows.nodes_since(delta.cursor).nodes == []  # and only once
 
 
 def test_a_cursor_from_another_run_gets_a_full_answer(tmp_path: Path, clock: FakeClock) -> None:
     first = make_fleet(tmp_path, clock)
     for name in ("a", "b"):
-        first.replies.ingest(report(name))
+        first.ingest(report(name))
     cursor = caught_up(first)
     first.facts.flush()
     first.facts.close()
@@ -526,9 +526,9 @@ async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
                 known = name in fleet.facts.nodes
                 if kind == "report":
                     last[name] = node_report(name, *args[1:])
-                    fleet.replies.ingest(last[name])
+                    fleet.ingest(last[name])
                 elif kind == "same report" and name in last:
-                    fleet.replies.ingest(last[name])
+                    fleet.ingest(last[name])
                 elif kind == "admin" and known:
                     if args[1] == "cordon":
                         await admin.cordon(name, args[2])

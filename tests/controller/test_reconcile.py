@@ -63,7 +63,7 @@ class Sim:
         gpus = [gpu(node, i, cls) for i in range(8)] if cls else None
         if node in self.busy:
             gpus = [gpu(node, i, in_use=True) for i in range(8)]
-        self.fleet.replies.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
+        self.fleet.ingest(report(node, gpus=gpus, replicas=shards, storage=storage))
 
     def step(self, ready: bool = True, seconds: float = 1.0) -> None:
         """One report interval: every live agent reports, then one tick."""
@@ -442,17 +442,15 @@ def test_an_engine_that_crashes_while_draining_is_not_counted_ready(
 
 def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: FakeClock) -> None:
     sim = sim_with(tmp_path, clock, n=1)
-    first = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))
+    first = json.loads(sim.fleet.ingest_json(report("gpu1")))
     assert (first["state"], first["assignments"]) == ("ready", [])
-    assert sim.fleet.replies.ingest_json(report("gpu1")) == sim.fleet.replies.ingest_json(
-        report("gpu1")
-    )
+    assert sim.fleet.ingest_json(report("gpu1")) == sim.fleet.ingest_json(report("gpu1"))
     sim.fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops")
-    assert json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["admin_flag"] == "cordoned"
+    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["admin_flag"] == "cordoned"
     sim.fleet.facts.set_flag("gpu1", AdminFlag.NONE, None, "ops")
     sim.fleet.facts.put_models([MODEL.model_copy(update={"min_replicas": 1})])
     sim.reconciler.tick()
-    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
     assert assignment["model"] == "llama" and len(assignment["gpus"]) == 4
     sim.fleet.facts.put_models(
         [MODEL.model_copy(update={"min_replicas": 1, "source": "elsewhere/llama"})]
@@ -460,14 +458,14 @@ def test_cached_replies_follow_state_and_assignments(tmp_path: Path, clock: Fake
     # A changed source is rolled out: the engine keeps what it was started with
     # until a replica of the new revision takes its place (this one never reported
     # ready, so it serves nothing and goes at once).
-    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == MODEL.source
     sim.reconciler.tick()
-    [assignment] = json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"]
+    [assignment] = json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"]
     assert assignment["source"] == "elsewhere/llama"
     sim.fleet.facts.delete_model("llama")
     sim.reconciler.tick()  # no gateway: stopped on the next pass
-    assert json.loads(sim.fleet.replies.ingest_json(report("gpu1")))["assignments"] == []
+    assert json.loads(sim.fleet.ingest_json(report("gpu1")))["assignments"] == []
 
 
 def test_leader_addresses_reach_followers_and_new_nodes_keep_cached_replies(
@@ -482,7 +480,7 @@ def test_leader_addresses_reach_followers_and_new_nodes_keep_cached_replies(
     leader, follower = rec.shards[0].node, rec.shards[1].node
 
     def ingest(node: str, address: str | None = None) -> bytes:
-        return sim.fleet.replies.ingest_json(report(node).model_copy(update={"address": address}))
+        return sim.fleet.ingest_json(report(node).model_copy(update={"address": address}))
 
     def leader_address() -> str | None:
         [assignment] = json.loads(ingest(follower))["assignments"]
@@ -719,9 +717,9 @@ def test_capacity_version_moves_with_what_placement_reads_and_only_then(
     check("unchanged report", lambda: sim.report("gpu1"))
     check("new node", lambda: sim.report("gpu3"))
     busy = [gpu("gpu1", i, in_use=i == 0) for i in range(8)]
-    check("a card in use", lambda: fleet.replies.ingest(report("gpu1", gpus=busy)))
+    check("a card in use", lambda: fleet.ingest(report("gpu1", gpus=busy)))
     swapped = [*busy[:7], gpu("gpu1", 9)]  # same counts, another card
-    check("a card swapped", lambda: fleet.replies.ingest(report("gpu1", gpus=swapped)))
+    check("a card swapped", lambda: fleet.ingest(report("gpu1", gpus=swapped)))
     check("weights", lambda: (sim.weights.update(gpu2=["m"]), sim.report("gpu2")))
     check("cordon", lambda: fleet.facts.set_flag("gpu2", AdminFlag.CORDONED, "x", "ops"))
     check("model", lambda: fleet.facts.put_models([MODEL]))
@@ -768,7 +766,7 @@ async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapsho
     async def churn() -> None:
         for i in range(10_000):
             flip = [gpu("gpu2", k, in_use=k == 7 and i % 2 == 0) for k in range(8)]
-            sim.fleet.replies.ingest(report("gpu2", gpus=flip))
+            sim.fleet.ingest(report("gpu2", gpus=flip))
             await asyncio.sleep(0)
 
     task = asyncio.create_task(churn())
@@ -804,9 +802,7 @@ def test_the_snapshot_kept_between_passes_is_the_fleet_as_it_is(
     changes = [
         lambda: None,
         lambda: fleet.facts.set_flag("gpu1", AdminFlag.CORDONED, "x", "ops"),
-        lambda: fleet.replies.ingest(
-            report("gpu2", gpus=[gpu("gpu2", i, in_use=i < 3) for i in range(8)])
-        ),
+        lambda: fleet.ingest(report("gpu2", gpus=[gpu("gpu2", i, in_use=i < 3) for i in range(8)])),
         lambda: (fleet.facts.put_models([MODEL]), sim.step()),
         lambda: (sim.weights.update(gpu3=["meta/llama-8b"]), sim.report("gpu3")),
         lambda: fleet.facts.put_models(

@@ -11,6 +11,7 @@ import pytest
 from fleet_factories import FakeClock, make_fleet, report
 
 from llmgw.controller.changes import ChangeKind
+from llmgw.controller.follow import Follower
 from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec, ReplicaState
@@ -18,6 +19,12 @@ from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec, ReplicaState
 NODE, OTHER = "gpu1", "gpu2"
 MODEL = ModelSpec(name="m", source="org/m", min_replicas=0, gpus_per_shard=1)
 REPLICA = "m-1"
+
+
+def _followers_holding(*keys: str) -> Callable[[Term], object]:
+    """The views following the log (each with its own cache) that hold any of `keys`."""
+    return lambda t: [name for name, f in t.followers.items() if any(map(f.holds, keys))]
+
 
 # What each structure still holds of NODE or REPLICA (truthy: something left behind).
 TRACES: dict[str, Callable[[Term], object]] = {
@@ -29,18 +36,11 @@ TRACES: dict[str, Callable[[Term], object]] = {
     "replica record": lambda t: REPLICA in t.facts.records,
     "stopping mark": lambda t: REPLICA in t.facts.stopping,
     "gateway activity": lambda t: REPLICA in t.facts.gateway_activity,
-    "gateway status maps": lambda t: [
-        g.name
-        for g in t.gateways.seen.values()
-        if REPLICA in g.in_flight or REPLICA in g.requests or REPLICA in g.rejected
-    ],
     "retiring model": lambda t: "m" in t.facts.retiring,
     "change log index": lambda t: [k for k in ChangeKind if t.facts.log.latest(k, NODE)],
-    "row content": lambda t: NODE in t.rows._content or NODE in t.rows._changed_at,
-    "row JSON": lambda t: NODE in t.rows._json._parts or NODE in t.rows._json._keys,
-    "summary totals": lambda t: NODE in t.totals._of,
-    "report reply": lambda t: NODE in t.replies._last,
     "replica statuses": lambda t: REPLICA in t.replica_statuses(),
+    "followers of the log": _followers_holding(NODE, REPLICA),
+    "followers of the log, of the replica": _followers_holding(REPLICA),
 }
 
 
@@ -59,8 +59,8 @@ def _everything_on_the_node(tmp_path: Path) -> Term:
     a drain waiting, a replica stopping that a gateway saw, its model deleted."""
     clock = FakeClock()
     term = make_fleet(tmp_path, clock)
-    term.replies.ingest_json(report(NODE, n_gpus=2))
-    term.replies.ingest_json(report(OTHER, n_gpus=2))
+    term.ingest_json(report(NODE, n_gpus=2))
+    term.ingest_json(report(OTHER, n_gpus=2))
     facts = term.facts
     facts.put_models([MODEL])
     facts.put_replicas([_record(NODE)])
@@ -82,23 +82,29 @@ def _everything_on_the_node(tmp_path: Path) -> Term:
     term.summary()
     term.rows.rows_json()
     term.rows.nodes_since_json("")
-    term.replies.ingest_json(report(NODE, n_gpus=2))
+    term.ingest_json(report(NODE, n_gpus=2))
     return term
 
 
 def _caught_up(term: Term) -> Term:
     """Every view reads the log once more, as its next reader would make it."""
-    term.summary()
-    term.rows.rows_json()
-    term.replies.ingest_json(report(OTHER, n_gpus=2))
-    term.gateways.views()
+    for follower in term.followers.values():
+        follower.catch_up()
     return term
 
 
 def test_the_setup_puts_something_in_every_structure(tmp_path: Path) -> None:
     term = _everything_on_the_node(tmp_path)
     empty = [name for name, trace in TRACES.items() if not trace(term)]
+    empty += [n for n, f in term.followers.items() if not (f.holds(NODE) or f.holds(REPLICA))]
     assert empty == [], "the setup must fill every structure, or the tests below prove nothing"
+
+
+def test_the_term_lists_every_view_that_follows_the_log(tmp_path: Path) -> None:
+    """A view the term does not list escapes the tests above."""
+    term = make_fleet(tmp_path, FakeClock())
+    views = {name for name, value in vars(term).items() if isinstance(value, Follower)}
+    assert views == set(term.followers) == {"rows", "totals", "replies", "gateways"}
 
 
 @pytest.mark.parametrize("structure", sorted(TRACES))
@@ -112,7 +118,7 @@ REPLICA_STRUCTURES = [
     "replica record",
     "stopping mark",
     "gateway activity",
-    "gateway status maps",
+    "followers of the log, of the replica",
     "retiring model",
     "replicas by node",
     "replica statuses",
@@ -139,7 +145,7 @@ def test_forgetting_a_node_seen_but_not_yet_saved_leaves_no_sighting_to_save(
     tmp_path: Path,
 ) -> None:
     term = make_fleet(tmp_path, FakeClock())
-    term.replies.ingest(report(NODE))
+    term.ingest(report(NODE))
     assert NODE in term.facts._unsaved_nodes
     term.facts.forget_node(NODE, "ops")
     assert NODE not in term.facts._unsaved_nodes

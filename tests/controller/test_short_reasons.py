@@ -36,7 +36,7 @@ def test_a_replica_failed_since_the_last_pass_is_the_reason(tmp_path: Path) -> N
         "idle_seconds": 0.0,
         "error": f"{HUNG}\nlast lines of its log: ...",
     }
-    sim.fleet.replies.ingest(report("gpu1", replicas=[shard]))
+    sim.fleet.ingest(report("gpu1", replicas=[shard]))
     # Before any reconcile pass: the failure itself is the reason.
     assert words(sim) == f"short: its replicas fail: {HUNG}"  # its first line
     sim.reconciler.tick()  # the loop backs the model off: the same words

@@ -269,7 +269,7 @@ def term_with_nodes(tmp_path: Path, nodes: dict[str, list[dict[str, Any]] | None
     """A term whose agents reported once: node -> its cards (None: 8 healthy ones)."""
     term = make_fleet(tmp_path, FakeClock())
     for node, cards in nodes.items():
-        term.replies.ingest(report(node, gpus=cards))
+        term.ingest(report(node, gpus=cards))
     term.facts.put_models([CHAT])
     return term
 
@@ -319,7 +319,7 @@ def test_a_failed_card_plans_a_cordon_once_it_is_applied(tmp_path: Path) -> None
 def test_replicas_on_a_node_gone_too_long_are_planned_away(tmp_path: Path) -> None:
     clock = FakeClock()
     term = make_fleet(tmp_path, clock, replace_after_s=60.0)
-    term.replies.ingest(report("gpu1"))
+    term.ingest(report("gpu1"))
     term.facts.put_models([CHAT])
     term.facts.put_replicas([on("gpu1", "a")])
     assert not replace_lost(take_snapshot(term, None))

@@ -38,12 +38,12 @@ def by_fabric(summary: FleetSummary) -> dict[str, dict[str, object]]:
 
 def test_node_counts_by_state_sum_to_total(fleet: Term, clock: FakeClock) -> None:
     for name in ["a", "b", "c", "d", "e"]:
-        fleet.replies.ingest(report(name))
+        fleet.ingest(report(name))
     fleet.facts.set_flag("b", AdminFlag.CORDONED, "fan", "ops")
     fleet.facts.set_flag("c", AdminFlag.DRAINING, "bios", "ops")
     clock.advance(10)
     for name in ["a", "b", "c", "d"]:
-        fleet.replies.ingest(report(name))
+        fleet.ingest(report(name))
     clock.advance(15)  # e last reported 25 s ago: past 3 x 5 s + 5 s
     n = fleet.summary().nodes
     assert (n.ready, n.cordoned, n.draining, n.unreachable) == (2, 1, 1, 1)
@@ -51,7 +51,7 @@ def test_node_counts_by_state_sum_to_total(fleet: Term, clock: FakeClock) -> Non
 
 
 def test_one_missed_report_never_flips_a_node(fleet: Term, clock: FakeClock) -> None:
-    fleet.replies.ingest(report("a", interval_s=5))
+    fleet.ingest(report("a", interval_s=5))
     clock.advance(11)  # two reports missed
     assert fleet.summary().nodes.ready == 1
     clock.advance(8.9)  # 19.9 s: still inside 3 intervals + 5 s
@@ -61,28 +61,28 @@ def test_one_missed_report_never_flips_a_node(fleet: Term, clock: FakeClock) -> 
 
 
 def test_grace_scales_with_the_node_interval(fleet: Term, clock: FakeClock) -> None:
-    fleet.replies.ingest(report("slow", interval_s=30))
+    fleet.ingest(report("slow", interval_s=30))
     clock.advance(60)
     assert fleet.summary().nodes.ready == 1
 
 
 def test_liveness_wins_but_the_admin_flag_is_kept(fleet: Term, clock: FakeClock) -> None:
-    fleet.replies.ingest(report("a"))
+    fleet.ingest(report("a"))
     fleet.facts.set_flag("a", AdminFlag.CORDONED, "disk", "ops")
     clock.advance(60)
     row = fleet.rows.row("a")
     assert row.state == "unreachable"
     assert row.admin.flag is AdminFlag.CORDONED and row.admin.reason == "disk"
     assert fleet.summary().nodes.unreachable == 1
-    fleet.replies.ingest(report("a"))
+    fleet.ingest(report("a"))
     assert fleet.rows.row("a").state == "cordoned"
 
 
 def test_a_node_that_comes_back_is_ready_again(fleet: Term, clock: FakeClock) -> None:
-    fleet.replies.ingest(report("a"))
+    fleet.ingest(report("a"))
     clock.advance(100)
     assert fleet.summary().nodes.unreachable == 1
-    fleet.replies.ingest(report("a"))
+    fleet.ingest(report("a"))
     assert fleet.summary().nodes.ready == 1
 
 
@@ -95,8 +95,8 @@ def test_gpus_are_counted_per_card_by_class(fleet: Term) -> None:
         gpu("m", 1, "H100-SXM-80GB"),
         gpu("m", 2, "A100-SXM-40GB"),
     ]
-    fleet.replies.ingest(report("m", gpus=mixed))
-    fleet.replies.ingest(report("h", n_gpus=8))
+    fleet.ingest(report("m", gpus=mixed))
+    fleet.ingest(report("h", n_gpus=8))
     classes = by_class(fleet.summary())
     assert classes["H100-SXM-80GB"]["total"] == 10
     assert classes["A100-SXM-40GB"]["total"] == 1
@@ -111,14 +111,14 @@ def test_free_is_total_minus_used_minus_unhealthy(fleet: Term) -> None:
         gpu("a", 3),
         gpu("a", 4),
     ]
-    fleet.replies.ingest(report("a", gpus=cards))
+    fleet.ingest(report("a", gpus=cards))
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["total"], c["used"], c["unhealthy"], c["free"]) == (5, 1, 2, 2)
     assert c["free"] == c["total"] - c["used"] - c["unhealthy"]
 
 
 def test_unknown_health_is_never_free(fleet: Term) -> None:
-    fleet.replies.ingest(report("a", gpus=[gpu("a", 0, health="unknown"), gpu("a", 1)]))
+    fleet.ingest(report("a", gpus=[gpu("a", 0, health="unknown"), gpu("a", 1)]))
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["unknown"], c["free"]) == (1, 1)
 
@@ -127,12 +127,12 @@ def test_cards_on_nodes_that_take_no_work_are_unschedulable_not_free(
     fleet: Term, clock: FakeClock
 ) -> None:
     for name in ["ready", "cordoned", "draining", "gone"]:
-        fleet.replies.ingest(report(name, n_gpus=2))
+        fleet.ingest(report(name, n_gpus=2))
     fleet.facts.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
     fleet.facts.set_flag("draining", AdminFlag.DRAINING, "x", "ops")
     clock.advance(15)
     for name in ["ready", "cordoned", "draining"]:
-        fleet.replies.ingest(report(name, n_gpus=2))
+        fleet.ingest(report(name, n_gpus=2))
     clock.advance(10)
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["total"], c["free"], c["unschedulable"]) == (8, 2, 6)
@@ -140,20 +140,60 @@ def test_cards_on_nodes_that_take_no_work_are_unschedulable_not_free(
 
 
 def test_cards_assigned_to_replicas_are_used(fleet: Term) -> None:
-    fleet.replies.ingest(report("a", n_gpus=4))
+    fleet.ingest(report("a", n_gpus=4))
     fleet.facts.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=2)])
     fleet.facts.put_replicas([replica("r1", "m", [("a", ["GPU-a-0", "GPU-a-1"])])])
     c = by_class(fleet.summary())["H100-SXM-80GB"]
     assert (c["used"], c["free"]) == (2, 2)
 
 
+def test_a_card_a_replica_holds_is_used_once_and_moving_it_reads_no_report(
+    fleet: Term, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held: an idle card and one of unknown health turn used, a busy one stays used
+    once, a broken one stays broken. The node's digest is its report's: a replica
+    placed or removed changes what the views join (`NodeDigest.counted`), not it."""
+    cards = [
+        gpu("a", 0),
+        gpu("a", 1, health="unknown"),
+        gpu("a", 2, in_use=True),
+        gpu("a", 3, health="unhealthy", reason="Xid 79"),
+        gpu("a", 4),
+    ]
+    fleet.ingest(report("a", gpus=cards))
+    fleet.ingest(report("b", n_gpus=1))
+    fleet.facts.put_models([ModelSpec(name="m", source="org/m", gpus_per_shard=4)])
+    digest = fleet.facts.nodes["a"].digest
+    assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 1  # b
+
+    def read() -> tuple[object, ...]:
+        c = by_class(fleet.summary())["H100-SXM-80GB"]
+        row = fleet.rows.row("a")
+        return (
+            (c["used"], c["unknown"], c["unhealthy"], c["free"]),
+            (row.gpus_used, row.gpus_unknown, row.gpus_unhealthy),
+            by_fabric(fleet.summary())["ib-a"]["largest_free_block"],
+        )
+
+    def no_report_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a report was parsed again")
+
+    monkeypatch.setattr(type(fleet.facts.nodes["a"]), "report", property(no_report_read))
+    on_a = [f"GPU-a-{i}" for i in range(4)]
+    fleet.facts.put_replicas([replica("r1", "m", [("a", on_a), ("b", ["GPU-b-0"])])])
+    assert read() == ((4, 0, 1, 1), (3, 0, 1), 0)
+    fleet.facts.remove_replicas(["r1"])
+    assert read() == ((1, 1, 1, 3), (1, 1, 1), 1)
+    assert fleet.facts.nodes["a"].digest is digest
+
+
 # -- fabrics ------------------------------------------------------------------------------
 
 
 def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: Term) -> None:
-    fleet.replies.ingest(report("a", fabrics=["ib-b"]))
-    fleet.replies.ingest(report("b", fabrics=["ib-a", "ib-b"]))
-    fleet.replies.ingest(report("c", fabrics=[]))
+    fleet.ingest(report("a", fabrics=["ib-b"]))
+    fleet.ingest(report("b", fabrics=["ib-a", "ib-b"]))
+    fleet.ingest(report("c", fabrics=[]))
     summary = fleet.summary()
     assert [f.fabric for f in summary.fabrics] == ["ib-a", "ib-b"]
     fabrics = by_fabric(summary)
@@ -164,24 +204,24 @@ def test_fabrics_sorted_and_node_in_two_fabrics_counts_in_both(fleet: Term) -> N
 def test_largest_free_block_counts_only_entirely_free_ready_nodes(
     fleet: Term, clock: FakeClock
 ) -> None:
-    fleet.replies.ingest(report("free1"))
-    fleet.replies.ingest(report("free2"))
-    fleet.replies.ingest(
+    fleet.ingest(report("free1"))
+    fleet.ingest(report("free2"))
+    fleet.ingest(
         report("one-busy", gpus=[gpu("x", 0, in_use=True)] + [gpu("x", i) for i in range(1, 8)])
     )
-    fleet.replies.ingest(
+    fleet.ingest(
         report(
             "one-broken",
             gpus=[gpu("y", 0, health="unhealthy")] + [gpu("y", i) for i in range(1, 8)],
         )
     )
-    fleet.replies.ingest(report("one-unknown", gpus=[gpu("z", 0, health="unknown"), gpu("z", 1)]))
-    fleet.replies.ingest(report("no-gpus", gpus=[]))
-    fleet.replies.ingest(report("cordoned"))
+    fleet.ingest(report("one-unknown", gpus=[gpu("z", 0, health="unknown"), gpu("z", 1)]))
+    fleet.ingest(report("no-gpus", gpus=[]))
+    fleet.ingest(report("cordoned"))
     fleet.facts.set_flag("cordoned", AdminFlag.CORDONED, "x", "ops")
     assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 2
     clock.advance(25)
-    fleet.replies.ingest(report("free1"))  # free2 is now unreachable
+    fleet.ingest(report("free1"))  # free2 is now unreachable
     assert by_fabric(fleet.summary())["ib-a"]["largest_free_block"] == 1
 
 
@@ -190,7 +230,7 @@ def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: Term) -> None:
         "/mnt/models", ["meta/llama-70b"], scope="shared", source="filer1:/export/models"
     )
     for i in range(20):
-        fleet.replies.ingest(report(f"n{i:02d}", storage=[filer]))
+        fleet.ingest(report(f"n{i:02d}", storage=[filer]))
     fabric = fleet.summary().fabrics[0]
     assert fabric.models_present == 1
     assert fabric.nodes_with_weights == 20
@@ -204,13 +244,11 @@ def test_one_shared_filer_on_twenty_nodes_is_one_model(fleet: Term) -> None:
 
 
 def test_nodes_with_weights_and_models_present(fleet: Term) -> None:
-    fleet.replies.ingest(report("looks-not", storage=None))  # not configured
-    fleet.replies.ingest(report("found-nothing", storage=[location("/models", [])]))
-    fleet.replies.ingest(report("one", storage=[location("/models", ["a/x"])]))
-    fleet.replies.ingest(report("two", storage=[location("/models", ["a/x", "b/y"])]))
-    fleet.replies.ingest(
-        report("other-fabric", fabrics=["ib-b"], storage=[location("/m", ["c/z"])])
-    )
+    fleet.ingest(report("looks-not", storage=None))  # not configured
+    fleet.ingest(report("found-nothing", storage=[location("/models", [])]))
+    fleet.ingest(report("one", storage=[location("/models", ["a/x"])]))
+    fleet.ingest(report("two", storage=[location("/models", ["a/x", "b/y"])]))
+    fleet.ingest(report("other-fabric", fabrics=["ib-b"], storage=[location("/m", ["c/z"])]))
     fabrics = by_fabric(fleet.summary())
     assert fabrics["ib-a"]["nodes"] == 4
     assert fabrics["ib-a"]["nodes_with_weights"] == 2
@@ -220,9 +258,9 @@ def test_nodes_with_weights_and_models_present(fleet: Term) -> None:
 
 
 def test_a_node_told_nothing_ranks_like_one_that_found_nothing(fleet: Term) -> None:
-    fleet.replies.ingest(report("a", storage=None))
+    fleet.ingest(report("a", storage=None))
     first = by_fabric(fleet.summary())["ib-a"]
-    fleet.replies.ingest(report("a", storage=[location("/models", [])]))
+    fleet.ingest(report("a", storage=[location("/models", [])]))
     assert by_fabric(fleet.summary())["ib-a"] == first
 
 
@@ -271,7 +309,7 @@ def test_replica_counts_and_model_satisfaction(fleet: Term) -> None:
             replica("r-drain", "zz-stuck", [("a", ["GPU-a-3"])], state="draining"),
         ]
     )
-    fleet.replies.ingest(
+    fleet.ingest(
         report(
             "a",
             replicas=[
@@ -310,7 +348,7 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
             replica("unknown", "m", [("a", ["GPU-a-4"])]),
         ]
     )
-    fleet.replies.ingest(
+    fleet.ingest(
         report(
             "a",
             replicas=[
@@ -321,17 +359,13 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
             ],
         )
     )
-    fleet.replies.ingest(
-        report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)])
-    )
+    fleet.ingest(report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)]))
     idle = fleet.summary().idle_replicas
     assert [(r.id, r.gpus) for r in idle] == [("older", 1), ("two-node", 4)]
     assert idle[0].idle_seconds == pytest.approx(3600)
     # Time passing makes the busy one idle too, with no new report.
     clock.advance(580)
-    fleet.replies.ingest(
-        report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)])
-    )
+    fleet.ingest(report("b", replicas=[shard("two-node", "ready", ["GPU-b-0", "GPU-b-1"], rank=1)]))
     ids = [r.id for r in fleet.summary().idle_replicas]
     assert ids == ["older", "two-node", "busy"]
     assert "unknown" not in ids
@@ -340,10 +374,10 @@ def test_idle_replicas_most_idle_first_with_gpus_over_all_shards(
 def test_activity_takes_a_replica_off_the_idle_list(fleet: Term, clock: FakeClock) -> None:
     fleet.facts.put_models([ModelSpec(name="m", source="s")])
     fleet.facts.put_replicas([replica("r", "m", [("a", ["GPU-a-0"])])])
-    fleet.replies.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=900)]))
+    fleet.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=900)]))
     assert [r.id for r in fleet.summary().idle_replicas] == ["r"]
     clock.advance(5)
-    fleet.replies.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=1)]))
+    fleet.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=1)]))
     assert fleet.summary().idle_replicas == []
 
 
@@ -351,7 +385,7 @@ def test_activity_takes_a_replica_off_the_idle_list(fleet: Term, clock: FakeCloc
 
 
 def test_a_cordon_shows_at_once_despite_the_cache(fleet: Term) -> None:
-    fleet.replies.ingest(report("a"))
+    fleet.ingest(report("a"))
     assert fleet.summary().nodes.ready == 1
     fleet.facts.set_flag("a", AdminFlag.CORDONED, "x", "ops")
     assert fleet.summary().nodes.cordoned == 1
@@ -359,7 +393,7 @@ def test_a_cordon_shows_at_once_despite_the_cache(fleet: Term) -> None:
 
 def test_reason_groups_list_nodes_like_sinfo_r(fleet: Term) -> None:
     for name in ["g1", "g2", "g3"]:
-        fleet.replies.ingest(report(name))
+        fleet.ingest(report(name))
     fleet.facts.set_flag("g1", AdminFlag.CORDONED, "PSU swap", "alice")
     fleet.facts.set_flag("g3", AdminFlag.CORDONED, "PSU swap", "alice")
     fleet.facts.set_flag("g2", AdminFlag.DRAINING, "BIOS update", "bob")
@@ -393,7 +427,7 @@ def test_summary_never_disagrees_with_the_nodes_table(
     fleet = make_fleet(tmp_path_factory.mktemp("state"), clock)
     for i, (_, _, n, bad) in enumerate(plan):
         cards = [gpu(f"n{i}", j, health="unhealthy" if j < bad else "healthy") for j in range(n)]
-        fleet.replies.ingest(report(f"n{i}", gpus=cards))
+        fleet.ingest(report(f"n{i}", gpus=cards))
     for i, (flag, _, _, _) in enumerate(plan):
         if flag != "ready":
             fleet.facts.set_flag(f"n{i}", AdminFlag(flag), "reason", "ops")
@@ -403,7 +437,7 @@ def test_summary_never_disagrees_with_the_nodes_table(
             cards = [
                 gpu(f"n{i}", j, health="unhealthy" if j < bad else "healthy") for j in range(n)
             ]
-            fleet.replies.ingest(report(f"n{i}", gpus=cards))
+            fleet.ingest(report(f"n{i}", gpus=cards))
     clock.advance(10)
     rows = fleet.rows.rows()
     summary = fleet.summary()
@@ -428,16 +462,16 @@ def test_summary_never_disagrees_with_the_nodes_table(
 def test_every_turn_to_unreachable_is_counted(fleet: Term, clock: FakeClock) -> None:
     """A node that drops out and comes back between two scrapes shows in the
     counter, not in the sampled gauge (llmgw_nodes_turned_unreachable)."""
-    fleet.replies.ingest(report("a", interval_s=5))
-    fleet.replies.ingest(report("b", interval_s=5))
+    fleet.ingest(report("a", interval_s=5))
+    fleet.ingest(report("b", interval_s=5))
     assert fleet.facts.turned_unreachable == 0
     for turns in (1, 2):
         clock.advance(21)  # past 3 intervals + 5 s
-        fleet.replies.ingest(report("b", interval_s=5))  # b keeps reporting
+        fleet.ingest(report("b", interval_s=5))  # b keeps reporting
         assert fleet.summary().nodes.unreachable == 1
         fleet.summary()  # looking again is not another turn
         assert fleet.facts.turned_unreachable == turns
-        fleet.replies.ingest(report("a", interval_s=5))  # back
+        fleet.ingest(report("a", interval_s=5))  # back
         assert fleet.summary().nodes.unreachable == 0
     # A new leader's term (reload) keeps the count: it is a counter.
     fleet = fleet.next_term()

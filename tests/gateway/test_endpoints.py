@@ -51,7 +51,7 @@ class Sim:
                 for a in self.fleet.assignments_for(node)
             ]
             rep = report(node, replicas=shards).model_copy(update={"address": f"10.0.0.{i + 1}"})
-            self.fleet.replies.ingest(rep)
+            self.fleet.ingest(rep)
         self.reconciler.tick()
 
     def summary(self) -> FleetSummary:

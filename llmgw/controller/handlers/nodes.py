@@ -46,7 +46,7 @@ async def agent_report(request: web.Request) -> web.Response:
             outcome = "refused"
             request.app[REFUSALS].note(identity.node or report.node, refusal)
             raise PermissionDenied(refusal)
-        body = term.replies.ingest_json(report, await request.read())
+        body = term.ingest_json(report, await request.read())
         if identity.node is not None:  # its credential, used: it no longer expires
             term.credentials.reported(identity.node, time.time())
         outcome = "ok"
