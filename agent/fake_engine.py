@@ -664,8 +664,13 @@ def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResp
     return log_access
 
 
+MAX_BODY = 512 * 1024 * 1024  # SMG's own default bound (--max-payload-size)
+
+
 def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> web.Application:
-    app = web.Application(middlewares=[_access_log(quiet_paths)])
+    # vLLM (uvicorn) bounds no body; aiohttp's 1 MiB default would refuse, in plain
+    # text, a long prompt the gateway lets through (its --max-body, 64 MiB by default).
+    app = web.Application(middlewares=[_access_log(quiet_paths)], client_max_size=MAX_BODY)
     app[STATE] = EngineState(
         config=config,
         metrics=EngineMetrics(config.model),

@@ -51,6 +51,14 @@ async def test_serves_models_completions_and_vllm_metrics(aiohttp_client: Aiohtt
     assert after.counters["vllm:generation_tokens_total"] == 4
 
 
+async def test_a_long_prompt_is_served_as_vllm_serves_it(aiohttp_client: AiohttpClient) -> None:
+    """Past aiohttp's 1 MiB default: vLLM bounds no body, and the gateway lets 64 MiB through."""
+    client = await aiohttp_client(make_app(FakeConfig(model="m", load_seconds=0, latency_s=0)))
+    prompt = "word " * (3 * 1024 * 1024 // 5)  # 3 MiB
+    resp = await client.post("/v1/completions", json={"model": "m", "prompt": prompt})
+    assert resp.status == 200, await resp.text()
+
+
 async def test_rejects_bad_requests(aiohttp_client: AiohttpClient) -> None:
     client = await aiohttp_client(make_app(FakeConfig(load_seconds=0)))
     assert (await client.post("/v1/completions", json={"model": "other"})).status == 404
