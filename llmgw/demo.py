@@ -57,6 +57,7 @@ log = logging.getLogger("llmgw.demo")
 FABRICS = ("ib-a", "ib-b", "ib-c")
 REPORT_INTERVAL_S = 2.0
 FAIL_CARD_AFTER_S = 180.0
+DEMO_IDLE_AFTER_S = 60.0  # the controller's --idle-after in the demo (10 min in production)
 # Headless, the demo's terminal shows the banner and the controller's own decisions;
 # these loggers speak once per node, engine or request, so they say only what went wrong.
 PER_NODE_LOGGERS = ("agent", "httpx")
@@ -501,8 +502,11 @@ async def run_demo(
     tasks: list[asyncio.Task[None]] = []
     try:
         fleet = build_fleet(root, args.nodes)
+        # Idle after a minute, not ten: a newcomer sees idleness while the demo is new.
         settings = ControllerSettings(
-            state_dir=root / "controller", listen=f"127.0.0.1:{args.port}"
+            state_dir=root / "controller",
+            listen=f"127.0.0.1:{args.port}",
+            idle_after_s=DEMO_IDLE_AFTER_S,
         )
         runner = web.AppRunner(create_app(settings), access_log=None)
         await runner.setup()

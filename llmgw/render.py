@@ -15,6 +15,7 @@ from itertools import groupby
 
 from llmgw import present
 from llmgw.common import printable
+from llmgw.durations import format_duration
 
 # typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
 TYPE_CHECKING = False
@@ -331,7 +332,7 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
     idle = _table("REPLICA", "MODEL", "GPUS", "IDLE")
     for i in summary.idle_replicas:
         idle.add(i.id, i.id, i.model, str(i.gpus), duration(i.idle_seconds))
-    section("Idle replicas (nothing asked for 10m+)", idle)
+    section(f"Idle replicas (nothing asked for {format_duration(summary.idle_after_s)}+)", idle)
 
     reasons = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST")
     for group in summary.reasons:

@@ -983,6 +983,9 @@ class WakingModel(Outbound):
     held: int  # requests the gateways hold for it
 
 
+IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes (--idle-after)
+
+
 class FleetSummary(Outbound):
     nodes: NodeCounts
     gpus: list[GpuClassCounts]
@@ -1000,9 +1003,8 @@ class FleetSummary(Outbound):
     engines: dict[str, int] = Field(default_factory=dict)
     # Models woken from zero replicas that none serves yet, by name.
     waking: list[WakingModel] = Field(default_factory=list)
-
-
-IDLE_AFTER_S = 600.0  # idle means nothing asked for at least 10 minutes
+    # What `idle_replicas` means: ready and asked nothing for this long (`--idle-after`).
+    idle_after_s: float = IDLE_AFTER_S
 
 
 # -- drain pre-check ----------------------------------------------------------------

@@ -112,11 +112,12 @@ class IdleTable(GlanceTable):
         self.add_column("REPLICA", key="id")
         self.add_column("MODEL", key="model")
 
-    def show(self, idle: list[IdleReplica]) -> None:
+    def show(self, idle: list[IdleReplica], idle_after_s: float) -> None:
         ordered = sorted(idle, key=lambda r: -r.idle_seconds)  # most idle first
         self.sync({r.id: self._row_cells(r) for r in ordered})
+        after = f"{idle_after_s / 60:g} min" if idle_after_s % 60 == 0 else duration(idle_after_s)
         self.border_subtitle = (
-            f"{sum(r.gpus for r in idle)} GPUs idle" if idle else "nothing idle for 10 min"
+            f"{sum(r.gpus for r in idle)} GPUs idle" if idle else f"nothing idle for {after}"
         )
 
     @staticmethod

@@ -21,7 +21,7 @@ from llmgw.controller.plans import ForgetScaling, Plan, Planner, Scaling
 from llmgw.controller.reclaim import Candidate, choose, reclaimed_words
 from llmgw.controller.records import LeaveReason
 from llmgw.controller.replicas import model_in_flight
-from llmgw.wire import IDLE_AFTER_S, EventReason, ModelSpec, ReplicaState
+from llmgw.wire import EventReason, ModelSpec, ReplicaState
 
 __all__ = ["reclaim", "scale"]
 
@@ -165,7 +165,7 @@ def reclaim(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
             snap.models[s.record.model],
             s.state is ReplicaState.READY
             and s.idle_since is not None
-            and snap.now - s.idle_since >= IDLE_AFTER_S,
+            and snap.now - s.idle_since >= snap.settings.idle_after_s,
             s.in_flight(gateways) or 0,
         )
         for s in snap.statuses.values()

@@ -24,6 +24,7 @@ from llmgw.controller.stores import (
 from llmgw.durations import duration_arg
 from llmgw.listen import PortInUse, check_free
 from llmgw.tls import TlsConfigError, server_context
+from llmgw.wire import IDLE_AFTER_S
 
 log = logging.getLogger("llmgw.controller")
 
@@ -150,6 +151,15 @@ def parser() -> argparse.ArgumentParser:
         help="how long a node is unreachable before its replicas move (default 5m)",
     )
     p.add_argument(
+        "--idle-after",
+        type=duration_arg,
+        default=IDLE_AFTER_S,
+        metavar="DURATION",
+        help="how long a ready replica nothing asked anything for is idle: listed in the "
+        "summary, first to go when room is needed (default 10m; minutes, not seconds, in "
+        "production: unloading a replica throws its KV cache away)",
+    )
+    p.add_argument(
         "--no-cordon-on-gpu-fault",
         dest="cordon_on_gpu_fault",
         action="store_false",
@@ -227,6 +237,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--idle-timeout", args.idle_timeout),
         ("--body-timeout", args.body_timeout),
         ("--stop-grace", args.stop_grace),
+        ("--idle-after", args.idle_after),
         ("--lease-ttl", args.lease_ttl),
     ):
         if not 0 < value <= 86_400:
@@ -291,6 +302,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         tokens=tokens,
         grace_intervals=args.grace_intervals,
         replace_after_s=args.replace_after,
+        idle_after_s=args.idle_after,
         cordon_on_gpu_fault=args.cordon_on_gpu_fault,
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,

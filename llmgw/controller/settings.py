@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.controller.auth import Tokens
+from llmgw.wire import IDLE_AFTER_S
 
 DEFAULT_LISTEN = "127.0.0.1:7460"
 MAX_BODY_BYTES = 1024 * 1024
@@ -23,6 +24,9 @@ class ControllerSettings:
     grace_extra_s: float = 5.0
     # Replicas on a node unreachable this long are replaced elsewhere.
     replace_after_s: float = 300.0
+    # A ready replica nothing asked anything for this long is idle (`--idle-after`): the
+    # summary lists it, and demand takes idle replicas first. Minutes in production.
+    idle_after_s: float = IDLE_AFTER_S
     # A fatal card fault cordons its node (by llmgw); replicas on the card move either way.
     cordon_on_gpu_fault: bool = True
     # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.

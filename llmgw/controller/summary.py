@@ -227,6 +227,7 @@ def build_summary(
     wall: float,
     gateway_in_flight: Mapping[str, int] | None = None,
     waking: list[WakingModel] | None = None,
+    idle_after_s: float = IDLE_AFTER_S,
 ) -> FleetSummary:
     replica_counts = dict.fromkeys(ReplicaState, 0)
     by_model = count_by_model(replicas.values())
@@ -235,7 +236,7 @@ def build_summary(
         replica_counts[r.state] += 1
         if r.state is ReplicaState.READY and r.idle_since is not None:
             idle_s = now - r.idle_since
-            if idle_s >= IDLE_AFTER_S:
+            if idle_s >= idle_after_s:
                 idle.append(
                     IdleReplica(
                         id=r.record.id,
@@ -270,6 +271,7 @@ def build_summary(
         traffic=model_traffic(replicas, gateway_in_flight or {}),
         engines={e: n for e, n in sorted(totals.engines.items()) if n > 0},
         waking=waking or [],
+        idle_after_s=idle_after_s,
     )
 
 

@@ -166,6 +166,7 @@ class Term:
             facts.wall(),
             gateway_in_flight,
             model_views.waking(facts, now),
+            facts.settings.idle_after_s,
         )
 
     def endpoints_since(self, since: str) -> EndpointsDelta:

@@ -10,6 +10,7 @@ from fleet_factories import FakeClock, gpu, location, make_fleet, report
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmgw import render
 from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, FleetSummary, ModelSpec, ReplicaState
@@ -476,3 +477,34 @@ def test_every_turn_to_unreachable_is_counted(fleet: Term, clock: FakeClock) -> 
     # A new leader's term (reload) keeps the count: it is a counter.
     fleet = fleet.next_term()
     assert fleet.facts.turned_unreachable == 2
+
+
+def test_idle_means_what_idle_after_says(tmp_path: Path, clock: FakeClock) -> None:
+    """`--idle-after`: the summary lists a replica idle that long, and says the threshold."""
+    short = make_fleet(tmp_path, clock, idle_after_s=60.0)
+    short.facts.put_models([ModelSpec(name="m", source="s")])
+    short.facts.put_replicas([replica("r", "m", [("a", ["GPU-a-0"])])])
+    short.ingest(report("a", replicas=[shard("r", "ready", ["GPU-a-0"], idle=90)]))
+    s = short.summary()
+    assert [r.id for r in s.idle_replicas] == ["r"]
+    assert s.idle_after_s == 60.0
+    assert "nothing asked for 1m+" in render.status(s, "http://c")
+
+
+def test_idle_is_ten_minutes_by_default(fleet: Term) -> None:
+    fleet.facts.put_models([ModelSpec(name="m", source="s")])
+    fleet.facts.put_replicas(
+        [replica("r", "m", [("a", ["GPU-a-0"])]), replica("q", "m", [("a", ["GPU-a-1"])])]
+    )
+    fleet.ingest(
+        report(
+            "a",
+            replicas=[
+                shard("r", "ready", ["GPU-a-0"], idle=90),
+                shard("q", "ready", ["GPU-a-1"], idle=700),
+            ],
+        )
+    )
+    s = fleet.summary()
+    assert ([r.id for r in s.idle_replicas], s.idle_after_s) == (["q"], 600.0)
+    assert "nothing asked for 10m+" in render.status(s, "http://c")
