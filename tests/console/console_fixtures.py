@@ -154,7 +154,7 @@ class LiveController:
 
     async def _start(self) -> None:
         settings = ControllerSettings(
-            state_dir=self.state_dir, tokens=self.tokens, reconcile_interval_s=0.005
+            state_dir=self.state_dir, tokens=self.tokens, reconcile_interval_s=0.05
         )
         self.app = create_app(settings)
         # Count the reconcile loop's passes (the leadership binds this at startup).
