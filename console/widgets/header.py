@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rich.text import Text
+from textual import events
 from textual.widgets import Static
 
 from console.state import Connection, FleetView, Link, next_step
@@ -36,6 +37,7 @@ class FleetHeader(Static):
     how fresh; the nodes; the models and replicas. Each fits 80 columns."""
 
     _last: Text | None = None
+    _shown: tuple[FleetView | None, Connection, float, str, bool, str] | None = None
 
     def show(
         self,
@@ -46,11 +48,18 @@ class FleetHeader(Static):
         ro: bool,
         gateway: str = "",
     ) -> None:
+        self._shown = (fleet, conn, now, url, ro, gateway)
         text = self.render_text(fleet, conn, now, url, ro, gateway, self.size.width)
         if text != self._last:
             self._last = text
             # Fixed height: a repaint, never a re-layout of 2,000 rows below.
             self.update(text, layout=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Fitted to the width it has: a fleet shown before the first layout (width 0)
+        # was drawn whole, and stayed so until the next tick.
+        if self._shown is not None:
+            self.show(*self._shown)
 
     @staticmethod
     def render_text(
