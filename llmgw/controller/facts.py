@@ -28,6 +28,7 @@ from llmgw.controller.events import KEEP as EVENTS_KEPT
 from llmgw.controller.events import Events
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import NodeEntry, node_state
+from llmgw.controller.records import gpus_on
 from llmgw.controller.revisions import Revisions, same_engine, undone
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Backoff, ReplicaRecord
@@ -137,13 +138,7 @@ class Facts:
     def assigned_gpus(self, node: str) -> frozenset[str]:
         """The cards replica shards on `node` were given (in use from the moment
         they are, whatever its last report says)."""
-        return frozenset(
-            gpu
-            for rec in self._by_node.get(node, ())
-            for shard in rec.shards
-            if shard.node == node
-            for gpu in shard.gpus
-        )
+        return gpus_on(node, self._by_node.get(node, ()))
 
     def require(self, name: str) -> NodeEntry:
         entry = self._entries.get(name)

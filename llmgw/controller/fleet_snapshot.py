@@ -25,7 +25,7 @@ from llmgw.controller.admin_flags import NO_ADMIN
 from llmgw.controller.decisions import Note
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import Faults, NodeEntry, node_state
-from llmgw.controller.records import Backoff, ReplicaRecord
+from llmgw.controller.records import Backoff, ReplicaRecord, gpus_on
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.settings import ControllerSettings
 from llmgw.scheduler import NodeCapacity, Placement
@@ -215,13 +215,7 @@ class FleetSnapshot:
         return by_node
 
     def assigned_gpus(self, node: str) -> frozenset[str]:
-        return frozenset(
-            gpu
-            for rec in self._on_node.get(node, ())
-            for shard in rec.shards
-            if shard.node == node
-            for gpu in shard.gpus
-        )
+        return gpus_on(node, self._on_node.get(node, ()))
 
     def still_free(self, placement: Placement) -> bool:
         return still_free(self, placement)

@@ -24,7 +24,7 @@ answer (the endpoint feed's, from a gateway's cursor).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import ClassVar, Protocol
 
 from llmgw.controller.changes import SUBJECTS, Change, ChangeKind, HistoryLost, Subject
@@ -116,6 +116,23 @@ class Follower(ABC):
 
     @abstractmethod
     def resync(self, revision: int, now: float) -> None: ...
+
+    def resync_keys(
+        self,
+        kind: ChangeKind,
+        kept: Iterable[str],
+        now_there: Mapping[str, object],
+        revision: int,
+        now: float,
+    ) -> None:
+        """A resync as a change of every key this view keeps or the facts hold: changed
+        where the facts hold it, removed where they no longer do."""
+        for key in set(kept) | now_there.keys():
+            change = Change(revision, kind, key)
+            if key in now_there:
+                self.changed(change, now)
+            else:
+                self.removed(change, now)
 
     @abstractmethod
     def holds(self, key: str) -> bool:

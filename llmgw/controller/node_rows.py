@@ -136,13 +136,7 @@ class NodeRows(Follower):
     def resync(self, revision: int, now: float) -> None:
         """Every row again; a cursor from before now gets a full answer."""
         self._floor = revision
-        nodes = self._facts.nodes
-        for name in self._content.keys() | nodes.keys():
-            change = Change(revision, ChangeKind.NODE, name)
-            if name in nodes:
-                self.changed(change, now)
-            else:
-                self.removed(change, now)
+        self.resync_keys(ChangeKind.NODE, self._content, self._facts.nodes, revision, now)
 
     def holds(self, key: str) -> bool:
         # (A forgotten node's tombstone is not its row: at most REMOVALS_KEPT are kept.)

@@ -5,6 +5,7 @@ them: replicas with their shards, per-model failure backoff, and a whole-state d
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from llmgw.wire import AdminEvent, AdminInfo, EventView, ModelRevision, ModelSpec, ReplicaState
@@ -196,3 +197,10 @@ class StateDump:
     def counts(self) -> str:
         """What the dump holds, counted (for `migrate`'s report)."""
         return ", ".join(f"{n} {what}" for n, what in self.sizes())
+
+
+def gpus_on(node: str, records: Iterable[ReplicaRecord]) -> frozenset[str]:
+    """The cards the shards of `records` hold on `node` (a replica may span nodes)."""
+    return frozenset(
+        gpu for rec in records for shard in rec.shards if shard.node == node for gpu in shard.gpus
+    )

@@ -204,13 +204,7 @@ class Totals(Follower):
             self._sums.remove(old)
 
     def resync(self, revision: int, now: float) -> None:
-        nodes = self._facts.nodes
-        for name in self._of.keys() | nodes.keys():
-            change = Change(revision, ChangeKind.NODE, name)
-            if name in nodes:
-                self.changed(change, now)
-            else:
-                self.removed(change, now)
+        self.resync_keys(ChangeKind.NODE, self._of, self._facts.nodes, revision, now)
 
     def holds(self, key: str) -> bool:
         return key in self._of
