@@ -4,11 +4,16 @@ requests stay in flight), the gateway with its SMG child, and eight clients.
 
 A model with min 1, max 3, target 2 reaches three ready replicas (on three
 nodes) under the load and returns to one once it stops, one replica at a time
-through the stop handshake, with zero failed requests all along."""
+through the stop handshake, with zero failed requests all along.
+
+That test and the in-flight guard share one cluster and gateway (`fleet`, built once
+for the module), each on a model of its own, so that either also runs alone; the
+reclaim test needs a fleet its models fill, and has its own."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,22 +25,36 @@ pytestmark = pytest.mark.slow
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
 
 
-def chat_view(c: Cluster) -> dict:
-    return next(m for m in c.get("/v1/models") if m["spec"]["name"] == "chat")
+def chat_view(c: Cluster, name: str = "chat") -> dict:
+    return next(m for m in c.get("/v1/models") if m["spec"]["name"] == name)
 
 
-def live(c: Cluster) -> list[dict]:
-    return [r for r in c.get("/v1/replicas") if r["model"] == "chat"]
+def live(c: Cluster, name: str = "chat") -> list[dict]:
+    return [r for r in c.get("/v1/replicas") if r["model"] == name]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Gateway]]:
+    """The controller, four agents with two cards each and the gateway (round robin),
+    for the module's tests that load a model of their own."""
+    c = Cluster(tmp_path_factory.mktemp("autoscale") / "cluster")
+    try:
+        c.start_controller(*CONTROLLER_ARGS)
+        for name in NODES:
+            c.start_agent(name, gpus="2xH100-80GB")
+        wait_cluster_ready(c, NODES)
+        gw = Gateway(c, "--policy", "round_robin")
+        gw.start()
+        yield c, gw
+        gw.stop()
+    finally:
+        c.close()
 
 
 def test_load_scales_a_model_up_and_back_down_without_failing_a_request(
-    cluster: Cluster,
+    fleet: tuple[Cluster, Gateway],
 ) -> None:
-    c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    for name in NODES:
-        c.start_agent(name, gpus="2xH100-80GB")
-    wait_cluster_ready(c, NODES)
+    c, gw = fleet
     spec = {
         **model("chat", min_replicas=1),
         "max_replicas": 3,
@@ -43,8 +62,6 @@ def test_load_scales_a_model_up_and_back_down_without_failing_a_request(
         "scale_down_after_s": 3,
     }
     c.apply([spec])
-    gw = Gateway(c, "--policy", "round_robin")
-    gw.start()
     gw.wait_serving("chat")
     load = Load(gw.url, "chat").start(clients=8)
     started = time.monotonic()
@@ -78,7 +95,6 @@ def test_load_scales_a_model_up_and_back_down_without_failing_a_request(
     events = c.ctl("events", "--for", "model/chat")
     assert events.count("ScaledUp") >= 1 and events.count("ScaledDown") >= 4, events
     print(f"scale-up to 3 ready: {up_s:.1f}s after the load began; {load.ok} requests served")
-    gw.stop()
 
 
 def test_a_full_fleet_reclaims_a_lower_priority_replica_above_its_minimum(
@@ -127,38 +143,34 @@ def test_a_full_fleet_reclaims_a_lower_priority_replica_above_its_minimum(
     gw.stop()
 
 
-def test_the_in_flight_figure_stays_within_the_clients_in_flight(cluster: Cluster) -> None:
+def test_the_in_flight_figure_stays_within_the_clients_in_flight(
+    fleet: tuple[Cluster, Gateway],
+) -> None:
     """Issue 35 item 5: with a fixed number of clients, each one request at a time,
     the autoscaler's figure (the window's mean) never exceeds that number. Summing
     each replica's higher count (engine or gateways, read at other moments) read 16
     clients as 16.2-17.1. A target no load reaches keeps two replicas serving. (A
     guard: it caught the double count in one run of two before the fix;
     `tests/controller/test_autoscale.py` proves the computation every time.)"""
-    c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    for name in NODES[:2]:
-        c.start_agent(name, gpus="1xH100-80GB")
-    wait_cluster_ready(c, NODES[:2])
-    c.apply([{**model("chat", min_replicas=2), "max_replicas": 3, "target_in_flight": 100}])
-    gw = Gateway(c, "--policy", "round_robin")
-    gw.start()
-    gw.wait_serving("chat")
+    c, gw = fleet
+    name = "steady"
+    c.apply([{**model(name, min_replicas=2), "max_replicas": 3, "target_in_flight": 100}])
+    gw.wait_serving(name)
     wait_until(
-        lambda: sum(r["state"] == "ready" for r in live(c)) == 2,
+        lambda: sum(r["state"] == "ready" for r in live(c, name)) == 2,
         timeout=60,
         what="two ready replicas",
     )
     clients = 6
-    load = Load(gw.url, "chat").start(clients=clients)
+    load = Load(gw.url, name).start(clients=clients)
     figures: list[float] = []
     try:
-        wait_until(lambda: chat_view(c)["in_flight"] > 0, timeout=30, what="load seen")
+        wait_until(lambda: chat_view(c, name)["in_flight"] > 0, timeout=30, what="load seen")
         for _ in range(60):  # about 15 s of the controller's passes
-            figures.append(chat_view(c)["in_flight"])
+            figures.append(chat_view(c, name)["in_flight"])
             time.sleep(0.25)
     finally:
         load.stop()
     assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
     assert max(figures) <= clients, figures
     print(f"in flight with {clients} clients: {min(figures)}..{max(figures)}")
-    gw.stop()

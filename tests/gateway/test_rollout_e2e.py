@@ -9,12 +9,18 @@ sending requests all along.
   replicas keep serving.
 - A controller SIGKILLed mid-rollout resumes it after a restart; nothing is
   placed twice.
+
+The first two share one cluster and gateway (`fleet`, built once for the module: a
+controller, four agents and the gateway take about 10 s to bring up), each rolling a
+model of its own, so that either also runs alone. The third kills its controller:
+it has its own.
 """
 
 from __future__ import annotations
 
 import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,43 +40,58 @@ pytestmark = pytest.mark.slow
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
 
 
-def chat(load_seconds: str = "0.3", *extra: str) -> dict[str, Any]:
-    spec = model("chat", min_replicas=2)
+def chat(load_seconds: str = "0.3", *extra: str, name: str = "chat") -> dict[str, Any]:
+    spec = model(name, min_replicas=2)
     args = list(ENGINE_ARGS)
     args[args.index("--load-seconds") + 1] = load_seconds
     return {**spec, "engine_args": [*args, *extra]}
 
 
-def replicas(c: Cluster) -> list[dict[str, Any]]:
-    return [r for r in c.get("/v1/replicas") if r["model"] == "chat"]
+def replicas(c: Cluster, name: str = "chat") -> list[dict[str, Any]]:
+    return [r for r in c.get("/v1/replicas") if r["model"] == name]
 
 
-def start(c: Cluster) -> Gateway:
-    c.start_controller(*CONTROLLER_ARGS)
-    for name in NODES:
-        c.start_agent(name, gpus="2xH100-80GB")
-    wait_cluster_ready(c, NODES)
-    c.apply([chat()])
-    gw = Gateway(c, "--policy", "round_robin")
-    gw.start()
-    gw.wait_serving("chat")
-    wait_until(
-        lambda: len(c.get("/v1/endpoints")["endpoints"]) == 2, timeout=30, what="two endpoints"
-    )
-    return gw
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Gateway]]:
+    """The controller, four agents with two cards each and the gateway, for the
+    module's tests that roll a model of their own under traffic."""
+    c = Cluster(tmp_path_factory.mktemp("rollout") / "cluster")
+    try:
+        c.start_controller(*CONTROLLER_ARGS)
+        for name in NODES:
+            c.start_agent(name, gpus="2xH100-80GB")
+        wait_cluster_ready(c, NODES)
+        gw = Gateway(c, "--policy", "round_robin")
+        gw.start()
+        yield c, gw
+        gw.stop()
+    finally:
+        c.close()
+
+
+def serve(c: Cluster, gw: Gateway, name: str) -> None:
+    """Declare `name` (min 2) and wait until the gateway routes to both replicas."""
+    c.apply([chat(name=name)])
+    gw.wait_serving(name)
+
+    def both_routed() -> bool:
+        endpoints = c.get("/v1/endpoints")["endpoints"]
+        return sum(e["model"] == name for e in endpoints) == 2
+
+    wait_until(both_routed, timeout=30, what=f"two endpoints of {name}")
 
 
 class Lowest:
-    """The fewest ready replicas of `chat` the controller counted, sampled all along."""
+    """The fewest ready replicas of `name` the controller counted, sampled all along."""
 
-    def __init__(self, c: Cluster) -> None:
-        self.c, self.low, self._stop = c, 99, threading.Event()
+    def __init__(self, c: Cluster, name: str = "chat") -> None:
+        self.c, self.name, self.low, self._stop = c, name, 99, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            view = next(m for m in self.c.get("/v1/models") if m["spec"]["name"] == "chat")
+            view = next(m for m in self.c.get("/v1/models") if m["spec"]["name"] == self.name)
             self.low = min(self.low, view["ready"])
             self._stop.wait(0.1)
 
@@ -80,9 +101,9 @@ class Lowest:
         return self.low
 
 
-def rollout_status(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+def rollout_status(c: Cluster, *args: str, name: str = "chat") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        c.ctl_argv("rollout", "status", "chat", *args),
+        c.ctl_argv("rollout", "status", name, *args),
         capture_output=True,
         text=True,
         timeout=150,
@@ -90,9 +111,11 @@ def rollout_status(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_rollout_and_its_undo_under_traffic_fail_no_request(cluster: Cluster) -> None:
-    c = cluster
-    gw = start(c)
+def test_a_rollout_and_its_undo_under_traffic_fail_no_request(
+    fleet: tuple[Cluster, Gateway],
+) -> None:
+    c, gw = fleet
+    serve(c, gw, "chat")
     first = {r["id"] for r in replicas(c)}
     load = Load(gw.url, "chat").start()
     low = Lowest(c)
@@ -133,18 +156,20 @@ def test_a_rollout_and_its_undo_under_traffic_fail_no_request(cluster: Cluster) 
     events = c.ctl("events", "--for", "model/chat")
     assert events.count("RolloutStep") >= 8, events  # 2 placed, 2 leave, 2 stopped, twice
     assert "revision 2: placed 1 replica(s)" in events and "revision 3:" in events, events
-    gw.stop()
 
 
-def test_a_stalled_rollout_leaves_the_old_replicas_serving(cluster: Cluster) -> None:
-    c = cluster
-    gw = start(c)
-    first = {r["id"] for r in replicas(c)}
-    load = Load(gw.url, "chat").start()
+def test_a_stalled_rollout_leaves_the_old_replicas_serving(
+    fleet: tuple[Cluster, Gateway],
+) -> None:
+    c, gw = fleet
+    serve(c, gw, "stuck")
+    first = {r["id"] for r in replicas(c, "stuck")}
+    load = Load(gw.url, "stuck").start()
     try:
         wait_until(lambda: load.ok >= 4, timeout=20, what="requests flowing", diagnose=gw.logs)
-        c.apply([chat("0.3", "--fail-after", "0.1")])  # the new engine exits as it loads
-        done = rollout_status(c, "--wait", "--timeout", "90s")
+        # The new engine exits as it loads.
+        c.apply([chat("0.3", "--fail-after", "0.1", name="stuck")])
+        done = rollout_status(c, "--wait", "--timeout", "90s", name="stuck")
         assert done.returncode == 1, done.stdout + done.stderr
         assert "rollout stalled" in done.stdout, done.stdout
         assert "exit" in done.stdout, done.stdout  # the engine's own words, in the status
@@ -152,11 +177,10 @@ def test_a_stalled_rollout_leaves_the_old_replicas_serving(cluster: Cluster) -> 
         wait_until(lambda: load.ok >= served + 4, timeout=20, what="requests while stalled")
     finally:
         load.stop()
-    now = replicas(c)
+    now = replicas(c, "stuck")
     assert first <= {r["id"] for r in now if r["state"] == "ready"}, now
     assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
     assert "rollout stalled" in c.ctl("models")
-    gw.stop()
 
 
 def test_a_controller_killed_mid_rollout_resumes_without_doubling(cluster: Cluster) -> None:

@@ -5,12 +5,16 @@ A model declared with min 0 sleeps at zero replicas; its first request is held
 by the gateway, wakes one replica and is answered by it (200, never a 404 or a
 503); with nothing asked for `scale_down_after_s` it goes back to zero, and the
 next request wakes it again. A model that cannot wake within the gateway's
-`--wake-timeout` gets a 503 with Retry-After and the reason."""
+`--wake-timeout` gets a 503 with Retry-After and the reason.
+
+Both run on one controller and two agents (`fleet`, started once for the module),
+each with a model and a gateway of its own, so that either also runs alone."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -48,14 +52,24 @@ def replicas(c: Cluster, name: str) -> list[dict[str, Any]]:
     return [r for r in c.get("/v1/replicas") if r["model"] == name]
 
 
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The controller and two agents with two cards each, for the module's tests."""
+    c = Cluster(tmp_path_factory.mktemp("wake") / "cluster")
+    try:
+        c.start_controller(*CONTROLLER_ARGS)
+        for name in NODES:
+            c.start_agent(name, gpus="2xH100-80GB")
+        wait_cluster_ready(c, NODES)
+        yield c
+    finally:
+        c.close()
+
+
 def test_a_model_at_zero_answers_its_first_request_and_goes_back_to_zero(
-    cluster: Cluster,
+    fleet: Cluster,
 ) -> None:
-    c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    for name in NODES:
-        c.start_agent(name, gpus="2xH100-80GB")
-    wait_cluster_ready(c, NODES)
+    c = fleet
     c.apply([sleepy("nap")])
     gw = Gateway(c)
     gw.start()
@@ -94,13 +108,10 @@ def test_a_model_at_zero_answers_its_first_request_and_goes_back_to_zero(
     gw.stop()
 
 
-def test_a_model_that_cannot_wake_in_time_gets_a_503_with_the_reason(cluster: Cluster) -> None:
-    c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
+def test_a_model_that_cannot_wake_in_time_gets_a_503_with_the_reason(fleet: Cluster) -> None:
+    c = fleet
     c.apply([sleepy("slow", load_seconds="30")])
-    gw = Gateway(c, "--wake-timeout", "3")
+    gw = Gateway(c, "--wake-timeout", "3", name="gw-short-wait")
     gw.start()
     wait_until(lambda: listed(gw, "slow"), timeout=30, what="the sleeping model listed")
     r = ask(gw, "slow")
