@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
@@ -28,7 +28,6 @@ from typing import ClassVar
 from llmgw.controller import cursors
 from llmgw.controller.changes import Change, ChangeKind
 from llmgw.controller.facts import Facts
-from llmgw.controller.fleet_snapshot import GateView
 from llmgw.controller.follow import Follower, replay
 from llmgw.controller.model_views import replica_statuses, unplaceable_reasons
 from llmgw.controller.replicas import count_by_model
@@ -418,6 +417,45 @@ class Gateways(Follower):
             )
             for g in sorted(self.seen.values(), key=lambda g: g.name)
         ]
+
+
+@dataclass(frozen=True)
+class GateView:
+    """The stop gate (`StopGate`) as a value: which replicas the live
+    gateways have let go of. Asking marks nothing: a plan's `Stopping` does."""
+
+    now: float
+    grace_s: float
+    # Per live gateway: the revision it applied in this term (None: none) and
+    # its requests in flight per replica.
+    live: tuple[tuple[int | None, Mapping[str, int]], ...] = ()
+    stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
+    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
+
+    def lets_go(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
+        """Of replicas that must stop, those the gateways have let go of. One not
+        marked stopping yet is marked by the plan at a revision no gateway can
+        have applied, so only no gateway at all (or no grace) lets it go now."""
+        out = []
+        for rid in ids:
+            mark = self.stopping.get(rid)
+            revision, marked_at = mark if mark is not None else (None, self.now)
+            if (
+                not self.live
+                or self.now - marked_at >= self.grace_s
+                or (
+                    revision is not None
+                    and all(
+                        applied is not None
+                        and applied >= revision
+                        and (force or not in_flight.get(rid))
+                        for applied, in_flight in self.live
+                    )
+                )
+            ):
+                out.append(rid)
+        return out
 
 
 class StopGate:

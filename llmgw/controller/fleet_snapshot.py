@@ -23,6 +23,7 @@ from functools import cached_property
 
 from llmgw.controller.admin_flags import NO_ADMIN
 from llmgw.controller.decisions import Note
+from llmgw.controller.endpoints import GateView
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import Faults, NodeEntry, node_state
 from llmgw.controller.records import Backoff, ReplicaRecord, gpus_on
@@ -31,7 +32,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.scheduler import NodeCapacity, Placement
 from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
 
-__all__ = ["FleetSnapshot", "GateView", "ModelReplicas", "node_capacity", "replica_sets"]
+__all__ = ["FleetSnapshot", "ModelReplicas", "node_capacity", "replica_sets"]
 
 
 @dataclass(frozen=True)
@@ -96,45 +97,6 @@ class _Sets:
             failed=tuple(self.failed),
             live=tuple(self.live),
         )
-
-
-@dataclass(frozen=True)
-class GateView:
-    """The stop gate (`endpoints.StopGate`) as a value: which replicas the live
-    gateways have let go of. Asking marks nothing: a plan's `Stopping` does."""
-
-    now: float
-    grace_s: float
-    # Per live gateway: the revision it applied in this term (None: none) and
-    # its requests in flight per replica.
-    live: tuple[tuple[int | None, Mapping[str, int]], ...] = ()
-    stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
-    in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
-    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
-
-    def lets_go(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
-        """Of replicas that must stop, those the gateways have let go of. One not
-        marked stopping yet is marked by the plan at a revision no gateway can
-        have applied, so only no gateway at all (or no grace) lets it go now."""
-        out = []
-        for rid in ids:
-            mark = self.stopping.get(rid)
-            revision, marked_at = mark if mark is not None else (None, self.now)
-            if (
-                not self.live
-                or self.now - marked_at >= self.grace_s
-                or (
-                    revision is not None
-                    and all(
-                        applied is not None
-                        and applied >= revision
-                        and (force or not in_flight.get(rid))
-                        for applied, in_flight in self.live
-                    )
-                )
-            ):
-                out.append(rid)
-        return out
 
 
 @dataclass(frozen=True)

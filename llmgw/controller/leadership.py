@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -262,8 +261,3 @@ async def _final_save(fleet: Facts, tries: int = 5) -> None:
                 log.error("final save failed, first sightings of some nodes not stored: %s", exc)
                 return
             await asyncio.sleep(0.2)
-
-
-def new_holder() -> str:
-    """This process's name in the lease row: one per run, never reused."""
-    return uuid.uuid4().hex

@@ -63,8 +63,7 @@ def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
     if spec[0] != "postgresql":
         yield
         return
-    from llmgw.controller.leadership import new_holder
-    from llmgw.controller.stores.postgres import PgLease
+    from llmgw.controller.stores.postgres import PgLease, new_holder
 
     lease = PgLease(
         spec[1], holder=new_holder(), advertise_url="llmgw controller migrate", ttl_s=60

@@ -109,7 +109,9 @@ class Reconciler:
         self.attempts_per_slice = attempts_per_slice
         self.slice_s = slice_s
         self.pass_s = pass_s
-        self.memory = term.memory if memory is None else memory  # the term's
+        # The loop's own memory, for this term only: a takeover builds a new
+        # Reconciler with the new term (leadership.py), so none outlives its term.
+        self.memory = LoopMemory() if memory is None else memory
 
     async def run(self, interval_s: float) -> None:
         while True:

@@ -13,8 +13,9 @@ from fleet_factories import FakeClock, gpu, make_fleet, report
 from llmgw.controller.apply import apply, take_snapshot
 from llmgw.controller.demand import reclaim, scale
 from llmgw.controller.drains import cancel_called_off, drain
+from llmgw.controller.endpoints import GateView
 from llmgw.controller.faults import FaultCordons
-from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView, replica_sets
+from llmgw.controller.fleet_snapshot import FleetSnapshot, replica_sets
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.model_views import leave_words

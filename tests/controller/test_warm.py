@@ -16,7 +16,8 @@ from test_steps import CHAT, replica, snapshot
 
 from llmgw.controller.demand import scale
 from llmgw.controller.drains import drain
-from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
+from llmgw.controller.endpoints import GateView
+from llmgw.controller.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.nodes import ShardDigest
 from llmgw.controller.outcomes import record_transitions

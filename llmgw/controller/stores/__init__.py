@@ -60,8 +60,7 @@ def open_lease(spec: StoreSpec, settings: ControllerSettings) -> PgLease | None:
     kind, where = spec
     if kind == "sqlite":
         return None
-    from llmgw.controller.leadership import new_holder
-    from llmgw.controller.stores.postgres import PgLease
+    from llmgw.controller.stores.postgres import PgLease, new_holder
 
     return PgLease(
         where, holder=new_holder(), advertise_url=settings.url, ttl_s=settings.lease_ttl_s

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -143,6 +144,11 @@ class PostgresStore(SqlStore):
             return Session(self._connect(), POSTGRESQL).rows(query, params)
         except (psycopg.Error, StoreUnavailable) as exc:
             raise StoreUnavailable(f"cannot read state: PostgreSQL: {_cause(exc)}") from exc
+
+
+def new_holder() -> str:
+    """This process's name in the lease row: one per run, never reused."""
+    return uuid.uuid4().hex
 
 
 class PgLease:
