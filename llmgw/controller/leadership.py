@@ -25,16 +25,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from llmgw.controller.facts import Facts
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.loop.reconcile import Reconciler
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconcile import Reconciler
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.state.facts import Facts
 from llmgw.controller.store import StoreUnavailable
-from llmgw.controller.stores.base import StateStore
+from llmgw.controller.store.base import StateStore
 from llmgw.controller.term import Term
 
 if TYPE_CHECKING:
-    from llmgw.controller.stores.postgres import PgLease
+    from llmgw.controller.store.postgres import PgLease
 
 log = logging.getLogger("llmgw.controller.leadership")
 

@@ -30,19 +30,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from llmgw.controller import cursors, model_views
-from llmgw.controller.changes import ChangeKind
-from llmgw.controller.client_keys import ClientKeys
-from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
-from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
-from llmgw.controller.facts import Facts
-from llmgw.controller.follow import Follower
-from llmgw.controller.node_rows import NodeRows
-from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.replies import Replies, assignments_for
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.summary import Totals, build_summary
+from llmgw.controller.core import cursors
+from llmgw.controller.core.changes import ChangeKind
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.state.client_keys import ClientKeys
+from llmgw.controller.state.credentials import UNREPORTED_TTL_S, Credentials
+from llmgw.controller.state.facts import Facts
+from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.views import model_views
+from llmgw.controller.views.endpoints import FeedHold, Gateways, StopGate, endpoints_since
+from llmgw.controller.views.follow import Follower
+from llmgw.controller.views.node_rows import NodeRows
+from llmgw.controller.views.replies import Replies, assignments_for
+from llmgw.controller.views.summary import Totals, build_summary
 from llmgw.wire import (
     EndpointsDelta,
     EventReason,
