@@ -7,15 +7,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from llmgw.common import DEFAULT_CONTROLLER, examples
 from llmgw.durations import duration_arg
 from llmgw.errors import EXIT_USAGE
-
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
 
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
 OUTPUTS = ("table", "json", "yaml", "wide", "name")
