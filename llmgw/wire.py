@@ -570,11 +570,114 @@ class ClientKeyEntry(Outbound):
     expires_at: float | None = None
 
 
+class TenantLimitView(Outbound):
+    """One limit (`ctl limits`): a tenant's, or a tenant's on one model (`model`);
+    None where a kind is not limited. `budget` tokens per `per` (UTC day or month)."""
+
+    tenant: str
+    model: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    budget: int | None = None
+    per: str | None = None  # "day" | "month", with a budget
+    by: str = ""
+    at: float = 0.0
+
+
 class ClientKeysFeed(Outbound):
-    """`GET /v1/keys/feed`: every key (they are few), and the cursor to wait past."""
+    """`GET /v1/keys/feed`: every key (they are few), every tenant's limits, and the
+    cursor to wait past."""
 
     cursor: str
     keys: list[ClientKeyEntry]
+    limits: list[TenantLimitView] = Field(default_factory=list)
+
+
+LimitPeriod = Literal["day", "month"]
+MAX_RPM = 10**9
+MAX_TOKENS = 10**15
+
+
+class LimitRequest(Inbound):
+    """`PUT /v1/limits` (`ctl limits set`): the kinds given replace the scope's, the
+    others stay as they were."""
+
+    tenant: TenantName
+    model: ModelName | None = None  # None: all the tenant's models together
+    rpm: Annotated[int, Field(ge=1, le=MAX_RPM)] | None = None
+    tpm: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    budget: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    per: LimitPeriod | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> LimitRequest:
+        if self.rpm is None and self.tpm is None and self.budget is None:
+            raise ValueError("give at least one of rpm, tpm, budget")
+        if (self.budget is None) != (self.per is None):
+            raise ValueError("a budget goes with its period (per: day or month), and only it")
+        return self
+
+
+_Count = Annotated[int, Field(ge=0, le=2**53)]
+
+
+class UsageDelta(Inbound):
+    """What one (tenant, model) cost at one gateway since its last batch."""
+
+    tenant: TenantName
+    model: ModelName
+    requests: _Count = 0
+    prompt_tokens: _Count = 0
+    completion_tokens: _Count = 0
+    errors: _Count = 0
+    rate_limited: _Count = 0  # refused over a limit (429), never sent on
+
+
+class UsageBatch(Inbound):
+    """`POST /v1/gateways/usage`: a gateway's counts, each second. `seq` counts the
+    batches of the gateway's `run` (one process): a batch sent again, its answer
+    lost, is counted once."""
+
+    name: Annotated[
+        str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
+    ]
+    run: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    seq: Annotated[int, Field(ge=1, le=2**62)]
+    rows: list[UsageDelta] = Field(default_factory=list, max_length=20_000)
+
+
+class LimitShare(Outbound):
+    """What the fleet spent against one limit's scope: the other gateways' requests
+    and tokens (running totals of the controller's `run`) and, with a budget, the
+    tokens of its period so far, every gateway's."""
+
+    tenant: str
+    model: str | None = None
+    others_requests: int = 0
+    others_tokens: int = 0
+    budget_used: int | None = None
+
+
+class UsageAnswer(Outbound):
+    run: str
+    shares: list[LimitShare] = Field(default_factory=list)
+
+
+class UsageRow(Outbound):
+    """`GET /v1/usage` (`ctl usage`): one (tenant, model)'s counts in the window."""
+
+    tenant: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int
+    rate_limited: int = 0
+
+
+class UsageReport(Outbound):
+    since: float  # the window's start: the hour `--since` falls in (unix time)
+    rows: list[UsageRow]
 
 
 class EmptyRequest(Inbound):

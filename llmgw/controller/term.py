@@ -15,6 +15,8 @@ the reconcile loop's memory) can be read against this one's revisions.
     ├── stop_gate    when a replica may stop (endpoints.py)
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
     ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
+    ├── limits       tenants' limits, on the same feed (limits.py)
+    ├── usage        tokens metered per tenant and model, and the limits' shared counts (usage.py)
     └── memory       what the reconcile loop remembers across passes (loop_memory.py)
 
     *: a follower of the change log with its own cache (follow.py; `followers`)
@@ -37,6 +39,7 @@ from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
 from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
 from llmgw.controller.facts import Facts
 from llmgw.controller.follow import Follower
+from llmgw.controller.limits import Limits
 from llmgw.controller.loop_memory import LoopMemory
 from llmgw.controller.node_rows import NodeRows
 from llmgw.controller.replicas import ReplicaStatus
@@ -44,6 +47,7 @@ from llmgw.controller.replies import Replies, assignments_for
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.stores.base import StateStore
 from llmgw.controller.summary import Totals, build_summary
+from llmgw.controller.usage import Usage
 from llmgw.wire import (
     EndpointsDelta,
     EventReason,
@@ -73,6 +77,8 @@ class Term:
     stop_gate: StopGate
     credentials: Credentials
     client_keys: ClientKeys
+    limits: Limits
+    usage: Usage
     memory: LoopMemory  # what the reconcile loop remembers across its passes
 
     @classmethod
@@ -92,6 +98,11 @@ class Term:
             facts.carry_counts(after.facts)
         run = cursors.new_run()
         gateways = Gateways(facts, run)
+        client_keys = ClientKeys(store, run)
+        limits = Limits(store, client_keys.touch)
+        usage = Usage(store, run, limits)
+        if after is not None:
+            usage.carry(after.usage)
         return cls(
             run=run,
             facts=facts,
@@ -102,7 +113,9 @@ class Term:
             feed_hold=FeedHold(facts),
             stop_gate=StopGate(facts, gateways),
             credentials=Credentials(store, settings.tokens),
-            client_keys=ClientKeys(store, run),
+            client_keys=client_keys,
+            limits=limits,
+            usage=usage,
             memory=LoopMemory(),
         )
 

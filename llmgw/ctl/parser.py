@@ -18,13 +18,15 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
-OUTPUTS = ("table", "json", "yaml", "wide", "name")
+OUTPUTS = ("table", "json", "yaml", "wide", "name", "csv")
 COMMANDS = (
     "status",
     "nodes",
     "node",
     "credentials",
     "keys",
+    "limits",
+    "usage",
     "cordon",
     "uncordon",
     "drain",
@@ -51,7 +53,17 @@ _VALUED = frozenset(
     }
 )
 # The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
-SORTS = ("nodes", "models", "replicas", "events", "credentials", "keys", "rollout")
+SORTS = (
+    "nodes",
+    "models",
+    "replicas",
+    "events",
+    "credentials",
+    "keys",
+    "limits",
+    "usage",
+    "rollout",
+)
 WATCHES = ("status", "nodes", "models", "replicas", "events")
 WAITS = ("drain", "rollout")  # --wait polls too: --interval is the time between polls
 WATCH_INTERVAL_S, WAIT_INTERVAL_S = 2.0, 1.0
@@ -155,7 +167,7 @@ def _common_options(
         "--output",
         choices=OUTPUTS,
         default=d,
-        help="output format of reads: table (the default), json, yaml, wide, name",
+        help="output format of reads: table (the default), json, yaml, wide, name; csv for usage",
     )
     g.add_argument(
         "--json",
@@ -342,6 +354,47 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             metavar="DURATION",
             default=None,
             help="with create: how long it works (90d, 12h); default: until revoked",
+        )
+
+    if wanted("limits"):
+        s = _sub(
+            sub,
+            "limits",
+            "tenants' limits at the gateways: requests and tokens per minute, token budgets",
+            "llmgw ctl limits set acme --rpm 600 --tpm 200000\n"
+            "llmgw ctl limits set acme --model llama-70b --budget 5000000 --per month\n"
+            "llmgw ctl limits list -o json\n"
+            "llmgw ctl limits delete acme --model llama-70b",
+        )
+        s.add_argument("action", choices=["set", "list", "delete"])
+        s.add_argument("tenant", nargs="?", help="with set and delete: whose limits")
+        s.add_argument("--model", help="with set and delete: on this model only (default: all)")
+        s.add_argument("--rpm", type=int, help="with set: requests per minute")
+        s.add_argument(
+            "--tpm", type=int, help="with set: tokens (prompt and completion) per minute"
+        )
+        s.add_argument("--budget", type=int, metavar="TOKENS", help="with set: tokens per --per")
+        s.add_argument("--per", choices=["day", "month"], help="with --budget: its period (UTC)")
+
+    if wanted("usage"):
+        s = _sub(
+            sub,
+            "usage",
+            "requests and tokens per tenant and model, every gateway's (counted by the hour)",
+            "llmgw ctl usage\n"
+            "llmgw ctl usage --since 7d --by tenant -o csv\n"
+            "llmgw ctl usage --since 30d -o json",
+        )
+        s.add_argument(
+            "--since",
+            default="24h",
+            metavar="DURATION",
+            help="how far back (from the start of the hour it falls in); default 24h",
+        )
+        s.add_argument(
+            "--by",
+            default="tenant,model",
+            help="sum by tenant, model or tenant,model (the default)",
         )
 
     if wanted("cordon"):

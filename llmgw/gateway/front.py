@@ -47,6 +47,8 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.keyring import Grant, Keyring
+from llmgw.gateway.limits import Limiter, Refusal
+from llmgw.gateway.metering import METERED, STREAMED, Meter, StreamTap, ask_usage, usage_of
 
 log = logging.getLogger("llmgw.gateway.front")
 
@@ -116,6 +118,41 @@ def too_large(max_body: int) -> web.Response:
     return answer
 
 
+def over_limit(refusal: Refusal) -> web.Response:
+    """A request over a tenant's limit: OpenAI's 429, with when to come back and
+    which limit (`x-llmgw-limit`: rpm, tpm or budget) as data beside the words."""
+    return openai_error(
+        429,
+        "rate_limit_exceeded",
+        "rate_limit_exceeded",
+        refusal.message,
+        **{"Retry-After": str(refusal.retry_after_s), "x-llmgw-limit": refusal.kind.value},
+    )
+
+
+class Metered:
+    """One metered request's answer, as `_forward` saw it."""
+
+    __slots__ = ("body", "cut", "status", "tap")
+
+    def __init__(self, tap: StreamTap | None) -> None:
+        self.tap = tap
+        self.status = 0  # SMG's answer's; 0: none (the front answered)
+        self.cut = False  # SMG's answer broke off
+        self.body: list[bytes] = []  # a whole answer's pieces, for its usage
+
+    @property
+    def error(self) -> bool:
+        return not 0 < self.status < 400 or self.cut or (self.tap is not None and self.tap.error)
+
+    def tokens(self) -> tuple[int, int]:
+        if self.tap is not None:
+            return self.tap.tokens
+        if self.status >= 400 or not self.body:
+            return 0, 0
+        return usage_of(b"".join(self.body)) or (0, 0)
+
+
 def _model_in(path: str, body: bytes | None) -> str | None:
     """The model a request names: `/v1/models/NAME`, or `model` in a JSON body."""
     if path.startswith("/v1/models/"):
@@ -139,6 +176,8 @@ class Front:
         body_timeout_s: float = 1800.0,
         max_body: int = MAX_BODY,
         declared: Container[str] = frozenset(),
+        meter: Meter | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.keyring = keyring
         self.public = public  # not loopback: open mode refused
@@ -147,6 +186,8 @@ class Front:
         self.body_timeout_s = body_timeout_s
         self.max_body = max_body
         self.declared = declared  # the controller's models (the endpoint feed's)
+        self.meter = Meter() if meter is None else meter
+        self.limiter = Limiter() if limiter is None else limiter
         self.upstream = upstream.rstrip("/")
         self._upstream_auth = f"Bearer {upstream_key}"
         self._http: aiohttp.ClientSession | None = None
@@ -213,6 +254,8 @@ class Front:
                 "gateway (llmgw ctl keys create)",
             )
         upstream_auth = auth if grant.from_file else self._upstream_auth
+        if request.method == "POST" and path in METERED:
+            return await self._metered(request, grant, upstream_auth)
         if grant.models.every:
             return await self._forward(request, upstream_auth)
         return await self._limited(request, grant, upstream_auth)
@@ -245,6 +288,52 @@ class Front:
         if not grant.models.allows(asked):
             return unknown_model(path, asked)
         return await self._forward(request, upstream_auth, body)
+
+    async def _metered(
+        self, request: web.Request, grant: Grant, upstream_auth: str
+    ) -> web.StreamResponse:
+        """A request whose answer carries `usage`: the key's models checked, the
+        tenant's limits, then its tokens counted as its answer passes (metering.py).
+        A model the controller did not declare reaches no engine: neither limited
+        nor counted (the tables stay bounded by the models that exist)."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        if not isinstance(model, str):
+            if grant.models.every:
+                return await self._forward(request, upstream_auth, body)  # SMG's to refuse
+            return openai_error(
+                400,
+                "invalid_request_error",
+                "missing_required_parameter",
+                "you must provide a model parameter (a JSON body with a string `model`)",
+            )
+        assert isinstance(parsed, dict)
+        if not grant.models.allows(model):
+            return unknown_model(request.path, model)
+        if model not in self.declared:
+            return await self._forward(request, upstream_auth, body)
+        tenant = grant.tenant
+        refusal = self.limiter.check(tenant, model)
+        if refusal is not None:
+            self.meter.refused(tenant, model)
+            return over_limit(refusal)
+        tap = None
+        if parsed.get("stream") is True and request.path in STREAMED:
+            body, keep = ask_usage(body, parsed)
+            tap = StreamTap(keep)
+        metered = Metered(tap)
+        try:
+            return await self._forward(request, upstream_auth, body, metered)
+        finally:
+            prompt, completion = metered.tokens()
+            self.meter.served(tenant, model, prompt, completion, metered.error)
+            self.limiter.spent(tenant, model, prompt + completion)
 
     async def _body(self, request: web.Request) -> bytes | web.Response:
         """The whole body, or a 408 once it has taken longer than SMG's request
@@ -282,10 +371,14 @@ class Front:
         return web.json_response(listed)
 
     async def _forward(
-        self, request: web.Request, authorization: str | None, body: bytes | None = None
+        self,
+        request: web.Request,
+        authorization: str | None,
+        body: bytes | None = None,
+        metered: Metered | None = None,
     ) -> web.StreamResponse:
         """`request` to SMG with `authorization` in place of the client's; SMG's
-        answer streamed back as it comes."""
+        answer streamed back as it comes (through `metered`'s tap, when it has one)."""
         assert self._http is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         if authorization:
@@ -323,18 +416,41 @@ class Front:
                 await asyncio.sleep(_RETRY_EVERY_S)
             async with up:
                 answer = web.StreamResponse(status=up.status, reason=up.reason)
+                tap = None
+                if metered is not None:
+                    metered.status = up.status
+                    tap = metered.tap if up.status == 200 else None
                 for k, v in up.headers.items():
                     if k.lower() not in _ANSWER_HOP:
                         answer.headers.add(k, v)
-                if up.content_length is not None and "Content-Encoding" not in up.headers:
+                if (
+                    up.content_length is not None
+                    and "Content-Encoding" not in up.headers
+                    and tap is None
+                ):
                     answer.content_length = up.content_length
                 await answer.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await answer.write(chunk)
+                if metered is None:
+                    async for chunk in up.content.iter_any():
+                        await answer.write(chunk)
+                elif tap is None:  # a whole answer: its usage is read at its end
+                    async for chunk in up.content.iter_any():
+                        metered.body.append(chunk)
+                        await answer.write(chunk)
+                else:
+                    async for chunk in up.content.iter_any():
+                        sent = tap.feed(chunk)
+                        if sent:
+                            await answer.write(sent)
+                    rest = tap.close()
+                    if rest:
+                        await answer.write(rest)
                 await answer.write_eof()
                 return answer
         except aiohttp.ClientError as exc:
             if answer is not None and answer.prepared:
+                if metered is not None:
+                    metered.cut = True
                 raise  # cut mid-answer: the client sees the connection end, as from SMG
             log.debug("SMG did not answer %s %s: %s", request.method, request.path, exc)
             return openai_error(

@@ -21,6 +21,8 @@ from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.front import MAX_BODY, Front, new_upstream_key
 from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.keys import ENV_KEY, ApiKey, load_keys
+from llmgw.gateway.limits import Limiter
+from llmgw.gateway.metering import Meter
 from llmgw.gateway.sizes import format_size, size_arg
 from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
 from llmgw.gateway.sync import Follower
@@ -217,6 +219,7 @@ def main(argv: list[str]) -> int:
         )
         smg = Smg(options)
         keyring = Keyring(keys)
+        meter, limiter = Meter(), Limiter()
         follower = Follower(
             args.controller,
             token,
@@ -225,6 +228,8 @@ def main(argv: list[str]) -> int:
             args.wake_timeout,
             keyring=keyring,
             max_body=args.max_body,
+            meter=meter,
+            limiter=limiter,
         )
         front = Front(
             keyring,
@@ -234,6 +239,8 @@ def main(argv: list[str]) -> int:
             body_timeout_s=args.request_timeout,
             max_body=args.max_body,
             declared=follower.declared,
+            meter=meter,
+            limiter=limiter,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"
