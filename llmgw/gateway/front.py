@@ -27,10 +27,15 @@ the public address with this small proxy, and SMG on a loopback port of its own:
 * a body over `max_body` is a 413 in OpenAI's error shape, before SMG;
 * a request that never reached SMG (its connection refused or reset on connecting:
   SMG restarting) is sent again for up to `UPSTREAM_RETRY_S`; one that reached it
-  is never sent twice.
+  is never sent twice;
+* a completion, chat completion or embedding for a model the controller declared,
+  with a key: over one of its tenant's limits, OpenAI's 429 `rate_limit_exceeded`
+  with Retry-After, never sent on (limits.py); else its tokens metered per tenant
+  and model from the answer's usage as it passes, a stream asked for it and what
+  the client did not ask for cut out (metering.py).
 
-It reads a request's head, and its body only for a limited key, and streams the
-answer back as it comes. What it costs per request is in bench/README.md.
+It reads a request's head, and the body of a POST, and streams the answer back as
+it comes. What it costs per request is in bench/README.md.
 """
 
 from __future__ import annotations

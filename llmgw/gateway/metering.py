@@ -21,6 +21,7 @@ follower takes the counts to the controller (gateway/sync.py, each second).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -31,6 +32,8 @@ METERED = STREAMED | {"/v1/embeddings"}
 _USAGE = b'"usage"'
 _ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
 _SEP = b"\n\n"
+# A count in a usage object (read by pattern: a chunk's JSON is not parsed).
+_COUNT = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,18})\b')
 
 
 class Keep(Enum):
@@ -75,23 +78,16 @@ def _usage_span(event: bytes) -> tuple[int, int, dict[str, Any] | None]:
         return key, i + 4, None
     if i >= n or event[i] != ord("{"):
         return -1, -1, None
-    depth, j = 0, i
-    while j < n:  # numbers and nested objects only: no strings to skip
-        c = event[j]
-        if c == ord("{"):
-            depth += 1
-        elif c == ord("}"):
-            depth -= 1
-            if depth == 0:
-                break
-        j += 1
-    else:
+    # Numbers and nested objects only, no strings: each `{` inside asks one more `}`.
+    j = event.find(b"}", i)
+    inner = event.find(b"{", i + 1, j)
+    while inner >= 0 and j >= 0:
+        j = event.find(b"}", j + 1)
+        inner = event.find(b"{", inner + 1, j)
+    if j < 0:
         return -1, -1, None
-    try:
-        value = json.loads(event[i : j + 1])
-    except ValueError:
-        return -1, -1, None
-    return key, j + 1, value if isinstance(value, dict) else None
+    found = {m[1].decode(): int(m[2]) for m in _COUNT.finditer(event, i, j)}
+    return key, j + 1, found
 
 
 def _without(event: bytes, key: int, end: int) -> bytes:
