@@ -2,8 +2,9 @@
 
 A start or a takeover builds a whole new term from the store, and the leadership
 swaps to it (leadership.py); nothing is re-initialised in place, so nothing from
-an earlier term (a gateway's applied cursor, a cached reply, a capacity version,
-the reconcile loop's memory) can be read against this one's revisions.
+an earlier term (a gateway's applied cursor, a cached reply, a capacity version)
+can be read against this one's revisions. The reconcile loop's memory is its
+`Reconciler`'s, built anew for each term.
 
     Term
     ├── facts        the one writer (facts.py): store, then memory, then the change log
@@ -16,8 +17,7 @@ the reconcile loop's memory) can be read against this one's revisions.
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
     ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
     ├── limits       tenants' limits, on the same feed (limits.py)
-    ├── usage        tokens metered per tenant and model, and the limits' shared counts (usage.py)
-    └── memory       what the reconcile loop remembers across passes (loop_memory.py)
+    └── usage        tokens metered per tenant and model, and the limits' shared counts (usage.py)
 
     *: a follower of the change log with its own cache (follow.py; `followers`)
 
@@ -32,22 +32,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from llmgw.controller import cursors, model_views
-from llmgw.controller.changes import ChangeKind
-from llmgw.controller.client_keys import ClientKeys
-from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
-from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
-from llmgw.controller.facts import Facts
-from llmgw.controller.follow import Follower
-from llmgw.controller.limits import Limits
-from llmgw.controller.loop_memory import LoopMemory
-from llmgw.controller.node_rows import NodeRows
-from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.replies import Replies, assignments_for
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.summary import Totals, build_summary
-from llmgw.controller.usage import Usage
+from llmgw.controller.core import cursors
+from llmgw.controller.core.changes import ChangeKind
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.state.client_keys import ClientKeys
+from llmgw.controller.state.credentials import UNREPORTED_TTL_S, Credentials
+from llmgw.controller.state.facts import Facts
+from llmgw.controller.state.limits import Limits
+from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.controller.state.usage import Usage
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.views import model_views
+from llmgw.controller.views.endpoints import FeedHold, Gateways, StopGate, endpoints_since
+from llmgw.controller.views.follow import Follower
+from llmgw.controller.views.node_rows import NodeRows
+from llmgw.controller.views.replies import Replies, assignments_for
+from llmgw.controller.views.summary import Totals, build_summary
 from llmgw.wire import (
     EndpointsDelta,
     EventReason,
@@ -79,7 +79,6 @@ class Term:
     client_keys: ClientKeys
     limits: Limits
     usage: Usage
-    memory: LoopMemory  # what the reconcile loop remembers across its passes
 
     @classmethod
     def begin(
@@ -116,7 +115,6 @@ class Term:
             client_keys=client_keys,
             limits=limits,
             usage=usage,
-            memory=LoopMemory(),
         )
 
     def next_term(self) -> Term:

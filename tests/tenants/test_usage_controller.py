@@ -14,12 +14,12 @@ import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.records import UsageCount
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.sqlite import Store
-from llmgw.controller.usage import hour_of, rows_of
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.records import UsageCount
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.state.usage import hour_of, rows_of
+from llmgw.controller.store.sqlite import Store
 
 GATEWAY, ADMIN, READ = "gateway-secret", "admin-secret", "read-secret"
 TOKENS = Tokens(
