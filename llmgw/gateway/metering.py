@@ -33,7 +33,8 @@ _USAGE = b'"usage"'
 _ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
 _SEP = b"\n\n"
 # A count in a usage object (read by pattern: a chunk's JSON is not parsed).
-_COUNT = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,18})\b')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,18})\b')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
 
 
 class Keep(Enum):
@@ -86,7 +87,13 @@ def _usage_span(event: bytes) -> tuple[int, int, dict[str, Any] | None]:
         inner = event.find(b"{", inner + 1, j)
     if j < 0:
         return -1, -1, None
-    found = {m[1].decode(): int(m[2]) for m in _COUNT.finditer(event, i, j)}
+    prompt = _PROMPT.search(event, i, j)
+    completion = _COMPLETION.search(event, i, j)
+    found = {}
+    if prompt is not None:
+        found["prompt_tokens"] = int(prompt[1])
+    if completion is not None:
+        found["completion_tokens"] = int(completion[1])
     return key, j + 1, found
 
 
@@ -132,6 +139,9 @@ class StreamTap:
             self.error = True
         if _USAGE not in whole:
             return whole
+        if whole.find(_SEP) == end - len(_SEP):  # one event (as engines write them)
+            one = self._event(whole[: -len(_SEP)])
+            return b"" if one is None else one + _SEP
         events = whole.split(_SEP)
         out = [self._event(e) for e in events[:-1]]
         return b"".join(e + _SEP for e in out if e is not None)
