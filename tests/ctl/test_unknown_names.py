@@ -25,7 +25,7 @@ UNKNOWN = {"NODE": NODE, "NAME": NODE, "MODEL": MODEL, "KIND": "model"}  # NAME:
 NAMING_OPTIONS = {"--for": [f"node/{NODE}", f"model/{MODEL}"]}
 # Commands that take no name at all; any other command must yield a case below.
 # (`keys` names client keys by their id: tests/tenants/test_keys_controller.py;
-# `limits` names tenants, whose unknown ones tests/tenants/test_limits_controller.py tries.)
+# `limits` names tenants, whose unknown ones tests/tenants/test_usage_controller.py tries.)
 NAMELESS = {"status", "models", "replicas", "apply", "config", "keys", "limits", "usage"}
 # A word a free positional also takes, which argparse cannot list (its help says it).
 VERBS = {("node", "name"): ["forget"]}
