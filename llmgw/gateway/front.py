@@ -138,16 +138,19 @@ def over_limit(refusal: Refusal) -> web.Response:
 class Metered:
     """One metered request's answer, as `_forward` saw it."""
 
-    __slots__ = ("body", "cut", "status", "tap")
+    __slots__ = ("body", "cut", "left", "status", "tap")
 
     def __init__(self, tap: StreamTap | None) -> None:
         self.tap = tap
         self.status = 0  # SMG's answer's; 0: none (the front answered)
         self.cut = False  # SMG's answer broke off
+        self.left = False  # the client left before the answer ended: its choice, no error
         self.body: list[bytes] = []  # a whole answer's pieces, for its usage
 
     @property
     def error(self) -> bool:
+        if self.left:
+            return self.status >= 400
         return not 0 < self.status < 400 or self.cut or (self.tap is not None and self.tap.error)
 
     def tokens(self) -> tuple[int, int]:
@@ -335,6 +338,9 @@ class Front:
         metered = Metered(tap)
         try:
             return await self._forward(request, upstream_auth, body, metered)
+        except asyncio.CancelledError:  # the client left (handler_cancellation)
+            metered.left = True
+            raise
         finally:
             prompt, completion = metered.tokens()
             self.meter.served(tenant, model, prompt, completion, metered.error)
@@ -454,8 +460,10 @@ class Front:
                 return answer
         except aiohttp.ClientError as exc:
             if answer is not None and answer.prepared:
-                if metered is not None:
-                    metered.cut = True
+                if metered is not None:  # the client gone (a write failed), or SMG's cut
+                    transport = request.transport
+                    gone = transport is None or transport.is_closing()
+                    metered.left, metered.cut = gone, not gone
                 raise  # cut mid-answer: the client sees the connection end, as from SMG
             log.debug("SMG did not answer %s %s: %s", request.method, request.path, exc)
             return openai_error(

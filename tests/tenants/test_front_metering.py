@@ -165,3 +165,19 @@ async def test_over_a_limit_429_before_the_engine_and_another_tenant_untouched(
     with pytest.raises(openai.NotFoundError):
         await acme.completions.create(model="nope", prompt="a", max_tokens=1)
     assert counts(gw) == {}
+
+
+async def test_a_client_that_leaves_before_a_whole_answer_is_no_error(
+    front: tuple[Front, str],
+) -> None:
+    gw, url = front
+    body = {"model": "m", "prompt": "a", "max_tokens": 20}  # 20 tokens at 0.3 s: 6 s
+    headers = {"Authorization": f"Bearer {ACME}"}
+    async with httpx.AsyncClient(timeout=0.5) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"{url}/v1/completions", json=body, headers=headers)
+    for _ in range(100):
+        if gw.meter:
+            break
+        await asyncio.sleep(0.02)
+    assert counts(gw) == {("acme", "m"): (1, 0, 0, 0, 0)}, "nothing sent: no tokens, no error"
