@@ -150,7 +150,7 @@ MIGRATIONS: list[list[Step]] = [
     [
         AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
     ],
-    # 12 (issue 34): tokens metered per tenant and model, summed per hour (`hour`: its
+    # 11 (issue 34): tokens metered per tenant and model, summed per hour (`hour`: its
     # first second) over every gateway; the last batch counted of each gateway's run,
     # so that a batch sent again (its answer lost, or a failover between) counts once.
     [
@@ -162,7 +162,7 @@ MIGRATIONS: list[list[Step]] = [
         "CREATE TABLE IF NOT EXISTS usage_batches (gateway TEXT PRIMARY KEY,"
         " run TEXT NOT NULL, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL)",
     ],
-    # 13 (issue 34): tenants' limits (`ctl limits`); model '' for all the tenant's models.
+    # 12 (issue 34): tenants' limits (`ctl limits`); model '' for all the tenant's models.
     [
         "CREATE TABLE IF NOT EXISTS tenant_limits (tenant TEXT NOT NULL,"
         " model TEXT NOT NULL DEFAULT '', rpm BIGINT, tpm BIGINT, budget BIGINT, per TEXT,"

@@ -1,5 +1,5 @@
 """The store's tenant tables: tokens metered per tenant and model by the hour, the
-gateways' last batch counted, and tenants' limits (schema 12 and 13). Mixed into
+gateways' last batch counted, and tenants' limits (schema 11 and 12). Mixed into
 `SqlStore`, whose `_tx` and `_read` they run on."""
 
 from __future__ import annotations
