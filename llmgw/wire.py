@@ -693,6 +693,7 @@ class EventReason(StrEnum):
     SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
     SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
+    GATEWAY_CLAMPED = "GatewayClamped"  # a gateway said more was in flight than it admits
 
 
 class EventView(Outbound):
@@ -1130,6 +1131,13 @@ class EndpointsDelta(Outbound):
         return older | self.unserved_reasons
 
 
+# The most a gateway may say it admits at once (`llmgw gateway --max-in-flight`).
+GATEWAY_IN_FLIGHT_BOUND = 1_000_000
+# What a gateway that does not say is taken to admit: SMG's own least bound (1,024
+# per core, at least 4,096).
+GATEWAY_IN_FLIGHT_DEFAULT = 4096
+
+
 class GatewayStatus(Inbound):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
@@ -1152,6 +1160,9 @@ class GatewayStatus(Inbound):
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # Its concurrency bound (`llmgw gateway --max-in-flight`, SMG's admission limit):
+    # the controller counts at most this many of its requests in flight and held.
+    max_in_flight: Annotated[int, Field(ge=1, le=GATEWAY_IN_FLIGHT_BOUND)] | None = None
     # Client keys used since the last status (key id -> unix time, the gateway's clock).
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000

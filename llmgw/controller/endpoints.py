@@ -35,8 +35,10 @@ from llmgw.controller.replicas import count_by_model
 from llmgw.controller.store import ReplicaRecord
 from llmgw.errors import BadCursor, TooManyGateways
 from llmgw.wire import (
+    GATEWAY_IN_FLIGHT_DEFAULT,
     Endpoint,
     EndpointsDelta,
+    EventReason,
     GatewayStatus,
     GatewayView,
     NodeState,
@@ -55,6 +57,7 @@ CATCH_UP_S = 5.0
 FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
 MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
 MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
+CLAMPED_EVENT_EVERY_S = 60.0  # while a gateway's figures stay clamped, one event a minute
 # A status body may be this big, plus STATUS_BYTES_PER_REPLICA for each replica
 # that exists (a status keeps nothing else): a legit entry is under 200 bytes a
 # replica, and parsing a 1 MiB status costs the event loop tens of milliseconds.
@@ -246,6 +249,7 @@ class GatewaySeen:
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
     routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
+    clamped_said: float | None = None  # when the event said its figures were clamped
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -256,6 +260,23 @@ class GatewaySeen:
         """The revision whose new workers (a new model's explainer) SMG routes to."""
         known = [r for r in (self.applied(run), _revision(self.routed, run)) if r is not None]
         return max(known, default=None)
+
+
+def clamp(
+    in_flight: dict[str, int], held: dict[str, int], limit: int
+) -> tuple[dict[str, int], dict[str, int], int | None]:
+    """A gateway's requests in flight (per replica) and held (per model), scaled down
+    together to at most `limit` in all: SMG admits no more at once, so a gateway
+    that says more (a misused gateway token, a bug) cannot push a model to its
+    maximum. The third value is what it said when that was more (else None)."""
+    said = sum(in_flight.values()) + sum(held.values())
+    if said <= limit:
+        return in_flight, held, None
+
+    def scaled(figures: dict[str, int]) -> dict[str, int]:
+        return {k: n * limit // said for k, n in figures.items()}
+
+    return scaled(in_flight), scaled(held), said
 
 
 def _revision(cursor: str, run: str) -> int | None:
@@ -335,16 +356,35 @@ class Gateways(Follower):
             (rid for rid, n in requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
+        limit = status.max_in_flight or GATEWAY_IN_FLIGHT_DEFAULT
+        in_flight, held, claimed = clamp(
+            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            limit,
+        )
+        said = old.clamped_said if old else None
+        if claimed is None:
+            said = None
+        elif said is None or now - said >= CLAMPED_EVENT_EVERY_S:
+            said = now
+            self._facts.event(
+                f"gateway/{status.name}",
+                EventReason.GATEWAY_CLAMPED,
+                f"gateway {status.name} said {claimed} requests were in flight or held, more "
+                f"than the {limit} it admits at once (llmgw gateway --max-in-flight): counted "
+                f"as {limit}; its token may be misused, or the gateway is broken",
+            )
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
-            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            in_flight,
             requests,
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
-            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            held,
             status.routed,
+            said,
         )
         self._heard.set()
         self._heard = asyncio.Event()

@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
+from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT
 
 log = logging.getLogger("llmgw.gateway.smg")
 
@@ -69,7 +70,16 @@ class SmgOptions:
     request_timeout_s: int = 1800
     log_level: str = "warn"
     max_body: int = MAX_BODY  # the front refuses larger ones first
+    # Requests SMG admits at once (its --max-concurrent-requests); the status says it,
+    # and the controller counts no more of this gateway's requests than that.
+    max_in_flight: int = field(default_factory=lambda: default_max_in_flight())
     extra: list[str] = field(default_factory=list)
+
+
+def default_max_in_flight() -> int:
+    """SMG's own default bound, made explicit so that the status can say it: 1,024
+    requests per core this process may run on, at least 4,096."""
+    return max(GATEWAY_IN_FLIGHT_DEFAULT, 1024 * len(os.sched_getaffinity(0)))
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,8 @@ class Smg:
             o.log_level,
             "--max-payload-size",
             str(o.max_body),
+            "--max-concurrent-requests",
+            str(o.max_in_flight),
             # SMG's breaker counts a worker's 5xx as failures and then refuses the
             # model with its own 503: an explainer's 503s (held past the bound,
             # unplaceable, not ready) are its answers, not failures. Engines that

@@ -353,6 +353,7 @@ class Follower:
                 "cursor": cursor,
                 "in_flight": in_flight,
                 "requests": requests,
+                "max_in_flight": self.smg.options.max_in_flight,
             }
             if self.entries.rejected:  # only when there are: older controllers refuse it
                 body["rejected"] = dict(self.entries.rejected)
