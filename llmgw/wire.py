@@ -819,6 +819,10 @@ class ReplicaView(Outbound):
     replaces: str | None = None  # the replica this one stands in for (drain)
     url: str | None = None  # its rank-0 engine, while in routing (the gateway's endpoint)
     revision: int = 0  # the model's revision it runs
+    # Not confirmed yet: its state is the last known one, its nodes not heard from since
+    # this controller began to lead (a restart, a failover). Seconds it is kept so at
+    # most: then they report, or turn unreachable. None: confirmed by its nodes.
+    unconfirmed_s: float | None = None
 
 
 class ModelRevision(Outbound):
@@ -878,6 +882,10 @@ class ModelView(Outbound):
     # They count for `satisfied`: a request wakes one in seconds.
     sleeping: int = 0
     waking: int = 0
+    # Replicas counted in their last known state, their nodes not heard from since this
+    # controller began to lead, and the most seconds that lasts (ReplicaView.unconfirmed_s).
+    unconfirmed: int = 0
+    unconfirmed_s: float | None = None
 
 
 class ModelDryRun(Outbound):
