@@ -69,7 +69,7 @@ _HOP = frozenset(
     )
 )
 _ANSWER_HOP = _HOP - {"authorization"}
-MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (README: why)
+MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (docs/operator-guide.md: why)
 NOT_READY_RETRY_S = "1"
 # How long a request that could not connect to SMG is tried again: SMG restarts
 # within about 1 s of dying (smg.py's first backoff, 0.5 s, and its start).
