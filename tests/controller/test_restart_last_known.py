@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from llmgw import present, render
-from llmgw.controller import model_views
-from llmgw.controller.apply import take_snapshot
+from llmgw.controller.loop.apply import take_snapshot
 from llmgw.controller.metrics import FleetCollector
+from llmgw.controller.views import model_views
 from llmgw.wire import NodeState, ReplicaState
 from tests.controller.fleet_factories import FakeClock
 from tests.controller.test_reconcile import Sim, sim_serving
