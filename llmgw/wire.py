@@ -1164,6 +1164,10 @@ class GatewayStatus(Inbound):
     rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
         default_factory=dict, max_length=1024
     )
+    # Replicas the feed says are stopping that its SMG no longer routes to (their workers
+    # gone from SMG's list): a stop of one waits for nothing else of this gateway's, not
+    # for the cursor, which a slow change of another model can hold back.
+    released: list[GatewayReplicaId] = Field(default_factory=list, max_length=100_000)
     # Requests it holds per model asleep at zero replicas, waiting for one to wake.
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=dict, max_length=10_000

@@ -131,6 +131,36 @@ def test_a_drain_waits_for_every_live_gateway(tmp_path: Path) -> None:
     assert sim.fleet.rows.row(old.node).admin.drained
 
 
+def test_a_drain_waits_for_the_replicas_release_not_another_models_change(
+    tmp_path: Path,
+) -> None:
+    """A gateway whose cursor a slow change of another model holds back (up to about
+    35 s) reports the stopping replicas its SMG no longer routes to: a stop waits for
+    that, and for nothing in flight, not for the cursor (issue 36)."""
+    sim = Sim(tmp_path, stop_grace_s=60.0)
+    sim.fleet.facts.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (old,) = sim.fleet.endpoints_since("").endpoints
+    before = sim.fleet.endpoints_since("").cursor  # the cursor it stays at
+    sim.gateway("gw-a", before)
+    sim.fleet.facts.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    for _ in range(4):
+        sim.step()
+        sim.gateway("gw-a", before)
+    assert old.replica_id in sim.fleet.facts.records, "neither applied nor released"
+    status = GatewayStatus(name="gw-a", cursor=before, released=[old.replica_id, "gone"])
+    sim.gateways.report(status.model_copy(update={"in_flight": {old.replica_id: 1}}))
+    sim.step()
+    assert old.replica_id in sim.fleet.facts.records, "released, a request still running"
+    sim.gateways.report(status)
+    (seen,) = sim.gateways.seen.values()
+    assert seen.released == {old.replica_id}, "only replicas that exist are kept"
+    sim.step()
+    assert old.replica_id not in sim.fleet.facts.records
+    assert sim.gateways.seen["gw-a"].released == frozenset(), "the log removed it"
+
+
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=5.0)
     sim.fleet.facts.put_models([MODEL])

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from llmgw.controller.core import cursors
 from llmgw.controller.core.changes import Change, ChangeKind
@@ -249,6 +249,7 @@ class GatewaySeen:
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
     routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
     clamped_said: float | None = None  # when the event said its figures were clamped
+    released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -315,6 +316,7 @@ class Gateways(Follower):
                 g.in_flight.pop(key, None)
                 g.requests.pop(key, None)
                 g.rejected.pop(key, None)
+                g.released -= {key}
 
     def resync(self, revision: int, now: float) -> None:
         records, models = self._facts.records, self._facts.models
@@ -324,10 +326,15 @@ class Gateways(Follower):
                     del by_replica[rid]
             for model in [m for m in g.held if m not in models]:
                 del g.held[model]
+            g.released = frozenset(r for r in g.released if r in records)
 
     def holds(self, key: str) -> bool:
         return any(
-            key in g.in_flight or key in g.requests or key in g.rejected or key in g.held
+            key in g.in_flight
+            or key in g.requests
+            or key in g.rejected
+            or key in g.held
+            or key in g.released
             for g in self.seen.values()
         )
 
@@ -384,6 +391,7 @@ class Gateways(Follower):
             held,
             status.routed,
             said,
+            frozenset(rid for rid in status.released if rid in records),
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -459,6 +467,24 @@ class Gateways(Follower):
         ]
 
 
+class LiveGateway(NamedTuple):
+    """What the stop gate reads of one live gateway."""
+
+    applied: int | None  # the revision it applied in this term (None: none)
+    in_flight: Mapping[str, int]  # its requests in flight per replica
+    released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
+
+    def let_go(self, rid: str, revision: int | None, force: bool) -> bool:
+        """It routes nothing more to `rid` (marked stopping at `revision`) and has
+        nothing in flight to it (unless `force`). Routing is over once it applied the
+        mark, or once its SMG dropped the replica's worker: whichever comes first, so a
+        slow change of another model never holds this stop."""
+        routed = rid not in self.released and (
+            revision is None or self.applied is None or self.applied < revision
+        )
+        return not routed and (force or not self.in_flight.get(rid))
+
+
 @dataclass(frozen=True)
 class GateView:
     """The stop gate (`StopGate`) as a value: which replicas the live
@@ -466,9 +492,7 @@ class GateView:
 
     now: float
     grace_s: float
-    # Per live gateway: the revision it applied in this term (None: none) and
-    # its requests in flight per replica.
-    live: tuple[tuple[int | None, Mapping[str, int]], ...] = ()
+    live: tuple[LiveGateway, ...] = ()  # each live gateway
     stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
     held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
@@ -484,15 +508,7 @@ class GateView:
             if (
                 not self.live
                 or self.now - marked_at >= self.grace_s
-                or (
-                    revision is not None
-                    and all(
-                        applied is not None
-                        and applied >= revision
-                        and (force or not in_flight.get(rid))
-                        for applied, in_flight in self.live
-                    )
-                )
+                or (mark is not None and all(g.let_go(rid, revision, force) for g in self.live))
             ):
                 out.append(rid)
         return out
@@ -513,7 +529,9 @@ class StopGate:
             now=now,
             grace_s=self.facts.settings.stop_grace_s,
             live=tuple(
-                (g.applied(gateways.run), MappingProxyType(dict(g.in_flight)))
+                LiveGateway(
+                    g.applied(gateways.run), MappingProxyType(dict(g.in_flight)), g.released
+                )
                 for g in gateways.live(now)
             ),
             stopping=dict(self.facts.stopping),
