@@ -99,9 +99,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="requests admitted at once (SMG's --max-concurrent-requests; more wait in its "
-        "queue); the controller counts no more than this of this gateway's requests as "
-        "demand (default: 1024 per core, at least 4096, as SMG's)",
+        help="requests admitted at once (given to SMG as --max-concurrent-requests; more "
+        "wait in its queue); the controller counts no more than this of this gateway's "
+        "requests as demand (default: SMG's own bound, 1024 per core, at least 4096)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -187,6 +187,7 @@ def main(argv: list[str]) -> int:
             )
         if args.max_body < 1:
             raise ValueError("--max-body must be at least 1 byte")
+        given = args.max_in_flight is not None
         if args.max_in_flight is None:
             args.max_in_flight = default_max_in_flight()
         if not 1 <= args.max_in_flight <= GATEWAY_IN_FLIGHT_BOUND:
@@ -232,6 +233,7 @@ def main(argv: list[str]) -> int:
             request_timeout_s=args.request_timeout,
             max_body=args.max_body,
             max_in_flight=args.max_in_flight,
+            max_in_flight_given=given,
         )
         smg = Smg(options)
         keyring = Keyring(keys)
