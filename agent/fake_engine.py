@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import random
@@ -84,6 +85,9 @@ class FakeConfig:
     sleep_keeps_memory: bool = False  # fault: a sleep answers 200 and frees nothing
     memory_dir: Path | None = None  # where it says what it holds (agent.fake_process_memory)
     gpus: tuple[str, ...] = ()  # its cards (CUDA_VISIBLE_DEVICES)
+    # Keys a client must present on the API's paths (`--api-key`, else VLLM_API_KEY): none
+    # asked when empty, as vLLM.
+    api_keys: tuple[str, ...] = ()
 
 
 # What a sleeping vLLM still holds on each card: the CUDA context and its pools.
@@ -695,12 +699,44 @@ def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResp
 
 
 MAX_BODY = 512 * 1024 * 1024  # SMG's own default bound (--max-payload-size)
+# The paths vLLM's key guards (vllm/entrypoints/serve/middleware/authenticate.py); the
+# rest (/health, /metrics, /load, the sleep endpoints) answer without one.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _authenticate(keys: tuple[str, ...]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """vLLM's AuthenticationMiddleware: on a guarded path, anything but OPTIONS needs
+    `Authorization: Bearer KEY` for one of `keys` (compared as SHA-256 digests, in
+    constant time), else 401 `{"error": "Unauthorized"}`."""
+    digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    def presented(request: web.Request) -> bool:
+        scheme, _, param = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        mine = hashlib.sha256(param.encode()).digest()
+        found = False
+        for d in digests:
+            found |= hmac.compare_digest(mine, d)
+        return found
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guarded = request.path.startswith(GUARDED_PREFIX) and request.method != "OPTIONS"
+        if guarded and not presented(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return authenticate
 
 
 def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> web.Application:
     # vLLM (uvicorn) bounds no body; aiohttp's 1 MiB default would refuse, in plain
     # text, a long prompt the gateway lets through (its --max-body, 64 MiB by default).
-    app = web.Application(middlewares=[_access_log(quiet_paths)], client_max_size=MAX_BODY)
+    middlewares = [_access_log(quiet_paths)]
+    if config.api_keys:
+        middlewares.append(_authenticate(config.api_keys))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     app[STATE] = EngineState(
         config=config,
         metrics=EngineMetrics(config.model),
@@ -736,6 +772,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fake-model")
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="keys a client must present on /v1 (as vLLM's; VLLM_API_KEY, which keeps a "
+        "key off the command line, when not given)",
+    )
     p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
     p.add_argument(
         "--load-chatter",
@@ -845,6 +888,8 @@ async def _run(args: argparse.Namespace) -> int:
         sleep_keeps_memory=args.sleep_keeps_memory,
         memory_dir=Path(d) if (d := os.environ.get(fake_process_memory.ENV_DIR)) else None,
         gpus=tuple(g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
+        # vLLM: --api-key wins over VLLM_API_KEY; an empty key asks for none.
+        api_keys=tuple(k for k in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if k),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

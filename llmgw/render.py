@@ -540,13 +540,20 @@ REPLICA_COLUMNS = ["REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE"]
 REPLICA_WIDE = ["CREATED", "REPLACES", "REV"]
 
 
+def _replica_state(r: ReplicaView) -> Cell:
+    """Its state; `ready?` while that is the last known one, before its nodes report
+    to a controller that just began to lead (the ERROR column says how long at most)."""
+    unconfirmed = getattr(r, "unconfirmed_s", None) is not None
+    return Cell(f"{r.state}?" if unconfirmed else str(r.state), present.style_of(str(r.state)))
+
+
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
     table = _table(*REPLICA_COLUMNS, *(REPLICA_WIDE if wide else []), "ERROR", text=["NODES"])
     for r in replicas:
         cells = [
             Cell(r.id),
             Cell(r.model),
-            Cell(str(r.state), present.style_of(str(r.state))),
+            _replica_state(r),
             Cell(hostlist(s.node for s in r.shards)),
             Cell(str(r.gpus), key=r.gpus),
             Cell(getattr(r, "url", None) or "-"),
@@ -559,7 +566,9 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
                 Cell(r.replaces or "-"),
                 Cell(str(revision) if revision else "-", key=revision),
             ]
-        table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or "")))
+        unconfirmed = getattr(r, "unconfirmed_s", None)
+        note = present.unconfirmed_words(unconfirmed) if unconfirmed is not None else ""
+        table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or note)))
     return table
 
 

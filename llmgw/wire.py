@@ -796,6 +796,7 @@ class EventReason(StrEnum):
     SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
     SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
+    GATEWAY_CLAMPED = "GatewayClamped"  # a gateway said more was in flight than it admits
 
 
 class EventView(Outbound):
@@ -921,6 +922,10 @@ class ReplicaView(Outbound):
     replaces: str | None = None  # the replica this one stands in for (drain)
     url: str | None = None  # its rank-0 engine, while in routing (the gateway's endpoint)
     revision: int = 0  # the model's revision it runs
+    # Not confirmed yet: its state is the last known one, its nodes not heard from since
+    # this controller began to lead (a restart, a failover). Seconds it is kept so at
+    # most: then they report, or turn unreachable. None: confirmed by its nodes.
+    unconfirmed_s: float | None = None
 
 
 class ModelRevision(Outbound):
@@ -980,6 +985,10 @@ class ModelView(Outbound):
     # They count for `satisfied`: a request wakes one in seconds.
     sleeping: int = 0
     waking: int = 0
+    # Replicas counted in their last known state, their nodes not heard from since this
+    # controller began to lead, and the most seconds that lasts (ReplicaView.unconfirmed_s).
+    unconfirmed: int = 0
+    unconfirmed_s: float | None = None
 
 
 class ModelDryRun(Outbound):
@@ -1233,6 +1242,13 @@ class EndpointsDelta(Outbound):
         return older | self.unserved_reasons
 
 
+# The most a gateway may say it admits at once (`llmgw gateway --max-in-flight`).
+GATEWAY_IN_FLIGHT_BOUND = 1_000_000
+# What a gateway that does not say is taken to admit: SMG's own least bound (1,024
+# per core, at least 4,096).
+GATEWAY_IN_FLIGHT_DEFAULT = 4096
+
+
 class GatewayStatus(Inbound):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
@@ -1251,10 +1267,17 @@ class GatewayStatus(Inbound):
     rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
         default_factory=dict, max_length=1024
     )
+    # Replicas the feed says are stopping that its SMG no longer routes to (their workers
+    # gone from SMG's list): a stop of one waits for nothing else of this gateway's, not
+    # for the cursor, which a slow change of another model can hold back.
+    released: list[GatewayReplicaId] = Field(default_factory=list, max_length=100_000)
     # Requests it holds per model asleep at zero replicas, waiting for one to wake.
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # Its concurrency bound (`llmgw gateway --max-in-flight`, SMG's admission limit):
+    # the controller counts at most this many of its requests in flight and held.
+    max_in_flight: Annotated[int, Field(ge=1, le=GATEWAY_IN_FLIGHT_BOUND)] | None = None
     # Client keys used since the last status (key id -> unix time, the gateway's clock).
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000

@@ -23,7 +23,9 @@ the public address with this small proxy, and SMG on a loopback port of its own:
   does not exist ("The model `X` does not exist…", `model_not_found`) when the
   controller has not declared it; one it has is sent again (SMG has not taken its
   worker yet) for up to `UPSTREAM_RETRY_S`, then a 503 `model_not_ready` with
-  Retry-After: a declared model is never a 404;
+  Retry-After: a declared model is never a 404. SMG's 503 `no_available_workers`
+  (its workers for the model registered but none healthy yet) is sent again the
+  same way, never shown with SMG's "circuit breaker open or unhealthy";
 * a body over `max_body` is a 413 in OpenAI's error shape, before SMG;
 * a request that never reached SMG (its connection refused or reset on connecting:
   SMG restarting) is sent again for up to `UPSTREAM_RETRY_S`; one that reached it
@@ -76,12 +78,16 @@ _HOP = frozenset(
     )
 )
 _ANSWER_HOP = _HOP - {"authorization"}
-MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (README: why)
+MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (docs/operator-guide.md: why)
 NOT_READY_RETRY_S = "1"
 # How long a request that could not connect to SMG is tried again: SMG restarts
 # within about 1 s of dying (smg.py's first backoff, 0.5 s, and its start).
 UPSTREAM_RETRY_S = 5.0
 _RETRY_EVERY_S = 0.05
+# SMG's answers for a request it sent to no worker (smg 1.13): none serves the model,
+# or none of those that do is healthy (one just registered, or failing its checks).
+# Safe to send again: no engine saw it.
+SENT_NOWHERE = frozenset({(404, "model_not_found"), (503, "no_available_workers")})
 
 
 def openai_error(status: int, kind: str, code: str, message: str, **headers: str) -> web.Response:
@@ -414,14 +420,17 @@ class Front:
                         raise
                     await asyncio.sleep(_RETRY_EVERY_S)
                     continue
-                if up.status != 404 or up.headers.get("x-smg-error-code") != "model_not_found":
+                if (up.status, up.headers.get("x-smg-error-code")) not in SENT_NOWHERE:
                     break
-                # SMG sent it nowhere: no worker for the model. One the controller
-                # declared is being registered (SMG just restarted, or the model was
-                # just applied): again, a while, and then the 503 to retry.
+                # SMG sent it nowhere: no worker for the model, or none healthy yet. One
+                # the controller declared is being registered (SMG just restarted, the
+                # model was just applied, its one worker not yet healthy): again, a
+                # while, and then the 503 to retry.
+                model = _model_in(request.path, body) or ""
+                if up.status != 404 and model not in self.declared:
+                    break  # SMG's own answer, for workers llmgw did not give it
                 up.release()
                 request_id = up.headers.get("x-request-id")
-                model = _model_in(request.path, body) or ""
                 if model not in self.declared or time.monotonic() >= deadline:
                     return self._no_worker(model, request.path, request_id)
                 await asyncio.sleep(_RETRY_EVERY_S)

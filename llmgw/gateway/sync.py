@@ -296,8 +296,11 @@ class Follower:
             # Add first: the old workers leave only once the new ones take requests. An
             # explainer too: the model's one worker in SMG until then, it sends what it is
             # given to the new engines (removed at once, SMG answered "all workers are
-            # unavailable" while it registered them).
-            self._write(serving.keys() | leaving)
+            # unavailable" while it registered them). Only workers of a model that gains
+            # new ones stay: another model's leave at once, so that their stop waits
+            # for nothing of this model's (the status says them released).
+            gaining = {serving[u] for u in adding}
+            self._write(serving.keys() | {u for u in leaving if self.model_of.get(u) in gaining})
             added_at = time.monotonic()
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
             if not await self._until(lambda w: not self.alone(w, serving), CARRY_TIMEOUT_S):
@@ -391,6 +394,21 @@ class Follower:
 
     # -- status ---------------------------------------------------------------------------------
 
+    async def _released(self) -> list[str]:
+        """Replicas the feed says are stopping whose workers SMG no longer lists (nor
+        the manifest): this gateway routes nothing more to them, whatever else it is
+        still applying. None while SMG does not answer."""
+        stopping = {e.url: rid for rid, e in self.endpoints.items() if e.state == "stopping"}
+        if not stopping:
+            return []
+        try:
+            listed = await self.smg.workers()
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+            return []
+        return sorted(
+            rid for url, rid in stopping.items() if url not in listed and url not in self.written
+        )
+
     async def _status(self, http: aiohttp.ClientSession) -> None:
         outage = Outage("gateway status to the controller")
         while True:
@@ -409,16 +427,20 @@ class Follower:
                 for url, rid in by_url.items():
                     in_flight[rid] = load.in_flight.get(url, 0)
                     requests[rid] = load.requests.get(url, 0)
+            released = await self._released()
             body: dict[str, object] = {
                 "name": self.name,
                 "cursor": cursor,
                 "in_flight": in_flight,
                 "requests": requests,
+                "max_in_flight": self.smg.options.max_in_flight,
             }
             if self.entries.rejected:  # only when there are: older controllers refuse it
                 body["rejected"] = dict(self.entries.rejected)
             if self.explainer.held:  # the same
                 body["held"] = dict(self.explainer.held)
+            if released:  # the same
+                body["released"] = released
             if self.routed != cursor:  # the same (only while removals are pending)
                 body["routed"] = self.routed
             used = self.keyring.take_used() if self.keyring is not None else {}
