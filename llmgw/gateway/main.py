@@ -146,12 +146,16 @@ def _token(path: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
-async def _serve(follower: Follower, smg: Smg, front: Front, host: str, port: int) -> None:
+async def _serve(
+    follower: Follower, smg: Smg, front: Front, host: str, port: int, banner: str
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await front.start(host, port)
+    # Said once it is true: the port is open and a SIGTERM from now on stops it cleanly.
+    print(banner, flush=True)
     try:
         await _run(follower, smg, stop)
     finally:
@@ -268,11 +272,10 @@ def main(argv: list[str]) -> int:
             else "the controller's client keys"
         )
         kept = "" if args.work_dir else " (removed at exit: --work-dir keeps it)"
-        print(
+        banner = (
             f"llmgw gateway {args.name} listening on http://{args.listen} (policy {args.policy}, "
-            f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log{kept}",
-            flush=True,
+            f"{auth}); following {args.controller}; SMG log in {workdir}/smg.log{kept}"
         )
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(_serve(follower, smg, front, host, port))
+            runner.run(_serve(follower, smg, front, host, port, banner))
     return 0
