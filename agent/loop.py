@@ -40,7 +40,10 @@ class Engines(Protocol):
     def reports(self) -> list[ReplicaReport]: ...
 
     async def apply(
-        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+        self,
+        assignments: Sequence[ShardAssignment],
+        local_weights: Mapping[str, str],
+        local_adapters: Mapping[str, str] | None = None,
     ) -> None: ...
 
     async def close(self) -> None: ...
@@ -216,7 +219,11 @@ class ReportLoop:
         self.sent += 1
         if self.engines is not None:
             try:
-                await self.engines.apply(reply.assignments, self.builder.local_weights())
+                await self.engines.apply(
+                    reply.assignments,
+                    self.builder.local_weights(),
+                    self.builder.local_adapters(),
+                )
             except Exception:  # one bad assignment must not stop reporting
                 log.exception("engines could not apply the controller's assignments")
         return reply

@@ -82,7 +82,15 @@ def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None
         return None
     host = f"[{entry.address}]" if ":" in entry.address else entry.address
     fabrics = entry.digest.fabrics
+    held = fleet.adapter_holds.get(rec.id)
+    # Routed by name only where the engine says it holds it and it is not leaving.
+    adapters = (
+        sorted(n for n, h in held.items() if h.leaving is None and n in shard.adapters)
+        if held
+        else []
+    )
     return Endpoint(
+        adapters=adapters,
         replica_id=rec.id,
         model=rec.model,
         url=f"http://{host}:{shard.port}",
@@ -144,6 +152,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
         endpoints=endpoints,
         removed=removed,
         unserved=unserved_reasons(fleet, now),
+        adapters={name: spec.base for name, spec in fleet.adapters.items()},
     )
 
 
@@ -246,6 +255,8 @@ class GatewaySeen:
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
     routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
+    adapter_in_flight: dict[str, int] = field(default_factory=dict)  # adapter -> now
+    adapter_requests: dict[str, int] = field(default_factory=dict)  # adapter -> in all
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -343,8 +354,14 @@ class Gateways(Follower):
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
-            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            {
+                m: n
+                for m, n in status.held.items()
+                if n and (m in self._facts.models or m in self._facts.adapters)
+            },
             status.routed,
+            {a: n for a, n in status.adapter_in_flight.items() if a in self._facts.adapters},
+            {a: n for a, n in status.adapter_requests.items() if a in self._facts.adapters},
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -403,6 +420,17 @@ class Gateways(Follower):
                 out[model] = out.get(model, 0) + n
         return out
 
+    def adapter_traffic(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Per adapter, over the live gateways: requests in flight, and forwarded in all."""
+        in_flight: dict[str, int] = {}
+        requests: dict[str, int] = {}
+        for g in self.live(now):
+            for name, n in g.adapter_in_flight.items():
+                in_flight[name] = in_flight.get(name, 0) + n
+            for name, n in g.adapter_requests.items():
+                requests[name] = requests.get(name, 0) + n
+        return in_flight, requests
+
     def views(self) -> list[GatewayView]:
         now = self._facts.clock()
         self.expire(now)
@@ -441,6 +469,8 @@ class StopGate:
             stopping=dict(self.facts.stopping),
             in_flight=gateways.in_flight(now),
             held=gateways.held(now),
+            adapter_in_flight=gateways.adapter_traffic(now)[0],
+            adapter_requests=gateways.adapter_traffic(now)[1],
         )
 
     def ready_to_stop(self, ids: Iterable[str], *, force: bool = False) -> list[str]:

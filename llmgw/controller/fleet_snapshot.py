@@ -25,11 +25,11 @@ from llmgw.controller.admin_flags import NO_ADMIN
 from llmgw.controller.decisions import Note
 from llmgw.controller.liveness import Liveness
 from llmgw.controller.nodes import Faults, NodeEntry, node_state
-from llmgw.controller.records import Backoff, ReplicaRecord, gpus_on
+from llmgw.controller.records import AdapterHold, Backoff, ReplicaRecord, gpus_on
 from llmgw.controller.replicas import ReplicaStatus
 from llmgw.controller.settings import ControllerSettings
 from llmgw.scheduler import NodeCapacity, Placement
-from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
+from llmgw.wire import AdapterSpec, AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
 
 __all__ = ["FleetSnapshot", "GateView", "ModelReplicas", "node_capacity", "replica_sets"]
 
@@ -110,7 +110,13 @@ class GateView:
     live: tuple[tuple[int | None, Mapping[str, int]], ...] = ()
     stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
-    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
+    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep (and adapter)
+    adapter_in_flight: Mapping[str, int] = field(default_factory=dict)  # via the gateways
+    adapter_requests: Mapping[str, int] = field(default_factory=dict)  # forwarded in all
+
+    def applied_by_all(self, revision: int) -> bool:
+        """Whether every live gateway has applied `revision` (True with none live)."""
+        return all(applied is not None and applied >= revision for applied, _ in self.live)
 
     def lets_go(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of. One not
@@ -162,6 +168,9 @@ class FleetSnapshot:
     capacity_version: int
     revision: int  # the facts' change log's, when taken
     gate: GateView | None = None  # None: replicas stop at once
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    # Replica id -> adapter -> the controller's wish (`Facts.adapter_holds`)
+    adapter_holds: Mapping[str, Mapping[str, AdapterHold]] = field(default_factory=dict)
 
     # -- replicas -----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from llmgw.controller.adapter_loads import AdapterMemory
 from llmgw.controller.autoscale import Autoscaler
 from llmgw.controller.faults import FaultCordons
 from llmgw.scheduler import Fill, NodeCapacity
@@ -122,6 +123,7 @@ class LoopMemory:
 
     cordons: FaultCordons = field(default_factory=FaultCordons)
     autoscaler: Autoscaler = field(default_factory=Autoscaler)
+    adapters: AdapterMemory = field(default_factory=AdapterMemory)
     _did_not_fit: dict[str, _Tried] = field(default_factory=dict, init=False)
     _expected: int = field(default=-1, init=False)  # the version after this loop's last commit
     _moved_at: int = field(default=0, init=False)  # when something else last moved capacity

@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from llmgw.controller import drains
+from llmgw.controller.adapter_loads import plan_adapters
 from llmgw.controller.apply import apply, take_snapshot
 from llmgw.controller.demand import reclaim, scale
 from llmgw.controller.drains import cancel_called_off, drain, replace_faulted
@@ -161,6 +162,7 @@ class Reconciler:
         snap = self._apply(snap, roll(snap))
         snap = self._apply(snap, scale(snap, memory))
         snap = self._apply(snap, sleep_and_wake(snap))
+        snap = self._apply(snap, plan_adapters(snap, memory.adapters))
         self._apply(snap, reclaim(snap, memory))
         yield
         limits = Limits(self.attempts_per_pass, self.attempts_per_slice, self.slice_s)

@@ -234,6 +234,7 @@ def main(argv: list[str]) -> int:
             body_timeout_s=args.request_timeout,
             max_body=args.max_body,
             declared=follower.declared,
+            parents=lambda: follower.adapters,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"

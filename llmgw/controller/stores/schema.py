@@ -150,5 +150,10 @@ MIGRATIONS: list[list[Step]] = [
     [
         AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
     ],
+    # 11: LoRA adapters (issue 33): declared beside models, served by their base's replicas.
+    [
+        "CREATE TABLE IF NOT EXISTS adapters (name TEXT PRIMARY KEY, spec TEXT NOT NULL,"
+        " updated_at DOUBLE PRECISION NOT NULL)",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
