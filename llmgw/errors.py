@@ -129,7 +129,7 @@ class NotAuthenticated(ServerError):
 
 
 class TokenSpent(NotAuthenticated):
-    """`why`: the token and how it is spent (llmgw.controller.enroll_tokens.why_spent)."""
+    """`why`: the token and how it is spent (llmgw.controller.state.enroll_tokens.why_spent)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"{why}: ask an admin for a new one (llmgw ctl credentials token create)")
@@ -241,7 +241,7 @@ class TooLarge(ServerError):
 
 
 class CompressedBody(ServerError):
-    """Refused before anything reads it (llmgw.controller.bodies): the rest of the
+    """Refused before anything reads it (llmgw.controller.http.bodies): the rest of the
     body is not read, so the connection closes."""
 
     status = 415

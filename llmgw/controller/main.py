@@ -10,17 +10,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from llmgw.common import HelpWithExamples, examples
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.serve import ServerLimits, serve
-from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
-from llmgw.controller.store import StateError, Store
-from llmgw.controller.stores import (
-    describe,
-    open_store,
-    parse_store,
-    store_spec,
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import (
+    DEFAULT_LISTEN,
+    ControllerSettings,
+    is_loopback,
+    split_listen,
 )
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.serve import ServerLimits, serve
+from llmgw.controller.store import StateError, Store, describe, open_store, parse_store, store_spec
 from llmgw.durations import duration_arg
 from llmgw.listen import PortInUse, check_free
 from llmgw.tls import TlsConfigError, server_context

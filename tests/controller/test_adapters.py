@@ -18,15 +18,17 @@ from fleet_factories import report
 from test_api import ADMIN, AGENT, ClientFactory, auth, tokens
 from test_steps import replica, snapshot
 
-from llmgw.controller.adapter_loads import AdapterMemory, plan_adapters
-from llmgw.controller.adapter_specs import adapter_slots, check_adapters
-from llmgw.controller.app import create_app
-from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
-from llmgw.controller.nodes import ShardDigest
-from llmgw.controller.plans import DropAdapter, HoldAdapter, ReleaseAdapter
-from llmgw.controller.records import AdapterHold, ReplicaRecord
-from llmgw.controller.replicas import replica_status
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.adapter_specs import adapter_slots, check_adapters
+from llmgw.controller.core.adapter_use import AdapterMemory
+from llmgw.controller.core.nodes import ShardDigest
+from llmgw.controller.core.records import AdapterHold, ReplicaRecord
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.loop.adapter_loads import plan_adapters
+from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
+from llmgw.controller.loop.plans import DropAdapter, HoldAdapter, ReleaseAdapter
+from llmgw.controller.state.replicas import replica_status
+from llmgw.controller.views.endpoints import GateView
 from llmgw.errors import BadRequest
 from llmgw.wire import AdapterSpec, EventReason, ModelSpec, ShardState
 
