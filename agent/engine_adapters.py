@@ -31,10 +31,14 @@ class AdapterState:
     loaded: set[str] | None = None  # None: not read from the engine yet
     failures: dict[str, tuple[int | None, str]] = field(default_factory=dict)
 
-    def due(self, wanted: Mapping[str, str]) -> bool:
-        """Whether a sync has something to do."""
+    def forget_failures(self, wanted: Mapping[str, str]) -> None:
+        """A refusal is kept while the assignment asks for the adapter, no longer."""
         for gone in [n for n in self.failures if n not in wanted]:
             del self.failures[gone]
+
+    def due(self, wanted: Mapping[str, str]) -> bool:
+        """Whether a sync has something to do."""
+        self.forget_failures(wanted)
         if self.loaded is None:
             return bool(wanted)
         missing = wanted.keys() - self.loaded - self.failures.keys()
@@ -61,6 +65,7 @@ async def sync(
     """Unload what is not wanted, then load what is missing (`wanted`: name -> source;
     `paths`: source -> a local directory holding it, from the storage scan)."""
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    state.forget_failures(wanted)
     if state.loaded is None:
         async with http.get(f"{base_url}/v1/models", timeout=timeout) as r:
             body = await r.json(content_type=None)
