@@ -211,6 +211,9 @@ class EngineSupervisor:
         self.poll_interval_s = poll_interval_s
         self.scrape_interval_s = scrape_interval_s
         self.local_adapters: Mapping[str, str] = {}  # adapter source -> local directory
+        # Set when what a report would say changed (an adapter loaded or unloaded): the
+        # agent reports then rather than at its interval, so routing follows at once.
+        self.report_soon = asyncio.Event()
         self.health_timeout_s = health_timeout_s
         self.start_timeout_s = start_timeout_s
         self.start_stall_s = start_stall_s
@@ -267,6 +270,7 @@ class EngineSupervisor:
             if key not in self._engines:
                 self._engines[key] = self._start(a, local_weights)
         self._save()
+        self._steer_adapters()  # now, not at the monitor's next tick: a request waits
 
     def reports(self) -> list[ReplicaReport]:
         self._poll_exits()
@@ -556,6 +560,7 @@ class EngineSupervisor:
     async def _sync_adapters(self, eng: Engine) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession()
+        before = (set(eng.adapters.loaded or ()), dict(eng.adapters.failures))
         try:
             await engine_adapters.sync(
                 self._session,
@@ -566,6 +571,8 @@ class EngineSupervisor:
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("engine %s/%d: adapters: %s", *eng.key, exc)
+        if (set(eng.adapters.loaded or ()), eng.adapters.failures) != before:
+            self.report_soon.set()
 
     # -- sleep and wake ------------------------------------------------------------
 
