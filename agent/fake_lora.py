@@ -3,9 +3,11 @@
 vLLM (0.x, V1 engine) with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`:
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` answers 200 with a plain-text
   "Success: …" line, or OpenAI's error shape with vLLM's `type` and the status as `code`:
-  400 `InvalidUserInput` (a field missing, the name loaded already), 404 `NotFoundError`
-  ("No adapter found": no such directory or no `adapter_config.json`), 400
-  `BadRequestError` (a rank above `--max-lora-rank`, no weight file, LoRA not enabled).
+  400 `InvalidUserInput` (a field empty, the name loaded already), 404 `NotFoundError`
+  ("No adapter found": no such directory or no `adapter_config.json`), 500
+  `InternalServerError` ("Worker failed with error ...": a rank above `--max-lora-rank`,
+  no weight file), 400 `BadRequestError` (LoRA not enabled). Checked against vLLM
+  0.32's CPU build, paths in messages as `<path>`.
 - `POST /v1/unload_lora_adapter {"lora_name"}`: 200, or 404 `NotFoundError` when the name
   is not loaded.
 - A loaded adapter stays registered (in `/v1/models`, with its `parent`) until unloaded;
@@ -56,27 +58,37 @@ class Adapter:
     int_id: int
 
 
+def _worker_failed(why: str) -> LoraError:
+    """How vLLM 0.32 answers a load its engine core's worker refused (checked with the
+    CPU build: a 500, not a 400)."""
+    return LoraError(
+        500,
+        "InternalServerError",
+        f"Call to add_lora method failed: Worker failed with error '{why}', please check "
+        "the stack trace above for the root cause",
+    )
+
+
 def read_adapter(name: str, path: str, max_rank: int) -> int:
-    """The adapter's rank, or vLLM's refusal of its files."""
+    """The adapter's rank, or vLLM's refusal of its files (paths said as `<path>`, as
+    vLLM's sanitised messages do)."""
     root = Path(path)
     config_path = root / "adapter_config.json"
     try:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise LoraError(
-            404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {path}"
+            404, "NotFoundError", f"Loading lora {name} failed: No adapter found for <path>"
         ) from None
     except (OSError, ValueError) as exc:
-        raise LoraError(400, "BadRequestError", f"Loading lora {name} failed: {exc}") from None
+        raise _worker_failed(f"Loading lora {name} failed: {exc}") from None
     rank = config.get("r") if isinstance(config, dict) else None
     if type(rank) is not int or rank <= 0:
-        raise LoraError(400, "BadRequestError", f"{config_path}: 'r' must be a positive integer")
+        raise _worker_failed("<path>: 'r' must be a positive integer")
     if rank > max_rank:
-        raise LoraError(
-            400, "BadRequestError", f"LoRA rank {rank} is greater than max_lora_rank {max_rank}."
-        )
+        raise _worker_failed(f"LoRA rank {rank} is greater than max_lora_rank {max_rank}.")
     if not any((root / f).is_file() for f in WEIGHT_FILES):
-        raise LoraError(400, "BadRequestError", f"{path} doesn't contain tensors")
+        raise _worker_failed("<path> doesn't contain tensors")
     return rank
 
 

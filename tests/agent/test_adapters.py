@@ -100,9 +100,10 @@ async def test_an_engine_is_brought_to_its_assignment(
         assert state.due(wanted)
         await sync(http, url, state, wanted, paths)
         assert state.loaded == {"a", "b"}
-        assert state.failures["wide"] == (400, "LoRA rank 64 is greater than max_lora_rank 16.")
+        assert state.failures["wide"][0] == 500
+        assert "LoRA rank 64 is greater than max_lora_rank 16." in state.failures["wide"][1]
         assert state.failures["gone"][0] == 404
-        assert "No adapter found for acme/gone" in state.failures["gone"][1]
+        assert "No adapter found for <path>" in state.failures["gone"][1]
         assert not state.due(wanted)  # refused ones are not tried again while asked for
         await sync(http, url, state, {"b": "acme/b"}, paths)
         assert state.loaded == {"b"} and state.failures == {}

@@ -95,18 +95,22 @@ async def test_refusals_carry_vllms_status_and_type(
     missing = str(tmp_path / "nowhere")
     status, err = await _refusal(client, load, {"lora_name": "a", "lora_path": missing})
     assert (status, err["type"], err["code"]) == (404, "NotFoundError", 404)
-    assert err["message"] == f"Loading lora a failed: No adapter found for {missing}"
+    assert err["message"] == "Loading lora a failed: No adapter found for <path>"
 
     wide = str(write_adapter(tmp_path / "wide", rank=32))
     status, err = await _refusal(client, load, {"lora_name": "a", "lora_path": wide})
-    assert (status, err["type"]) == (400, "BadRequestError")
-    assert err["message"] == "LoRA rank 32 is greater than max_lora_rank 16."
+    # vLLM 0.32 (its CPU build, by hand): the engine core's worker refuses it, a 500.
+    assert (status, err["type"], err["code"]) == (500, "InternalServerError", 500)
+    assert err["message"] == (
+        "Call to add_lora method failed: Worker failed with error 'LoRA rank 32 is greater "
+        "than max_lora_rank 16.', please check the stack trace above for the root cause"
+    )
 
     bare = write_adapter(tmp_path / "bare")
     (bare / "adapter_model.safetensors").unlink()
     status, err = await _refusal(client, load, {"lora_name": "a", "lora_path": str(bare)})
-    assert (status, err["type"]) == (400, "BadRequestError")
-    assert "doesn't contain tensors" in str(err["message"])
+    assert (status, err["type"]) == (500, "InternalServerError")
+    assert "'<path> doesn't contain tensors'" in str(err["message"])
 
     good = str(write_adapter(tmp_path / "good"))
     assert (await client.post(load, json={"lora_name": "a", "lora_path": good})).status == 200
