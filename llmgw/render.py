@@ -316,6 +316,23 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         waking.add(w.model, Cell(w.model, ATTENTION), duration(w.seconds), str(w.held))
     section("Waking (from zero replicas)", waking)
 
+    adapters = _table("ADAPTER", "BASE", "LOADED ON", "HELD", "IN FLIGHT", "REQUESTS", "LAST USED")
+    for a in getattr(summary, "adapters", None) or []:  # absent from older controllers
+        if not (a.loaded_on or a.loading_on or a.held or a.in_flight):
+            continue  # idle and unloaded: `ctl models` lists every one
+        used = "-" if a.last_used_s is None else f"{duration(a.last_used_s)} ago"
+        adapters.add(
+            a.spec.name,
+            a.spec.name,
+            a.spec.base,
+            f"{len(a.loaded_on)}" + (f" (+{len(a.loading_on)} loading)" if a.loading_on else ""),
+            str(a.held),
+            str(a.in_flight),
+            str(a.requests),
+            used,
+        )
+    section("LoRA adapters (loaded or asked for)", adapters)
+
     traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
     for tr in getattr(summary, "traffic", None) or []:  # absent from older controllers
         traffic.add(

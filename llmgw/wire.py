@@ -1071,6 +1071,8 @@ class FleetSummary(Outbound):
     waking: list[WakingModel] = Field(default_factory=list)
     # What `idle_replicas` means: ready and asked nothing for this long (`--idle-after`).
     idle_after_s: float = IDLE_AFTER_S
+    # Each declared LoRA adapter: where it is loaded, what it serves, when last used.
+    adapters: list[AdapterView] = Field(default_factory=list)
 
 
 # -- drain pre-check ----------------------------------------------------------------

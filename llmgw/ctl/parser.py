@@ -478,7 +478,7 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
             "--for",
             dest="object",
             metavar="KIND/NAME",
-            help="only the events of node/NAME or model/NAME",
+            help="only the events of node/NAME, model/NAME or adapter/NAME",
         )
 
     if wanted("delete"):

@@ -103,6 +103,10 @@ async def test_apply_list_and_delete_an_adapter(client: TestClient) -> None:
     assert view["loaded_on"] == [] and view["held"] == 0
     feed = await (await client.get("/v1/endpoints", headers=auth(ADMIN))).json()
     assert feed["adapters"] == {"sql": "chat"}
+    summary = await (await client.get("/v1/summary", headers=auth(ADMIN))).json()
+    assert [a["spec"]["name"] for a in summary["adapters"]] == ["sql"]
+    events = await client.get("/v1/events?for=adapter/sql", headers=auth(ADMIN))
+    assert events.status == 200
     # The base is not deleted from under its adapter; the adapter is.
     resp = await client.delete("/v1/models/chat", headers=auth(ADMIN))
     assert resp.status == 400
