@@ -281,3 +281,19 @@ def test_a_draining_holder_gets_a_successor_before_it_goes() -> None:
     plan = plan_adapters(snap, AdapterMemory())
     assert _acts(plan, HoldAdapter) == [("r2", "a")]
     assert _acts(plan, DropAdapter) == [] and _acts(plan, ReleaseAdapter) == []
+
+
+def test_what_engines_hold_is_adopted_by_a_new_term_not_unloaded() -> None:
+    """A controller restart or takeover starts with no holds: what the engines report
+    holding is taken over, so nothing is unloaded and loaded again; a drop of this
+    term is not taken back while the engine still says it holds it."""
+    memory = AdapterMemory(last_used={"a": NOW})
+    snap = fleet([R1], [adapter("a")], loaded={"r1": ["a"]})
+    plan = plan_adapters(snap, memory)
+    assert _acts(plan, HoldAdapter) == [("r1", "a")] and not plan.events
+    memory.last_used["a"] = NOW - 400  # idle since: let go of
+    leaving = {"r1": {"a": AdapterHold(1.0, (7, NOW))}}
+    gone = plan_adapters(fleet([R1], [adapter("a")], holds=leaving, loaded={"r1": ["a"]}), memory)
+    assert _acts(gone, DropAdapter) == [("r1", "a")]
+    later = plan_adapters(fleet([R1], [adapter("a")], loaded={"r1": ["a"]}), memory)
+    assert _acts(later, HoldAdapter) == []

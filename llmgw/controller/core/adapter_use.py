@@ -22,6 +22,9 @@ class AdapterMemory:
     last_failure: dict[str, str] = field(default_factory=dict)
     failed: dict[tuple[str, str], float] = field(default_factory=dict)
     announced: set[tuple[str, str]] = field(default_factory=set)
+    # (replica, adapter) this term told an engine to unload: what an engine still
+    # reports holding is adopted (a restart or takeover kept it loaded), but not these.
+    dropped: set[tuple[str, str]] = field(default_factory=set)
 
     def observe(
         self,

@@ -46,6 +46,7 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
 
     def forget(rid: str, name: str) -> None:
         holds[rid].pop(name, None)
+        memory.dropped.add((rid, name))
 
     # What became of each hold: gone, refused, loaded, or let go of by the gateways.
     for rid, held in snap.adapter_holds.items():
@@ -92,6 +93,20 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
                     EventReason.ADAPTER_LOADED,
                     f"loaded on replica {rid} in {now - hold.told_at:.1f}s",
                 )
+
+    # What an engine holds that no hold names, and this term did not drop, a term before
+    # it asked for (a restart, a takeover): adopted, not unloaded and loaded again.
+    for rid, status in snap.statuses.items():
+        shard = status.shards[0] if status.shards else None
+        if shard is None or status.state not in _SERVING:
+            continue
+        for name in sorted(shard.adapters):
+            held, dropped = name in holds.get(rid, {}), (rid, name) in memory.dropped
+            if name in snap.adapters and not held and not dropped:
+                p.add(HoldAdapter(rid, name))
+                holds.setdefault(rid, {})[name] = AdapterHold(now)
+                memory.announced.add((rid, name))
+    memory.dropped &= {(rid, n) for rid in snap.statuses for n in snap.adapters}
 
     # Replicas a base's adapters may be told to load on: ready, standing, in routing.
     stopping = gate.stopping if gate else {}
