@@ -12,7 +12,7 @@ One base of four replicas, each holding at most `--slots` adapters.
    `--load-seconds`, reports). Medians of `--rounds`.
 2. Churn: `--adapters` adapters under skewed traffic (one client on each of the
    three hottest, one walking the rest) for `--churn-seconds`: loads and unloads per
-   minute (AdapterLoaded / AdapterUnloaded events), and requests answered.
+   minute (what the agents did, from their logs), and requests answered.
 
     .venv/bin/python bench/bench_adapters.py [--rounds 3] [--churn-seconds 30]
 """
@@ -122,15 +122,27 @@ def main() -> None:
         print(f"engine start to first answer: median {sm:.2f}s")
         print(f"cold / warm: {cm / wm:.0f}x   cold / engine start: {cm / sm:.2f}x")
 
-        events_before = c.get("/v1/events")["cursor"]
+        def engine_side() -> tuple[int, int]:
+            """Loads and unloads the agents did, from their logs."""
+            text = "".join(c.agent_log(n) for n in NODES)
+            return text.count("] loaded LoRA adapter") + text.count(
+                "adapters: loaded LoRA adapter"
+            ), text.count("unloaded LoRA adapter")
+
+        loads_before, unloads_before = engine_side()
         answered = [0]
+        failed: list[str] = []
+        slowest = [0.0]
         stop = threading.Event()
 
         def client(pool: list[str]) -> None:
             i = 0
             while not stop.is_set():
-                timed(gw, pool[i % len(pool)])
-                answered[0] += 1
+                try:
+                    slowest[0] = max(slowest[0], timed(gw, pool[i % len(pool)]))
+                    answered[0] += 1
+                except (httpx.HTTPError, AssertionError) as exc:
+                    failed.append(f"{pool[i % len(pool)]}: {exc!r}"[:200])
                 i += 1
 
         hot = [[n] for n in names[:3]]
@@ -141,14 +153,14 @@ def main() -> None:
         stop.set()
         for t in threads:
             t.join(timeout=120)
-        events = c.get(f"/v1/events?since={events_before}")["events"]
-        loads = sum(e["count"] for e in events if e["reason"] == "AdapterLoaded")
-        unloads = sum(e["count"] for e in events if e["reason"] == "AdapterUnloaded")
+        loads_after, unloads_after = engine_side()
+        loads, unloads = loads_after - loads_before, unloads_after - unloads_before
         per_min = 60 / args.churn_seconds
         print(
             f"churn over {args.churn_seconds:g}s, {args.adapters} adapters, 3 replicas x "
             f"{args.slots} slots: {loads * per_min:.0f} loads/min, {unloads * per_min:.0f} "
-            f"unloads/min, {answered[0]} requests answered"
+            f"unloads/min, {answered[0]} requests answered (slowest {slowest[0]:.1f}s), "
+            f"{len(failed)} failed {failed[:3]}"
         )
     finally:
         gw.stop()

@@ -255,6 +255,7 @@ class Explainer:
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(news.wait(), left)
+                tried.clear()  # where it is held changed: one that let go may hold it again
         finally:
             if holding:
                 self._unhold(name)

@@ -278,12 +278,21 @@ class Front:
         adapter with its `parent`."""
         assert self._http is not None
         headers = {"Authorization": upstream_auth}
-        async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
-            if up.status != 200:
-                return web.Response(
-                    status=up.status, body=await up.read(), content_type=up.content_type
-                )
-            listed: dict[str, Any] = await up.json()
+        try:
+            async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
+                if up.status != 200:
+                    return web.Response(
+                        status=up.status, body=await up.read(), content_type=up.content_type
+                    )
+                listed: dict[str, Any] = await up.json()
+        except aiohttp.ClientConnectionError:  # SMG (re)starting
+            return openai_error(
+                503,
+                "service_unavailable",
+                "gateway_starting",
+                "the gateway's router is starting: retry shortly",
+                **{"Retry-After": NOT_READY_RETRY_S},
+            )
         data = listed.get("data")
         parents = self.parents()
         if isinstance(data, list):

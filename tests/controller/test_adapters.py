@@ -297,3 +297,16 @@ def test_what_engines_hold_is_adopted_by_a_new_term_not_unloaded() -> None:
     assert _acts(gone, DropAdapter) == [("r1", "a")]
     later = plan_adapters(fleet([R1], [adapter("a")], loaded={"r1": ["a"]}), memory)
     assert _acts(later, HoldAdapter) == []
+
+
+def test_room_is_made_from_the_least_asked_for_not_only_the_least_recent() -> None:
+    """A client walking through cold adapters uses each just now; one asking a hot
+    adapter without pause, read at the gateways' grain, may look as recent: the rate
+    decides first."""
+    holds = {"r1": {"hot": AdapterHold(1.0), "walked": AdapterHold(1.0)}}
+    memory = AdapterMemory(
+        last_used={"hot": NOW - 1, "walked": NOW - 0.5}, rate={"hot": 3.0, "walked": 0.2}
+    )
+    specs = [adapter("hot"), adapter("walked"), adapter("next")]
+    plan = plan_adapters(fleet([R1], specs, holds=holds, held={"next": 1}), memory)
+    assert _acts(plan, ReleaseAdapter) == [("r1", "walked")]

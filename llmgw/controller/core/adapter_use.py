@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 FAILED_BACKOFF_S = 60.0  # a load refused on a replica is not tried there again before
+RATE_KEEP = 0.9  # per pass: a request rate smoothed over about ten passes
 
 
 @dataclass
@@ -25,6 +26,7 @@ class AdapterMemory:
     # (replica, adapter) this term told an engine to unload: what an engine still
     # reports holding is adopted (a restart or takeover kept it loaded), but not these.
     dropped: set[tuple[str, str]] = field(default_factory=set)
+    rate: dict[str, float] = field(default_factory=dict)  # smoothed requests per pass
 
     def observe(
         self,
@@ -35,13 +37,19 @@ class AdapterMemory:
     ) -> None:
         for name in declared:
             seen = requests.get(name, 0)
-            if busy.get(name) or seen > self.requests.get(name, seen):
+            new = max(0, seen - self.requests.get(name, seen))
+            if busy.get(name) or new:
                 self.last_used[name] = now
             self.requests[name] = seen
+            # How busy it is lately (requests per pass, smoothed): who makes room first.
+            self.rate[name] = RATE_KEEP * self.rate.get(name, 0.0) + (1 - RATE_KEEP) * (
+                new + busy.get(name, 0)
+            )
         for gone in [n for n in self.last_used if n not in declared]:
             del self.last_used[gone]
         for gone in [n for n in self.requests if n not in declared]:
             del self.requests[gone]
+            self.rate.pop(gone, None)
         self.failed = {k: t for k, t in self.failed.items() if now - t < FAILED_BACKOFF_S}
 
     def idle_for(self, name: str, now: float) -> float | None:

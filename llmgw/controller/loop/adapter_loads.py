@@ -5,8 +5,9 @@ adapters (issue 33), within the base's `--max-cpu-loras`.
   flight gets a holder; a busy one gets more, one per `target_in_flight` of its
   base's spec, up to every ready replica of the base.
 - Room: a replica holds at most its base's slots, counting adapters on their way
-  out. A full replica makes room by letting go of its least recently used idle
-  adapter; the new one is told once that slot is free (a pass or two later).
+  out. A full replica makes room by letting go of an adapter with nothing in flight,
+  the least asked for lately first, then the least recently used; the new one is told
+  once that slot is free (a pass or two later).
 - Idle: an adapter nothing asked for `adapter_idle_s` leaves every replica.
 - Leaving is a handshake, as a replica's stop is: out of routing first (the feed),
   unloaded once every live gateway has applied that (or the stop grace passed).
@@ -32,6 +33,7 @@ from llmgw.controller.loop.plans import DropAdapter, HoldAdapter, Plan, Planner,
 from llmgw.wire import EventReason, ReplicaState
 
 _SERVING = (ReplicaState.READY, ReplicaState.DRAINING)
+MIN_HELD_S = 3.0  # an adapter is not pushed out sooner after it was told to load
 
 
 def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
@@ -101,8 +103,8 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
         if shard is None or status.state not in _SERVING:
             continue
         for name in sorted(shard.adapters):
-            held, dropped = name in holds.get(rid, {}), (rid, name) in memory.dropped
-            if name in snap.adapters and not held and not dropped:
+            taken, dropped = name in holds.get(rid, {}), (rid, name) in memory.dropped
+            if name in snap.adapters and not taken and not dropped:
                 p.add(HoldAdapter(rid, name))
                 holds.setdefault(rid, {})[name] = AdapterHold(now)
                 memory.announced.add((rid, name))
@@ -175,14 +177,18 @@ def _least_recently_used(
     memory: AdapterMemory,
     now: float,
 ) -> tuple[str, str] | None:
-    """The idle routed adapter used longest ago on one of `candidates`, to make room."""
-    best: tuple[float, str, str] | None = None
+    """The routed adapter with nothing in flight to let go of on one of `candidates`, to
+    make room: the least asked for lately, then the one used longest ago. (Recency
+    alone, read at the gateways' one-second grain, let one client walking through cold
+    adapters push out one asking a hot adapter without pause, as a scan does an LRU.)"""
+    best: tuple[float, float, str, str] | None = None
     for rid in candidates:
         for name, hold in holds.get(rid, {}).items():
-            if hold.leaving is not None or busy.get(name):
+            # Nothing in flight, and in long enough to have been asked: no ping-pong.
+            if hold.leaving is not None or busy.get(name) or now - hold.told_at < MIN_HELD_S:
                 continue
             idle = memory.idle_for(name, now)
-            key = (-(math.inf if idle is None else idle), rid, name)
+            key = (memory.rate.get(name, 0.0), -(math.inf if idle is None else idle), rid, name)
             if best is None or key < best:
                 best = key
-    return None if best is None else (best[1], best[2])
+    return None if best is None else (best[2], best[3])
