@@ -348,8 +348,8 @@ def tune_gc() -> None:
 
     Everything imported so far lives forever: freezing it keeps full
     collections from walking it again. A larger young generation means fewer
-    objects promoted per report. Measured: report p99 at 10,000 nodes went
-    from about 250 ms (collector pauses) to about 75 ms (bench_controller.py).
+    objects promoted per report: the collector's pauses were most of a report's
+    p99 at 10,000 nodes (bench/README.md, bench_controller.py).
     """
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)

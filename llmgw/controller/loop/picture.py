@@ -26,7 +26,8 @@ __all__ = [
     "wanted_classes",
 ]
 
-# Nodes per step of building the snapshot and the scheduler's index (~2 ms each).
+# Nodes per step of building the snapshot and the scheduler's index: a step is
+# short enough to leave the event loop free between them (bench_reconcile.py).
 NODES_PER_STEP = 200
 
 

@@ -1,7 +1,7 @@
 """The nodes listing's JSON, kept encoded per row.
 
-`GET /v1/nodes` at 2,000 nodes spent ~20 ms validating and dumping a `NodeRow`
-per node although almost every row is unchanged since the last answer: only
+`GET /v1/nodes` at 2,000 nodes spent most of its time validating and dumping a
+`NodeRow` per node although almost every row is unchanged since the last answer: only
 its report age moves. So each row is encoded once, when its content changes,
 as the bytes before and after the age; an answer joins them around the ages.
 `?since=` answers are joined the same way, their every-node `report_ages`
