@@ -28,7 +28,7 @@ from llmgw.controller.loop.adapter_loads import plan_adapters
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.plans import DropAdapter, HoldAdapter, ReleaseAdapter
 from llmgw.controller.state.replicas import replica_status
-from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.errors import BadRequest
 from llmgw.wire import AdapterSpec, EventReason, ModelSpec, ShardState
 
@@ -166,7 +166,7 @@ def fleet(
     failures: Mapping[str, Any] | None = None,
     in_flight: Mapping[str, int] | None = None,
     held: Mapping[str, int] | None = None,
-    live: tuple[tuple[int | None, Mapping[str, int]], ...] = (),
+    live: tuple[LiveGateway, ...] = (),
 ) -> FleetSnapshot:
     snap = snapshot(
         replicas,
@@ -232,7 +232,7 @@ def test_a_full_replica_lets_its_least_recently_used_idle_adapter_go() -> None:
 def test_idle_adapters_leave_through_the_gateways_then_unload() -> None:
     holds = {"r1": {"a": AdapterHold(1.0)}}
     memory = AdapterMemory(last_used={"a": NOW - 301})
-    live = ((5, {}),)
+    live = (LiveGateway(5, {}),)
     plan = plan_adapters(fleet([R1], [adapter("a")], holds=holds, live=live), memory)
     assert _acts(plan, ReleaseAdapter) == [("r1", "a")]
     assert _acts(plan, DropAdapter) == []
@@ -240,7 +240,9 @@ def test_idle_adapters_leave_through_the_gateways_then_unload() -> None:
     leaving = {"r1": {"a": AdapterHold(1.0, (7, NOW))}}
     plan = plan_adapters(fleet([R1], [adapter("a")], holds=leaving, live=live), memory)
     assert _acts(plan, DropAdapter) == []
-    plan = plan_adapters(fleet([R1], [adapter("a")], holds=leaving, live=((7, {}),)), memory)
+    plan = plan_adapters(
+        fleet([R1], [adapter("a")], holds=leaving, live=(LiveGateway(7, {}),)), memory
+    )
     assert _acts(plan, DropAdapter) == [("r1", "a")]
     [event] = plan.events
     assert event.reason is EventReason.ADAPTER_UNLOADED and "unused for 301s" in event.message

@@ -37,6 +37,7 @@ from llmgw.controller.store.rows import (
     token_row,
 )
 from llmgw.controller.store.session import Dialect, Params, Row, Session
+from llmgw.controller.store.tenant_sql import TenantTables
 from llmgw.wire import (
     AdapterSpec,
     AdminEvent,
@@ -128,7 +129,7 @@ _REVISION_BUMP = "UPDATE store_revision SET revision = revision + 1 WHERE id = 1
 REVISION = "SELECT revision FROM store_revision WHERE id = 1"
 
 
-class SqlStore:
+class SqlStore(TenantTables):
     """The `StateStore` methods over a backend's `_transaction` and `_read`.
     Every method is one transaction."""
 
@@ -194,6 +195,8 @@ class SqlStore:
                 r["name"]: (AdapterSpec.model_validate_json(r["spec"]), r["updated_at"])
                 for r in self._read("SELECT * FROM adapters")
             },
+            limits=self.limits(),
+            usage=list(self.usage_counts()),
         )
 
     def load(self, state: StateDump) -> None:
@@ -224,6 +227,7 @@ class SqlStore:
                 _ADAPTER_UPSERT,
                 [(a.name, a.model_dump_json(), at) for a, at in state.adapters.values()],
             )
+            self.load_tenants(s, state.limits, state.usage)
 
     # -- nodes --------------------------------------------------------------------------
 
