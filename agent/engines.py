@@ -53,6 +53,8 @@ from typing import Any, NamedTuple
 import aiohttp
 from pydantic import ValidationError
 
+from agent import engine_adapters
+from agent.engine_adapters import AdapterState
 from agent.engine_proc import (
     ProcessRef,
     cpu_by_group,
@@ -76,7 +78,7 @@ from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape, server_load
 from agent.progress import START_CPU_S, ProgressWatch, StartWatch
 from agent.traffic import TrafficMeter
-from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
+from llmgw.wire import AdapterFailure, ReplicaReport, ShardAssignment, ShardState, printable
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,8 @@ class Engine:
     sleep_error: str | None = None  # asked to sleep, it could not: why
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
+    adapters: AdapterState = field(default_factory=AdapterState)  # LoRA adapters (rank 0)
+    adapting: asyncio.Task[None] | None = None  # loads and unloads under way
 
     @property
     def key(self) -> Key:
@@ -206,6 +210,10 @@ class EngineSupervisor:
         self.grace_s = grace_s
         self.poll_interval_s = poll_interval_s
         self.scrape_interval_s = scrape_interval_s
+        self.local_adapters: Mapping[str, str] = {}  # adapter source -> local directory
+        # Set when what a report would say changed (an adapter loaded or unloaded): the
+        # agent reports then rather than at its interval, so routing follows at once.
+        self.report_soon = asyncio.Event()
         self.health_timeout_s = health_timeout_s
         self.start_timeout_s = start_timeout_s
         self.start_stall_s = start_stall_s
@@ -234,18 +242,23 @@ class EngineSupervisor:
     # -- public interface ------------------------------------------------------
 
     async def apply(
-        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+        self,
+        assignments: Sequence[ShardAssignment],
+        local_weights: Mapping[str, str],
+        local_adapters: Mapping[str, str] | None = None,
     ) -> None:
         """Make the running set match `assignments`: start missing, stop unassigned."""
         if self._closed:
             raise RuntimeError("the engine supervisor is closed")
         self._ensure_monitor()
         self._poll_exits()
+        if local_adapters is not None:
+            self.local_adapters = local_adapters
         desired = {(a.replica_id, a.rank): a for a in assignments}
         for key, eng in list(self._engines.items()):
             want = desired.get(key)
-            if want is not None and want.awake() == eng.assignment.awake():
-                eng.assignment = want  # at most its sleep changed: the monitor acts on it
+            if want is not None and want.started_as() == eng.assignment.started_as():
+                eng.assignment = want  # its sleep or adapters changed: the monitor acts on it
                 continue
             # Unassigned, or assigned differently (the new one starts once this is gone).
             if eng.state is ShardState.FAILED:
@@ -257,6 +270,7 @@ class EngineSupervisor:
             if key not in self._engines:
                 self._engines[key] = self._start(a, local_weights)
         self._save()
+        self._steer_adapters()  # now, not at the monitor's next tick: a request waits
 
     def reports(self) -> list[ReplicaReport]:
         self._poll_exits()
@@ -277,6 +291,11 @@ class EngineSupervisor:
                         idle_seconds=idle,
                         traffic=eng.meter.traffic() if ready else None,
                         sleep_error=eng.sleep_error,
+                        adapters=sorted(eng.adapters.loaded or ()),
+                        adapter_failures=[
+                            AdapterFailure(name=n, status=st, message=m)
+                            for n, (st, m) in sorted(eng.adapters.failures.items())
+                        ],
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -327,6 +346,8 @@ class EngineSupervisor:
             command = template.command_for(a.rank, a.nnodes, sleeps=a.sleep_mode)
             argv = [*render(command, values), *a.engine_args]
             template_env = render_env(template, values, sleeps=a.sleep_mode)
+            if "--enable-lora" in a.engine_args:  # adapters are loaded at run time
+                template_env = {**engine_adapters.RUNTIME_ENV, **template_env}
         except (TemplateError, ValueError) as exc:
             return self._failed_to_start(a, template, f"cannot build the engine command: {exc}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -521,6 +542,37 @@ class EngineSupervisor:
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
         self._steer_sleep()
+        self._steer_adapters()
+
+    # -- LoRA adapters -------------------------------------------------------------
+
+    def _steer_adapters(self) -> None:
+        """Begin loading and unloading what a ready engine's assignment asks for."""
+        for eng in self._engines.values():
+            busy = eng.adapting is not None and not eng.adapting.done()
+            if busy or eng.state is not ShardState.READY or not eng.serves_http:
+                continue
+            if eng.turning is not None and not eng.turning.done():
+                continue
+            if eng.adapters.due(eng.assignment.adapters):
+                eng.adapting = asyncio.create_task(self._sync_adapters(eng))
+
+    async def _sync_adapters(self, eng: Engine) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        before = (set(eng.adapters.loaded or ()), dict(eng.adapters.failures))
+        try:
+            await engine_adapters.sync(
+                self._session,
+                self._url(eng, "").rstrip("/"),
+                eng.adapters,
+                eng.assignment.adapters,
+                self.local_adapters,
+            )
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("engine %s/%d: adapters: %s", *eng.key, exc)
+        if (set(eng.adapters.loaded or ()), eng.adapters.failures) != before:
+            self.report_soon.set()
 
     # -- sleep and wake ------------------------------------------------------------
 

@@ -33,6 +33,12 @@ wake asks for). With `LLMGW_FAKE_GPU_MEMORY_DIR` set it says what it holds on
 its cards (CUDA_VISIBLE_DEVICES), `--gpu-memory-mib` each awake and only a CUDA context's
 worth asleep (agent.fake_process_memory); the fault `--sleep-keeps-memory` answers the
 sleep 200 and keeps it all held (vLLM #47654).
+
+It serves LoRA adapters as vLLM does (agent.fake_lora): `--enable-lora`, `--max-loras`,
+`--max-cpu-loras`, `--max-lora-rank`; with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` the
+endpoints `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (else 404), each load
+taking `--lora-load-seconds`. A loaded adapter is listed in `/v1/models` with its `parent`
+and answers requests by its name, naming itself as the answer's `model`.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ import sys
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +66,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent import fake_process_memory
+from agent.fake_lora import LoraConfig, LoraError, LoraState
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class FakeConfig:
     # Keys a client must present on the API's paths (`--api-key`, else VLLM_API_KEY): none
     # asked when empty, as vLLM.
     api_keys: tuple[str, ...] = ()
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 # What a sleeping vLLM still holds on each card: the CUDA context and its pools.
@@ -220,6 +228,7 @@ class EngineState:
     active: set[asyncio.Task[object]] = field(default_factory=set)  # requests running
     server_load: int = 0  # requests the HTTP server holds (vLLM's /load), stalled ones too
     sleep: SleepState = field(default_factory=lambda: SleepState())
+    loras: LoraState | None = None  # set by make_app
 
     @property
     def loaded(self) -> bool:
@@ -356,7 +365,49 @@ async def models(request: web.Request) -> web.Response:
         "created": state.created,
         "owned_by": "llmgw-fake",
     }
-    return web.json_response({"object": "list", "data": [item]})
+    adapters = state.loras.cards(state.created) if state.loras is not None else []
+    return web.json_response({"object": "list", "data": [item, *adapters]})
+
+
+def _lora_error(exc: LoraError) -> web.Response:
+    """vLLM's ErrorResponse for its LoRA endpoints: the status is also the `code`."""
+    body = {"error": {"message": exc.message, "type": exc.kind, "param": None, "code": exc.status}}
+    return web.json_response(body, status=exc.status)
+
+
+async def _lora_body(request: web.Request, fields: tuple[str, ...]) -> dict[str, str]:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or any(not isinstance(body.get(f, ""), str) for f in fields):
+        raise LoraError(400, "BadRequestError", f"the body must be a JSON object with {fields}")
+    return {f: body.get(f, "") for f in fields}
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    assert state.loras is not None
+    try:
+        body = await _lora_body(request, ("lora_name", "lora_path"))
+        text = await state.loras.load(body["lora_name"], body["lora_path"])
+    except LoraError as exc:
+        _say(f"LoRA load refused: {exc.message}")
+        return _lora_error(exc)
+    _say(f"loaded LoRA adapter {body['lora_name']} from {body['lora_path']}")
+    return web.Response(status=200, text=text)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    assert state.loras is not None
+    try:
+        body = await _lora_body(request, ("lora_name",))
+        text = await state.loras.unload(body["lora_name"])
+    except LoraError as exc:
+        return _lora_error(exc)
+    _say(f"unloaded LoRA adapter {body['lora_name']}")
+    return web.Response(status=200, text=text)
 
 
 def _error(
@@ -428,7 +479,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if not isinstance(body, dict):
         return _bad("the body must be a JSON object")
     model = body.get("model", state.config.model)
-    if model != state.config.model:
+    adapter = model if state.loras is not None and model in state.loras.registered else None
+    if model != state.config.model and adapter is None:
         return _error(
             404,
             f"The model `{model}` does not exist.",
@@ -456,12 +508,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     continuous = usage_chunk and options.get("continuous_usage_stats") is True  # type: ignore[union-attr]
     tokens = text_in.split()
     gen = _Generation(state, chat, len(tokens), max_tokens, stream, n, usage_chunk, continuous)
+    gen.model = str(model)
     first = _first_token_delay(state, tokens)
     state.server_load += 1  # the API server holds it, whatever the engine core does
     task = asyncio.current_task()
     if task is not None:
         state.active.add(task)
     try:
+        if adapter is not None and state.loras is not None:
+            await state.loras.enter_batch(adapter)
         # A stalled core never schedules it: like vLLM's, its gauges do not count it.
         await state.stall_point()
         state.metrics.running.inc()
@@ -474,6 +529,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             return web.json_response(gen.whole())
         finally:
             state.metrics.running.dec()
+            if adapter is not None and state.loras is not None:
+                state.loras.leave_batch(adapter)
     finally:
         state.server_load -= 1
         state.active.discard(task)
@@ -512,6 +569,7 @@ class _Generation:
         self.created = int(time.time())
         self.started = time.monotonic()
         self.first_token_at: float | None = None
+        self.model = state.config.model  # an adapter's name when one was asked for
 
     def _done(self, counted: bool = False) -> None:
         """`counted`: its tokens are counted already (a stream counts them as sent)."""
@@ -556,7 +614,7 @@ class _Generation:
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
-            "model": self.state.config.model,
+            "model": self.model,
             "choices": choices,
             "usage": self._usage(),
         }
@@ -584,7 +642,7 @@ class _Generation:
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
-            "model": self.state.config.model,
+            "model": self.model,
             "choices": choices,
         }
         if usage is not None:  # vLLM's: no `usage` field at all on the others
@@ -742,6 +800,7 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
         metrics=EngineMetrics(config.model),
         ready_at=time.monotonic() + config.load_seconds,
         cache=PrefixCache(config.cache_blocks),
+        loras=LoraState(config.lora, config.model),
     )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
@@ -750,6 +809,9 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/load", server_load)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    if config.lora.runtime_updates:  # vLLM adds its runtime LoRA endpoints only then
+        app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     if config.dev_mode:  # vLLM registers its development endpoints only then
         app.router.add_post("/sleep", post_sleep)
         app.router.add_post("/wake_up", post_wake_up)
@@ -853,12 +915,29 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="fault: a sleep answers 200 and keeps the memory held",
     )
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    p.add_argument("--max-loras", type=int, default=1, help="distinct adapters in one batch")
+    p.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="adapters resident in host memory (default: --max-loras)",
+    )
+    p.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank loaded")
+    p.add_argument(
+        "--lora-load-seconds", type=float, default=0.05, help="time reading one adapter takes"
+    )
     # Real engines take many more options; accept and ignore unknown ones so a
     # model spec's engine_args written for vLLM do not crash the fake.
     args, unknown = p.parse_known_args(argv)
     if unknown:
         print(f"fake engine: ignoring options {unknown}", flush=True)
     return args
+
+
+def runtime_lora_updates(env: Mapping[str, str]) -> bool:
+    """vLLM's reading of VLLM_ALLOW_RUNTIME_LORA_UPDATING: "1" or "true", any case."""
+    return env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
 
 
 def _say(text: str) -> None:
@@ -890,6 +969,14 @@ async def _run(args: argparse.Namespace) -> int:
         gpus=tuple(g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
         # vLLM: --api-key wins over VLLM_API_KEY; an empty key asks for none.
         api_keys=tuple(k for k in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if k),
+        lora=LoraConfig(
+            enabled=args.enable_lora,
+            runtime_updates=runtime_lora_updates(os.environ),
+            max_loras=args.max_loras,
+            max_cpu_loras=args.max_cpu_loras,
+            max_lora_rank=args.max_lora_rank,
+            load_s=args.lora_load_seconds,
+        ),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

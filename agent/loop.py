@@ -40,7 +40,10 @@ class Engines(Protocol):
     def reports(self) -> list[ReplicaReport]: ...
 
     async def apply(
-        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+        self,
+        assignments: Sequence[ShardAssignment],
+        local_weights: Mapping[str, str],
+        local_adapters: Mapping[str, str] | None = None,
     ) -> None: ...
 
     async def close(self) -> None: ...
@@ -216,7 +219,11 @@ class ReportLoop:
         self.sent += 1
         if self.engines is not None:
             try:
-                await self.engines.apply(reply.assignments, self.builder.local_weights())
+                await self.engines.apply(
+                    reply.assignments,
+                    self.builder.local_weights(),
+                    self.builder.local_adapters(),
+                )
             except Exception:  # one bad assignment must not stop reporting
                 log.exception("engines could not apply the controller's assignments")
         return reply
@@ -238,11 +245,26 @@ class ReportLoop:
                 )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
-                        await stop.wait()
+                        await self._until_stop_or_news(stop)
                 cancel_if_asked()
         finally:
             if own:
                 await session.close()
+
+    async def _until_stop_or_news(self, stop: asyncio.Event) -> None:
+        """Wait for `stop`, or for the engines to have news a report should carry now
+        (an adapter loaded: routing to it waits on that report)."""
+        soon: asyncio.Event | None = getattr(self.engines, "report_soon", None)
+        if soon is None:
+            await stop.wait()
+            return
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(soon.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        soon.clear()
 
     async def _one(self, session: aiohttp.ClientSession) -> None:
         try:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from agent.fabric import node_fabrics
 from agent.gpus import GpuSource
-from agent.storage import local_weights
+from agent.storage import local_adapters, local_weights
 from llmgw import __version__
 from llmgw.wire import NodeReport, ReplicaReport, StorageLocation
 
@@ -77,6 +77,10 @@ class ReportBuilder:
             replicas=list(replicas),
             engines=None if self.engines is None else sorted(self.engines)[:64],
         )
+
+    def local_adapters(self) -> Mapping[str, str]:
+        """Adapter name -> local path, from the latest storage scan."""
+        return local_adapters(self.last_storage)
 
     def local_weights(self) -> Mapping[str, str]:
         """Model name -> local path, from the latest storage scan."""

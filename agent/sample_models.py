@@ -58,3 +58,19 @@ def write_model(
     index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     return files
+
+
+def write_adapter(directory: Path, base: str = "m", rank: int = 8) -> Path:
+    """A PEFT LoRA adapter directory: adapter_config.json and adapter_model.safetensors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": ["q_proj", "v_proj"],
+        "base_model_name_or_path": base,
+        "bias": "none",
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    write_safetensors(directory / "adapter_model.safetensors")
+    return directory

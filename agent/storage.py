@@ -34,9 +34,11 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from agent.adapters import AdapterVerdict, check_adapter_dir, is_adapter_dir
 from agent.mounts import Mount, classify, read_mountinfo
 from agent.weights import FileCache, Verdict, check_model_dir
 from llmgw.wire import (
+    AdapterFound,
     ModelFound,
     ModelIncomplete,
     ModelName,
@@ -124,6 +126,7 @@ class _Candidate:
     name: str
     path: Path  # what an engine would load
     verdict: Verdict
+    adapter: AdapterVerdict | None = None  # a LoRA adapter directory (issue 33)
 
 
 class StorageScanner:
@@ -177,8 +180,20 @@ class StorageScanner:
 
         found: list[ModelFound] = []
         incomplete: list[ModelIncomplete] = []
+        adapters: list[AdapterFound] = []
         for cand in self._candidates(root):
-            if cand.verdict.complete and _valid_name(cand.name):
+            if cand.adapter is not None and cand.adapter.complete and _valid_name(cand.name):
+                a = cand.adapter
+                adapters.append(
+                    AdapterFound(
+                        name=cand.name,
+                        path=printable(str(cand.path)),
+                        rank=a.rank,
+                        base=printable(a.base) if a.base else None,
+                        size_bytes=a.size_bytes,
+                    )
+                )
+            elif cand.adapter is None and cand.verdict.complete and _valid_name(cand.name):
                 found.append(
                     ModelFound(
                         name=cand.name,
@@ -202,9 +217,17 @@ class StorageScanner:
             **common,
             models=found[:MAX_PER_LOCATION],
             incomplete=incomplete[:MAX_PER_LOCATION],
+            adapters=adapters[:MAX_PER_LOCATION],
         )
 
+    def _adapter(self, name: str, path: Path) -> _Candidate:
+        verdict = check_adapter_dir(path, self.cache)
+        return _Candidate(name, path, Verdict(verdict.complete, verdict.reason), verdict)
+
     def _candidates(self, root: Path) -> Iterator[_Candidate]:
+        if is_adapter_dir(root):
+            yield self._adapter(root.name, root)
+            return
         if _looks_like_model(root):
             # Pointed straight at one model directory: named by its basename.
             yield _Candidate(root.name, root, check_model_dir(root, self.cache))
@@ -217,6 +240,8 @@ class StorageScanner:
                 yield self._hf_repo(top)
             elif rel.startswith(("datasets--", "spaces--")):
                 continue
+            elif is_adapter_dir(top):
+                yield self._adapter(rel, top)
             elif _looks_like_model(top):
                 yield _Candidate(rel, top, check_model_dir(top, self.cache))
             else:
@@ -233,6 +258,8 @@ class StorageScanner:
                         yield self._hf_repo(sub)
                     elif sub.name.startswith(("datasets--", "spaces--")):
                         continue
+                    elif is_adapter_dir(sub):
+                        yield self._adapter(name, sub)
                     elif _looks_like_model(sub) or _is_empty(sub):
                         yield _Candidate(name, sub, check_model_dir(sub, self.cache))
                     else:
@@ -288,6 +315,15 @@ def _hf_snapshot(repo: Path) -> tuple[Path | None, str]:
     if not existing:
         return None, "no snapshot yet: download not started or not finished"
     return None, "several snapshots and no refs/main to choose one"
+
+
+def local_adapters(locations: Sequence[StorageLocation]) -> Mapping[str, str]:
+    """Adapter name -> a local path holding it complete (first location wins)."""
+    out: dict[str, str] = {}
+    for location in locations:
+        for adapter in location.adapters:
+            out.setdefault(adapter.name, adapter.path)
+    return out
 
 
 def local_weights(locations: Sequence[StorageLocation]) -> Mapping[str, str]:

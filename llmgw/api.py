@@ -25,6 +25,8 @@ from llmgw.leader import normalize, split_urls
 
 if TYPE_CHECKING:
     from llmgw.wire import (
+        AdapterSpec,
+        AdapterView,
         DrainPlan,
         EventList,
         FleetSummary,
@@ -254,14 +256,29 @@ def drain_plan_json(nodes: Iterable[str]) -> Call[Any]:
     return Call("POST", "/v1/drain-plan", {"nodes": list(nodes)})
 
 
-def apply_models(specs: list[ModelSpec]) -> Call[list[ModelView]]:
-    body = {"models": [s.model_dump(mode="json") for s in specs]}
+def _spec_body(specs: list[ModelSpec], adapters: list[AdapterSpec]) -> dict[str, Any]:
+    body: dict[str, Any] = {"models": [s.model_dump(mode="json") for s in specs]}
+    if adapters:  # only then: a controller before adapters refuses the field
+        body["adapters"] = [a.model_dump(mode="json") for a in adapters]
+    return body
+
+
+def apply_models(
+    specs: list[ModelSpec], adapters: list[AdapterSpec] | None = None
+) -> Call[list[ModelView]]:
+    body = _spec_body(specs, adapters or [])
     return Call("POST", "/v1/models", body, parse=_list_of("ModelView"), typed=True)
 
 
-def apply_models_dry_run(specs: list[ModelSpec]) -> Call[list[ModelDryRun]]:
+def adapters() -> Call[list[AdapterView]]:
+    return Call("GET", "/v1/adapters", parse=_list_of("AdapterView"), typed=True)
+
+
+def apply_models_dry_run(
+    specs: list[ModelSpec], adapters: list[AdapterSpec] | None = None
+) -> Call[list[ModelDryRun]]:
     """What applying `specs` would change, as the controller validates them; nothing written."""
-    body = {"models": [s.model_dump(mode="json") for s in specs]}
+    body = _spec_body(specs, adapters or [])
     return Call(
         "POST",
         "/v1/models",

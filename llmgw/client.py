@@ -30,6 +30,7 @@ from llmgw.errors import TlsConfigError, TlsRefused
 from llmgw.leader import Endpoints, Following
 from llmgw.tls import client_context, is_verify_failure, verify_hint
 from llmgw.wire import (
+    AdapterSpec,
     DrainPlan,
     EventList,
     FleetSummary,
@@ -172,8 +173,10 @@ class AdminClient:
     async def drain_plan_typed(self, nodes: Iterable[str]) -> DrainPlan:
         return await self.run(api.drain_plan(nodes))
 
-    async def apply_models(self, specs: list[ModelSpec]) -> list[ModelView]:
-        return await self.run(api.apply_models(specs))
+    async def apply_models(
+        self, specs: list[ModelSpec], adapters: list[AdapterSpec] | None = None
+    ) -> list[ModelView]:
+        return await self.run(api.apply_models(specs, adapters))
 
     async def delete_model(self, name: str) -> None:
         await self.run(api.delete_model(name))

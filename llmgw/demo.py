@@ -43,14 +43,14 @@ from aiohttp import web
 from agent.fake_gpus import FakeGpus, parse_fake_spec
 from agent.loop import Engines, ReportLoop
 from agent.report import ReportBuilder
-from agent.sample_models import write_model
+from agent.sample_models import write_adapter, write_model
 from agent.storage import StorageDir, StorageScanner
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
 from llmgw.durations import duration_arg, format_duration
-from llmgw.wire import GpuHealth, ModelSpec, ShardState
+from llmgw.wire import AdapterSpec, GpuHealth, ModelSpec, ShardState
 
 log = logging.getLogger("llmgw.demo")
 
@@ -132,6 +132,8 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
     filer = root / "filers" / "ib-a"
     write_model(filer / "meta-llama" / "Llama-3.1-8B-Instruct", shards=4)
     _hf_complete(filer / "hub", "Qwen/Qwen2.5-7B-Instruct")
+    for adapter in DEMO_ADAPTERS:
+        write_adapter(filer / "acme" / adapter, base="Qwen/Qwen2.5-7B-Instruct")
     _hf_download_in_progress(filer / "hub", "mistralai/Mixtral-8x7B-Instruct-v0.1")
     unhealthy_a = {3: "unhealthy=3", 7: "unhealthy=0,5"}
     for i in range(sizes[0]):
@@ -193,6 +195,16 @@ def build_fleet(root: Path, nodes: int = 48) -> list[DemoNode]:
     return fleet
 
 
+DEMO_ADAPTERS = ("sql-lora", "support-lora", "legal-lora")
+
+
+def demo_adapters() -> list[AdapterSpec]:
+    """LoRA adapters on one base, their files on ib-a's filer: loaded by their first
+    request (`curl` one through the demo's gateway by its name), unloaded when idle."""
+    base = "Qwen/Qwen2.5-7B-Instruct"
+    return [AdapterSpec(name=n, base=base, source=f"acme/{n}") for n in DEMO_ADAPTERS]
+
+
 def demo_specs() -> list[ModelSpec]:
     def fake(repo: str, **fields: Any) -> ModelSpec:
         """A model served from its hub repo of the same name by the fake engine."""
@@ -206,7 +218,13 @@ def demo_specs() -> list[ModelSpec]:
             gpu_class="H100-SXM-80GB",
             engine_args=["--traffic", "3"],
         ),
-        fake("Qwen/Qwen2.5-7B-Instruct", min_replicas=2, gpus_per_shard=2),
+        # The base of the demo's LoRA adapters (`demo_adapters`), a few held per replica.
+        fake(
+            "Qwen/Qwen2.5-7B-Instruct",
+            min_replicas=2,
+            gpus_per_shard=2,
+            engine_args=["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "3"],
+        ),
         # Routed through the gateway, in rushes (`routed_traffic`): it scales
         # between 2 and 4 replicas with them.
         fake(
@@ -528,7 +546,7 @@ async def run_demo(
         gateway_url = None
         if not args.no_engines:
             async with AdminClient(url) as client:
-                await client.apply_models(demo_specs())
+                await client.apply_models(demo_specs(), demo_adapters())
             gateway_url, gateway_tasks = _start_gateway(url, root)
             tasks += [*gateway_tasks, asyncio.create_task(routed_traffic(gateway_url, stop))]
             if args.fail_card_after > 0:

@@ -321,6 +321,23 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         waking.add(w.model, Cell(w.model, ATTENTION), duration(w.seconds), str(w.held))
     section("Waking (from zero replicas)", waking)
 
+    adapters = _table("ADAPTER", "BASE", "LOADED ON", "HELD", "IN FLIGHT", "REQUESTS", "LAST USED")
+    for a in getattr(summary, "adapters", None) or []:  # absent from older controllers
+        if not (a.loaded_on or a.loading_on or a.held or a.in_flight):
+            continue  # idle and unloaded: `ctl models` lists every one
+        used = "-" if a.last_used_s is None else f"{duration(a.last_used_s)} ago"
+        adapters.add(
+            a.spec.name,
+            a.spec.name,
+            a.spec.base,
+            f"{len(a.loaded_on)}" + (f" (+{len(a.loading_on)} loading)" if a.loading_on else ""),
+            str(a.held),
+            str(a.in_flight),
+            str(a.requests),
+            used,
+        )
+    section("LoRA adapters (loaded or asked for)", adapters)
+
     traffic = _table("MODEL", "REPLICAS", "REQ/S", "IN FLIGHT", "P50", "CACHE HIT")
     for tr in getattr(summary, "traffic", None) or []:  # absent from older controllers
         traffic.add(
@@ -450,8 +467,14 @@ MODEL_COLUMNS = ["MODEL", "READY", "MIN", "DESIRED", "MAX", "SHAPE", "CLASS", "E
 MODEL_WIDE = ["STARTING", "FAILED", "REV", "SOURCE"]
 
 
-def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
+def models_table(
+    models: Sequence[ModelView], *, wide: bool = False, adapters: Sequence[Any] = ()
+) -> Table:
+    """Each model, and under it the LoRA adapters it is the base of."""
     table = _table(*MODEL_COLUMNS, *(MODEL_WIDE if wide else []), "STATUS")
+    by_base: dict[str, list[Any]] = {}
+    for a in adapters:
+        by_base.setdefault(a.spec.base, []).append(a)
     for m in models:
         s = m.spec
         words, meaning = present.model_words(m)
@@ -474,7 +497,43 @@ def models_table(models: Sequence[ModelView], *, wide: bool = False) -> Table:
                 Cell(clean(s.source)),
             ]
         table.add(f"model/{s.name}", *cells, status_cell)
+        for a in by_base.get(s.name, ()):
+            table.add(f"adapter/{a.spec.name}", *adapter_cells(a, wide))
     return table
+
+
+def adapter_cells(a: Any, wide: bool) -> list[Cell | str]:
+    """An adapter's line under its base: how many replicas hold it, what it serves."""
+    loaded = len(a.loaded_on)
+    cells: list[Cell | str] = [Cell(f"  + {a.spec.name}"), Cell(str(loaded), key=loaded)]
+    cells += [Cell("-", key=-1)] * 3 + [Cell("lora"), Cell(""), Cell("")]
+    if wide:
+        cells += [Cell(str(len(a.loading_on)), key=len(a.loading_on)), Cell(""), Cell("")]
+        cells.append(Cell(clean(a.spec.source)))
+    words = [f"adapter, loaded on {loaded}"]
+    if a.loading_on:
+        words.append(f"loading on {len(a.loading_on)}")
+    if a.held:
+        words.append(f"{a.held} held")
+    words.append(f"{a.in_flight} in flight, {a.requests} requests")
+    if a.last_used_s is not None:
+        words.append(f"last used {a.last_used_s:.0f}s ago")
+    if a.last_failure:
+        words.append(f"last failure: {a.last_failure}")
+    cells.append(clean("; ".join(words)))
+    return cells
+
+
+def adapter_dry_run(spec: Any, current: Any | None) -> str:
+    """`ctl apply --dry-run`: what applying an adapter would do."""
+    if current is None:
+        return f"adapter {spec.name}: would be created (base {spec.base}, source {spec.source})\n"
+    if current == spec:
+        return f"adapter {spec.name}: unchanged\n"
+    return (
+        f"adapter {spec.name}: would change (base {current.base} -> {spec.base}, "
+        f"source {current.source} -> {spec.source}): loaded again where it is held\n"
+    )
 
 
 def _replica_count(n: int | None) -> Cell:

@@ -360,6 +360,17 @@ class ModelFound(Inbound):
     files: int = Field(default=0, ge=0, le=10_000_000)
 
 
+class AdapterFound(Inbound):
+    """A complete LoRA adapter directory: adapter_config.json naming a LoRA, and its
+    weight file whole."""
+
+    name: ModelName
+    path: PathText
+    rank: int = Field(ge=1, le=65_536)
+    base: ShortText | None = None  # base_model_name_or_path, as the adapter says
+    size_bytes: Bytes = 0
+
+
 class ModelIncomplete(Inbound):
     """A directory that looks like a model but is not usable, and why."""
 
@@ -378,6 +389,7 @@ class StorageLocation(Inbound):
     error: Text | None = None  # e.g. the directory does not exist
     models: list[ModelFound] = Field(default_factory=list, max_length=4096)
     incomplete: list[ModelIncomplete] = Field(default_factory=list, max_length=4096)
+    adapters: list[AdapterFound] = Field(default_factory=list, max_length=4096)
 
 
 class EngineTraffic(Inbound):
@@ -392,6 +404,14 @@ class EngineTraffic(Inbound):
     # The median lies in the first bucket: p50_latency_s is that bucket's bound, not a value.
     p50_upper_bound: bool = False
     prefix_hit_rate: float | None = Field(default=None, ge=0, le=1)  # None: no prompt seen
+
+
+class AdapterFailure(Inbound):
+    """A load the engine refused: its HTTP status (None: no answer) and its words."""
+
+    name: ModelName
+    status: int | None = Field(default=None, ge=100, le=599)
+    message: Text
 
 
 class ReplicaReport(Inbound):
@@ -410,6 +430,10 @@ class ReplicaReport(Inbound):
     # Asked to sleep, it did not: why (no sleep mode, the engine refused). Said in
     # every report from then on; the agent never tries that engine again.
     sleep_error: Text | None = None
+    # LoRA adapters the engine holds now (rank 0), and the loads it refused (kept
+    # while the assignment still asks for them).
+    adapters: list[ModelName] = Field(default_factory=list, max_length=4096)
+    adapter_failures: list[AdapterFailure] = Field(default_factory=list, max_length=4096)
 
 
 class NodeReport(Inbound):
@@ -462,10 +486,18 @@ class ShardAssignment(Outbound):
     port: int | None = None  # rendezvous port for multi-node engines
     sleep_mode: bool = False  # start the engine able to sleep (its spec asks for sleep)
     sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
+    # LoRA adapters the engine should hold: name -> source (found in the agent's storage)
+    adapters: dict[str, str] = Field(default_factory=dict)
 
     def awake(self) -> ShardAssignment:
         """The same engine, awake: what decides whether a changed assignment restarts it."""
         return self if self.sleep_level is None else self.model_copy(update={"sleep_level": None})
+
+    def started_as(self) -> ShardAssignment:
+        """What restarts the engine when it changes: neither its sleep nor its adapters."""
+        if self.sleep_level is None and not self.adapters:
+            return self
+        return self.model_copy(update={"sleep_level": None, "adapters": {}})
 
 
 class ReportReply(Outbound):
@@ -797,6 +829,9 @@ class EventReason(StrEnum):
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
     SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
     GATEWAY_CLAMPED = "GatewayClamped"  # a gateway said more was in flight than it admits
+    ADAPTER_LOADED = "AdapterLoaded"  # a replica's engine holds a LoRA adapter it was told to
+    ADAPTER_UNLOADED = "AdapterUnloaded"  # told to let one go (idle, or room for another)
+    ADAPTER_LOAD_FAILED = "AdapterLoadFailed"  # the engine refused a load: its words
 
 
 class EventView(Outbound):
@@ -824,8 +859,20 @@ class RolloutUndo(Inbound):
     to_revision: int | None = Field(default=None, ge=1)
 
 
+class AdapterSpec(Inbound):
+    """A LoRA adapter (issue 33): served by replicas of its `base` model, loaded there
+    by demand. `source`: the adapter's directory as the agents find it in their
+    `--storage` (a name like a model's, org/name), or an absolute path."""
+
+    name: ModelName
+    base: ModelName
+    source: PathText
+
+
 class ModelSpecList(Inbound):
     models: list[ModelSpec] = Field(max_length=10_000)
+    # Adapters declared in the same files (an entry with `base:`).
+    adapters: list[AdapterSpec] = Field(default_factory=list, max_length=10_000)
 
 
 # -- views the controller serves -------------------------------------------------
@@ -991,6 +1038,25 @@ class ModelView(Outbound):
     unconfirmed_s: float | None = None
 
 
+class AdapterView(Outbound):
+    """One adapter: its spec, where it is loaded and what it serves (issue 33)."""
+
+    spec: AdapterSpec
+    loaded_on: list[str] = Field(default_factory=list)  # replica ids that hold it
+    loading_on: list[str] = Field(default_factory=list)  # told to load, not yet reported
+    nodes_with_files: int = 0  # nodes whose storage holds it complete
+    in_flight: int = 0
+    requests: int = 0
+    held: int = 0
+    last_used_s: float | None = None  # seconds since a request for it (None: never seen)
+    last_failure: str | None = None
+
+
+class AdapterDryRun(Outbound):
+    spec: AdapterSpec
+    current: AdapterSpec | None = None
+
+
 class ModelDryRun(Outbound):
     """`POST /v1/models?dry_run=true`: a spec as the controller would store it,
     beside the one it holds now (None: it would be created); nothing is written."""
@@ -1117,6 +1183,8 @@ class FleetSummary(Outbound):
     waking: list[WakingModel] = Field(default_factory=list)
     # What `idle_replicas` means: ready and asked nothing for this long (`--idle-after`).
     idle_after_s: float = IDLE_AFTER_S
+    # Each declared LoRA adapter: where it is loaded, what it serves, when last used.
+    adapters: list[AdapterView] = Field(default_factory=list)
 
 
 # -- drain pre-check ----------------------------------------------------------------
@@ -1157,6 +1225,7 @@ class Endpoint(Outbound):
     node: str
     fabric: str | None
     state: Literal["serving", "stopping"]
+    adapters: list[str] = Field(default_factory=list)  # LoRA adapters it holds, routable
 
 
 class UnservedKind(StrEnum):
@@ -1215,6 +1284,8 @@ class EndpointsDelta(Outbound):
     # understood); `unserved` goes in 0.3, with `Unserved.from_legacy_text`.
     unserved: dict[str, str] = Field(default_factory=dict)
     unserved_reasons: dict[str, Unserved] = Field(default_factory=dict)
+    # Every declared adapter -> its base (always whole: they are few beside endpoints).
+    adapters: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
     def build(
@@ -1224,6 +1295,7 @@ class EndpointsDelta(Outbound):
         endpoints: list[Endpoint],
         removed: list[str],
         unserved: dict[str, Unserved],
+        adapters: dict[str, str] | None = None,
     ) -> EndpointsDelta:
         """A delta that says each unserved reason in both fields."""
         return cls(
@@ -1233,6 +1305,7 @@ class EndpointsDelta(Outbound):
             removed=removed,
             unserved={m: r.legacy_text() for m, r in unserved.items()},
             unserved_reasons=unserved,
+            adapters=adapters or {},
         )
 
     def reasons(self) -> dict[str, Unserved]:
@@ -1278,6 +1351,13 @@ class GatewayStatus(Inbound):
     # Its concurrency bound (`llmgw gateway --max-in-flight`, SMG's admission limit):
     # the controller counts at most this many of its requests in flight and held.
     max_in_flight: Annotated[int, Field(ge=1, le=GATEWAY_IN_FLIGHT_BOUND)] | None = None
+    # Requests for each adapter it forwarded in flight now, and forwarded in all.
+    adapter_in_flight: dict[ModelName, Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
+    adapter_requests: dict[ModelName, Annotated[int, Field(ge=0, le=2**62)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
     # Client keys used since the last status (key id -> unix time, the gateway's clock).
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000

@@ -159,6 +159,13 @@ def parser() -> argparse.ArgumentParser:
         "production: unloading a replica throws its KV cache away)",
     )
     p.add_argument(
+        "--adapter-idle-after",
+        type=duration_arg,
+        default=300.0,
+        metavar="DURATION",
+        help="how long a LoRA adapter nothing asked for stays loaded (default 5m)",
+    )
+    p.add_argument(
         "--no-cordon-on-gpu-fault",
         dest="cordon_on_gpu_fault",
         action="store_false",
@@ -237,6 +244,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         ("--body-timeout", args.body_timeout),
         ("--stop-grace", args.stop_grace),
         ("--idle-after", args.idle_after),
+        ("--adapter-idle-after", args.adapter_idle_after),
         ("--lease-ttl", args.lease_ttl),
     ):
         if not 0 < value <= 86_400:
@@ -302,6 +310,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         grace_intervals=args.grace_intervals,
         replace_after_s=args.replace_after,
         idle_after_s=args.idle_after,
+        adapter_idle_s=args.adapter_idle_after,
         cordon_on_gpu_fault=args.cordon_on_gpu_fault,
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmgw.controller.core import cursors
+from llmgw.controller.core.adapter_use import AdapterMemory
 from llmgw.controller.core.changes import ChangeKind
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.state.client_keys import ClientKeys
@@ -79,6 +80,8 @@ class Term:
     client_keys: ClientKeys
     limits: Limits
     usage: Usage
+    # What the adapter step remembers across passes; the adapters' view reads it too.
+    adapter_use: AdapterMemory = field(default_factory=AdapterMemory)
 
     @classmethod
     def begin(

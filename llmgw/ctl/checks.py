@@ -75,9 +75,11 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "events":
         obj = args.object
         if obj is not None and (
-            not obj.startswith(("node/", "model/")) or obj.endswith("/") or len(obj) > 512
+            not obj.startswith(("node/", "model/", "adapter/"))
+            or obj.endswith("/")
+            or len(obj) > 512
         ):
-            raise UsageError(f"--for wants node/NAME or model/NAME, got {obj!r}")
+            raise UsageError(f"--for wants node/NAME, model/NAME or adapter/NAME, got {obj!r}")
         if args.output in ("wide", "name") and args.watch:
             raise UsageError("events -w prints the table; -o json or yaml print each event")
     writes = ("cordon", "uncordon", "apply", "delete")

@@ -211,7 +211,20 @@ class Ctl:
 
     def models(self) -> int:
         wide = self.args.output == "wide"
-        return self._read(api.models(), lambda ms: render.models_table(ms, wide=wide))
+        if self.args.output in ("json", "yaml"):
+            return self._read(api.models(), render.models_table)
+        adapters = self.client(api.adapters()) if self._has_adapters() else []
+        return self._read(
+            api.models(), lambda ms: render.models_table(ms, wide=wide, adapters=adapters)
+        )
+
+    def _has_adapters(self) -> bool:
+        """Whether the controller knows adapters (one before them answers 404)."""
+        try:
+            self.client.json(api.adapters())
+        except api.ControllerError:
+            return False
+        return True
 
     def replicas(self) -> int:
         wide = self.args.output == "wide"
@@ -344,17 +357,22 @@ class Ctl:
         )
 
     def apply(self) -> int:
-        from llmgw.ctl.modelfile import apply_warnings, load_specs
+        from llmgw.ctl.modelfile import apply_warnings, load_spec_file
 
-        specs = load_specs(self.args.file)
+        specs, adapters = load_spec_file(self.args.file)
         if self.args.dry_run:
-            for would in self.client(api.apply_models_dry_run(specs)):
+            held = {a.spec.name: a.spec for a in self.client(api.adapters())} if adapters else {}
+            for would in self.client(api.apply_models_dry_run(specs, adapters)):
                 self.term.write(render.dry_run_change(would))
+            for a in adapters:
+                self.term.write(render.adapter_dry_run(a, held.get(a.name)))
         else:
-            for v in self.client(api.apply_models(specs)):
+            for v in self.client(api.apply_models(specs, adapters)):
                 self.term.write(
                     f"model {v.spec.name} applied (ready {v.ready}/{v.spec.min_replicas})\n"
                 )
+            for a in adapters:
+                self.term.write(f"adapter {a.name} applied (base {a.base})\n")
         # The same warnings either way: the dry run is where they help most.
         for warning in apply_warnings(specs, self.client.json(api.summary_json())):
             print(f"llmgw ctl: warning: {warning}", file=sys.stderr)
@@ -362,6 +380,12 @@ class Ctl:
 
     def delete(self) -> int:
         name = self.args.name
+        if adapters := [a for a in self.client(api.adapters()) if a.spec.name == name]:
+            self.client(api.delete_model(name))
+            held = len(adapters[0].loaded_on) + len(adapters[0].loading_on)
+            unloading = f"; unloading it from {held} replica(s)" if held else ""
+            self.term.write(f"adapter {name} deleted{unloading}\n")
+            return EXIT_OK
         running = sum(1 for r in self.client(api.replicas()) if r.model == name)
         self.client(api.delete_model(name))
         stopped = f"; its {running} replica(s) are being stopped" if running else ""

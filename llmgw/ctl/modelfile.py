@@ -14,11 +14,16 @@ from typing import TYPE_CHECKING, Any
 from llmgw.errors import UsageError
 
 if TYPE_CHECKING:
-    from llmgw.wire import ModelSpec
+    from llmgw.wire import AdapterSpec, ModelSpec
 
 
 def load_specs(path: str) -> list[ModelSpec]:
     """Models from YAML or TOML (a list, or a mapping with a `models` list); - is stdin."""
+    return load_spec_file(path)[0]
+
+
+def load_spec_file(path: str) -> tuple[list[ModelSpec], list[AdapterSpec]]:
+    """Models and LoRA adapters (an entry with `base:`) from YAML or TOML; - is stdin."""
     import tomllib
 
     import yaml
@@ -40,14 +45,26 @@ def load_specs(path: str) -> list[ModelSpec]:
         data = {"models": data}
     if not isinstance(data, dict) or "models" not in data:
         raise UsageError(f"{where} should hold a list of models (or a `models:` list)")
+    entries = data["models"]
+    if not isinstance(entries, list):
+        raise UsageError(f"{where}: `models` should be a list")
+    # An entry with `base:` is an adapter; positions kept for the error messages.
+    is_adapter = [isinstance(e, dict) and "base" in e for e in entries]
     try:
-        specs = list(ModelSpecList.model_validate({"models": data["models"]}).models)
+        parsed = ModelSpecList.model_validate(
+            {
+                "models": [e for e, a in zip(entries, is_adapter, strict=True) if not a],
+                "adapters": [e for e, a in zip(entries, is_adapter, strict=True) if a],
+            }
+        )
+        specs, adapters = list(parsed.models), list(parsed.adapters)
     except ValidationError as exc:
         lines = [f"{where} has invalid model specs:"]
         for e in exc.errors(include_url=False, include_input=False):
             loc = list(e["loc"])
-            if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int):
-                model = data["models"][loc[1]]
+            if len(loc) >= 2 and loc[0] in ("models", "adapters") and isinstance(loc[1], int):
+                kind = loc[0] == "adapters"
+                model = [e for e, a in zip(entries, is_adapter, strict=True) if a == kind][loc[1]]
                 name = model.get("name") if isinstance(model, dict) else None
                 at = f"model {name or '#' + str(loc[1] + 1)}"
                 loc = loc[2:]
@@ -56,11 +73,11 @@ def load_specs(path: str) -> list[ModelSpec]:
             lines.append(f"  {at}: {'.'.join(map(str, loc)) or '(entry)'}: {e['msg']}")
         raise UsageError("\n".join(lines)) from exc
     seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise UsageError(f"{where} declares model {spec.name} twice")
-        seen.add(spec.name)
-    return specs
+    for name in [s.name for s in specs] + [a.name for a in adapters]:
+        if name in seen:
+            raise UsageError(f"{where} declares {name} twice")
+        seen.add(name)
+    return specs, adapters
 
 
 def apply_warnings(specs: Sequence[ModelSpec], summary: dict[str, Any]) -> list[str]:

@@ -424,7 +424,7 @@ def _events_arguments(s: argparse.ArgumentParser) -> None:
         "--for",
         dest="object",
         metavar="KIND/NAME",
-        help="only the events of node/NAME or model/NAME",
+        help="only the events of node/NAME, model/NAME or adapter/NAME",
     )
 
 

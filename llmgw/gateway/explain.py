@@ -17,6 +17,16 @@ replica of the model as soon as one serves, its answer streamed back as it
 comes; the client sees latency, not an error. Past the wake timeout, or when
 the model turns out unplaceable, a held request gets the 503 and the reason.
 A held request whose client leaves is dropped at once: no longer counted, never sent.
+
+LoRA adapters (issue 33) are routed here too. SMG takes one model per worker URL
+(smg 1.13: its discovery manifest refuses two entries naming the same endpoint, and
+a worker registered with a list of models keeps only the first), so an engine that
+holds adapters cannot be registered under their names. Each declared adapter gets an
+explainer worker instead, and every request for it is sent from here to the replica
+holding it with the fewest of its requests in flight; none holding it, the request
+is held (counted, so the controller loads it) until one does, as a wake is. An engine
+that answers 404 (it let go of the adapter just now) is not asked again for that
+request.
 """
 
 from __future__ import annotations
@@ -63,6 +73,10 @@ class Explainer:
         self._serving: dict[str, list[str]] = {}  # model -> URLs of engines serving it
         self._news = asyncio.Event()  # set (and replaced) whenever reasons or URLs change
         self._turn = itertools.count()
+        self.adapters: dict[str, str] = {}  # declared adapter -> its base
+        self.adapter_in_flight: Counter[str] = Counter()  # adapter -> forwarded, not done
+        self.adapter_requests: Counter[str] = Counter()  # adapter -> forwarded in all
+        self._flight: Counter[tuple[str, str]] = Counter()  # (adapter, engine URL) -> in flight
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -80,6 +94,15 @@ class Explainer:
         self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
         self._tell()
         return {self.url_for(m): m for m in unserved}
+
+    def set_adapters(self, adapters: Mapping[str, str]) -> dict[str, str]:
+        """Take the declared adapters (name -> base); their workers (URL -> name)."""
+        if adapters != self.adapters:
+            self.adapters = dict(adapters)
+            for name in adapters:
+                self.reasons[slug(name)] = (name, _waking("loaded on no replica yet"))
+            self._tell()
+        return {self.url_for(a): a for a in adapters}
 
     def set_serving(self, serving: Mapping[str, list[str]]) -> None:
         """Where each model is served now: held requests go there."""
@@ -134,6 +157,8 @@ class Explainer:
 
     async def _unavailable(self, request: web.Request) -> web.StreamResponse:
         model, why = self._known(request)
+        if model in self.adapters:
+            return await self._route_adapter(request, model)
         # Asleep: wait for it. Served meanwhile (SMG has not taken the new worker
         # list yet): send it there rather than ask the client to retry.
         if (why is not None and why.kind is UnservedKind.ASLEEP) or self._serving.get(model):
@@ -157,7 +182,9 @@ class Explainer:
                 urls = self._serving.get(model)
                 if urls:
                     url = urls[next(self._turn) % len(urls)]
-                    return await self._forward(request, model, url, body)
+                    answer = await self._forward(request, model, url, body)
+                    assert answer is not None  # only `not_there` answers None
+                    return answer
                 _, why = self.reasons.get(slug(model), (model, None))
                 if why is not None and why.kind is not UnservedKind.ASLEEP:  # unplaceable, say
                     return self._answer(model, why)
@@ -177,15 +204,80 @@ class Explainer:
             if not self.held[model]:
                 del self.held[model]
 
+    async def _route_adapter(self, request: web.Request, name: str) -> web.StreamResponse:
+        """Send a request for adapter `name` to a replica holding it, holding it
+        until one does (at most the wake timeout)."""
+        body = await request.read()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wake_timeout_s
+        tried: set[str] = set()
+        holding = False
+        try:
+            while True:
+                urls = [u for u in self._serving.get(name, ()) if u not in tried]
+                if urls:
+                    if holding:
+                        self._unhold(name)
+                        holding = False
+                    url = min(urls, key=lambda u: self._flight[(name, u)])
+                    self._flight[(name, url)] += 1
+                    self.adapter_in_flight[name] += 1
+                    self.adapter_requests[name] += 1
+                    try:
+                        answer = await self._forward(request, name, url, body, not_there=True)
+                    finally:
+                        self._flight[(name, url)] -= 1
+                        self.adapter_in_flight[name] -= 1
+                        if not self._flight[(name, url)]:
+                            del self._flight[(name, url)]
+                        if not self.adapter_in_flight[name]:
+                            del self.adapter_in_flight[name]
+                    if answer is not None:
+                        return answer
+                    tried.add(url)  # it let go of the adapter: another, or wait
+                    continue
+                if not holding:
+                    if self.held[name] >= MAX_HELD:
+                        return self._answer(name, _waking(f"{MAX_HELD} requests are held already"))
+                    self.held[name] += 1
+                    holding = True
+                    if self.held[name] == 1 and self._on_hold is not None:
+                        self._on_hold()
+                news, left = self._news, deadline - loop.time()
+                if left <= 0:
+                    base = self.adapters.get(name, "its base")
+                    return self._answer(
+                        name,
+                        _waking(
+                            f"no replica of {base} loaded adapter {name} within "
+                            f"{self.wake_timeout_s:g}s"
+                        ),
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(news.wait(), left)
+                tried.clear()  # where it is held changed: one that let go may hold it again
+        finally:
+            if holding:
+                self._unhold(name)
+
+    def _unhold(self, name: str) -> None:
+        self.held[name] -= 1
+        if not self.held[name]:
+            del self.held[name]
+
     async def _forward(
-        self, request: web.Request, model: str, url: str, body: bytes
-    ) -> web.StreamResponse:
+        self, request: web.Request, model: str, url: str, body: bytes, not_there: bool = False
+    ) -> web.StreamResponse | None:
+        """Stream the engine's answer back. `not_there`: None, nothing sent to the
+        client, when the engine answers 404 (it does not hold the adapter)."""
         assert self._http is not None
         headers = {h: request.headers[h] for h in FORWARDED if h in request.headers}
         target = f"{url}/{request.match_info['tail']}"
         answer: web.StreamResponse | None = None
         try:
             async with self._http.post(target, data=body, headers=headers) as upstream:
+                if not_there and upstream.status == 404:
+                    return None
                 answer = web.StreamResponse(status=upstream.status)
                 for h in ("Content-Type", "Content-Encoding"):
                     if h in upstream.headers:

@@ -47,7 +47,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 import aiohttp
@@ -192,6 +192,7 @@ class Front:
         declared: Container[str] = frozenset(),
         meter: Meter | None = None,
         limiter: Limiter | None = None,
+        parents: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.keyring = keyring
         self.public = public  # not loopback: open mode refused
@@ -202,6 +203,8 @@ class Front:
         self.declared = declared  # the controller's models (the endpoint feed's)
         self.meter = Meter() if meter is None else meter
         self.limiter = Limiter() if limiter is None else limiter
+        # Declared LoRA adapter -> its base: `GET /v1/models` names it as `parent`, as vLLM.
+        self.parents = parents or dict
         self.upstream = upstream.rstrip("/")
         self._upstream_auth = f"Bearer {upstream_key}"
         self._http: aiohttp.ClientSession | None = None
@@ -254,6 +257,8 @@ class Front:
                     "this gateway listens on a public address and has no client keys yet: "
                     "make one (llmgw ctl keys create --tenant NAME)",
                 )
+            if request.method == "GET" and path.rstrip("/") == "/v1/models" and self.parents():
+                return await self._models(request, None, self._upstream_auth)
             return await self._forward(request, self._upstream_auth)
         auth = request.headers.get("Authorization", "")
         grant = keyring.grant(auth[7:]) if auth[:7].lower() == "bearer " else None
@@ -271,6 +276,8 @@ class Front:
         if request.method == "POST" and path in METERED:
             return await self._metered(request, grant, upstream_auth)
         if grant.models.every:
+            if request.method == "GET" and path.rstrip("/") == "/v1/models" and self.parents():
+                return await self._models(request, None, upstream_auth)
             return await self._forward(request, upstream_auth)
         return await self._limited(request, grant, upstream_auth)
 
@@ -370,20 +377,35 @@ class Front:
                 f"the request body did not arrive within {self.body_timeout_s:g} s",
             )
 
-    async def _models(self, request: web.Request, grant: Grant, upstream_auth: str) -> web.Response:
-        """SMG's model list, less what the key does not allow."""
+    async def _models(
+        self, request: web.Request, grant: Grant | None, upstream_auth: str
+    ) -> web.Response:
+        """SMG's model list, less what the key does not allow (`grant` None: all), each
+        adapter with its `parent`."""
         assert self._http is not None
         headers = {"Authorization": upstream_auth}
-        async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
-            if up.status != 200:
-                return web.Response(
-                    status=up.status, body=await up.read(), content_type=up.content_type
-                )
-            listed: dict[str, Any] = await up.json()
+        try:
+            async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
+                if up.status != 200:
+                    return web.Response(
+                        status=up.status, body=await up.read(), content_type=up.content_type
+                    )
+                listed: dict[str, Any] = await up.json()
+        except aiohttp.ClientConnectionError:  # SMG (re)starting
+            return openai_error(
+                503,
+                "service_unavailable",
+                "gateway_starting",
+                "the gateway's router is starting: retry shortly",
+                **{"Retry-After": NOT_READY_RETRY_S},
+            )
         data = listed.get("data")
+        parents = self.parents()
         if isinstance(data, list):
             listed["data"] = [
-                m for m in data if isinstance(m, dict) and grant.models.allows(str(m.get("id")))
+                {**m, "parent": parents[m["id"]]} if m.get("id") in parents else m
+                for m in data
+                if isinstance(m, dict) and (grant is None or grant.models.allows(str(m.get("id"))))
             ]
         return web.json_response(listed)
 

@@ -265,6 +265,7 @@ def main(argv: list[str]) -> int:
             declared=follower.declared,
             meter=meter,
             limiter=limiter,
+            parents=lambda: follower.adapters,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"

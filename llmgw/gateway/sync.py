@@ -98,6 +98,7 @@ class Follower:
         self.endpoints: dict[str, Endpoint] = {}
         self.usable: list[Endpoint] = []  # the endpoints SMG can take (`entries`)
         self.unserved: dict[str, Unserved] = {}
+        self.adapters: dict[str, str] = {}  # declared LoRA adapter -> its base
         # Every model the controller declared: served, unserved or stopping. One set,
         # updated in place, that the front reads (SMG's 404 for one is a 503).
         self.declared: set[str] = set()
@@ -162,13 +163,18 @@ class Follower:
         if delta.cursor != self.cursor:
             self.cursor = delta.cursor
             self.changed.set()
+        if delta.adapters != self.adapters:
+            self.adapters = dict(delta.adapters)
+            self.changed.set()
         self.declared.clear()
-        self.declared.update(unserved, (e.model for e in self.endpoints.values()))
+        self.declared.update(unserved, self.adapters, (e.model for e in self.endpoints.values()))
         self.usable = self.entries.usable(self.endpoints.values())
         serving: dict[str, list[str]] = {}
         for e in self.usable:
             if e.state == "serving":
                 serving.setdefault(e.model, []).append(e.url)
+                for adapter in e.adapters:  # routed by the explainer, by name
+                    serving.setdefault(adapter, []).append(e.url)
         self.explainer.set_serving(serving)
 
     async def _poll_keys(self, http: aiohttp.ClientSession) -> None:
@@ -254,12 +260,14 @@ class Follower:
         """SMG's workers, URL -> model: the serving engines, and an explainer per
         unserved model."""
         self.explainer.set_unserved(self.unserved)
+        self.explainer.set_adapters(self.adapters)
         return self._wanted()
 
     def _wanted(self) -> dict[str, str]:
         """What `serving()` would answer now, telling the explainer nothing."""
         engines = {e.url: e.model for e in self.usable if e.state == "serving"}
-        return engines | {self.explainer.url_for(m): m for m in self.unserved}
+        adapters = {self.explainer.url_for(a): a for a in self.adapters}
+        return engines | {self.explainer.url_for(m): m for m in self.unserved} | adapters
 
     async def _apply_loop(self) -> None:
         outage = Outage("SMG worker sync")
@@ -441,6 +449,9 @@ class Follower:
                 body["held"] = dict(self.explainer.held)
             if released:  # the same
                 body["released"] = released
+            if self.explainer.adapter_requests:  # the same
+                body["adapter_in_flight"] = dict(self.explainer.adapter_in_flight)
+                body["adapter_requests"] = dict(self.explainer.adapter_requests)
             if self.routed != cursor:  # the same (only while removals are pending)
                 body["routed"] = self.routed
             used = self.keyring.take_used() if self.keyring is not None else {}

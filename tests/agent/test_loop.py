@@ -83,7 +83,10 @@ class FakeEngines:
         return [ReplicaReport(id="r1", model="m", state=ShardState.READY, gpus=["GPU-x"])]
 
     async def apply(
-        self, assignments: Sequence[ShardAssignment], local_weights: Mapping[str, str]
+        self,
+        assignments: Sequence[ShardAssignment],
+        local_weights: Mapping[str, str],
+        local_adapters: Mapping[str, str] | None = None,
     ) -> None:
         if self.fail:
             raise RuntimeError("engine exploded")

@@ -13,7 +13,11 @@ start), as the operator guide's "the CPU build" says (docs/operator-guide.md).
    median time to first token (within a bucket; never above the client's);
 4. a drain under load fails no request;
 5. a SIGKILLed engine worker is replaced, and its real cause is shown;
-6. a SIGSTOPped engine core (its /health still 200) is found hung and replaced.
+6. a SIGSTOPped engine core (its /health still 200) is found hung and replaced;
+7. a LoRA adapter (rank 8, random weights, made here) declared on the model: loaded by
+   the controller's word when a request for it comes, answered by that replica under
+   its own name through the gateway, listed with its parent, unloaded once idle (the
+   engine's slot free again).
 
 Needs vLLM's interpreter in LLMGW_TEST_VLLM_PYTHON (`.ci/run` prepares one with
 `.ci/vllm-env`); skipped without it.
@@ -61,6 +65,10 @@ START_S = 300  # an engine start: 30 s alone here, much longer while other tests
 HUNG_AFTER_S = 15
 # Engine arguments for a CPU: no graph capture; float32 (bf16 kernels died with SIGILL here).
 ENGINE_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512"]
+# One adapter slot, so that an unload visibly frees it.
+LORA_ARGS = ["--enable-lora", "--max-loras", "1", "--max-cpu-loras", "1", "--max-lora-rank", "8"]
+ADAPTER = "tiny-sql"
+ADAPTER_IDLE_S = 8
 
 
 @dataclass
@@ -196,7 +204,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     c = Cluster(root / "cluster")
     gw = Gateway(c)
     try:
-        c.start_controller(*CONTROLLER_ARGS)
+        c.start_controller(*CONTROLLER_ARGS, "--adapter-idle-after", f"{ADAPTER_IDLE_S}s")
         for node, core in NODES.items():
             tpl = templates(root / f"engines-{node}.toml", core)
             c.start_agent(node, gpus="1xH100-80GB", extra=["--engine-templates", str(tpl)])
@@ -479,4 +487,70 @@ def test_6_stopped_engine_core_is_found_hung_and_replaced(walk: Walk) -> None:
     walk.wait_ready("the hung engine's replacement ready", not_id=old["id"])
     walk.gw.wait_serving(MODEL)
     assert "engine hung" in c.ctl("events", "--for", f"model/{MODEL}")
+    print(f"timings (s): {walk.timings}")
+
+
+def engine_models(url: str) -> dict[str, str | None]:
+    """What the engine itself lists: id -> parent (None for the base)."""
+    return {m["id"]: m.get("parent") for m in httpx.get(f"{url}/v1/models").json()["data"]}
+
+
+@pytest.mark.timeout(START_S + 240)
+def test_7_a_lora_adapter_loaded_by_demand_routed_by_name_and_unloaded(walk: Walk) -> None:
+    c = walk.c
+    lora = walk.model_dir.parent / "tiny-lora"
+    maker = Path(__file__).with_name("make_lora.py")
+    done = subprocess.run(
+        [VLLM_PYTHON, str(maker), str(lora), "8"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"make_lora.py failed:\n{done.stdout}{done.stderr}"
+    old = walk.ready_replica()
+    assert old is not None
+    base = {
+        "name": MODEL,
+        "source": str(walk.model_dir),
+        "min_replicas": 1,
+        "gpus_per_shard": 1,
+        "engine": "vllm",
+        "engine_args": [*ENGINE_ARGS, *LORA_ARGS],
+    }
+    # The base now loads adapters: rolled out to a replica started so.
+    c.apply([base, {"name": ADAPTER, "base": MODEL, "source": str(lora)}])
+    r = walk.wait_ready("a replica able to load adapters", not_id=old["id"])
+    walk.gw.wait_serving(MODEL)
+    wait_until(
+        lambda: (
+            walk.ready_replica() is not None and all(x["state"] == "ready" for x in walk.replicas())
+        ),
+        timeout=120,
+        what="the old replica gone",
+    )
+    # Loaded nowhere: the first request is held while the controller has it loaded.
+    started = time.monotonic()
+    body = {"model": ADAPTER, "prompt": "The quick", "max_tokens": 4}
+    answer = httpx.post(f"{walk.gw.url}/v1/completions", json=body, timeout=120)
+    walk.timings["adapter cold request"] = round(time.monotonic() - started, 1)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == ADAPTER and answer.json()["usage"]["completion_tokens"] >= 1
+    started = time.monotonic()
+    again = httpx.post(f"{walk.gw.url}/v1/completions", json=body, timeout=120)
+    walk.timings["adapter warm request"] = round(time.monotonic() - started, 2)
+    assert again.status_code == 200 and again.json()["model"] == ADAPTER, again.text
+    (view,) = [a for a in c.get("/v1/adapters") if a["spec"]["name"] == ADAPTER]
+    assert view["loaded_on"] == [r["id"]], view
+    listed = {
+        m["id"]: m.get("parent") for m in httpx.get(f"{walk.gw.url}/v1/models").json()["data"]
+    }
+    assert listed.get(ADAPTER) == MODEL, listed
+    url = walk.ready_replica()["url"]  # type: ignore[index]
+    assert engine_models(url) == {MODEL: None, ADAPTER: MODEL}
+    # Idle: unloaded, the engine's one slot free again.
+    wait_until(
+        lambda: engine_models(url) == {MODEL: None},
+        timeout=ADAPTER_IDLE_S + 60,
+        what="the idle adapter unloaded",
+        diagnose=walk.logs,
+    )
+    events = c.ctl("events", "--for", f"adapter/{ADAPTER}")
+    assert "AdapterLoaded" in events and "AdapterUnloaded" in events, events
     print(f"timings (s): {walk.timings}")

@@ -65,6 +65,8 @@ class ShardDigest(NamedTuple):
     port: int | None = None  # where the engine listens on the node's address
     traffic: EngineTraffic | None = None  # what the engine served lately (rank 0)
     sleep_error: str | None = None  # asked to sleep, it could not: why
+    adapters: frozenset[str] = frozenset()  # LoRA adapters the engine holds (rank 0)
+    adapter_failures: tuple[tuple[str, int | None, str], ...] = ()  # (name, status, why)
 
 
 class NodeDigest(NamedTuple):
@@ -87,6 +89,7 @@ class NodeDigest(NamedTuple):
     faults: tuple[CardFault, ...] = ()  # cards the agent reports unhealthy
     address: str | None = None
     gpu_error: str | None = None
+    adapters: frozenset[str] = frozenset()  # complete LoRA adapters in its storage
 
     @property
     def gpus_total(self) -> int:
@@ -160,6 +163,7 @@ def digest_report(report: NodeReport) -> NodeDigest:
         tuple(faults),
         report.address,
         report.gpu_error,
+        frozenset(a.name for loc in report.storage for a in loc.adapters),
     )
 
 
@@ -175,6 +179,8 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             r.port,
             r.traffic,
             r.sleep_error,
+            frozenset(r.adapters),
+            tuple((f.name, f.status, f.message) for f in r.adapter_failures),
         )
         for r in report.replicas
     )
@@ -208,7 +214,7 @@ class NodeEntry:
     shards: tuple[ShardDigest, ...] = ()
     # (replica id, port, failed) of each rank 0 here: with the address, where the
     # endpoint feed's URLs point.
-    ports: tuple[tuple[str, int | None, bool], ...] = ()
+    ports: tuple[tuple[str, int | None, bool, tuple[str, ...]], ...] = ()
     interval_s: float = 5.0
 
     def update(self, report: NodeReport, raw: bytes, received_at: float) -> Changed:
@@ -225,7 +231,12 @@ class NodeEntry:
             self.address, self.gpu_error = digest.address, digest.gpu_error
         self.raw, self.received_at = raw, received_at
         self.shards = digest_shards(report, received_at)
-        ports = tuple((r.id, r.port, r.state is _FAILED) for r in report.replicas if r.rank == 0)
+        # Adapters too: a loaded one joins the endpoint feed (routing) at once.
+        ports = tuple(
+            (r.id, r.port, r.state is _FAILED, tuple(sorted(r.adapters)))
+            for r in report.replicas
+            if r.rank == 0
+        )
         if ports != self.ports:
             self.ports = ports
             moved = True

@@ -8,7 +8,15 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from llmgw.wire import AdminEvent, AdminInfo, EventView, ModelRevision, ModelSpec, ReplicaState
+from llmgw.wire import (
+    AdapterSpec,
+    AdminEvent,
+    AdminInfo,
+    EventView,
+    ModelRevision,
+    ModelSpec,
+    ReplicaState,
+)
 
 __all__ = [
     "Backoff",
@@ -189,6 +197,16 @@ class Backoff:
 
 
 @dataclass
+class AdapterHold:
+    """The controller's wish that one replica's engine hold one adapter (soft state)."""
+
+    told_at: float  # monotonic: when the agent was first told to load it
+    # Out of routing since (revision, monotonic time): the engine lets it go once every
+    # gateway has applied that revision (or the stop grace passed). None: routed.
+    leaving: tuple[int, float] | None = None
+
+
+@dataclass
 class StateDump:
     """Everything durable, in a form either backend can load (for `migrate`): a
     controller started on the copy goes on where the original was. Secrets are in
@@ -207,6 +225,7 @@ class StateDump:
     enroll_tokens: list[EnrollToken] = field(default_factory=list)
     enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
     client_keys: list[ClientKey] = field(default_factory=list)  # digests, never a key
+    adapters: dict[str, tuple[AdapterSpec, float]] = field(default_factory=dict)
     limits: list[TenantLimit] = field(default_factory=list)
     usage: list[UsageCount] = field(default_factory=list)  # by hour, tenant, model
 
@@ -225,6 +244,7 @@ class StateDump:
             (len(self.enroll_tokens), "enrollment tokens"),
             (len(self.enroll_allowed), "enrollment allowances"),
             (len(self.client_keys), "client keys"),
+            (len(self.adapters), "adapters"),
             (len(self.limits), "tenant limits"),
             (len(self.usage), "hourly usage counts"),
         ]

@@ -27,6 +27,8 @@ class ControllerSettings:
     # A ready replica nothing asked anything for this long is idle (`--idle-after`): the
     # summary lists it, and demand takes idle replicas first. Minutes in production.
     idle_after_s: float = IDLE_AFTER_S
+    # A LoRA adapter nothing asked for this long is unloaded (issue 33).
+    adapter_idle_s: float = 300.0
     # A fatal card fault cordons its node (by llmgw); replicas on the card move either way.
     cordon_on_gpu_fault: bool = True
     # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.

@@ -32,6 +32,7 @@ from llmgw.controller.http.handlers.enrollment import (
 from llmgw.controller.http.handlers.gateways import gateway_status, list_endpoints, list_gateways
 from llmgw.controller.http.handlers.models import (
     delete_model,
+    list_adapters,
     list_models,
     list_replicas,
     model_revisions,
@@ -66,6 +67,7 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("GET", "/v1/nodes", list_nodes, READ_ROLES),
     ("GET", "/v1/nodes/{name}", get_node, READ_ROLES),
     ("GET", "/v1/models", list_models, READ_ROLES),
+    ("GET", "/v1/adapters", list_adapters, READ_ROLES),
     ("GET", "/v1/replicas", list_replicas, READ_ROLES),
     ("POST", "/v1/drain-plan", drain_plan, READ_ROLES),
     ("POST", "/v1/nodes/{name}/cordon", cordon, ADMIN_ROLES),

@@ -19,12 +19,15 @@ from llmgw.controller.loop.plans import (
     ClearBackoff,
     Cordon,
     DrainBlocked,
+    DropAdapter,
     Event,
     ForceDrain,
     ForgetScaling,
+    HoldAdapter,
     MarkDrained,
     Plan,
     Put,
+    ReleaseAdapter,
     Remove,
     RolloutNote,
     Scaling,
@@ -70,6 +73,8 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         capacity_version=term.capacity_version,
         revision=facts.revision,
         gate=None if gate is None else gate.view(now),
+        adapters=dict(facts.adapters),
+        adapter_holds={rid: dict(held) for rid, held in facts.adapter_holds.items()},
     )
 
 
@@ -106,3 +111,9 @@ def apply(facts: Facts, plan: Plan) -> None:
                 facts.force_drain(node, why)
             case Cordon(node, reason):
                 facts.set_flag(node, AdminFlag.CORDONED, reason, BY_LLMGW)
+            case HoldAdapter(rid, name):
+                facts.loras.hold(rid, name)
+            case ReleaseAdapter(rid, name):
+                facts.loras.release(rid, name)
+            case DropAdapter(rid, name):
+                facts.loras.drop(rid, name)

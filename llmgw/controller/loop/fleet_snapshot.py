@@ -24,13 +24,13 @@ from functools import cached_property
 from llmgw.controller.core.admin_flags import NO_ADMIN
 from llmgw.controller.core.decisions import Note
 from llmgw.controller.core.nodes import Faults, NodeEntry, node_state
-from llmgw.controller.core.records import Backoff, ReplicaRecord, gpus_on
+from llmgw.controller.core.records import AdapterHold, Backoff, ReplicaRecord, gpus_on
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.state.liveness import Liveness
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.controller.views.endpoints import GateView
 from llmgw.scheduler import NodeCapacity, Placement
-from llmgw.wire import AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
+from llmgw.wire import AdapterSpec, AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
 
 __all__ = ["FleetSnapshot", "ModelReplicas", "node_capacity", "replica_sets"]
 
@@ -124,6 +124,9 @@ class FleetSnapshot:
     capacity_version: int
     revision: int  # the facts' change log's, when taken
     gate: GateView | None = None  # None: replicas stop at once
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    # Replica id -> adapter -> the controller's wish (`Facts.adapter_holds`)
+    adapter_holds: Mapping[str, Mapping[str, AdapterHold]] = field(default_factory=dict)
 
     # -- replicas -----------------------------------------------------------------------
 

@@ -28,13 +28,16 @@ __all__ = [
     "ClearBackoff",
     "Cordon",
     "DrainBlocked",
+    "DropAdapter",
     "Event",
     "ForceDrain",
     "ForgetScaling",
+    "HoldAdapter",
     "MarkDrained",
     "Plan",
     "Planner",
     "Put",
+    "ReleaseAdapter",
     "Remove",
     "RolloutNote",
     "Scaling",
@@ -129,6 +132,30 @@ class ForceDrain:
 
 
 @dataclass(frozen=True)
+class HoldAdapter:
+    """A replica's engine is told to load a LoRA adapter (routed there once loaded)."""
+
+    replica_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ReleaseAdapter:
+    """Out of routing on that replica; unloaded once the gateways let go (`DropAdapter`)."""
+
+    replica_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class DropAdapter:
+    """The engine is told to unload it (or the replica is gone)."""
+
+    replica_id: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Cordon:
     """A node cordoned by llmgw (a failed card)."""
 
@@ -151,6 +178,9 @@ Action = (
     | MarkDrained
     | ForceDrain
     | Cordon
+    | HoldAdapter
+    | ReleaseAdapter
+    | DropAdapter
 )
 
 

@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from llmgw.controller.loop import drains
+from llmgw.controller.loop.adapter_loads import plan_adapters
 from llmgw.controller.loop.apply import apply, take_snapshot
 from llmgw.controller.loop.demand import reclaim, scale
 from llmgw.controller.loop.drains import cancel_called_off, drain, replace_faulted
@@ -163,6 +164,7 @@ class Reconciler:
         snap = self._apply(snap, roll(snap))
         snap = self._apply(snap, scale(snap, memory))
         snap = self._apply(snap, sleep_and_wake(snap))
+        snap = self._apply(snap, plan_adapters(snap, term.adapter_use))
         self._apply(snap, reclaim(snap, memory))
         yield
         limits = Limits(self.attempts_per_pass, self.attempts_per_slice, self.slice_s)

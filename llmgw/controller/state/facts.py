@@ -24,9 +24,10 @@ from llmgw.controller.core.autoscale import desired_count
 from llmgw.controller.core.changes import Change, ChangeKind, ChangeLog
 from llmgw.controller.core.decisions import Decisions
 from llmgw.controller.core.nodes import NodeEntry, node_state
-from llmgw.controller.core.records import Backoff, ReplicaRecord, gpus_on
+from llmgw.controller.core.records import AdapterHold, Backoff, ReplicaRecord, gpus_on
 from llmgw.controller.core.revisions import Revisions, same_engine, undone
 from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.state.adapter_facts import AdapterFacts
 from llmgw.controller.state.approvals import Approvals
 from llmgw.controller.state.events import KEEP as EVENTS_KEPT
 from llmgw.controller.state.events import Events
@@ -34,6 +35,7 @@ from llmgw.controller.state.liveness import Liveness
 from llmgw.controller.store.base import StateStore
 from llmgw.errors import AwaitsApproval, UnknownModel, UnknownNode
 from llmgw.wire import (
+    AdapterSpec,
     AdminEvent,
     AdminFlag,
     AdminInfo,
@@ -85,6 +87,10 @@ class Facts:
         self._events = Events(store.events(EVENTS_KEPT))
         self.decisions = Decisions(self.log, self.event)  # the reconcile loop's, soft
         self.approvals = Approvals(store, self.log, self.event, self._entries.__contains__)
+        # LoRA adapters: declared (durable) and which replicas should hold them (soft).
+        self.loras = AdapterFacts(
+            store, self.log, self.clock, self._records, self._assignments_changed
+        )
         # Replicas out of routing before their stop: id -> (revision, monotonic time)
         # of the change that marked them (the gateway handshake, endpoints.py).
         self._stopping: dict[str, tuple[int, float]] = {}
@@ -112,6 +118,15 @@ class Facts:
     stopping: ReadOnly[tuple[int, float]] = ReadOnly("_stopping")
     gateway_activity: ReadOnly[float] = ReadOnly("_gateway_activity")
     retiring: ReadOnly[ModelSpec] = ReadOnly("_retiring")  # deleted, replicas still stopping
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterSpec]:
+        return self.loras.adapters
+
+    @property
+    def adapter_holds(self) -> Mapping[str, dict[str, AdapterHold]]:
+        return self.loras.holds
+
     by_node: ReadOnly[list[ReplicaRecord]] = ReadOnly("_by_node")  # nodes with replicas
 
     @property
@@ -446,6 +461,7 @@ class Facts:
             touched.update(self._records.pop(i).nodes)
             self._stopping.pop(i, None)
             self._gateway_activity.pop(i, None)
+            self.loras.replica_gone(i)
             self.log.append(ChangeKind.REPLICA, i)
         live = {r.model for r in self._records.values()}
         for model in [m for m in self._retiring if m not in live]:

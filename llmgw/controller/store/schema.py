@@ -168,5 +168,10 @@ MIGRATIONS: list[list[Step]] = [
         " model TEXT NOT NULL DEFAULT '', rpm BIGINT, tpm BIGINT, budget BIGINT, per TEXT,"
         " by TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (tenant, model))",
     ],
+    # 13: LoRA adapters (issue 33): declared beside models, served by their base's replicas.
+    [
+        "CREATE TABLE IF NOT EXISTS adapters (name TEXT PRIMARY KEY, spec TEXT NOT NULL,"
+        " updated_at DOUBLE PRECISION NOT NULL)",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

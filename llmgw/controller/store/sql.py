@@ -38,7 +38,15 @@ from llmgw.controller.store.rows import (
 )
 from llmgw.controller.store.session import Dialect, Params, Row, Session
 from llmgw.controller.store.tenant_sql import TenantTables
-from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
+from llmgw.wire import (
+    AdapterSpec,
+    AdminEvent,
+    AdminFlag,
+    AdminInfo,
+    EventView,
+    ModelRevision,
+    ModelSpec,
+)
 
 __all__ = ["HISTORY_KEPT", "REVISION", "SqlStore"]
 
@@ -64,6 +72,10 @@ _HISTORY_TRIM = (  # (node, node): what is past the node's newest HISTORY_KEPT g
 )
 _MODEL_UPSERT = (
     "INSERT INTO models(name, spec, updated_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET spec=excluded.spec, updated_at=excluded.updated_at"
+)
+_ADAPTER_UPSERT = (
+    "INSERT INTO adapters(name, spec, updated_at) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET spec=excluded.spec, updated_at=excluded.updated_at"
 )
 _REVISION_ADD = (
@@ -179,6 +191,10 @@ class SqlStore(TenantTables):
             enroll_tokens=self.enroll_tokens(),
             enroll_allowed=self.enroll_allowed(),
             client_keys=self.client_keys(),
+            adapters={
+                r["name"]: (AdapterSpec.model_validate_json(r["spec"]), r["updated_at"])
+                for r in self._read("SELECT * FROM adapters")
+            },
             limits=self.limits(),
             usage=list(self.usage_counts()),
         )
@@ -207,6 +223,10 @@ class SqlStore(TenantTables):
             s.run_many(_TOKEN_ADD, [token_row(t) for t in state.enroll_tokens])
             s.run_many(_ALLOW_UPSERT, [(n, by, at) for n, (by, at) in state.enroll_allowed.items()])
             s.run_many(_CLIENT_KEY_ADD, [client_key_row(k) for k in state.client_keys])
+            s.run_many(
+                _ADAPTER_UPSERT,
+                [(a.name, a.model_dump_json(), at) for a, at in state.adapters.values()],
+            )
             self.load_tenants(s, state.limits, state.usage)
 
     # -- nodes --------------------------------------------------------------------------
@@ -303,6 +323,22 @@ class SqlStore(TenantTables):
             s.run("DELETE FROM model_backoff WHERE model = ?", (name,))
             s.run("DELETE FROM model_revisions WHERE model = ?", (name,))
         return deleted
+
+    # -- adapters -------------------------------------------------------------------------
+
+    def adapters(self) -> dict[str, AdapterSpec]:
+        return {
+            r["name"]: AdapterSpec.model_validate_json(r["spec"])
+            for r in self._read("SELECT name, spec FROM adapters ORDER BY name")
+        }
+
+    def put_adapters(self, specs: Iterable[AdapterSpec], at: float) -> None:
+        with self._tx() as s:
+            s.run_many(_ADAPTER_UPSERT, [(a.name, a.model_dump_json(), at) for a in specs])
+
+    def delete_adapter(self, name: str) -> bool:
+        with self._tx() as s:
+            return s.run("DELETE FROM adapters WHERE name = ?", (name,)) > 0
 
     # -- events ---------------------------------------------------------------------------
 

@@ -84,7 +84,15 @@ def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None
         return None
     host = f"[{entry.address}]" if ":" in entry.address else entry.address
     fabrics = entry.digest.fabrics
+    held = fleet.adapter_holds.get(rec.id)
+    # Routed by name only where the engine says it holds it and it is not leaving.
+    adapters = (
+        sorted(n for n, h in held.items() if h.leaving is None and n in shard.adapters)
+        if held
+        else []
+    )
     return Endpoint(
+        adapters=adapters,
         replica_id=rec.id,
         model=rec.model,
         url=f"http://{host}:{shard.port}",
@@ -146,6 +154,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
         endpoints=endpoints,
         removed=removed,
         unserved=unserved_reasons(fleet, now),
+        adapters={name: spec.base for name, spec in fleet.adapters.items()},
     )
 
 
@@ -250,6 +259,8 @@ class GatewaySeen:
     routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
     clamped_said: float | None = None  # when the event said its figures were clamped
     released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
+    adapter_in_flight: dict[str, int] = field(default_factory=dict)  # adapter -> now
+    adapter_requests: dict[str, int] = field(default_factory=dict)  # adapter -> in all
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -365,7 +376,11 @@ class Gateways(Follower):
         limit = status.max_in_flight or GATEWAY_IN_FLIGHT_DEFAULT
         in_flight, held, claimed = clamp(
             {rid: n for rid, n in status.in_flight.items() if rid in records},
-            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            {
+                m: n
+                for m, n in status.held.items()
+                if n and (m in self._facts.models or m in self._facts.adapters)
+            },
             limit,
         )
         said = old.clamped_said if old else None
@@ -392,6 +407,8 @@ class Gateways(Follower):
             status.routed,
             said,
             frozenset(rid for rid in status.released if rid in records),
+            {a: n for a, n in status.adapter_in_flight.items() if a in self._facts.adapters},
+            {a: n for a, n in status.adapter_requests.items() if a in self._facts.adapters},
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -450,6 +467,17 @@ class Gateways(Follower):
                 out[model] = out.get(model, 0) + n
         return out
 
+    def adapter_traffic(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Per adapter, over the live gateways: requests in flight, and forwarded in all."""
+        in_flight: dict[str, int] = {}
+        requests: dict[str, int] = {}
+        for g in self.live(now):
+            for name, n in g.adapter_in_flight.items():
+                in_flight[name] = in_flight.get(name, 0) + n
+            for name, n in g.adapter_requests.items():
+                requests[name] = requests.get(name, 0) + n
+        return in_flight, requests
+
     def views(self) -> list[GatewayView]:
         now = self._facts.clock()
         self.expire(now)
@@ -495,7 +523,13 @@ class GateView:
     live: tuple[LiveGateway, ...] = ()  # each live gateway
     stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
-    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
+    held: Mapping[str, int] = field(default_factory=dict)  # per model asleep (and adapter)
+    adapter_in_flight: Mapping[str, int] = field(default_factory=dict)  # via the gateways
+    adapter_requests: Mapping[str, int] = field(default_factory=dict)  # forwarded in all
+
+    def applied_by_all(self, revision: int) -> bool:
+        """Whether every live gateway has applied `revision` (True with none live)."""
+        return all(g.applied is not None and g.applied >= revision for g in self.live)
 
     def lets_go(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of. One not
@@ -537,6 +571,8 @@ class StopGate:
             stopping=dict(self.facts.stopping),
             in_flight=gateways.in_flight(now),
             held=gateways.held(now),
+            adapter_in_flight=gateways.adapter_traffic(now)[0],
+            adapter_requests=gateways.adapter_traffic(now)[1],
         )
 
     def ready_to_stop(self, ids: Iterable[str], *, force: bool = False) -> list[str]:

@@ -24,6 +24,13 @@ def sleep_level(spec: ModelSpec) -> int:
     return 2 if spec.sleep_level == "auto" else spec.sleep_level
 
 
+def adapters_for(facts: Facts, replica_id: str) -> dict[str, str]:
+    """The adapters a replica's engine should hold (leaving ones too, until the
+    gateways let go of them): name -> source."""
+    held = facts.adapter_holds.get(replica_id, {})
+    return {n: spec.source for n in sorted(held) if (spec := facts.adapters.get(n)) is not None}
+
+
 def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
     out = []
     for rec in facts.replicas_on(node):
@@ -52,6 +59,7 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     sleep_mode=spec.sleeps,
                     # Told only once the gateways let go of it (`warm`).
                     sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
+                    adapters=adapters_for(facts, rec.id) if shard.rank == 0 else {},
                 )
             )
     return out

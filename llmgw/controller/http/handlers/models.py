@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from llmgw.controller.core.adapter_specs import check_adapters, check_delete
 from llmgw.controller.core.revisions import same_engine
+from llmgw.controller.http.adapter_views import adapter_views
 from llmgw.controller.http.keys import term_of
 from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
 from llmgw.controller.views.endpoints import endpoint_of
@@ -27,13 +29,25 @@ async def list_replicas(request: web.Request) -> web.Response:
     return json_models([v.model_copy(update={"url": urls.get(v.id)}) for v in term.replica_views()])
 
 
+async def list_adapters(request: web.Request) -> web.Response:
+    return json_models(adapter_views(term_of(request.app)))
+
+
 async def put_models(request: web.Request) -> web.Response:
     body = await parse_body(request, ModelSpecList)
     names = [m.name for m in body.models]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    everything = names + [a.name for a in body.adapters]
+    dupes = sorted({n for n in everything if everything.count(n) > 1})
     if dupes:
-        raise BadRequest(f"model names must be unique; repeated: {', '.join(dupes)}")
+        raise BadRequest(f"model and adapter names must be unique; repeated: {', '.join(dupes)}")
     term = term_of(request.app)
+    facts = term.facts
+    # Adapters are checked against what the models will be, before anything is written.
+    check_adapters(
+        {**facts.models, **{m.name: m for m in body.models}},
+        {**facts.adapters, **{a.name: a for a in body.adapters}},
+        everything,
+    )
     dry_run = request.query.get("dry_run", "false")
     if dry_run not in ("true", "false"):
         raise BadRequest(f"dry_run must be true or false, not {printable(dry_run)!r}")
@@ -50,7 +64,11 @@ async def put_models(request: web.Request) -> web.Response:
             ]
         )
     new = [n for n in names if n not in term.facts.models]
-    term.facts.put_models(body.models, who(request))
+    new += [a.name for a in body.adapters if a.name not in term.facts.adapters]
+    if body.models:
+        term.facts.put_models(body.models, who(request))
+    if body.adapters:
+        term.facts.loras.put(body.adapters, term.facts.wall())
     if new:  # once this answers, every gateway says 503 + Retry-After for it, never 404
         await term.gateways.caught_up(term.facts.revision, f"model(s) {', '.join(new)} declared")
     applied = set(names)
@@ -70,5 +88,11 @@ async def undo_rollout(request: web.Request) -> web.Response:
 
 
 async def delete_model(request: web.Request) -> web.Response:
-    term_of(request.app).facts.delete_model(request.match_info["name"])
+    facts = term_of(request.app).facts
+    name = request.match_info["name"]
+    if name in facts.adapters:
+        facts.loras.delete(name)
+    else:
+        check_delete(name, facts.adapters)
+        facts.delete_model(name)
     return web.Response(status=204)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from llmgw.controller.core.admin_flags import BY_LLMGW
 from llmgw.controller.core.auth import Identity
+from llmgw.controller.http.adapter_views import adapter_views
 from llmgw.controller.http.authorize import report_refusal
 from llmgw.controller.http.keys import METRICS, REFUSALS, term_of
 from llmgw.controller.http.web_io import json_model, node_param, parse_body, who
@@ -57,7 +58,10 @@ async def agent_report(request: web.Request) -> web.Response:
 
 async def summary(request: web.Request) -> web.Response:
     term = term_of(request.app)
-    return json_model(term.summary(term.gateways.in_flight(term.facts.clock())))
+    summary = term.summary(term.gateways.in_flight(term.facts.clock()))
+    if term.facts.adapters:
+        summary = summary.model_copy(update={"adapters": adapter_views(term)})
+    return json_model(summary)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -72,7 +76,7 @@ async def get_node(request: web.Request) -> web.Response:
     return json_model(term_of(request.app).rows.detail(node_param(request)))
 
 
-_EVENT_OBJECT = re.compile(r"(node|model)/.{1,512}")
+_EVENT_OBJECT = re.compile(r"(node|model|adapter)/.{1,512}")
 
 
 async def list_events(request: web.Request) -> web.Response:
@@ -82,7 +86,7 @@ async def list_events(request: web.Request) -> web.Response:
     if not since.isdigit() or len(since) > 18:
         raise BadRequest(f"since must be an event id (a whole number), got {since[:40]!r}")
     if obj is not None and not _EVENT_OBJECT.fullmatch(obj):
-        raise BadRequest(f"for must be node/NAME or model/NAME, got {obj[:60]!r}")
+        raise BadRequest(f"for must be node/NAME, model/NAME or adapter/NAME, got {obj[:60]!r}")
     if obj is not None and obj.startswith("node/"):
         try:
             obj = "node/" + node_name(obj[5:])  # node/GPU01 is node gpu01's
