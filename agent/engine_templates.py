@@ -112,6 +112,9 @@ class SleepMode(BaseModel):
     wake_path: UrlPath = "/wake_up"  # POST
     reload_path: UrlPath | None = "/collective_rpc"  # POST after a level-2 wake
     reset_cache_path: UrlPath | None = "/reset_prefix_cache"  # POST after a level-2 wake
+    # Asleep, its processes hold at most 1 - min_freed of what they held awake on each
+    # card, or the sleep failed (agent.sleep_check: measured, never taken on its word).
+    min_freed: float = Field(default=0.9, gt=0, le=1)
 
 
 class EngineTemplate(BaseModel):

@@ -24,6 +24,8 @@ Lifecycles, per (replica id, rank):
     ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
     ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
         ready, with the reason in its reports (`sleep_error`): never tried again
+    ready --/sleep answered 200 but its processes still hold the memory on a card
+        (agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
     sleeping --assignment awake--> waking --POST /wake_up answered 200--> ready
     waking --the wake failed--> failed (killed)
 
@@ -75,8 +77,9 @@ from agent.exit_cause import exit_reason
 from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape, server_load
 from agent.progress import START_CPU_S, ProgressWatch, StartWatch
+from agent.sleep_check import CardMemory, held_by_group, judge, judgeable
 from agent.traffic import TrafficMeter
-from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, printable
+from llmgw.wire import ReplicaReport, ShardAssignment, ShardState, SleepFailure, printable
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,7 @@ class Engine:
     start_watch: StartWatch = field(default_factory=StartWatch)  # while starting
     meter: TrafficMeter = field(default_factory=TrafficMeter)
     sleep_error: str | None = None  # asked to sleep, it could not: why
+    sleep_failure: SleepFailure | None = None  # its kind
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
 
@@ -196,6 +200,8 @@ class EngineSupervisor:
         start_timeout_s: float = 1800.0,
         start_stall_s: float = 600.0,
         unhealthy_after: int = 3,
+        card_memory: CardMemory | None = None,
+        sleep_settle_s: float = 2.0,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.log_dir = self.state_dir / "logs"
@@ -217,6 +223,11 @@ class EngineSupervisor:
         # Probe on loopback when the engine listens everywhere.
         self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
         self.extra_env = dict(extra_env or {})
+        # What each process holds on each card (GpuSource.processes): a sleep is
+        # checked against it (agent.sleep_check); None: sleeps taken at their word.
+        self.card_memory = card_memory
+        self.sleep_settle_s = sleep_settle_s  # how long a sleep's memory may take to go
+        self._unjudged_logged = False
         self._engines: dict[Key, Engine] = {}
         # How late the monitor's own sleeps wake, over the last few checks.
         self.loop_lag = LoopLag(window_s=max(1.0, 2 * scrape_interval_s))
@@ -277,6 +288,7 @@ class EngineSupervisor:
                         idle_seconds=idle,
                         traffic=eng.meter.traffic() if ready else None,
                         sleep_error=eng.sleep_error,
+                        sleep_failure=eng.sleep_failure,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -541,29 +553,78 @@ class EngineSupervisor:
         level = a.sleep_level or 1
         if mode is None or not a.sleep_mode:
             why = "its template has no sleep mode" if mode is None else "started unable to"
-            self._cannot_sleep(eng, f"engine {a.engine!r} cannot sleep: {why}")
+            self._cannot_sleep(
+                eng, SleepFailure.NO_SLEEP_MODE, f"engine {a.engine!r} cannot sleep: {why}"
+            )
             return
         if not eng.serves_http:  # a multi-node worker: its leader's engine sleeps it
             eng.state = ShardState.SLEEPING
             return
+        awake = await self._held(eng)
         answer = await self._post(eng, f"{mode.sleep_path}?level={level}")
         if eng.state is not ShardState.READY:
             return  # it exited or was unassigned meanwhile
         if answer is None:
-            eng.state, eng.slept_level = ShardState.SLEEPING, level
+            kept = await self._memory_kept(eng, awake, mode.min_freed)
+            if eng.state is not ShardState.READY:
+                return
+            eng.slept_level = level
+            if kept is not None:  # awake again and whole: nothing goes on its cards
+                self._cannot_sleep(eng, SleepFailure.MEMORY_KEPT, kept)
+                eng.state = ShardState.WAKING
+                await self._wake(eng)
+                return
+            eng.state = ShardState.SLEEPING
             log.info("engine %s/%d asleep at level %d", *eng.key, level)
             self._save()
         elif answer.status == 404:
             self._cannot_sleep(
                 eng,
+                SleepFailure.NO_ENDPOINTS,
                 f"engine {a.engine!r} cannot sleep: POST {mode.sleep_path} answered 404 "
                 "(no sleep endpoints: a version without sleep mode, or no development mode)",
             )
         else:
-            self._cannot_sleep(eng, f"engine {a.engine!r} did not sleep: {answer.message}")
+            self._cannot_sleep(
+                eng, SleepFailure.REFUSED, f"engine {a.engine!r} did not sleep: {answer.message}"
+            )
 
-    def _cannot_sleep(self, eng: Engine, why: str) -> None:
-        eng.sleep_error = why
+    async def _held(self, eng: Engine) -> dict[str, int]:
+        """MiB the engine's processes hold on each of its cards now ({}: not measured)."""
+        if self.card_memory is None or eng.ref is None:
+            return {}
+        try:
+            processes = await asyncio.to_thread(self.card_memory)
+        except Exception:  # a broken reading must not stop the sleep
+            log.exception("cannot read the memory processes hold on the cards")
+            return {}
+        return held_by_group(processes, eng.ref.pid, eng.assignment.gpus)
+
+    async def _memory_kept(
+        self, eng: Engine, awake: dict[str, int], min_freed: float
+    ) -> str | None:
+        """Why the sleep freed too little (figures), after up to `sleep_settle_s` for the
+        memory to go; None: it freed enough, or cannot be judged (said once)."""
+        if not judgeable(awake):
+            if self.card_memory is not None and not self._unjudged_logged:
+                self._unjudged_logged = True
+                log.warning(
+                    "engine %s/%d: none of its processes are seen on its cards, so its "
+                    "sleeps are taken at their word (a PID namespace NVML does not see?)",
+                    *eng.key,
+                )
+            return None
+        deadline = time.monotonic() + self.sleep_settle_s
+        while True:
+            kept = judge(awake, await self._held(eng), min_freed)
+            if kept is None:
+                return None
+            if time.monotonic() >= deadline or eng.state is not ShardState.READY:
+                return kept.message
+            await asyncio.sleep(min(0.25, self.sleep_settle_s))
+
+    def _cannot_sleep(self, eng: Engine, kind: SleepFailure, why: str) -> None:
+        eng.sleep_error, eng.sleep_failure = why, kind
         log.warning("engine %s/%d: %s", *eng.key, why)
 
     async def _wake(self, eng: Engine) -> None:

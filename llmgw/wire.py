@@ -335,6 +335,17 @@ class ShardState(StrEnum):
     WAKING = "waking"  # asked to wake, not answered yet
 
 
+class SleepFailure(StrEnum):
+    """Why an engine asked to sleep is awake instead (beside `sleep_error`'s words)."""
+
+    NO_SLEEP_MODE = "no_sleep_mode"  # its template has none, or it started without it
+    NO_ENDPOINTS = "no_endpoints"  # /sleep answered 404: an old version, no dev mode
+    REFUSED = "refused"  # /sleep answered an error, or nothing
+    # /sleep answered 200 but its processes still held the memory on a card (vLLM
+    # #47654): woken again, so that nothing is placed on a card it still fills
+    MEMORY_KEPT = "memory_kept"
+
+
 # -- the agent's report ---------------------------------------------------------
 
 
@@ -410,6 +421,7 @@ class ReplicaReport(Inbound):
     # Asked to sleep, it did not: why (no sleep mode, the engine refused). Said in
     # every report from then on; the agent never tries that engine again.
     sleep_error: Text | None = None
+    sleep_failure: ByValue[SleepFailure] | None = None  # its kind (None: an older agent)
 
 
 class NodeReport(Inbound):

@@ -23,6 +23,7 @@ from llmgw.wire import (
     NodeReport,
     NodeState,
     ShardState,
+    SleepFailure,
     StorageScope,
 )
 
@@ -65,6 +66,7 @@ class ShardDigest(NamedTuple):
     port: int | None = None  # where the engine listens on the node's address
     traffic: EngineTraffic | None = None  # what the engine served lately (rank 0)
     sleep_error: str | None = None  # asked to sleep, it could not: why
+    sleep_failure: SleepFailure | None = None  # its kind
 
 
 class NodeDigest(NamedTuple):
@@ -175,6 +177,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             r.port,
             r.traffic,
             r.sleep_error,
+            r.sleep_failure,
         )
         for r in report.replicas
     )

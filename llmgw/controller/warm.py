@@ -26,7 +26,7 @@ from llmgw.controller.fleet_snapshot import FleetSnapshot, ModelReplicas
 from llmgw.controller.placing import stoppable
 from llmgw.controller.plans import Plan, Planner
 from llmgw.controller.replicas import ReplicaStatus
-from llmgw.wire import EventReason, ModelSpec, ReplicaState
+from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
 
 __all__ = ["sleep_and_wake"]
 
@@ -104,10 +104,15 @@ def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) ->
             continue
         rec = s.record
         plan.put([replace(rec, state=ReplicaState.READY, asleep_since=None)])
+        what = (
+            "slept without freeing its memory, so it was woken again"
+            if s.sleep_failure is SleepFailure.MEMORY_KEPT
+            else "could not sleep"
+        )
         plan.event(
             f"replica/{rec.id}",
             EventReason.SLEEP_FAILED,
-            f"{rec.model}: could not sleep ({error.splitlines()[0]}); it stays awake and "
+            f"{rec.model}: {what} ({error.splitlines()[0]}); it stays awake and "
             "stops when demand falls, as without sleep",
         )
 

@@ -29,7 +29,15 @@ from llmgw.controller.revisions import same_engine
 from llmgw.controller.rolling import roll
 from llmgw.controller.warm import sleep_and_wake
 from llmgw.present import Meaning, model_words
-from llmgw.wire import AdminFlag, AdminInfo, EventReason, ModelSpec, ReplicaState, ShardState
+from llmgw.wire import (
+    AdminFlag,
+    AdminInfo,
+    EventReason,
+    ModelSpec,
+    ReplicaState,
+    ShardState,
+    SleepFailure,
+)
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
 NOW = 100.0  # the snapshot's clock
@@ -41,9 +49,10 @@ def shard(
     state: ShardState,
     idle_for: float | None = None,
     sleep_error: str | None = None,
+    sleep_failure: SleepFailure | None = None,
 ) -> ShardDigest:
     idle_since = None if idle_for is None else NOW - idle_for
-    return ShardDigest(rec.id, 0, state, idle_since, None, 8000, None, sleep_error)
+    return ShardDigest(rec.id, 0, state, idle_since, None, 8000, None, sleep_error, sleep_failure)
 
 
 def reported(
@@ -169,6 +178,27 @@ def test_a_replica_that_could_not_sleep_stays_awake_and_stops_as_without_sleep()
     )
     scaled = scale(at_zero, LoopMemory())
     assert [(r.id, r.leave_reason) for r in scaled.put] == [("a", LeaveReason.SCALE_DOWN)]
+
+
+def test_a_sleep_that_kept_its_memory_is_said_apart_with_its_figures() -> None:
+    tried = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
+    why = "its sleep answered 200 but its processes still hold 16384 MiB of 16384 MiB"
+    engine = {
+        "a": shard(
+            tried, ShardState.WAKING, sleep_error=why, sleep_failure=SleepFailure.MEMORY_KEPT
+        )
+    }
+
+    plan = sleep_and_wake(reported([tried], engine))
+
+    [back] = plan.put
+    assert back.state is ReplicaState.READY  # awake: its cards are full, as before
+    [event] = plan.events
+    assert event.reason is EventReason.SLEEP_FAILED
+    assert "without freeing its memory" in event.message and "16384 MiB" in event.message
+    # An older agent says only why: read as refused, never as kept memory.
+    older = reported([tried], {"a": shard(tried, ShardState.READY, sleep_error=why)})
+    assert older.statuses["a"].sleep_failure is SleepFailure.REFUSED
 
 
 def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:

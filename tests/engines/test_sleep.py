@@ -10,9 +10,11 @@ from typing import Any
 
 import aiohttp
 
+from agent import fake_process_memory
 from agent.engine_templates import BUILTIN_TEMPLATES
 from agent.engines import EngineSupervisor
-from llmgw.wire import ShardAssignment, ShardState
+from agent.sleep_check import judge, judgeable
+from llmgw.wire import ShardAssignment, ShardState, SleepFailure
 
 from .conftest import SupervisorFactory, assignment, wait_for
 from .test_supervisor import only, pid_of, proc_file
@@ -155,3 +157,69 @@ async def test_a_restarted_agent_adopts_a_sleeping_engine_and_wakes_it(
     await ready(again)
     assert pid_of(again) == pid
     assert await _complete(again) == 200
+
+
+def _measured(make_supervisor: SupervisorFactory, tmp_path: Path) -> EngineSupervisor:
+    """A supervisor whose fake engines say what they hold, read as NVML would be."""
+    memory = tmp_path / "fake-gpu-memory"
+    return make_supervisor(
+        extra_env={fake_process_memory.ENV_DIR: str(memory)},
+        card_memory=lambda: fake_process_memory.read(memory),
+        sleep_settle_s=0.3,
+    )
+
+
+async def test_a_sleep_that_frees_its_memory_is_measured_and_kept(
+    make_supervisor: SupervisorFactory, tmp_path: Path
+) -> None:
+    sup = _measured(make_supervisor, tmp_path)
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    rep = only(sup)
+    assert rep.sleep_error is None and rep.sleep_failure is None
+    held = {p.gpu_uuid: p.used_mib for p in sup.card_memory()} if sup.card_memory else {}
+    assert held == {"GPU-aaaa": 512, "GPU-bbbb": 512}  # 16 GiB each awake: 97 % freed
+
+
+async def test_a_sleep_that_keeps_its_memory_is_woken_and_said_with_the_figures(
+    make_supervisor: SupervisorFactory, tmp_path: Path, state_dir: Path
+) -> None:
+    # vLLM #47654: /sleep answers 200 and the memory stays held.
+    sup = _measured(make_supervisor, tmp_path)
+    await sup.apply([sleepy([*FAST, "--sleep-keeps-memory"])], {})
+    await ready(sup)
+    pid = pid_of(sup)
+    await sup.apply([sleepy([*FAST, "--sleep-keeps-memory"], sleep_level=1)], {})
+    await wait_for(lambda: only(sup).sleep_error is not None, what="the sleep error")
+    await ready(sup)
+    rep = only(sup)
+    assert rep.sleep_failure is SleepFailure.MEMORY_KEPT
+    assert rep.sleep_error is not None
+    assert "still hold 16384 MiB of 16384 MiB on GPU-aaaa (0% freed" in rep.sleep_error
+    assert pid_of(sup) == pid  # woken, the same process, serving
+    assert await _complete(sup) == 200
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert log.index('"POST /sleep?level=1 HTTP/1.1" 200') < log.index('"POST /wake_up')
+
+
+async def test_a_sleep_not_measurable_is_taken_at_its_word(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # NVML lists no process of the engine (another PID namespace): nothing to judge.
+    sup = make_supervisor(card_memory=list, sleep_settle_s=0.3)
+    await sup.apply([sleepy([*FAST, "--sleep-keeps-memory"])], {})
+    await ready(sup)
+    await sup.apply([sleepy([*FAST, "--sleep-keeps-memory"], sleep_level=1)], {})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    assert only(sup).sleep_error is None
+
+
+def test_the_rule_is_per_card_and_unknown_is_not_judged() -> None:
+    awake = {"a": 16384, "b": 16384, "c": 0}
+    assert judge(awake, {"a": 512, "b": 1638, "c": 9999}, 0.9) is None
+    kept = judge(awake, {"a": 512, "b": 1700}, 0.9)
+    assert kept is not None and (kept.gpu_uuid, kept.asleep_mib) == ("b", 1700)
+    assert "90%" in kept.message and "b" in kept.message
+    assert not judgeable({"a": 0}) and judgeable(awake)

@@ -133,3 +133,34 @@ def test_an_engine_that_cannot_sleep_is_found_out_once_and_keeps_serving(
     assert "answered 404" in events, events
     assert c.agent_log("gpu1").count("cannot sleep") == 1
     gw.stop()
+
+
+def test_a_sleep_that_keeps_the_memory_is_found_out_and_the_engine_woken(
+    cluster: Cluster,
+) -> None:
+    # vLLM #47654: /sleep answers 200 while the memory stays held. The agent measures
+    # the card (the fake card counts what the engine says it holds, as NVML does).
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    spec = warm("hoarder")
+    spec["engine_args"] = [*spec["engine_args"], "--sleep-keeps-memory"]
+    c.apply([spec])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("hoarder")
+    first = the_replica(c, "hoarder")
+    pid = engine_pid(c, "gpu1")
+    wait_until(lambda: "SleepFailed" in c.ctl("events"), timeout=60, what="the failed sleep said")
+    wait_until(
+        lambda: the_replica(c, "hoarder")["state"] == "ready", timeout=30, what="awake again"
+    )
+    events = c.ctl("events")
+    assert "without freeing its memory" in events and "16384 MiB" in events, events
+    assert card_used_mib(c) == 16384
+    answers = [ask(gw, "hoarder") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert the_replica(c, "hoarder")["id"] == first["id"] and engine_pid(c, "gpu1") == pid
+    assert c.ctl("events").count("SleepFailed") == 1
+    gw.stop()
