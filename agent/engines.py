@@ -26,7 +26,8 @@ Lifecycles, per (replica id, rank):
         ready, with the reason in its reports (`sleep_error`): never tried again
     ready --/sleep answered 200 but its processes still hold the memory on a card
         (agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
-    sleeping --assignment awake--> waking --POST /wake_up answered 200--> ready
+    sleeping --assignment awake, no other engine awake on its cards--> waking
+        --POST /wake_up answered 200--> ready
     waking --the wake failed--> failed (killed)
 
 Engines run in their own session, outside the agent's process group, and are
@@ -545,8 +546,23 @@ class EngineSupervisor:
             if eng.state is ShardState.READY and asleep_wanted and eng.sleep_error is None:
                 eng.turning = asyncio.create_task(self._sleep(eng))
             elif eng.state is ShardState.SLEEPING and not asleep_wanted:
+                if self._awake_beside(eng):
+                    continue  # it wakes once they sleep or stop
                 eng.state = ShardState.WAKING
                 eng.turning = asyncio.create_task(self._wake(eng))
+
+    def _awake_beside(self, eng: Engine) -> bool:
+        """Another engine awake (or starting, waking, stopping) on a card of `eng`: two
+        awake engines do not fit on a shared card (issue 32). The controller wakes a
+        sleeping replica only once the others there sleep; this holds whatever it says,
+        across a controller's crash or restart, on the node that runs both."""
+        cards = set(eng.assignment.gpus)
+        for other in self._engines.values():
+            if other is eng or other.state in (ShardState.SLEEPING, ShardState.FAILED):
+                continue
+            if cards.intersection(other.assignment.gpus):
+                return True
+        return False
 
     async def _sleep(self, eng: Engine) -> None:
         a, mode = eng.assignment, eng.template.sleep if eng.template else None

@@ -705,6 +705,9 @@ class EventReason(StrEnum):
     SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
     SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
+    # A sleeping replica whose cards hold a busy awake engine: stopped, and its
+    # model's requests served by a replica placed afresh (a cold or warm start)
+    NO_ROOM_TO_WAKE = "NoRoomToWake"
 
 
 class EventView(Outbound):

@@ -5,6 +5,7 @@ try, said in its report, and never tried again."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,30 @@ def test_the_rule_is_per_card_and_unknown_is_not_judged() -> None:
     assert kept is not None and (kept.gpu_uuid, kept.asleep_mib) == ("b", 1700)
     assert "90%" in kept.message and "b" in kept.message
     assert not judgeable({"a": 0}) and judgeable(awake)
+
+
+async def test_an_engine_never_wakes_beside_an_awake_one_on_its_card(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # The controller placed r2 on r1's card while r1 slept; asked to wake r1 while r2 is
+    # still awake (a controller that lost its memory, say), the agent waits for r2.
+    sup = make_supervisor()
+    r1 = sleepy(gpus=["GPU-shared"])
+    r2 = sleepy(replica_id="r2", gpus=["GPU-shared"])
+
+    def state(rid: str) -> ShardState:
+        return next(r.state for r in sup.reports() if r.id == rid)
+
+    await sup.apply([r1], {})
+    await wait_for(lambda: state("r1") is ShardState.READY, what="r1 ready")
+    await sup.apply([sleepy(gpus=["GPU-shared"], sleep_level=1)], {})
+    await wait_for(lambda: state("r1") is ShardState.SLEEPING, what="r1 asleep")
+    await sup.apply([sleepy(gpus=["GPU-shared"], sleep_level=1), r2], {})
+    await wait_for(lambda: state("r2") is ShardState.READY, what="r2 ready")
+
+    await sup.apply([r1, r2], {})  # wake r1: not while r2 is awake there
+    await asyncio.sleep(0.5)  # ten monitor ticks
+    assert state("r1") is ShardState.SLEEPING
+    await sup.apply([r1, sleepy(replica_id="r2", gpus=["GPU-shared"], sleep_level=1)], {})
+    await wait_for(lambda: state("r1") is ShardState.READY, what="r1 awake once r2 sleeps")
+    assert state("r2") is ShardState.SLEEPING

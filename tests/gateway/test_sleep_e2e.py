@@ -9,6 +9,7 @@ agent started it able to sleep, are not reachable through the gateway."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -163,4 +164,45 @@ def test_a_sleep_that_keeps_the_memory_is_found_out_and_the_engine_woken(
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
     assert the_replica(c, "hoarder")["id"] == first["id"] and engine_pid(c, "gpu1") == pid
     assert c.ctl("events").count("SleepFailed") == 1
+    gw.stop()
+
+
+def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) -> None:
+    # One card, two models: the second is placed beside the first once it sleeps (the
+    # card's measured memory leaves room), and each request of the one asleep puts
+    # the other to sleep and wakes it, on the same card, with no request failed.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("left")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("left")
+    wait_until(
+        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="left asleep",
+    )
+    # From now on neither sleeps by itself: only a switch puts one to sleep.
+    c.apply([{**warm(name), "sleep_after_s": 600} for name in ("left", "right")])
+    gw.wait_serving("right")
+    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    assert (
+        the_replica(c, "left")["shards"][0]["gpus"] == the_replica(c, "right")["shards"][0]["gpus"]
+    )
+    codes = []
+    for name in ("right", "left", "right", "left"):
+        began = time.monotonic()
+        r = ask(gw, name)
+        print(f"{name}: {r.status_code} after {time.monotonic() - began:.1f}s")  # switch time
+        codes.append(r.status_code)
+        assert r.status_code == 200, (name, r.text)
+        assert the_replica(c, name)["id"] == ids[name], "woken, not placed afresh"
+        other = "left" if name == "right" else "right"
+        assert the_replica(c, other)["state"] in ("sleeping", "ready")
+    assert codes == [200] * 4
+    events = c.ctl("events")
+    assert "switch: its cards are wanted by" in events, events
+    assert "NoRoomToWake" not in events
     gw.stop()
