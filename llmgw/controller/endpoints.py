@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -159,13 +160,16 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
     if not unserved:  # the steady state, on every answer of the feed: nothing to count
         return {}
     counts = count_by_model(replica_statuses(fleet).values())
+    # Decided awake, by the record: its engines may say ready a pass before the loop
+    # makes it ready and routes it (a held request must not read "not ready" then).
+    turning = Counter(r.model for r in fleet.records.values() if r.state is ReplicaState.WAKING)
     reasons = unplaceable_reasons(fleet)
     out = {}
     for name in unserved:
         unplaceable = reasons.get(name)
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
-        asleep, woken = counts[name][ReplicaState.SLEEPING], counts[name][ReplicaState.WAKING]
+        asleep, woken = counts[name][ReplicaState.SLEEPING], turning[name]
         if unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
         elif woken or asleep:  # the warm tier: held while the same replica wakes
