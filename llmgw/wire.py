@@ -964,6 +964,16 @@ class IdleReplica(Outbound):
     gpus: int
 
 
+class SleepingReplica(Outbound):
+    """A replica asleep (the warm tier): it holds its cards' residual memory and its
+    engine process, serves nothing, and wakes in seconds for its model's requests."""
+
+    id: str
+    model: str
+    asleep_seconds: float
+    gpus: int
+
+
 class ModelTraffic(Outbound):
     """What a model's serving replicas served over the engines' last window.
 
@@ -1020,6 +1030,9 @@ class FleetSummary(Outbound):
     waking: list[WakingModel] = Field(default_factory=list)
     # What `idle_replicas` means: ready and asked nothing for this long (`--idle-after`).
     idle_after_s: float = IDLE_AFTER_S
+    # Replicas asleep, the longest asleep first: the cards they hold are the first
+    # to share (a card's room beside them) after the idle ones.
+    sleeping_replicas: list[SleepingReplica] = Field(default_factory=list)
 
 
 # -- drain pre-check ----------------------------------------------------------------

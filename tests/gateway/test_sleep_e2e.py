@@ -87,6 +87,9 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
     wait_until(lambda: card_used_mib(c) == 512, timeout=20, what="the memory freed by the sleep")
     assert "sleeping" in c.ctl("replicas")
+    [asleep] = c.get("/v1/summary")["sleeping_replicas"]
+    assert (asleep["id"], asleep["model"], asleep["gpus"]) == (first["id"], "nap", 1)
+    assert "Sleeping replicas" in c.ctl("status") and first["id"] in c.ctl("status")
     assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
     metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
     assert 'llmgw_replicas{state="sleeping"} 1.0' in metrics
