@@ -47,7 +47,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from pydantic import ValidationError
 
+from agent import sleep_level
 from agent.engine_proc import (
     ProcessRef,
     cpu_by_group,
@@ -147,6 +148,7 @@ class Engine:
     sleep_failure: SleepFailure | None = None  # its kind
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
+    weights_path: str | None = None  # the local weights it loaded (None: not known)
 
     @property
     def key(self) -> Key:
@@ -203,6 +205,7 @@ class EngineSupervisor:
         unhealthy_after: int = 3,
         card_memory: CardMemory | None = None,
         sleep_settle_s: float = 2.0,
+        host_memory: Callable[[], int | None] = sleep_level.available_bytes,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.log_dir = self.state_dir / "logs"
@@ -228,6 +231,7 @@ class EngineSupervisor:
         # checked against it (agent.sleep_check); None: sleeps taken at their word.
         self.card_memory = card_memory
         self.sleep_settle_s = sleep_settle_s  # how long a sleep's memory may take to go
+        self.host_memory = host_memory  # bytes available now: `sleep_level: auto`
         self._unjudged_logged = False
         self._engines: dict[Key, Engine] = {}
         # How late the monitor's own sleeps wake, over the last few checks.
@@ -388,6 +392,7 @@ class EngineSupervisor:
             argv=argv,
             ref=ref,
             popen=popen,
+            weights_path=values["source"],
         )
 
     def _values(
@@ -576,6 +581,8 @@ class EngineSupervisor:
         if not eng.serves_http:  # a multi-node worker: its leader's engine sleeps it
             eng.state = ShardState.SLEEPING
             return
+        if a.sleep_auto:
+            level = await self._auto_level(eng)
         awake = await self._held(eng)
         answer = await self._post(eng, f"{mode.sleep_path}?level={level}")
         if eng.state is not ShardState.READY:
@@ -604,6 +611,13 @@ class EngineSupervisor:
             self._cannot_sleep(
                 eng, SleepFailure.REFUSED, f"engine {a.engine!r} did not sleep: {answer.message}"
             )
+
+    async def _auto_level(self, eng: Engine) -> int:
+        """`sleep_level: auto`: 1 when this node's host memory holds the weights."""
+        weights = await asyncio.to_thread(sleep_level.weights_bytes, eng.weights_path)
+        level, why = sleep_level.choose(weights, eng.assignment.nnodes, self.host_memory())
+        log.info("engine %s/%d sleeps at %s", *eng.key, why)
+        return level
 
     async def _held(self, eng: Engine) -> dict[str, int]:
         """MiB the engine's processes hold on each of its cards now ({}: not measured)."""

@@ -474,10 +474,15 @@ class ShardAssignment(Outbound):
     port: int | None = None  # rendezvous port for multi-node engines
     sleep_mode: bool = False  # start the engine able to sleep (its spec asks for sleep)
     sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
+    # The spec says `auto`: the agent picks the level from its host memory and the
+    # weights (agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
+    sleep_auto: bool = False
 
     def awake(self) -> ShardAssignment:
         """The same engine, awake: what decides whether a changed assignment restarts it."""
-        return self if self.sleep_level is None else self.model_copy(update={"sleep_level": None})
+        if self.sleep_level is None and not self.sleep_auto:
+            return self
+        return self.model_copy(update={"sleep_level": None, "sleep_auto": False})
 
 
 class ReportReply(Outbound):

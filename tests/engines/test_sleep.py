@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
-from agent import fake_process_memory
+from agent import fake_process_memory, sleep_level
 from agent.engine_templates import BUILTIN_TEMPLATES
 from agent.engines import EngineSupervisor
 from agent.sleep_check import judge, judgeable
@@ -251,3 +252,39 @@ async def test_an_engine_never_wakes_beside_an_awake_one_on_its_card(
     await sup.apply([r1, sleepy(replica_id="r2", gpus=["GPU-shared"], sleep_level=1)], {})
     await wait_for(lambda: state("r1") is ShardState.READY, what="r1 awake once r2 sleeps")
     assert state("r2") is ShardState.SLEEPING
+
+
+def test_auto_level_is_1_when_this_nodes_share_of_the_weights_fits(tmp_path: Path) -> None:
+    model = tmp_path / "org" / "m"
+    model.mkdir(parents=True)
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"x" * 3000)
+    (model / "model-00002-of-00002.safetensors").write_bytes(b"x" * 1000)
+    (model / "config.json").write_text("{}")  # not weights
+    assert sleep_level.weights_bytes(str(model)) == 4000
+    assert sleep_level.weights_bytes(str(tmp_path / "absent")) is None
+    assert sleep_level.choose(4000, 1, 5000)[0] == 1  # 4000 <= 0.8 x 5000
+    assert sleep_level.choose(4000, 1, 4999)[0] == 2
+    assert sleep_level.choose(4000, 2, 2500)[0] == 1  # two nodes: half each
+    level, why = sleep_level.choose(None, 1, 10**12)
+    assert level == 2 and "not known" in why
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100 kB\nMemAvailable:   2048 kB\n")
+    assert sleep_level.available_bytes(meminfo) == 2048 * 1024
+    assert sleep_level.available_bytes(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize(("available", "level"), [(10_000, 1), (1_000, 2)])
+async def test_auto_level_is_chosen_where_it_sleeps(
+    make_supervisor: SupervisorFactory, state_dir: Path, tmp_path: Path, available: int, level: int
+) -> None:
+    model = tmp_path / "weights"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"x" * 4000)
+    sup = make_supervisor(host_memory=lambda: available)
+    await sup.apply([sleepy()], {"org/m": str(model)})
+    await ready(sup)
+    # The controller says 2 (what an older agent uses) and auto: this agent chooses.
+    await sup.apply([sleepy(sleep_level=2, sleep_auto=True)], {"org/m": str(model)})
+    await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
+    log = next((state_dir / "logs").glob("r1-0.log")).read_text()
+    assert f'"POST /sleep?level={level} HTTP/1.1" 200' in log, log
