@@ -75,7 +75,7 @@ from agent.engine_templates import (
     render,
     render_env,
 )
-from agent.exit_cause import exit_reason
+from agent.exit_cause import exit_reason, sleep_refusal
 from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape, server_load
 from agent.progress import START_CPU_S, ProgressWatch, StartWatch
@@ -149,6 +149,8 @@ class Engine:
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
     weights_path: str | None = None  # the local weights it loaded (None: not known)
+    local_weights: dict[str, str] = field(default_factory=dict)  # as it was started with
+    sleeps: bool = False  # started able to sleep (its template's sleep mode on)
 
     @property
     def key(self) -> Key:
@@ -233,6 +235,8 @@ class EngineSupervisor:
         self.sleep_settle_s = sleep_settle_s  # how long a sleep's memory may take to go
         self.host_memory = host_memory  # bytes available now: `sleep_level: auto`
         self._unjudged_logged = False
+        # Engines (template names) that refused to start able to sleep here: why.
+        self._no_sleep_mode: dict[str, str] = {}
         self._engines: dict[Key, Engine] = {}
         # How late the monitor's own sleeps wake, over the last few checks.
         self.loop_lag = LoopLag(window_s=max(1.0, 2 * scrape_interval_s))
@@ -341,9 +345,10 @@ class EngineSupervisor:
         try:
             values = self._values(a, local_weights, port)
             # engine_args are separate argv words already: appended as they are, never split.
-            command = template.command_for(a.rank, a.nnodes, sleeps=a.sleep_mode)
+            sleeps = a.sleep_mode and a.engine not in self._no_sleep_mode
+            command = template.command_for(a.rank, a.nnodes, sleeps=sleeps)
             argv = [*render(command, values), *a.engine_args]
-            template_env = render_env(template, values, sleeps=a.sleep_mode)
+            template_env = render_env(template, values, sleeps=sleeps)
         except (TemplateError, ValueError) as exc:
             return self._failed_to_start(a, template, f"cannot build the engine command: {exc}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -393,6 +398,8 @@ class EngineSupervisor:
             ref=ref,
             popen=popen,
             weights_path=values["source"],
+            local_weights=dict(local_weights),
+            sleeps=sleeps,
         )
 
     def _values(
@@ -474,6 +481,8 @@ class EngineSupervisor:
                 if eng.state is ShardState.STOPPING:
                     log.info("stopped %s/%d: %s", *key, describe_exit(code))
                     del self._engines[key]
+                elif self._refused_sleep_mode(eng):
+                    self._engines[key] = self._start(eng.assignment, eng.local_weights)
                 else:
                     eng.state = ShardState.FAILED
                     eng.exit_code = code
@@ -491,6 +500,25 @@ class EngineSupervisor:
                 eng.killed = True
         if changed:
             self._save()
+
+    def _refused_sleep_mode(self, eng: Engine) -> bool:
+        """A start with sleep mode that the engine refused on this machine (its
+        template's `unsupported` words in this run's log): noted for its engine name,
+        so that it and the next ones start without it (`_cannot_sleep` says so once
+        asked to sleep), instead of failing every start."""
+        mode = eng.template.sleep if eng.template else None
+        if eng.state is not ShardState.STARTING or mode is None or not mode.unsupported:
+            return False
+        if not eng.sleeps or eng.log_path is None:
+            return False
+        found = sleep_refusal(eng.log_path, mode.unsupported)
+        if found is None:
+            return False
+        self._no_sleep_mode[eng.assignment.engine] = found
+        log.warning(
+            "engine %s/%d refused sleep mode (%s): started again without it", *eng.key, found
+        )
+        return True
 
     # -- health and metrics ------------------------------------------------------------
 
@@ -572,8 +600,15 @@ class EngineSupervisor:
     async def _sleep(self, eng: Engine) -> None:
         a, mode = eng.assignment, eng.template.sleep if eng.template else None
         level = a.sleep_level or 1
-        if mode is None or not a.sleep_mode:
-            why = "its template has no sleep mode" if mode is None else "started unable to"
+        if mode is None or not a.sleep_mode or a.engine in self._no_sleep_mode:
+            refused = self._no_sleep_mode.get(a.engine)
+            why = (
+                "its template has no sleep mode"
+                if mode is None
+                else f"it refused to start able to on this node ({refused})"
+                if refused
+                else "started unable to"
+            )
             self._cannot_sleep(
                 eng, SleepFailure.NO_SLEEP_MODE, f"engine {a.engine!r} cannot sleep: {why}"
             )

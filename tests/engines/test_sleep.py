@@ -288,3 +288,35 @@ async def test_auto_level_is_chosen_where_it_sleeps(
     await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
     log = next((state_dir / "logs").glob("r1-0.log")).read_text()
     assert f'"POST /sleep?level={level} HTTP/1.1" 200' in log, log
+
+
+async def test_an_engine_that_refuses_to_start_able_to_sleep_starts_without(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    # vLLM's CPU build: --enable-sleep-mode ends its start with "Sleep mode is not
+    # supported on current platform." (config/model.py). Here the fake engine refuses
+    # an option without its value, with the words its template says to look for.
+    sleep = BUILTIN_TEMPLATES["fake"].sleep
+    assert sleep is not None
+    refusing = sleep.model_copy(
+        update={"args": "--latency", "unsupported": "argument --latency: expected one argument"}
+    )
+    tpl = BUILTIN_TEMPLATES["fake"].model_copy(update={"sleep": refusing})
+    sup = make_supervisor(templates={"fake": tpl})
+    await sup.apply([sleepy()], {})
+    await ready(sup)
+    assert b"--enable-sleep-mode" not in proc_file(pid_of(sup), "cmdline")
+    assert only(sup).sleep_error is None  # said once asked to sleep, as any refusal
+    await sup.apply([sleepy(sleep_level=1)], {})
+    await wait_for(lambda: only(sup).sleep_error is not None, what="the sleep error")
+    rep = only(sup)
+    assert rep.sleep_failure is SleepFailure.NO_SLEEP_MODE and rep.state is ShardState.READY
+    assert rep.sleep_error is not None and "refused to start able to" in rep.sleep_error
+    assert "argument --latency: expected one argument" in rep.sleep_error
+    # The next engine of that template starts without it at once: no failed start.
+    await sup.apply([sleepy(replica_id="r2")], {})
+    await wait_for(
+        lambda: any(r.id == "r2" and r.state is ShardState.READY for r in sup.reports()),
+        what="r2 ready",
+    )
+    assert "expected one argument" not in next((state_dir / "logs").glob("r2-0.log")).read_text()
