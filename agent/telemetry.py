@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from agent.loop import ReportLoop
 from agent.storage import StorageScanner
 from agent.storage_watch import StorageWatch
-from llmgw.controller.settings import split_listen
+from llmgw.controller.core.settings import split_listen
 from llmgw.listen import PortInUse, start_site
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

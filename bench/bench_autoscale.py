@@ -40,7 +40,7 @@ import httpx
 
 from bench.bench_faults import until
 from bench.bench_rollout import spec as rollout_spec
-from llmgw.controller.autoscale import Autoscaler
+from llmgw.controller.core.autoscale import Autoscaler
 from llmgw.wire import ModelSpec
 from tests.e2e.procs import Cluster
 from tests.gateway.gwprocs import Gateway, Load, wait_cluster_ready

@@ -1,7 +1,7 @@
 """Console at scale: first paint and refresh cycle with 2,000 nodes.
 
 Runs the real app headless (`App.run_test`) against the real controller
-(`llmgw.controller.app.create_app`), served in this process on 127.0.0.1 from a
+(`llmgw.controller.http.app.create_app`), served in this process on 127.0.0.1 from a
 thread with its own event loop. The fleet is built and changed only through the
 controller's public HTTP API: agent reports (`POST /v1/agent/report`) and admin
 cordons. The figures are the console's: fetch (the controller answering on
@@ -39,8 +39,8 @@ from console.app import ConsoleApp
 from console.screens.main import MainScreen
 from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient
-from llmgw.controller.app import create_app
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 from llmgw.wire import (
     FleetSummary,
     GpuHealth,

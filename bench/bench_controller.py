@@ -131,9 +131,9 @@ def serve_controller(
     import llmgw
 
     print(f"controller from {Path(llmgw.__file__).parent.parent}", file=sys.stderr)
-    from llmgw.controller.app import create_app
+    from llmgw.controller.core.settings import ControllerSettings
+    from llmgw.controller.http.app import create_app
     from llmgw.controller.main import tune_gc
-    from llmgw.controller.settings import ControllerSettings
 
     if stub_ingest:
         owner: Any
@@ -141,7 +141,7 @@ def serve_controller(
             from llmgw.controller.term import Term as owner
 
             if not hasattr(owner, "ingest_json"):  # before issue 31: the replies view took it
-                from llmgw.controller.replies import Replies as owner
+                from llmgw.controller.views.replies import Replies as owner
         except ImportError:  # before the term: FleetState, or Fleet in older checkouts
             import llmgw.controller.fleet as fleet_module
 

@@ -35,7 +35,7 @@ import json, sys, tempfile, timeit
 from pathlib import Path
 sys.path.insert(0, sys.argv[1] + "/tests/controller")
 from fleet_factories import FakeClock, gpu, location, make_fleet, report
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.wire import ModelSpec, ReplicaState
 
 nodes = int(sys.argv[2])

@@ -31,7 +31,7 @@ import httpx
 
 from llmgw import api
 from llmgw.api import ControllerError, ControllerUnreachable
-from llmgw.controller.stores.postgres import PostgresStore, take_lease
+from llmgw.controller.store.postgres import PostgresStore, take_lease
 from llmgw.sync_client import SyncAdminClient
 from llmgw.wire import AdminFlag, AdminInfo
 

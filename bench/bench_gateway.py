@@ -329,10 +329,10 @@ async def data_plane(args: argparse.Namespace) -> None:
 async def control_plane(replicas: int) -> None:
     from aiohttp.test_utils import TestServer
 
-    from llmgw.controller.app import create_app
-    from llmgw.controller.keys import term_of
-    from llmgw.controller.reconcile import Reconciler
-    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.core.settings import ControllerSettings
+    from llmgw.controller.http.app import create_app
+    from llmgw.controller.http.keys import term_of
+    from llmgw.controller.loop.reconcile import Reconciler
     from llmgw.wire import ModelSpec, NodeReport
 
     state = Path(tempfile.mkdtemp(prefix="bench-gw-cp-"))

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from bench_controller import synthetic_report
 
-from llmgw.controller.auth import Identity, Role, Tokens
-from llmgw.controller.authorize import report_refusal
-from llmgw.controller.credentials import Credentials
+from llmgw.controller.core.auth import Identity, Role, Tokens
+from llmgw.controller.http.authorize import report_refusal
+from llmgw.controller.state.credentials import Credentials
 from llmgw.controller.store import Store
 from llmgw.wire import NodeReport, validate_json
 

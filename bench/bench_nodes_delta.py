@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "controller"))
 
 from fleet_factories import FakeClock, gpu, location, make_fleet, report  # noqa: E402
 
-from llmgw.controller.web_io import json_model, json_models  # noqa: E402
+from llmgw.controller.http.web_io import json_model, json_models  # noqa: E402
 from llmgw.wire import NodeReport  # noqa: E402
 
 MODELS = ["org/a", "org/b"]

@@ -246,9 +246,9 @@ def passes_in_process(args: argparse.Namespace) -> None:
     """`--passes`: the reconcile passes themselves, in this process, on this checkout
     (or another, with PYTHONPATH=DIR): the first three after declaring the models,
     against a pass with no models, for the fleet sizes of the issue."""
+    from llmgw.controller.core.settings import ControllerSettings
+    from llmgw.controller.loop.reconcile import Reconciler
     from llmgw.controller.main import tune_gc
-    from llmgw.controller.reconcile import Reconciler
-    from llmgw.controller.settings import ControllerSettings
     from llmgw.controller.store import Store
     from llmgw.controller.term import Term
     from llmgw.wire import ModelSpec, NodeReport

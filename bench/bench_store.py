@@ -17,10 +17,10 @@ import time
 import warnings
 from pathlib import Path
 
-from llmgw.controller.records import ReplicaRecord, ShardRecord
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.stores.postgres import PostgresStore, take_lease
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.store.postgres import PostgresStore, take_lease
+from llmgw.controller.store.sqlite import Store
 from llmgw.wire import AdminFlag, AdminInfo, ReplicaState
 
 

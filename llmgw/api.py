@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 from llmgw.common import DEFAULT_CONTROLLER, first_line
@@ -22,11 +23,7 @@ from llmgw.errors import ControllerUnreachable as ControllerUnreachable
 from llmgw.errors import NoLeader, NotAController, controller_error
 from llmgw.leader import normalize, split_urls
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Generic, TypeVar
-
     from llmgw.wire import (
         DrainPlan,
         EventList,

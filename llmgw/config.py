@@ -23,13 +23,9 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from llmgw.common import DEFAULT_CONTROLLER, UsageError
-
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 CONTEXT_KEYS = ("controller", "controllers", "token-file", "ca-file")
 

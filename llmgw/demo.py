@@ -47,8 +47,8 @@ from agent.sample_models import write_model
 from agent.storage import StorageDir, StorageScanner
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
-from llmgw.controller.app import create_app
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 from llmgw.durations import duration_arg, format_duration
 from llmgw.wire import GpuHealth, ModelSpec, ShardState
 

@@ -61,13 +61,9 @@ Importing this module loads nothing beyond the standard library (ctl starts fast
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar, NamedTuple
 
 from llmgw.leader import LEADER_HEADER, NOT_THE_LEADER
-
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, ClassVar
 
 
 class LlmgwError(Exception):
@@ -129,7 +125,7 @@ class NotAuthenticated(ServerError):
 
 
 class TokenSpent(NotAuthenticated):
-    """`why`: the token and how it is spent (llmgw.controller.enroll_tokens.why_spent)."""
+    """`why`: the token and how it is spent (llmgw.controller.state.enroll_tokens.why_spent)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"{why}: ask an admin for a new one (llmgw ctl credentials token create)")
@@ -241,7 +237,7 @@ class TooLarge(ServerError):
 
 
 class CompressedBody(ServerError):
-    """Refused before anything reads it (llmgw.controller.bodies): the rest of the
+    """Refused before anything reads it (llmgw.controller.http.bodies): the rest of the
     body is not read, so the connection closes."""
 
     status = 415
@@ -410,17 +406,9 @@ def controller_error(status: int, message: str, url: str) -> ControllerError:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-class Advice:
-    """A plain class: a NamedTuple costs a one-shot `ctl` 1 ms to build at import."""
-
-    __slots__ = ("exit_code", "hint")
-
-    def __init__(self, exit_code: int, hint: str) -> None:
-        self.exit_code = exit_code
-        self.hint = hint  # what to do next; "" where the message says it already
-
-    def __repr__(self) -> str:
-        return f"Advice({self.exit_code}, {self.hint!r})"
+class Advice(NamedTuple):
+    exit_code: int
+    hint: str  # what to do next; "" where the message says it already
 
 
 _TOKEN_SOURCES = "--token, --token-file or LLMGW_TOKEN, or a context's token-file"

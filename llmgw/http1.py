@@ -16,11 +16,7 @@ A plain connection uses `_socket`, the C module under `socket`: `socket`'s impor
 from __future__ import annotations
 
 import _socket
-
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 HostNotFound = _socket.gaierror  # for callers, who then need not import `_socket` themselves
 MAX_LINE = 65536  # a status or header line
@@ -43,7 +39,7 @@ def _check(target: str, *parts: str) -> None:
 
 
 # (status, headers, body); header names in lower case, a repeated one keeps its
-# last value. A plain tuple: a NamedTuple class costs a one-shot 1 ms to build.
+# last value.
 Response = tuple[int, dict[str, str], bytes]
 
 
@@ -141,7 +137,7 @@ class Connection:
         self.reused = False  # the next request goes on a connection that answered before
 
     def connect(self) -> None:
-        # An ASCII name as bytes: a str would load the idna codec first (~1 ms).
+        # An ASCII name as bytes: a str would load the idna codec first.
         host: str | bytes = self.host.encode() if self.host.isascii() else self.host
         if self.tls is None:
             sock = _open(host, self.port, self.connect_timeout_s)

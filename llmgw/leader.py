@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     import aiohttp
 
 LEADER_HEADER = "X-LLMGW-Leader"

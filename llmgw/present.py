@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # at run time states are compared as words (they are StrEnums):
     # `ctl` renders through this module and must not pay for pydantic's import.
     from datetime import datetime
-    from typing import Any
 
     from llmgw.wire import NodeRow
 

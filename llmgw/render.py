@@ -12,16 +12,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
+from typing import TYPE_CHECKING, Any
 
 from llmgw import present
 from llmgw.common import printable
 from llmgw.durations import format_duration
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from llmgw.wire import (
         DrainPlan,
         FleetSummary,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from llmgw import api, http1
@@ -19,11 +20,7 @@ from llmgw.common import first_line
 from llmgw.errors import BadAnswer, ControllerUnreachable, TlsRefused, UsageError
 from llmgw.leader import Endpoints, Following
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
-
     T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 3.0

@@ -632,7 +632,7 @@ class ModelSpec(Inbound):
     # count at once, and at most this many ready replicas below it.
     max_surge: int = Field(default=1, ge=0, le=10_000)
     max_unavailable: int = Field(default=0, ge=0, le=10_000)
-    # Demand (`llmgw.controller.autoscale`): between min_replicas and max_replicas
+    # Demand (`llmgw.controller.core.autoscale`): between min_replicas and max_replicas
     # (None: min_replicas, no autoscaling), aiming at target_in_flight requests in
     # flight per replica; down one replica at a time, each after the demand has
     # stayed lower for scale_down_after_s (unloading throws the KV cache away).
@@ -716,7 +716,7 @@ class EventReason(StrEnum):
 
 
 class EventView(Outbound):
-    """One event, or a run of repeats counted as one (llmgw.controller.events): an
+    """One event, or a run of repeats counted as one (llmgw.controller.state.events): an
     event with `count` > 1 replaces the newest earlier event of the same object and
     reason, which a client that holds it drops."""
 

@@ -1,6 +1,6 @@
-"""How the project is put together (issue 20): no import cycle anywhere, no module
-over 500 lines in the controller, no module that writes another's private state
-or imports another's private names.
+"""How the project is put together (issues 20 and 31): no import cycle anywhere,
+the controller's imports going only down its layers, no module that writes
+another's private state or imports another's private names.
 
 Each check reads the source with `ast`; nothing is imported or run. The
 packages checked are the ones the project installs (pyproject.toml):
@@ -17,7 +17,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("llmgw", "agent", "console")
-MAX_LINES = 500
 
 
 # The modules that may import private names, each the one choke point for it:
@@ -176,16 +175,67 @@ def test_the_cycle_finder_finds_and_names_a_cycle() -> None:
     assert _cycles(graph) == [["a", "b", "c", "a"], ["e", "e2", "e"]]
 
 
-# -- size ----------------------------------------------------------------------------
+# -- layers --------------------------------------------------------------------------
+
+# The controller's layers, lowest first (llmgw/controller/__init__.py draws them):
+# a module imports from its own layer or those below, never above. A layer is a
+# package, or one module at the controller's top.
+CONTROLLER_LAYERS = (
+    ("core",),
+    ("store",),
+    ("state",),
+    ("views",),
+    ("term",),
+    ("loop",),
+    ("leadership", "metrics"),
+    ("http",),
+    ("main", "migrate"),
+)
 
 
-def test_no_module_over_500_lines_in_the_controller() -> None:
-    lines = {
-        _rel(p): len(p.read_text().splitlines())
-        for p in sorted((ROOT / "llmgw" / "controller").rglob("*.py"))
-    }
-    too_long = {p: n for p, n in lines.items() if n > MAX_LINES}
-    assert too_long == {}, f"controller modules over {MAX_LINES} lines"
+def _controller_layer(module: str) -> int | None:
+    """The layer of `llmgw.controller.X...`, by X; None for the package itself."""
+    parts = module.split(".")
+    if parts[:2] != ["llmgw", "controller"] or len(parts) < 3:
+        return None
+    for i, names in enumerate(CONTROLLER_LAYERS):
+        if parts[2] in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to CONTROLLER_LAYERS")
+
+
+def _upward_imports() -> list[str]:
+    paths = {_module(p): p for p in _sources()}
+    known = set(paths)
+    found = []
+    for module, path in sorted(paths.items()):
+        here = _controller_layer(module)
+        if here is None:
+            continue
+        for imported, line in sorted(_imported(path, known).items()):
+            there = _controller_layer(imported)
+            if there is not None and there > here:
+                found.append(f"{_rel(path)}:{line}: {module} imports {imported}, a layer above")
+    return found
+
+
+def test_the_controller_imports_only_down_its_layers() -> None:
+    found = _upward_imports()
+    assert found == [], "imports against the controller's layers:\n" + "\n".join(found)
+
+
+def test_every_controller_module_is_in_a_layer() -> None:
+    controller = ROOT / "llmgw" / "controller"
+    for path in sorted(controller.rglob("*.py")):
+        _controller_layer(_module(path))  # raises for a module in no layer
+
+
+def test_a_modules_layer_is_its_package_or_its_name() -> None:
+    assert _controller_layer("llmgw.controller.core.records") == 0
+    assert _controller_layer("llmgw.controller.loop.apply") == 5
+    assert _controller_layer("llmgw.controller.main") == 8
+    assert _controller_layer("llmgw.controller") is None
+    assert _controller_layer("llmgw.wire") is None
 
 
 # -- private state -------------------------------------------------------------------

@@ -24,9 +24,9 @@ from textual.widgets import Footer, Input, Static
 
 from console.feeds import EventFeed, ViewsModel
 from console.format import styled
-from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.modals import HelpScreen
 from console.state import Connection
+from console.widgets.filter_box import FilterBox
 from console.widgets.header import ConnectionBanner
 from console.widgets.keyed_table import KeyedTable
 from console.widgets.widths import fill_width
@@ -136,7 +136,11 @@ class EventsScreen(Screen[Any]):
     def compose(self) -> ComposeResult:
         yield ConnectionBanner(id="banner")
         with Vertical(id="events-pane", classes="pane"):
-            yield Input(placeholder="/ filter: words match object, reason, message", id="filter")
+            yield FilterBox(
+                "/ filter: words match object, reason, message",
+                on_text=self._filter_to,
+                back_to=lambda: self.table,
+            )
             yield EventsTable(id="events")
         yield Static(id="event-detail", classes="cursor-detail")
         yield Footer()
@@ -213,54 +217,26 @@ class EventsScreen(Screen[Any]):
         return isinstance(self.focused, Input)
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.add_class("-active")
-        self.set_focus(box)
+        self.query_one(FilterBox).open()
 
     async def take_key(self, event: events.Key) -> bool:
         if not self.typing():
             return False
-        box = self.query_one("#filter", Input)
-        if event.key == "enter":
-            self._filter_done()
+        box = self.query_one(FilterBox)
+        if event.key == "escape":  # check_action leaves only `back` on: the box's first
+            box.clear()
             return True
-        if event.key == "escape":
-            self._clear_filter()
-            return True
-        if event.is_printable and event.character:
-            type_into(box, event.character)
-        elif not await run_widget_binding(box, event.key):
-            return False
-        self._filter_changed()
-        return True
+        return await box.take_key(event)
 
     def take_paste(self, text: str) -> bool:
         if not self.typing():
             return False
-        type_into(self.query_one("#filter", Input), pasted_line(text))
-        self._filter_changed()
+        self.query_one(FilterBox).take_paste(text)
         return True
 
-    @on(Input.Changed, "#filter")
-    def _filter_changed(self) -> None:
-        text = self.query_one("#filter", Input).value.strip()
-        if text != self.filter_text:
-            self.filter_text = text
-            self.show_feed()
-
-    @on(Input.Submitted, "#filter")
-    def _filter_done(self) -> None:
-        box = self.query_one("#filter", Input)
-        if not box.value:
-            box.remove_class("-active")
-        self.set_focus(self.table)
-
-    def _clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = ""
-        box.remove_class("-active")
-        self.set_focus(self.table)
-        self._filter_changed()
+    def _filter_to(self, text: str) -> None:
+        self.filter_text = text
+        self.show_feed()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not self.typing() or action == "back"  # the filter box has the keys
@@ -269,9 +245,9 @@ class EventsScreen(Screen[Any]):
 
     def action_back(self) -> None:
         """Escape: first the filter, then back to where the view was opened."""
-        box = self.query_one("#filter", Input)
-        if box.value or box.has_class("-active"):
-            self._clear_filter()
+        box = self.query_one(FilterBox)
+        if box.shown:
+            box.clear()
         else:
             self.dismiss(None)  # the app's callback stops fetching events
 

@@ -8,12 +8,12 @@ from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
-from textual.widgets import Footer, Input
+from textual.widgets import Footer
 
 from console.feeds import EventsWanted, ModelsWanted
-from console.keys import pasted_line, run_widget_binding, type_into
 from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from console.state import Connection, FleetView
+from console.widgets.filter_box import FilterBox
 from console.widgets.gpus import GpuClassesPane
 from console.widgets.header import ConnectionBanner, FleetHeader
 from console.widgets.nodes import SORTS, NodesTable
@@ -84,9 +84,10 @@ class MainScreen(NodeScreen):
             yield TrafficTable(id="traffic", classes="pane")
             yield UnplaceableList(id="unplaceable", classes="pane")
         with Vertical(id="nodes-pane", classes="pane"):
-            yield Input(
-                placeholder="/ filter: words match name, state, reason, class, fabric, model",
-                id="filter",
+            yield FilterBox(
+                "/ filter: words match name, state, reason, class, fabric, model",
+                on_text=self._filter_to,
+                back_to=lambda: self.nodes_table,
             )
             yield NodesTable(id="nodes")
         yield Footer()
@@ -174,61 +175,29 @@ class MainScreen(NodeScreen):
     # -- keys ------------------------------------------------------------------
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.add_class("-active")
-        self.set_focus(box)  # now: the next key typed is already for the box
-
-    # The filter box's keys, acted on in place (console/keys.py): the rows
-    # are filtered and focus is back on the table before the next key is read,
-    # so `/ gpu-a09 Enter c` cordons gpu-a09.
+        self.query_one(FilterBox).open()
 
     async def take_key(self, event: events.Key) -> bool:
         if not self.typing():
             return False  # the table's and the screen's keys are priority bindings
-        box = self.query_one("#filter", Input)
-        if event.key == "enter":
-            self._filter_done()
-            return True
-        if event.is_printable and event.character:
-            type_into(box, event.character)
-        elif not await run_widget_binding(box, event.key):
-            return False
-        self._filter_changed()
-        return True
+        return await self.query_one(FilterBox).take_key(event)
 
     def take_paste(self, text: str) -> bool:
         if not self.typing():
             return False
-        type_into(self.query_one("#filter", Input), pasted_line(text))
-        self._filter_changed()
+        self.query_one(FilterBox).take_paste(text)
         return True
 
-    @on(Input.Changed, "#filter")
-    def _filter_changed(self) -> None:
-        # The box as it is now, not as a queued Changed saw it; the Changed
-        # that follows a key already applied in take_key has nothing to do.
-        text = self.query_one("#filter", Input).value.strip()
-        if text == self.nodes_table.filter_text:
-            return
+    def _filter_to(self, text: str) -> None:
         self.nodes_table.set_filter(text)
         self._title_nodes()
         self.update_footer()
 
-    @on(Input.Submitted, "#filter")
-    def _filter_done(self) -> None:
-        box = self.query_one("#filter", Input)
-        if not box.value:
-            box.remove_class("-active")
-        self.set_focus(self.nodes_table)
-
     def action_clear(self) -> None:
         """Escape: first the filter, then the marks."""
-        box = self.query_one("#filter", Input)
-        if box.value or box.has_class("-active"):
-            box.value = ""
-            box.remove_class("-active")
-            self.nodes_table.set_filter("")
-            self.set_focus(self.nodes_table)
+        box = self.query_one(FilterBox)
+        if box.shown:
+            box.clear()
         elif self.nodes_table.marks:
             self.nodes_table.clear_marks()
         self._title_nodes()

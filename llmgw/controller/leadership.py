@@ -22,20 +22,19 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from llmgw.controller.facts import Facts
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.loop.reconcile import Reconciler
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconcile import Reconciler
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.state.facts import Facts
 from llmgw.controller.store import StoreUnavailable
-from llmgw.controller.stores.base import StateStore
+from llmgw.controller.store.base import StateStore
 from llmgw.controller.term import Term
 
 if TYPE_CHECKING:
-    from llmgw.controller.stores.postgres import PgLease
+    from llmgw.controller.store.postgres import PgLease
 
 log = logging.getLogger("llmgw.controller.leadership")
 
@@ -262,8 +261,3 @@ async def _final_save(fleet: Facts, tries: int = 5) -> None:
                 log.error("final save failed, first sightings of some nodes not stored: %s", exc)
                 return
             await asyncio.sleep(0.2)
-
-
-def new_holder() -> str:
-    """This process's name in the lease row: one per run, never reused."""
-    return uuid.uuid4().hex

@@ -10,17 +10,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from llmgw.common import HelpWithExamples, examples
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.serve import ServerLimits, serve
-from llmgw.controller.settings import DEFAULT_LISTEN, ControllerSettings, is_loopback, split_listen
-from llmgw.controller.store import StateError, Store
-from llmgw.controller.stores import (
-    describe,
-    open_store,
-    parse_store,
-    store_spec,
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import (
+    DEFAULT_LISTEN,
+    ControllerSettings,
+    is_loopback,
+    split_listen,
 )
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.serve import ServerLimits, serve
+from llmgw.controller.store import StateError, Store, describe, open_store, parse_store, store_spec
 from llmgw.durations import duration_arg
 from llmgw.listen import PortInUse, check_free
 from llmgw.tls import TlsConfigError, server_context
@@ -340,8 +339,8 @@ def tune_gc() -> None:
 
     Everything imported so far lives forever: freezing it keeps full
     collections from walking it again. A larger young generation means fewer
-    objects promoted per report. Measured: report p99 at 10,000 nodes went
-    from about 250 ms (collector pauses) to about 75 ms (bench_controller.py).
+    objects promoted per report: the collector's pauses were most of a report's
+    p99 at 10,000 nodes (bench/README.md, bench_controller.py).
     """
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)

@@ -9,8 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmgw.common import HelpWithExamples, examples
-from llmgw.controller.store import STATE_FILE, StateError, StoreUnavailable
-from llmgw.controller.stores import StateStore, StoreSpec, describe, open_store, parse_store
+from llmgw.controller.store import (
+    STATE_FILE,
+    StateError,
+    StateStore,
+    StoreSpec,
+    StoreUnavailable,
+    describe,
+    open_store,
+    parse_store,
+)
 
 __all__ = ["migrate"]
 
@@ -63,8 +71,7 @@ def _leading(store: StateStore, spec: StoreSpec) -> Iterator[None]:
     if spec[0] != "postgresql":
         yield
         return
-    from llmgw.controller.leadership import new_holder
-    from llmgw.controller.stores.postgres import PgLease
+    from llmgw.controller.store.postgres import PgLease, new_holder
 
     lease = PgLease(
         spec[1], holder=new_holder(), advertise_url="llmgw controller migrate", ttl_s=60

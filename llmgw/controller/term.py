@@ -2,8 +2,9 @@
 
 A start or a takeover builds a whole new term from the store, and the leadership
 swaps to it (leadership.py); nothing is re-initialised in place, so nothing from
-an earlier term (a gateway's applied cursor, a cached reply, a capacity version,
-the reconcile loop's memory) can be read against this one's revisions.
+an earlier term (a gateway's applied cursor, a cached reply, a capacity version)
+can be read against this one's revisions. The reconcile loop's memory is its
+`Reconciler`'s, built anew for each term.
 
     Term
     ├── facts        the one writer (facts.py): store, then memory, then the change log
@@ -14,8 +15,7 @@ the reconcile loop's memory) can be read against this one's revisions.
     ├── feed_hold    whether a new leader publishes the feed yet (endpoints.py)
     ├── stop_gate    when a replica may stop (endpoints.py)
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
-    ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
-    └── memory       what the reconcile loop remembers across passes (loop_memory.py)
+    └── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
 
     *: a follower of the change log with its own cache (follow.py; `followers`)
 
@@ -30,20 +30,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from llmgw.controller import cursors, model_views
-from llmgw.controller.changes import ChangeKind
-from llmgw.controller.client_keys import ClientKeys
-from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
-from llmgw.controller.endpoints import FeedHold, Gateways, StopGate, endpoints_since
-from llmgw.controller.facts import Facts
-from llmgw.controller.follow import Follower
-from llmgw.controller.loop_memory import LoopMemory
-from llmgw.controller.node_rows import NodeRows
-from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.replies import Replies, assignments_for
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.summary import Totals, build_summary
+from llmgw.controller.core import cursors
+from llmgw.controller.core.changes import ChangeKind
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.state.client_keys import ClientKeys
+from llmgw.controller.state.credentials import UNREPORTED_TTL_S, Credentials
+from llmgw.controller.state.facts import Facts
+from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.views import model_views
+from llmgw.controller.views.endpoints import FeedHold, Gateways, StopGate, endpoints_since
+from llmgw.controller.views.follow import Follower
+from llmgw.controller.views.node_rows import NodeRows
+from llmgw.controller.views.replies import Replies, assignments_for
+from llmgw.controller.views.summary import Totals, build_summary
 from llmgw.wire import (
     EndpointsDelta,
     EventReason,
@@ -73,7 +73,6 @@ class Term:
     stop_gate: StopGate
     credentials: Credentials
     client_keys: ClientKeys
-    memory: LoopMemory  # what the reconcile loop remembers across its passes
 
     @classmethod
     def begin(
@@ -103,7 +102,6 @@ class Term:
             stop_gate=StopGate(facts, gateways),
             credentials=Credentials(store, settings.tokens),
             client_keys=ClientKeys(store, run),
-            memory=LoopMemory(),
         )
 
     def next_term(self) -> Term:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from llmgw import api, present, render
 from llmgw.ctl.output import Output, Terminal
@@ -19,11 +20,7 @@ from llmgw.ctl.watch import (
 )
 from llmgw.errors import EXIT_FAILED, EXIT_OK, ControllerError, NotAController, UsageError, explain
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from llmgw.sync_client import SyncAdminClient
     from llmgw.wire import NodeRow
 

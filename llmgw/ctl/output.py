@@ -7,15 +7,11 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from llmgw import render
 from llmgw.ctl.parser import terminal_columns, terminal_lines
 from llmgw.errors import UsageError
-
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 
 class Terminal:

@@ -6,36 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 from llmgw.common import DEFAULT_CONTROLLER, examples
 from llmgw.durations import duration_arg
 from llmgw.errors import EXIT_USAGE
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
-
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
 OUTPUTS = ("table", "json", "yaml", "wide", "name")
-COMMANDS = (
-    "status",
-    "nodes",
-    "node",
-    "credentials",
-    "keys",
-    "cordon",
-    "uncordon",
-    "drain",
-    "apply",
-    "models",
-    "rollout",
-    "replicas",
-    "events",
-    "delete",
-    "config",
-)
 # Options before the command that take a value (the word after them is not the command).
 _VALUED = frozenset(
     {
@@ -249,285 +228,316 @@ def populate(p: argparse.ArgumentParser, only: str | None = None) -> argparse.Ar
     """
     _common_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    wanted = (lambda name: name == only) if only else (lambda name: True)
-
-    if wanted("status"):
-        _sub(sub, "status", "the fleet summary", "llmgw ctl status -w")
-
-    if wanted("nodes"):
-        s = _sub(
-            sub,
-            "nodes",
-            "every node with its state and reason",
-            "llmgw ctl nodes --state cordoned -o wide --sort-by AGE\n"
-            "llmgw ctl nodes -o name --state ready | xargs llmgw ctl cordon --reason maint",
-        )
-        s.add_argument(
-            "names", nargs="*", metavar="NODE", help="only these nodes (NAME or node/NAME)"
-        )
-        s.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
-
-    if wanted("node"):
-        s = _sub(
-            sub,
-            "node",
-            "one node in detail: GPUs, storage, replicas, history; `node forget NAME` forgets it",
-            "llmgw ctl node gpu-a01 -o json\nllmgw ctl node forget gpu-a01",
-        )
-        s.add_argument("name", metavar="NODE", help="the node, or `forget`")
-        s.add_argument(
-            "target", nargs="?", metavar="NAME", help="with `forget`: the node to forget"
-        )
-
-    if wanted("credentials"):
-        s = _sub(
-            sub,
-            "credentials",
-            "node credentials and enrollment: list, revoke, approve or allow nodes; "
-            "create, list or delete enrollment tokens",
-            "llmgw ctl credentials list\n"
-            "llmgw ctl credentials token create --ttl 1h --uses 10 --description 'rack 7'\n"
-            "llmgw ctl credentials approve gpu-a01\n"
-            "llmgw ctl credentials allow gpu-a02   # reported before: may enroll once\n"
-            "llmgw ctl credentials revoke gpu-a01 --allow-enroll",
-        )
-        s.add_argument("action", choices=["list", "revoke", "approve", "allow", "token"])
-        s.add_argument(
-            "nodes",
-            nargs="*",
-            metavar="NODE",
-            help="the nodes; after `token`: create, list, or delete ID...",
-        )
-        s.add_argument(
-            "--allow-enroll",
-            action="store_true",
-            help="with revoke: let the node enroll again (it reported before, so it needs this)",
-        )
-        s.add_argument(
-            "--ttl",
-            type=duration_arg,
-            metavar="DURATION",
-            default=None,
-            help="with token create: how long it enrolls nodes (30m, 1h, 7d; 0: never "
-            "expires); default 24h",
-        )
-        s.add_argument(
-            "--uses", type=int, default=None, help="with token create: at most this many nodes"
-        )
-        s.add_argument("--description", help="with token create: what it is for (listed)")
-
-    if wanted("keys"):
-        s = _sub(
-            sub,
-            "keys",
-            "tenants' client keys for the gateways: create (shown once), list, revoke",
-            "llmgw ctl keys create --tenant acme --models 'llama-*' chat --expires 90d\n"
-            "KEY=$(llmgw ctl keys create --tenant acme)   # the key alone on stdout\n"
-            "llmgw ctl keys list -o json\n"
-            "llmgw ctl keys revoke k3f9a2b1",
-        )
-        s.add_argument("action", choices=["create", "list", "revoke"])
-        s.add_argument("ids", nargs="*", metavar="ID", help="with revoke: the keys")
-        s.add_argument("--tenant", help="with create: whose key it is (letters, digits, ._-)")
-        s.add_argument(
-            "--models",
-            nargs="+",
-            metavar="PATTERN",
-            default=[],
-            help="with create: the models it may use, shell-style (llama-*); default: every model",
-        )
-        s.add_argument(
-            "--expires",
-            type=duration_arg,
-            metavar="DURATION",
-            default=None,
-            help="with create: how long it works (90d, 12h); default: until revoked",
-        )
-
-    if wanted("cordon"):
-        s = _sub(
-            sub,
-            "cordon",
-            "place no new replicas on these nodes",
-            'llmgw ctl cordon gpu-a03 gpu-a07 --reason "xid 79"',
-        )
-        s.add_argument("nodes", nargs="+", metavar="NODE")
-        s.add_argument("--reason", required=True, help="why (recorded with who and when)")
-
-    if wanted("uncordon"):
-        s = _sub(
-            sub,
-            "uncordon",
-            "let these nodes take new replicas again",
-            "llmgw ctl uncordon gpu-a03\nllmgw ctl uncordon gpu-a03 --force   # its failed card is fine",
-        )
-        s.add_argument("nodes", nargs="+", metavar="NODE")
-        s.add_argument(
-            "--force",
-            action="store_true",
-            help="uncordon even a node llmgw cordoned for a card that is still unhealthy",
-        )
-
-    if wanted("drain"):
-        s = _sub(
-            sub,
-            "drain",
-            "move replicas off these nodes, then leave them cordoned",
-            'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 15m',
-        )
-        s.add_argument("nodes", nargs="+", metavar="NODE")
-        s.add_argument("--reason", help="why (required unless --dry-run)")
-        s.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="only say what draining would do to each model; exit 1 if one falls below its minimum",
-        )
-        s.add_argument(
-            "--force", action="store_true", help="stop replicas without waiting for replacements"
-        )
-        s.add_argument(
-            "--force-after",
-            type=duration_arg,
-            metavar="DURATION",
-            help="the controller forces the drain this long from now (30s, 90m, 1h; "
-            "a bare number is seconds)",
-        )
-        s.add_argument(
-            "--yes",
-            action="store_true",
-            help="with --force or --force-after: go ahead even if a model falls below its minimum",
-        )
-        s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
-        s.add_argument(
-            "--timeout",
-            type=duration_arg,
-            metavar="DURATION",
-            help="how long --wait waits (30s, 10m, 1h; default 10m)",
-        )
-
-    if wanted("apply"):
-        s = _sub(
-            sub,
-            "apply",
-            "declare models from a YAML or TOML file",
-            "llmgw ctl apply -f models.yaml --dry-run\ncat models.yaml | llmgw ctl apply -f -",
-        )
-        s.add_argument(
-            "-f",
-            "--file",
-            required=True,
-            metavar="FILE",
-            help="the file; - reads standard input (YAML)",
-        )
-        s.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="the controller validates the models and ctl shows what would change; "
-            "nothing is written",
-        )
-
-    if wanted("models"):
-        _sub(sub, "models", "declared models with ready/minimum", "llmgw ctl models -o wide")
-
-    if wanted("rollout"):
-        s = _sub(
-            sub,
-            "rollout",
-            "a model's rollout of a changed spec: its status, its revisions, or go back",
-            "llmgw ctl rollout status meta-llama/Llama-3.1-8B-Instruct --wait --timeout 10m\n"
-            "llmgw ctl rollout history meta-llama/Llama-3.1-8B-Instruct\n"
-            "llmgw ctl rollout undo meta-llama/Llama-3.1-8B-Instruct --to-revision 2",
-        )
-        s.add_argument("action", choices=["status", "history", "undo"])
-        s.add_argument("model", metavar="MODEL")
-        s.add_argument(
-            "--wait",
-            action="store_true",
-            help="status: follow the rollout until it is done (exit 0) or stalls (exit 1)",
-        )
-        s.add_argument(
-            "--timeout",
-            type=duration_arg,
-            metavar="DURATION",
-            help="status --wait: give up after this long (30s, 10m, 1h; default 10m)",
-        )
-        s.add_argument(
-            "--to-revision",
-            type=int,
-            metavar="N",
-            help="undo: back to what revision N ran (default: the one before)",
-        )
-
-    if wanted("replicas"):
-        s = _sub(
-            sub,
-            "replicas",
-            "every replica with its state and idleness",
-            "llmgw ctl replicas --sort-by IDLE",
-        )
-
-    if wanted("events"):
-        s = _sub(
-            sub,
-            "events",
-            "what the controller decided by itself (placed, stand-in, rollout, fault, ...)",
-            "llmgw ctl events --for model/meta-llama/Llama-3.1-8B-Instruct\n"
-            "llmgw ctl events --for node/gpu-a03 -w",
-        )
-        s.add_argument(
-            "--for",
-            dest="object",
-            metavar="KIND/NAME",
-            help="only the events of node/NAME or model/NAME",
-        )
-
-    if wanted("delete"):
-        s = _sub(
-            sub,
-            "delete",
-            "delete a declared object",
-            "llmgw ctl delete model meta-llama/Llama-3.1-8B-Instruct",
-        )
-        s.add_argument("kind", metavar="KIND", help="model (or model/NAME, as -o name prints it)")
-        s.add_argument("name", nargs="?", metavar="NAME")
-
-    if wanted("config"):
-        s = _sub(
-            sub,
-            "config",
-            "contexts in the config file ($XDG_CONFIG_HOME/llmgw/config.toml)",
-            "llmgw ctl config get-contexts\nllmgw ctl config use-context prod\n"
-            "llmgw ctl config current-context\nllmgw ctl config view",
-        )
-        cs = s.add_subparsers(
-            dest="config_command", required=True, metavar="ACTION", parser_class=Parser
-        )
-        for action, text, example in (
-            (
-                "get-contexts",
-                "list the contexts; * marks the current one",
-                "llmgw ctl config get-contexts",
-            ),
-            ("use-context", "make NAME the current context", "llmgw ctl config use-context prod"),
-            (
-                "current-context",
-                "print the current context's name",
-                "llmgw ctl config current-context",
-            ),
-            (
-                "view",
-                "each setting in effect and where it came from",
-                "LLMGW_CONTEXT=demo llmgw ctl config view",
-            ),
-        ):
-            c = cs.add_parser(
-                action,
-                help=text,
-                description=text[0].upper() + text[1:] + ".",
-                epilog=f"example:\n  {example}",
-                formatter_class=HelpFormatter,
-            )
-            _common_options(c, top=False)
-            if action == "use-context":
-                c.add_argument("name", metavar="NAME")
+    for command in TABLE:
+        if only is None or command.name == only:
+            s = _sub(sub, command.name, command.help, command.example)
+            if command.arguments is not None:
+                command.arguments(s)
     return p
+
+
+# -- the commands: one row each, in the order `--help` lists them ---------------------
+
+
+class Command(NamedTuple):
+    name: str
+    help: str  # one line, lower case: `--help`'s list and the command's description
+    example: str  # lines of examples
+    arguments: Callable[[argparse.ArgumentParser], None] | None  # its own arguments
+
+
+def _nodes_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("names", nargs="*", metavar="NODE", help="only these nodes (NAME or node/NAME)")
+    s.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
+
+
+def _node_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("name", metavar="NODE", help="the node, or `forget`")
+    s.add_argument("target", nargs="?", metavar="NAME", help="with `forget`: the node to forget")
+
+
+def _credentials_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("action", choices=["list", "revoke", "approve", "allow", "token"])
+    s.add_argument(
+        "nodes",
+        nargs="*",
+        metavar="NODE",
+        help="the nodes; after `token`: create, list, or delete ID...",
+    )
+    s.add_argument(
+        "--allow-enroll",
+        action="store_true",
+        help="with revoke: let the node enroll again (it reported before, so it needs this)",
+    )
+    s.add_argument(
+        "--ttl",
+        type=duration_arg,
+        metavar="DURATION",
+        default=None,
+        help="with token create: how long it enrolls nodes (30m, 1h, 7d; 0: never "
+        "expires); default 24h",
+    )
+    s.add_argument(
+        "--uses", type=int, default=None, help="with token create: at most this many nodes"
+    )
+    s.add_argument("--description", help="with token create: what it is for (listed)")
+
+
+def _keys_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("action", choices=["create", "list", "revoke"])
+    s.add_argument("ids", nargs="*", metavar="ID", help="with revoke: the keys")
+    s.add_argument("--tenant", help="with create: whose key it is (letters, digits, ._-)")
+    s.add_argument(
+        "--models",
+        nargs="+",
+        metavar="PATTERN",
+        default=[],
+        help="with create: the models it may use, shell-style (llama-*); default: every model",
+    )
+    s.add_argument(
+        "--expires",
+        type=duration_arg,
+        metavar="DURATION",
+        default=None,
+        help="with create: how long it works (90d, 12h); default: until revoked",
+    )
+
+
+def _cordon_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("nodes", nargs="+", metavar="NODE")
+    s.add_argument("--reason", required=True, help="why (recorded with who and when)")
+
+
+def _uncordon_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("nodes", nargs="+", metavar="NODE")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="uncordon even a node llmgw cordoned for a card that is still unhealthy",
+    )
+
+
+def _drain_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("nodes", nargs="+", metavar="NODE")
+    s.add_argument("--reason", help="why (required unless --dry-run)")
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only say what draining would do to each model; exit 1 if one falls below its minimum",
+    )
+    s.add_argument(
+        "--force", action="store_true", help="stop replicas without waiting for replacements"
+    )
+    s.add_argument(
+        "--force-after",
+        type=duration_arg,
+        metavar="DURATION",
+        help="the controller forces the drain this long from now (30s, 90m, 1h; "
+        "a bare number is seconds)",
+    )
+    s.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --force or --force-after: go ahead even if a model falls below its minimum",
+    )
+    s.add_argument("--wait", action="store_true", help="show progress until the drain is done")
+    s.add_argument(
+        "--timeout",
+        type=duration_arg,
+        metavar="DURATION",
+        help="how long --wait waits (30s, 10m, 1h; default 10m)",
+    )
+
+
+def _apply_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        metavar="FILE",
+        help="the file; - reads standard input (YAML)",
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the controller validates the models and ctl shows what would change; "
+        "nothing is written",
+    )
+
+
+def _rollout_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("action", choices=["status", "history", "undo"])
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="status: follow the rollout until it is done (exit 0) or stalls (exit 1)",
+    )
+    s.add_argument(
+        "--timeout",
+        type=duration_arg,
+        metavar="DURATION",
+        help="status --wait: give up after this long (30s, 10m, 1h; default 10m)",
+    )
+    s.add_argument(
+        "--to-revision",
+        type=int,
+        metavar="N",
+        help="undo: back to what revision N ran (default: the one before)",
+    )
+
+
+def _events_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--for",
+        dest="object",
+        metavar="KIND/NAME",
+        help="only the events of node/NAME or model/NAME",
+    )
+
+
+def _delete_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("kind", metavar="KIND", help="model (or model/NAME, as -o name prints it)")
+    s.add_argument("name", nargs="?", metavar="NAME")
+
+
+def _config_arguments(s: argparse.ArgumentParser) -> None:
+    cs = s.add_subparsers(
+        dest="config_command", required=True, metavar="ACTION", parser_class=Parser
+    )
+    for action, text, example in (
+        (
+            "get-contexts",
+            "list the contexts; * marks the current one",
+            "llmgw ctl config get-contexts",
+        ),
+        ("use-context", "make NAME the current context", "llmgw ctl config use-context prod"),
+        (
+            "current-context",
+            "print the current context's name",
+            "llmgw ctl config current-context",
+        ),
+        (
+            "view",
+            "each setting in effect and where it came from",
+            "LLMGW_CONTEXT=demo llmgw ctl config view",
+        ),
+    ):
+        c = cs.add_parser(
+            action,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=f"example:\n  {example}",
+            formatter_class=HelpFormatter,
+        )
+        _common_options(c, top=False)
+        if action == "use-context":
+            c.add_argument("name", metavar="NAME")
+
+
+TABLE = (
+    Command(
+        "status",
+        "the fleet summary",
+        "llmgw ctl status -w",
+        None,
+    ),
+    Command(
+        "nodes",
+        "every node with its state and reason",
+        "llmgw ctl nodes --state cordoned -o wide --sort-by AGE\n"
+        "llmgw ctl nodes -o name --state ready | xargs llmgw ctl cordon --reason maint",
+        _nodes_arguments,
+    ),
+    Command(
+        "node",
+        "one node in detail: GPUs, storage, replicas, history; `node forget NAME` forgets it",
+        "llmgw ctl node gpu-a01 -o json\nllmgw ctl node forget gpu-a01",
+        _node_arguments,
+    ),
+    Command(
+        "credentials",
+        "node credentials and enrollment: list, revoke, approve or allow nodes; "
+        "create, list or delete enrollment tokens",
+        "llmgw ctl credentials list\n"
+        "llmgw ctl credentials token create --ttl 1h --uses 10 --description 'rack 7'\n"
+        "llmgw ctl credentials approve gpu-a01\n"
+        "llmgw ctl credentials allow gpu-a02   # reported before: may enroll once\n"
+        "llmgw ctl credentials revoke gpu-a01 --allow-enroll",
+        _credentials_arguments,
+    ),
+    Command(
+        "keys",
+        "tenants' client keys for the gateways: create (shown once), list, revoke",
+        "llmgw ctl keys create --tenant acme --models 'llama-*' chat --expires 90d\n"
+        "KEY=$(llmgw ctl keys create --tenant acme)   # the key alone on stdout\n"
+        "llmgw ctl keys list -o json\n"
+        "llmgw ctl keys revoke k3f9a2b1",
+        _keys_arguments,
+    ),
+    Command(
+        "cordon",
+        "place no new replicas on these nodes",
+        'llmgw ctl cordon gpu-a03 gpu-a07 --reason "xid 79"',
+        _cordon_arguments,
+    ),
+    Command(
+        "uncordon",
+        "let these nodes take new replicas again",
+        "llmgw ctl uncordon gpu-a03\nllmgw ctl uncordon gpu-a03 --force   # its failed card is fine",
+        _uncordon_arguments,
+    ),
+    Command(
+        "drain",
+        "move replicas off these nodes, then leave them cordoned",
+        'llmgw ctl drain --dry-run gpu-b01 gpu-b02\nllmgw ctl drain gpu-b01 gpu-b02 --reason "PSU swap" --wait --timeout 15m',
+        _drain_arguments,
+    ),
+    Command(
+        "apply",
+        "declare models from a YAML or TOML file",
+        "llmgw ctl apply -f models.yaml --dry-run\ncat models.yaml | llmgw ctl apply -f -",
+        _apply_arguments,
+    ),
+    Command(
+        "models",
+        "declared models with ready/minimum",
+        "llmgw ctl models -o wide",
+        None,
+    ),
+    Command(
+        "rollout",
+        "a model's rollout of a changed spec: its status, its revisions, or go back",
+        "llmgw ctl rollout status meta-llama/Llama-3.1-8B-Instruct --wait --timeout 10m\n"
+        "llmgw ctl rollout history meta-llama/Llama-3.1-8B-Instruct\n"
+        "llmgw ctl rollout undo meta-llama/Llama-3.1-8B-Instruct --to-revision 2",
+        _rollout_arguments,
+    ),
+    Command(
+        "replicas",
+        "every replica with its state and idleness",
+        "llmgw ctl replicas --sort-by IDLE",
+        None,
+    ),
+    Command(
+        "events",
+        "what the controller decided by itself (placed, stand-in, rollout, fault, ...)",
+        "llmgw ctl events --for model/meta-llama/Llama-3.1-8B-Instruct\n"
+        "llmgw ctl events --for node/gpu-a03 -w",
+        _events_arguments,
+    ),
+    Command(
+        "delete",
+        "delete a declared object",
+        "llmgw ctl delete model meta-llama/Llama-3.1-8B-Instruct",
+        _delete_arguments,
+    ),
+    Command(
+        "config",
+        "contexts in the config file ($XDG_CONFIG_HOME/llmgw/config.toml)",
+        "llmgw ctl config get-contexts\nllmgw ctl config use-context prod\n"
+        "llmgw ctl config current-context\nllmgw ctl config view",
+        _config_arguments,
+    ),
+)
+COMMANDS = tuple(command.name for command in TABLE)

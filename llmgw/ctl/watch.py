@@ -8,16 +8,13 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from llmgw import api, render
 from llmgw.ctl.output import Output
 from llmgw.errors import EXIT_FAILED, EXIT_OK, NotFound, UnknownModel
 
-# typing only for the type checker: importing it costs a one-shot `ctl` 2 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from llmgw.sync_client import SyncAdminClient
     from llmgw.wire import NodeRow
 

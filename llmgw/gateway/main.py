@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmgw.common import HelpWithExamples, examples
-from llmgw.controller.settings import is_loopback, split_listen
+from llmgw.controller.core.settings import is_loopback, split_listen
 from llmgw.durations import duration_arg, format_duration
 from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.front import MAX_BODY, Front, new_upstream_key

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.cli import make_builder, parser, run_agent
 from agent.sample_models import write_model
 from agent.telemetry import reason_kind
-from llmgw.controller.app import create_app
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
 from fleet_factories import FakeClock, gpu, location, report
 
 from llmgw.client import AdminClient
-from llmgw.controller import placing
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Tokens
-from llmgw.controller.keys import METRICS, term_of
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.keys import METRICS, term_of
+from llmgw.controller.loop import placing
 from llmgw.wire import (
     EngineTraffic,
     ModelSpec,

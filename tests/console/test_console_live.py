@@ -17,9 +17,9 @@ from console.app import ConsoleApp
 from console.screens.modals import CordonModal, DrainModal
 from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient, ControllerError
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 from llmgw.wire import NodeReport
 
 AGENT, ADMIN, READ = "agent-secret", "admin-secret", "read-secret"

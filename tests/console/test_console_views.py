@@ -21,7 +21,7 @@ from console.screens.main import MainScreen
 from console.screens.modals import HelpScreen
 from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.client import AdminClient
-from llmgw.controller.keys import term_of
+from llmgw.controller.http.keys import term_of
 from llmgw.present import model_words
 from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
 

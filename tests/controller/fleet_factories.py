@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.store import Store
 from llmgw.controller.term import Term
 from llmgw.wire import NodeReport

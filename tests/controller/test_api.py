@@ -14,11 +14,11 @@ from fleet_factories import location, report
 from pydantic import BaseModel
 
 from llmgw import wire
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 from llmgw.controller.main import parser as controller_parser
 from llmgw.controller.main import settings_from_args
-from llmgw.controller.settings import ControllerSettings
 
 AGENT, ADMIN, READ = "agent-secret", "admin-secret", "read-secret"
 ClientFactory = Callable[..., Awaitable[TestClient]]

@@ -16,8 +16,8 @@ from fleet_factories import FakeClock
 from loading_sim import LoadingSim
 from pydantic import ValidationError
 
-from llmgw.controller.autoscale import WINDOW_S, Autoscaler
-from llmgw.controller.fleet_snapshot import GateView
+from llmgw.controller.core.autoscale import WINDOW_S, Autoscaler
+from llmgw.controller.views.endpoints import GateView
 from llmgw.present import Meaning, model_words
 from llmgw.wire import EventReason, ModelSpec, ModelView, ReplicaState, ScalingState
 

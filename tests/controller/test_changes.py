@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fleet_factories import FakeClock, make_fleet, report
 
-from llmgw.controller.changes import Change, ChangeKind, ChangeLog, HistoryLost
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.changes import Change, ChangeKind, ChangeLog, HistoryLost
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
 
@@ -82,7 +82,7 @@ def test_replicas_backoffs_and_reasons_are_logged(fleet: Term) -> None:
 
 
 def test_an_old_or_future_revision_is_detectable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llmgw.controller.changes.HISTORY_KEPT", 3)
+    monkeypatch.setattr("llmgw.controller.core.changes.HISTORY_KEPT", 3)
     log = ChangeLog()
     for i in range(5):
         log.append(ChangeKind.NODE, f"n{i}")

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Exceptions that never reach an answer, each caught beside the code that raises it.
 INTERNAL_SIGNALS = {
-    "llmgw.controller.changes.HistoryLost",  # a view resyncs
-    "llmgw.controller.store_errors.StateError",  # the controller does not start
-    "llmgw.controller.stores.sql._Spent",  # rolls a transaction back
+    "llmgw.controller.core.changes.HistoryLost",  # a view resyncs
+    "llmgw.controller.store.errors.StateError",  # the controller does not start
+    "llmgw.controller.store.sql._Spent",  # rolls a transaction back
 }
 
 # `├── Name   NNN  what it means`: the name, then a status where the line gives one.

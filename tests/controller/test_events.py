@@ -15,7 +15,7 @@ from loading_sim import BROKEN, LoadingSim
 from test_reconcile import MODEL
 
 from llmgw import render
-from llmgw.controller import events
+from llmgw.controller.state import events
 from llmgw.wire import AdminFlag, EventReason, EventView
 
 

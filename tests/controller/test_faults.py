@@ -11,7 +11,7 @@ from fleet_factories import FakeClock
 from loading_sim import LoadingSim as FaultSim
 from test_reconcile import MODEL
 
-from llmgw.controller.admin_flags import BY_LLMGW
+from llmgw.controller.core.admin_flags import BY_LLMGW
 from llmgw.wire import AdminFlag, ReplicaState
 
 XID = "fatal Xid 79 (GPU has fallen off the bus): reset the GPU or reboot the node"

@@ -10,10 +10,10 @@ from typing import ClassVar
 import pytest
 from fleet_factories import FakeClock, make_fleet, report
 
-from llmgw.controller.changes import SUBJECTS, Change, ChangeKind
-from llmgw.controller.follow import replay
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.changes import SUBJECTS, Change, ChangeKind
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
+from llmgw.controller.views.follow import replay
 from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec, ReplicaState
 
 MODEL = ModelSpec(name="m", source="org/m", min_replicas=0, gpus_per_shard=1)
@@ -88,7 +88,7 @@ def test_a_revision_the_log_does_not_hold_is_a_resync(
 ) -> None:
     assert told(fleet, -1) == [("resync", None, "", fleet.facts.revision)]  # the first look
     assert told(fleet, fleet.facts.revision + 1) == [("resync", None, "", fleet.facts.revision)]
-    monkeypatch.setattr("llmgw.controller.changes.HISTORY_KEPT", 2)
+    monkeypatch.setattr("llmgw.controller.core.changes.HISTORY_KEPT", 2)
     start = fleet.facts.revision
     for n in (3, 2, 1):
         fleet.ingest(report("a", n_gpus=n))
@@ -135,7 +135,7 @@ def test_views_behind_the_history_kept_show_what_they_would_have_followed(
                 read(term)
                 cursor = cursor or term.rows.nodes_since("").cursor
             if i == 3:
-                monkeypatch.setattr("llmgw.controller.changes.HISTORY_KEPT", 3)
+                monkeypatch.setattr("llmgw.controller.core.changes.HISTORY_KEPT", 3)
         monkeypatch.undo()
         delta = term.rows.nodes_since(cursor)
         assert delta.full is (term is late)

@@ -1,9 +1,9 @@
 """The reconcile loop's memory across passes, one invariant at a time
-(`llmgw.controller.loop_memory`); the loop's behaviour is test_reconcile's."""
+(`llmgw.controller.loop.loop_memory`); the loop's behaviour is test_reconcile's."""
 
 from __future__ import annotations
 
-from llmgw.controller.loop_memory import Look, LoopMemory, Picture
+from llmgw.controller.loop.loop_memory import Look, LoopMemory, Picture
 from llmgw.scheduler import Fill, NodeCapacity
 from llmgw.wire import ModelSpec
 

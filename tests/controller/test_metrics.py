@@ -12,11 +12,11 @@ from aiohttp.test_utils import TestClient
 from fleet_factories import gpu, location, report
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.keys import term_of
-from llmgw.controller.reconcile import Reconciler
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.keys import term_of
+from llmgw.controller.loop.reconcile import Reconciler
 from llmgw.wire import EventReason
 
 AGENT, ADMIN, READ, SCRAPE = "agent-secret", "admin-secret", "read-secret", "metrics-secret"

@@ -6,9 +6,9 @@ moved between replicas twice (16 clients read as 16.2-17.1)."""
 
 from __future__ import annotations
 
-from llmgw.controller.nodes import ShardDigest
-from llmgw.controller.replicas import ReplicaStatus, model_in_flight
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.nodes import ShardDigest
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.state.replicas import ReplicaStatus, model_in_flight
 from llmgw.wire import EngineTraffic, ReplicaState, ShardState
 
 

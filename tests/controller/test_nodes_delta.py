@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.client import AdminClient
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.keys import term_of
-from llmgw.controller.node_rows import NodeRows
-from llmgw.controller.nodes import Changed, NodeEntry
-from llmgw.controller.row_json import RowEncodings
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.nodes import Changed, NodeEntry
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.keys import term_of
 from llmgw.controller.term import Term
+from llmgw.controller.views.node_rows import NodeRows
+from llmgw.controller.views.row_json import RowEncodings
 from llmgw.errors import BadCursor
 from llmgw.wire import AdminFlag, ModelSpec, NodeReport, NodeRow, NodesDelta, ReplicaState
 
@@ -277,7 +277,7 @@ def test_a_forgotten_node_is_reported_removed_to_older_cursors(fleet: Term) -> N
 def test_a_cursor_older_than_the_tombstones_kept_gets_a_full_answer(
     fleet: Term, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("llmgw.controller.node_rows.REMOVALS_KEPT", 1)
+    monkeypatch.setattr("llmgw.controller.views.node_rows.REMOVALS_KEPT", 1)
     older = caught_up(fleet)
     fleet.facts.forget_node("a", "ops")
     middle = fleet.rows.nodes_since(older).cursor
@@ -317,7 +317,7 @@ def test_a_field_added_to_the_row_is_sent_without_anything_else_to_change(
 
     monkeypatch.setattr(NodeRows, "_content_of", with_version)
     monkeypatch.setattr(NodeEntry, "update", keep_version)
-    monkeypatch.setattr("llmgw.controller.node_rows.NodeRow", RowWithVersion)
+    monkeypatch.setattr("llmgw.controller.views.node_rows.NodeRow", RowWithVersion)
     cursor = caught_up(fleet)
     clock.advance(1)
     fleet.ingest(report("b", n_gpus=4).model_copy(update={"agent_version": "2.0"}))

@@ -13,9 +13,9 @@ import pytest
 from fleet_factories import FakeClock, gpu, location, make_fleet, report
 
 import llmgw.scheduler
-from llmgw.controller.drains import due_drains
-from llmgw.controller.picture import snapshot_in_steps
-from llmgw.controller.reconcile import Reconciler, drain_plan, snapshot
+from llmgw.controller.loop.drains import due_drains
+from llmgw.controller.loop.picture import snapshot_in_steps
+from llmgw.controller.loop.reconcile import Reconciler, drain_plan, snapshot
 from llmgw.scheduler import Placement, Unplaceable, place
 from llmgw.wire import AdminFlag, ModelSpec, ReplicaState
 
@@ -745,7 +745,7 @@ async def test_reports_between_slices_do_not_make_each_slice_rebuild_the_snapsho
 ) -> None:
     """Capacity moving under a pass (a busy fleet) costs no fleet-wide rebuild per
     slice: one snapshot per pass, and every model still gets its exact reason."""
-    import llmgw.controller.picture as picture
+    import llmgw.controller.loop.picture as picture
 
     built: list[int] = []
     real = picture.snapshot

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from fleet_factories import FakeClock, make_fleet, report
 
-from llmgw.controller.changes import ChangeKind
-from llmgw.controller.follow import Follower
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.changes import ChangeKind
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
+from llmgw.controller.views.follow import Follower
 from llmgw.wire import AdminFlag, GatewayStatus, ModelSpec, ReplicaState
 
 NODE, OTHER = "gpu1", "gpu2"

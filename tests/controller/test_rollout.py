@@ -12,8 +12,8 @@ from fleet_factories import FakeClock
 from loading_sim import BROKEN, LoadingSim
 from test_reconcile import MODEL
 
-from llmgw.controller.rollout import plan_rollout
-from llmgw.controller.store import ReplicaRecord
+from llmgw.controller.core.records import ReplicaRecord
+from llmgw.controller.core.rollout import plan_rollout
 from llmgw.wire import ModelSpec, ReplicaState, RolloutState
 
 SPEC = MODEL.model_copy(update={"engine_args": ["--load-seconds", "5"]})

@@ -5,9 +5,9 @@ or too little room, and it is not."""
 
 from __future__ import annotations
 
-from llmgw.controller.fleet_snapshot import free_cards, node_capacity
-from llmgw.controller.nodes import NodeEntry, has_room
-from llmgw.controller.records import ReplicaRecord, ShardRecord
+from llmgw.controller.core.nodes import NodeEntry, has_room
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.loop.fleet_snapshot import free_cards, node_capacity
 from llmgw.scheduler import place
 from llmgw.wire import (
     GpuHealth,

@@ -10,7 +10,7 @@ from fleet_factories import FakeClock, report
 from test_reconcile import MODEL, Sim
 
 from llmgw import present
-from llmgw.controller import model_views
+from llmgw.controller.views import model_views
 
 HUNG = "hung: 3 request(s) in it and no token for 61s (hung_after_s 60)"
 

@@ -10,16 +10,16 @@ from typing import Any
 
 from fleet_factories import FakeClock, gpu, make_fleet, report
 
-from llmgw.controller.apply import apply, take_snapshot
-from llmgw.controller.demand import reclaim, scale
-from llmgw.controller.drains import cancel_called_off, drain
-from llmgw.controller.faults import FaultCordons
-from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView, replica_sets
-from llmgw.controller.liveness import Liveness
-from llmgw.controller.loop_memory import LoopMemory
-from llmgw.controller.model_views import leave_words
-from llmgw.controller.outcomes import record_transitions, replace_lost, retire_deleted
-from llmgw.controller.plans import (
+from llmgw.controller.core.records import Backoff, LeaveReason, ReplicaRecord, ShardRecord
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.loop.apply import apply, take_snapshot
+from llmgw.controller.loop.demand import reclaim, scale
+from llmgw.controller.loop.drains import cancel_called_off, drain
+from llmgw.controller.loop.faults import FaultCordons
+from llmgw.controller.loop.fleet_snapshot import FleetSnapshot, replica_sets
+from llmgw.controller.loop.loop_memory import LoopMemory
+from llmgw.controller.loop.outcomes import record_transitions, replace_lost, retire_deleted
+from llmgw.controller.loop.plans import (
     BackOff,
     ClearBackoff,
     Cordon,
@@ -29,12 +29,13 @@ from llmgw.controller.plans import (
     Stopping,
     Unplaceable,
 )
-from llmgw.controller.records import Backoff, LeaveReason, ReplicaRecord, ShardRecord
-from llmgw.controller.replicas import ReplicaStatus
-from llmgw.controller.rolling import roll
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.shortfalls import shortfalls
+from llmgw.controller.loop.rolling import roll
+from llmgw.controller.loop.shortfalls import shortfalls
+from llmgw.controller.state.liveness import Liveness
+from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.controller.term import Term
+from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.model_views import leave_words
 from llmgw.wire import AdminFlag, EventReason, ModelSpec, ReplicaState
 
 SETTINGS = ControllerSettings(state_dir=Path("/nonexistent"))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw import render
-from llmgw.controller.store import ReplicaRecord, ShardRecord
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.term import Term
 from llmgw.wire import AdminFlag, FleetSummary, ModelSpec, ReplicaState
 

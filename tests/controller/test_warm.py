@@ -14,20 +14,21 @@ import pytest
 from pydantic import ValidationError
 from test_steps import CHAT, replica, snapshot
 
-from llmgw.controller.demand import scale
-from llmgw.controller.drains import drain
-from llmgw.controller.fleet_snapshot import FleetSnapshot, GateView
-from llmgw.controller.loop_memory import LoopMemory
-from llmgw.controller.nodes import NodeEntry, ShardDigest
-from llmgw.controller.outcomes import record_transitions
-from llmgw.controller.plans import MarkDrained
-from llmgw.controller.reclaim import Candidate, order
-from llmgw.controller.records import LeaveReason, ReplicaRecord
-from llmgw.controller.replicas import answering, replica_status
-from llmgw.controller.replies import sleep_level
-from llmgw.controller.revisions import same_engine
-from llmgw.controller.rolling import roll
-from llmgw.controller.warm import sleep_and_wake
+from llmgw.controller.core.nodes import NodeEntry, ShardDigest
+from llmgw.controller.core.reclaim import Candidate, order
+from llmgw.controller.core.records import LeaveReason, ReplicaRecord
+from llmgw.controller.core.revisions import same_engine
+from llmgw.controller.loop.demand import scale
+from llmgw.controller.loop.drains import drain
+from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
+from llmgw.controller.loop.loop_memory import LoopMemory
+from llmgw.controller.loop.outcomes import record_transitions
+from llmgw.controller.loop.plans import MarkDrained
+from llmgw.controller.loop.rolling import roll
+from llmgw.controller.loop.warm import sleep_and_wake
+from llmgw.controller.state.replicas import answering, replica_status
+from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.replies import sleep_level
 from llmgw.present import Meaning, model_words
 from llmgw.wire import (
     AdminFlag,

@@ -10,9 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 from llmgw.gateway import main as gateway_main
 from llmgw.gateway.keys import load_keys
 from tests.controller.fleet_factories import report

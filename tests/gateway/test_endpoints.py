@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.controller.endpoints import Gateways
-from llmgw.controller.reconcile import Reconciler
+from llmgw.controller.loop.reconcile import Reconciler
 from llmgw.controller.term import Term
+from llmgw.controller.views.endpoints import Gateways
 from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec, Unserved, UnservedKind
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 

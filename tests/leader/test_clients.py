@@ -15,7 +15,7 @@ from aiohttp import web
 from agent.loop import ReportLoop
 from llmgw import api
 from llmgw.client import AdminClient
-from llmgw.controller.web_io import answer
+from llmgw.controller.http.web_io import answer
 from llmgw.errors import NotTheLeader
 from llmgw.leader import Endpoints, Following, Tries, leader_of, split_urls
 from llmgw.sync_client import SyncAdminClient

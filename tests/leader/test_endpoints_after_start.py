@@ -9,9 +9,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from llmgw.controller.app import create_app
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import ReplicaRecord, ShardRecord, Store
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.store import Store
 from llmgw.wire import ModelSpec, ReplicaState
 
 SPEC = ModelSpec.model_validate(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.main import advertise_warning, parser, settings_from_args
-from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.store import Store
 from tests.e2e.procs import clean_env, llmgw
 from tests.leader.ha import HaCluster

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 
 AGENT, ADMIN, READ, ENROLL = "agent-secret", "admin-secret", "read-secret", "enroll-secret"
 GATEWAY = "gateway-secret"

@@ -1,4 +1,4 @@
-"""The aiohttp internals llmgw/controller/serve.py relies on still exist as it uses
+"""The aiohttp internals llmgw/controller/http/serve.py relies on still exist as it uses
 them: the connection handler's class is swapped for one with a JSON `handle_error`
 (the behaviour itself is tested against a real controller in test_bodies_e2e.py)."""
 
@@ -9,7 +9,7 @@ import inspect
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from llmgw.controller.serve import _JsonParseErrors
+from llmgw.controller.http.serve import _JsonParseErrors
 
 
 def test_handle_error_takes_what_the_override_takes() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.ratelimit import Once, TokenBucket
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.ratelimit import Once, TokenBucket
 from tests.security.conftest import auth, report_body
 from tests.security.test_node_credentials import stored_anywhere
 

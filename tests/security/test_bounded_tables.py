@@ -12,12 +12,12 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from llmgw import render
-from llmgw.controller import credentials
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.credentials import UNREPORTED_TTL_S, Credentials
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.state import credentials
+from llmgw.controller.state.credentials import UNREPORTED_TTL_S, Credentials
+from llmgw.controller.store.sqlite import Store
 from tests.security.conftest import ADMIN, AGENT, ENROLL, ClientFactory, auth, report_body
 
 

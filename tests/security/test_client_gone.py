@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from llmgw.controller.app import create_app
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])

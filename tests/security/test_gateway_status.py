@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller import endpoints
+from llmgw.controller.views import endpoints
 from tests.security.conftest import ADMIN, AGENT, GATEWAY, auth, report_body, views
 
 

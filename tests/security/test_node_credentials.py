@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.keys import term_of
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.keys import term_of
 from llmgw.controller.main import parser as controller_parser
 from llmgw.controller.main import settings_from_args
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.store import ReplicaRecord, ShardRecord
 from llmgw.wire import ReplicaState
 from tests.security.conftest import auth, report_body
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller import enroll_tokens
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.state import enroll_tokens
 from tests.security.conftest import ADMIN, AGENT, ENROLL, READ, ClientFactory, auth, report_body
 
 FILE_NODE, FILE_CRED = "gpu05", "cred-gpu05"

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.routes import ROUTE_ROLES
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.http.routes import ROUTE_ROLES
 from tests.security.conftest import ClientFactory, auth
 
 README = Path(__file__).parents[2] / "README.md"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.controller.serve import _Once, connection_cap, quiet_fd_exhaustion
+from llmgw.controller.http.serve import _Once, connection_cap, quiet_fd_exhaustion
 from tests.e2e.procs import ControllerProcess, wait_until
 
 NOFILE = 256
@@ -123,7 +123,7 @@ async def test_out_of_descriptors_is_logged_once_a_minute(
 ) -> None:
     loop = asyncio.get_running_loop()
     fresh = _Once("cannot accept connections: out of file descriptors")
-    monkeypatch.setattr("llmgw.controller.serve._NO_FDS", fresh)
+    monkeypatch.setattr("llmgw.controller.http.serve._NO_FDS", fresh)
     old = loop.get_exception_handler()
     quiet_fd_exhaustion(loop)
     try:

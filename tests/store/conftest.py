@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.store.sqlite import Store
 
 StoreFactory = Callable[[], StateStore]
 
@@ -81,7 +81,7 @@ def open_store(
             return opened[-1]
 
     else:
-        from llmgw.controller.stores.postgres import PostgresStore, take_lease
+        from llmgw.controller.store.postgres import PostgresStore, take_lease
 
         url = request.getfixturevalue("pg_url")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.controller.records import (
+from llmgw.controller.core.records import (
     Backoff,
     ClientKey,
     EnrollToken,
@@ -20,8 +20,8 @@ from llmgw.controller.records import (
     ShardRecord,
     StateDump,
 )
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.store.sqlite import Store
 from llmgw.wire import (
     AdminFlag,
     AdminInfo,
@@ -98,7 +98,7 @@ def other_store(
     if backend == "postgresql":
         store: StateStore = Store(tmp_path / "copy")
     else:
-        from llmgw.controller.stores.postgres import PostgresStore, take_lease
+        from llmgw.controller.store.postgres import PostgresStore, take_lease
 
         store = PostgresStore(request.getfixturevalue("pg_url"))
         assert take_lease(store, holder="copy", ttl_s=3600) is not None

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.store.sqlite import Store
 from tests.controller.fleet_factories import report
 from tests.e2e.procs import Cluster, clean_env, llmgw, wait_until
 from tests.security.test_enroll_e2e import agent_args, row

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.controller.store import STATE_FILE, StateError, Store
-from llmgw.controller.stores.marker import MARKER_SUFFIX
+from llmgw.controller.store.marker import MARKER_SUFFIX
 from llmgw.wire import AdminFlag, AdminInfo, ModelSpec
 
 MARKER = STATE_FILE + MARKER_SUFFIX

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import psycopg
 
-from llmgw.controller.records import Backoff, LeaveReason
-from llmgw.controller.stores.base import StateStore
-from llmgw.controller.stores.postgres import PostgresStore, take_lease
-from llmgw.controller.stores.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
-from llmgw.controller.stores.sql import HISTORY_KEPT
-from llmgw.controller.stores.sqlite import STATE_FILE, Store
+from llmgw.controller.core.records import Backoff, LeaveReason
+from llmgw.controller.store.base import StateStore
+from llmgw.controller.store.postgres import PostgresStore, take_lease
+from llmgw.controller.store.schema import MIGRATIONS, SCHEMA_VERSION, AddColumn
+from llmgw.controller.store.sql import HISTORY_KEPT
+from llmgw.controller.store.sqlite import STATE_FILE, Store
 from llmgw.wire import AdminFlag, AdminInfo, ReplicaState
 from tests.store import legacy_schemas as legacy
 

@@ -9,17 +9,17 @@ import time
 import psycopg
 import pytest
 
-from llmgw.controller.records import (
+from llmgw.controller.core.records import (
     Backoff,
     ClientKey,
     EnrollToken,
     ReplicaRecord,
     ShardRecord,
 )
-from llmgw.controller.store_errors import Fenced, StateError, StoreUnavailable
-from llmgw.controller.stores.postgres import PgLease, PostgresStore, take_lease
-from llmgw.controller.stores.schema import SCHEMA_VERSION
-from llmgw.controller.stores.sql import HISTORY_KEPT
+from llmgw.controller.store.errors import Fenced, StateError, StoreUnavailable
+from llmgw.controller.store.postgres import PgLease, PostgresStore, take_lease
+from llmgw.controller.store.schema import SCHEMA_VERSION
+from llmgw.controller.store.sql import HISTORY_KEPT
 from llmgw.wire import AdminFlag, AdminInfo, EventReason, EventView, ModelSpec, ReplicaState
 from tests.store.conftest import StoreFactory
 
@@ -200,7 +200,7 @@ def test_client_keys_survive_a_reopen_and_last_use_never_goes_back(
 def test_dump_and_load_copy_everything(
     open_store: StoreFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from llmgw.controller.stores.sqlite import Store
+    from llmgw.controller.store.sqlite import Store
 
     store = open_store()
     store.add_nodes([("n1", 1.0)])
@@ -227,7 +227,7 @@ def test_a_schema_newer_than_the_code_is_refused(open_store: StoreFactory, backe
     if backend == "sqlite":
         import sqlite3
 
-        from llmgw.controller.stores.sqlite import Store
+        from llmgw.controller.store.sqlite import Store
 
         path = store.path  # type: ignore[attr-defined]
         db = sqlite3.connect(path)

@@ -17,10 +17,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
-from llmgw.controller.app import create_app
-from llmgw.controller.auth import Role, Tokens
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.stores.sqlite import Store
+from llmgw.controller.core.auth import Role, Tokens
+from llmgw.controller.core.settings import ControllerSettings
+from llmgw.controller.http.app import create_app
+from llmgw.controller.store.sqlite import Store
 from llmgw.tenant_keys import Models, digest
 from tests.e2e.procs import ControllerProcess
 

@@ -1,0 +1,46 @@
+"""Gateways: the endpoint feed they follow (long-polled) and the status they send."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgw.controller.core import cursors
+from llmgw.controller.http.keys import term_of
+from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
+from llmgw.controller.views.endpoints import MAX_WAIT_S
+from llmgw.errors import BadRequest, Unavailable
+from llmgw.wire import GatewayStatus
+
+
+async def list_endpoints(request: web.Request) -> web.Response:
+    """The serving endpoints; `?since=CURSOR` for changes only, `&wait=S` to long-poll."""
+    term = term_of(request.app)
+    not_yet = term.feed_hold.reason()  # a new leader, before the agents reported
+    if not_yet is not None:
+        raise Unavailable(not_yet)
+    since = request.query.get("since", "")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    after = cursors.parse(since, term.run)
+    if wait and after is not None and after >= term.facts.revision:
+        await term.facts.wait_changed(after, wait)
+    return json_model(term.endpoints_since(since))
+
+
+async def gateway_status(request: web.Request) -> web.Response:
+    # Bounded by the replicas that exist: a bigger status is not worth parsing.
+    body = await parse_body(
+        request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
+    )
+    term_of(request.app).gateways.report(body, by=who(request))
+    if body.keys_used:
+        term_of(request.app).client_keys.used(body.keys_used)
+    return web.Response(status=204)
+
+
+async def list_gateways(request: web.Request) -> web.Response:
+    return json_models(term_of(request.app).gateways.views())

@@ -1,0 +1,110 @@
+"""How the reconcile loop starts and stops replicas: new records, stand-ins, the stop gate.
+
+Who calls: the steps of a pass (`llmgw.controller.loop.outcomes`, `drains`,
+`rolling`, `demand`, `shortfalls`). `stoppable`, `place_stand_ins` and
+`report_moved` add to the step's plan (`plans.Planner`); the rest build values.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+
+from llmgw.controller.core.records import ReplicaRecord, ShardRecord
+from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
+from llmgw.controller.loop.plans import Planner
+from llmgw.scheduler import Placement, place_many
+from llmgw.wire import EventReason, ReplicaState
+
+__all__ = [
+    "new_replica_id",
+    "place_stand_ins",
+    "placed_words",
+    "record_from",
+    "report_moved",
+    "stoppable",
+]
+
+
+def new_replica_id(model: str) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "-", model.rsplit("/", 1)[-1].lower()).strip("-")[:40] or "replica"
+    return f"{stem}-{secrets.token_hex(3)}"
+
+
+def record_from(
+    placement: Placement, created_at: float, revision: int, replaces: str | None = None
+) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=new_replica_id(placement.model),
+        model=placement.model,
+        state=ReplicaState.STARTING,
+        shards=tuple(ShardRecord(s.node, s.rank, s.gpus) for s in placement.shards),
+        created_at=created_at,
+        replaces=replaces,
+        revision=revision,
+    )
+
+
+def placed_words(records: list[ReplicaRecord]) -> str:
+    """`placed 2 replica(s): a-1f on gpu1, a-2e on gpu2,gpu3`, at most ten named."""
+    named = ", ".join(f"{r.id} on {','.join(r.nodes)}" for r in records[:10])
+    more = f" and {len(records) - 10} more" if len(records) > 10 else ""
+    return f"placed {len(records)} replica(s): {named}{more}"
+
+
+def stoppable(
+    snap: FleetSnapshot, plan: Planner, ids: list[str], *, force: bool = False
+) -> list[str]:
+    """Replicas that must stop go out of routing (in `plan`); answers those the
+    gateways have let go of (all, without a gate), for the step to remove."""
+    if snap.gate is not None:
+        plan.stopping(ids)
+    return snap.stop_now(ids, force=force)
+
+
+def place_stand_ins(
+    snap: FleetSnapshot,
+    plan: Planner,
+    originals: list[ReplicaRecord],
+    excluded: list[str],
+    cause: str,
+) -> str | None:
+    """Place a stand-in for each original, off the `excluded` nodes, on the
+    fleet as `plan` leaves it so far; say why when one cannot be placed."""
+    if not originals:
+        return None
+    results = place_many(
+        [snap.models[r.model] for r in originals],
+        snap.capacity(excluded, plan.records),
+        snap.wanted_classes,
+    )
+    placed, reasons = [], []
+    for original, result in zip(originals, results, strict=True):
+        if isinstance(result, Placement):
+            revision = snap.revisions[original.model]
+            stand_in = record_from(result, snap.wall, revision, replaces=original.id)
+            placed.append(stand_in)
+            plan.event(
+                f"model/{original.model}",
+                EventReason.STAND_IN,
+                f"{stand_in.id} placed on {', '.join(stand_in.nodes)} to stand in for "
+                f"{original.id} ({cause})",
+            )
+        else:
+            reasons.append(f"{original.model}: {result.reason}")
+    plan.put(placed)
+    return "; ".join(reasons) or None
+
+
+def report_moved(
+    plan: Planner, done: list[str], by_replaced: Mapping[str, ReplicaRecord], why: str
+) -> None:
+    """Events: originals stopped once their stand-ins served."""
+    for rid in done:
+        stand_in = by_replaced[rid]
+        plan.event(
+            f"model/{stand_in.model}",
+            EventReason.MOVED,
+            f"{rid} stopped ({why}): {stand_in.id} serves in its place",
+        )

@@ -1,0 +1,325 @@
+"""The warm tier (issue 32): an idle replica of a model whose spec asks for it sleeps
+instead of stopping, and wakes, the same replica, when its model's requests come.
+
+Who calls: `Reconciler.steps`, once a pass, after `demand.scale` and before reclaim and
+the shortfall step, which then place only what waking cannot serve (a sleeping replica
+counts for its model, toward `max_replicas`, and serves nothing). A function of a
+`FleetSnapshot` returning a `Plan`; nothing is remembered between passes.
+
+A replica's state says what the controller decided (`sleeping`, `waking`). Going to
+sleep is a stop's handshake: the replica leaves routing at once (a `stopping` endpoint),
+and only once every live gateway has let go of it (`FleetSnapshot.stop_now`: applied,
+nothing in flight) is it `asleep_since` now, and its assignment carries the sleep level
+to its agent, the only caller of the engine's sleep endpoints: no request is sent to an
+engine on its way to sleep. It is out of routing until it is ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
+awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
+(`sleep_error`: awake and in routing again, it stops as without sleep when demand falls).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import replace
+
+from llmgw.controller.core.records import LeaveReason, ReplicaRecord
+from llmgw.controller.loop.faults import fault_under
+from llmgw.controller.loop.fleet_snapshot import FleetSnapshot, ModelReplicas
+from llmgw.controller.loop.placing import stoppable
+from llmgw.controller.loop.plans import Plan, Planner
+from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.scheduler import Placement, place
+from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
+
+__all__ = ["sleep_and_wake"]
+
+_AWAKE = (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.WAKING)
+
+
+def sleep_and_wake(snap: FleetSnapshot) -> Plan:
+    """Per model: replicas that could not sleep stop; sleeping ones wake for the
+    requests held or in flight that the awake ones cannot take; idle ones sleep."""
+    plan = Planner(snap.records)
+    for name, spec in sorted(snap.models.items()):
+        mine = snap.replicas_of(name)
+        _could_not_sleep(snap, plan, mine)
+        if not _wake(snap, plan, spec, mine):
+            _let_go(snap, plan, mine)
+            _stop_long_asleep(snap, plan, spec, mine)
+            if spec.sleeps:
+                _sleep(snap, plan, spec, mine)
+    return plan.plan()
+
+
+def _stop_long_asleep(
+    snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas
+) -> None:
+    """Asleep for `stop_asleep_after_s`: stopped, the longest asleep first, but never
+    below what the model should have (its minimum, its desired count), which would
+    only place a cold replica in its stead."""
+    limit = spec.stop_asleep_after_s
+    if limit is None:
+        return
+    room = len(mine.standing) - max(spec.min_replicas, snap.desired.get(spec.name, 0))
+    long_asleep = sorted(
+        (
+            s.record
+            for s in mine.standing
+            if s.record.state is ReplicaState.SLEEPING
+            and s.record.asleep_since is not None
+            and snap.wall - s.record.asleep_since >= limit
+        ),
+        key=lambda r: (r.asleep_since, r.id),
+    )[: max(room, 0)]
+    if not long_asleep:
+        return
+    plan.remove(r.id for r in long_asleep)  # out of routing since it was let go
+    for rec in long_asleep:
+        asleep_s = snap.wall - (rec.asleep_since or snap.wall)
+        plan.event(
+            f"model/{spec.name}",
+            EventReason.SCALED_DOWN,
+            f"{rec.id} stopped after {asleep_s:.0f}s asleep (stop_asleep_after_s {limit:g})",
+        )
+
+
+def _let_go(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
+    """Replicas going to sleep that every gateway has let go of: told to sleep now."""
+    going = [s.record for s in mine.standing if _falling_asleep(s)]
+    if not going:
+        return
+    # Marked again (a no-op but after a restart, whose facts forgot the mark).
+    done = set(stoppable(snap, plan, [r.id for r in going]))
+    plan.put(replace(r, asleep_since=snap.wall) for r in going if r.id in done)
+
+
+def _falling_asleep(s: ReplicaStatus) -> bool:
+    return s.record.state is ReplicaState.SLEEPING and s.record.asleep_since is None
+
+
+def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) -> None:
+    """Found out at the first try (its engines say so from then on): it is awake, so
+    back in routing, never asked again, and stopped as a replica of a model that does
+    not sleep is (`demand` scales it down)."""
+    for s in mine.standing:
+        error = s.sleep_error
+        if s.record.state is not ReplicaState.SLEEPING or error is None:
+            continue
+        rec = s.record
+        plan.put([replace(rec, state=ReplicaState.READY, asleep_since=None)])
+        what = (
+            "slept without freeing its memory, so it was woken again"
+            if s.sleep_failure is SleepFailure.MEMORY_KEPT
+            else "could not sleep"
+        )
+        plan.event(
+            f"replica/{rec.id}",
+            EventReason.SLEEP_FAILED,
+            f"{rec.model}: {what} ({error.splitlines()[0]}); it stays awake and "
+            "stops when demand falls, as without sleep",
+        )
+
+
+def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatus]) -> int:
+    """Awake replicas the model's requests ask for now: its requests in flight and
+    held at the gateways over its target, and one for any held request."""
+    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    in_flight = sum(s.in_flight(snap.gateway_in_flight) or 0 for s in awake) + held
+    wanted = math.ceil(in_flight / spec.target_in_flight)
+    return max(wanted, 1) if held else wanted
+
+
+def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> bool:
+    """Wake what the requests ask for; True when any replica wakes (or will)."""
+    awake = [s for s in mine.standing if s.state in _AWAKE]
+    # Not told to sleep yet: back in routing at once, as a scale-down taken back.
+    # Told: woken once its engines say they sleep (one still on its way to sleep would
+    # read ready from its last report, and be routed to while it falls asleep).
+    going = [s for s in mine.standing if _falling_asleep(s) and not _touched(plan, s)]
+    asleep = [
+        s
+        for s in mine.standing
+        if s.record.state is ReplicaState.SLEEPING
+        and s.record.asleep_since is not None
+        and s.asleep
+        and not _touched(plan, s)
+    ]
+    candidates = [*going, *sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))]
+    count = min(len(candidates), _wanted_awake(snap, spec, awake) - len(awake))
+    if count <= 0:
+        return any(s.state is ReplicaState.WAKING for s in awake)
+    picked: list[ReplicaStatus] = []
+    pending = False  # a switch under way: a replica on its cards goes to sleep first
+    for s in candidates:
+        if len(picked) >= count:
+            break
+        room = _room_to_wake(snap, plan, spec, s)
+        if room is _Room.FREE:
+            picked.append(s)
+        elif room in (_Room.SWITCHING, _Room.WAITING):
+            pending, count = True, count - 1
+    plan.put(
+        replace(
+            s.record,
+            state=ReplicaState.READY if _falling_asleep(s) else ReplicaState.WAKING,
+            asleep_since=None,
+        )
+        for s in picked
+    )
+    for s in picked:
+        plan.event(
+            f"replica/{s.record.id}",
+            EventReason.WOKE,
+            f"{spec.name}: waking for its requests ({len(awake)} replica(s) awake)",
+        )
+    return bool(picked) or pending
+
+
+def _touched(plan: Planner, s: ReplicaStatus) -> bool:
+    """Changed by this pass already (a switch put it to sleep for another model)."""
+    return plan.records.get(s.record.id) is not s.record
+
+
+class _Room(enum.Enum):
+    FREE = "free"  # no awake engine on its cards: it wakes now
+    SWITCHING = "switching"  # awake ones there go to sleep (or stop) first
+    WAITING = "waiting"  # busy ones there, and no room elsewhere: it waits for them
+    NONE = "none"  # busy ones there: it stops, and a replica is placed elsewhere
+
+
+def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: ReplicaStatus) -> _Room:
+    """Whether a sleeping replica may wake on its cards. A card shared with a replica
+    placed there while it slept (`fleet_snapshot.free_cards`) holds one awake engine:
+    two awake would not fit. Awake ones there that serve nothing and whose model has
+    no request held switch out (sleep, or stop for a model that does not sleep, never
+    below its minimum) and it wakes once they sleep: two models alternating on one card
+    each wait one sleep and one wake. Busy ones stay, and it makes way: stopped (it is
+    out of routing and asleep), its model's requests go to a replica placed afresh,
+    when one fits elsewhere; else it waits for them to serve nothing."""
+    rec = s.record
+    if not _falling_asleep(s):
+        others = [o for o in _sharing(snap, plan, rec) if not _asleep(snap, o)]
+    else:
+        others = []  # never left its cards: nothing was placed on them
+    if not others:
+        return _Room.FREE
+    # On their way to sleep, or out: the wake waits for them.
+    switching = [
+        o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
+    ]
+    switchable = [o for o in others if o not in switching and _switchable(snap, o)]
+    if len(switching) + len(switchable) < len(others):
+        busy = sorted({o.model for o in others if o not in switching and o not in switchable})
+        if not _fits_elsewhere(snap, plan, spec, rec):
+            return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
+        plan.remove([rec.id])
+        plan.event(
+            f"replica/{rec.id}",
+            EventReason.NO_ROOM_TO_WAKE,
+            f"{spec.name}: stopped instead of woken, its cards hold {', '.join(busy)} awake "
+            "and busy; a replica is placed afresh for its requests",
+        )
+        return _Room.NONE
+    for other in switchable:
+        _switch_out(snap, plan, other, spec.name)
+    return _Room.SWITCHING
+
+
+def _fits_elsewhere(
+    snap: FleetSnapshot, plan: Planner, spec: ModelSpec, rec: ReplicaRecord
+) -> bool:
+    """Whether a replica of `spec` placed afresh fits with `rec` gone (a scan of the
+    fleet, for a wake blocked by busy engines only)."""
+    records = {rid: r for rid, r in plan.records.items() if rid != rec.id}
+    placed = place(spec, snap.capacity(records=records), snap.wanted_classes)
+    return isinstance(placed, Placement)
+
+
+def _sharing(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord) -> list[ReplicaRecord]:
+    """Other replicas (as the plan leaves them) holding a card of `rec`."""
+    cards = {(sh.node, gpu) for sh in rec.shards for gpu in sh.gpus}
+    return [
+        o
+        for o in plan.records.values()
+        if o.id != rec.id and any((sh.node, g) in cards for sh in o.shards for g in sh.gpus)
+    ]
+
+
+def _asleep(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
+    status = snap.statuses.get(rec.id)
+    return (
+        rec.state is ReplicaState.SLEEPING
+        and rec.asleep_since is not None
+        and status is not None
+        and status.asleep
+    )
+
+
+def _switchable(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
+    """An awake replica that may make way on its cards: ready, serving nothing, its
+    model with no request held, not a stand-in, and (for a model that does not
+    sleep) above its minimum."""
+    status = snap.statuses.get(rec.id)
+    spec = snap.models.get(rec.model)
+    if status is None or spec is None or rec.state is not ReplicaState.READY:
+        return False
+    held = snap.gate.held.get(rec.model, 0) if snap.gate is not None else 0
+    if held or status.in_flight(snap.gateway_in_flight) or rec.replaces is not None:
+        return False
+    if _can_sleep(snap, spec, status):
+        return True
+    keep = max(spec.min_replicas, snap.desired.get(rec.model, 0))
+    return len(snap.replicas_of(rec.model).standing) > keep
+
+
+def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> bool:
+    return spec.sleeps and snap.up_to_date(status.record) and status.sleep_error is None
+
+
+def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: str) -> None:
+    """Make way for `waking`'s sleeping replica: asleep (through the stop handshake,
+    as `_sleep`) or, for a model that does not sleep, out of routing to stop."""
+    spec, status = snap.models[rec.model], snap.statuses[rec.id]
+    why = f"switch: its cards are wanted by {waking}, whose requests wait"
+    if _can_sleep(snap, spec, status):
+        let_go = stoppable(snap, plan, [rec.id])
+        asleep_since = snap.wall if let_go else None
+        plan.put([replace(rec, state=ReplicaState.SLEEPING, asleep_since=asleep_since)])
+        plan.event(f"replica/{rec.id}", EventReason.SLEPT, f"{rec.model}: asleep ({why})")
+        return
+    plan.put([rec.leaves(LeaveReason.SCALE_DOWN, why)])
+    plan.event(f"model/{rec.model}", EventReason.SCALED_DOWN, f"{rec.id} out of routing ({why})")
+    if stoppable(snap, plan, [rec.id]):
+        plan.remove([rec.id])
+
+
+def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> None:
+    """A ready replica nobody asked anything of for `sleep_after_s` sleeps."""
+    after = spec.sleep_after_s
+    assert after is not None
+    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    if held:
+        return
+    for s in mine.standing:
+        rec = s.record
+        if (
+            rec.state is ReplicaState.READY
+            and not _touched(plan, s)
+            and s.state is ReplicaState.READY
+            and rec.replaces is None  # a stand-in serves in another's place
+            and snap.up_to_date(rec)  # started able to sleep (`sleeps` is an engine field)
+            and s.idle_since is not None
+            and snap.now - s.idle_since >= after
+            and not s.in_flight(snap.gateway_in_flight)
+            and fault_under(rec, snap.faults) is None
+            and s.sleep_error is None  # it cannot: found out once
+        ):
+            let_go = stoppable(snap, plan, [rec.id])  # out of routing, as before a stop
+            asleep_since = snap.wall if let_go else None
+            plan.put([replace(rec, state=ReplicaState.SLEEPING, asleep_since=asleep_since)])
+            idle = snap.now - s.idle_since
+            plan.event(
+                f"replica/{rec.id}",
+                EventReason.SLEPT,
+                f"{spec.name}: asleep, idle for {idle:.0f}s (sleep_after_s {after:g})",
+            )
