@@ -159,7 +159,9 @@ class Explainer:
                     url = urls[next(self._turn) % len(urls)]
                     return await self._forward(request, model, url, body)
                 _, why = self.reasons.get(slug(model), (model, None))
-                if why is not None and why.kind is not UnservedKind.ASLEEP:  # unplaceable, say
+                # Held already: it waits while replicas are on their way (a replica that
+                # failed mid-wake is placed again), not once none can be placed.
+                if why is not None and why.kind is UnservedKind.UNPLACEABLE:
                     return self._answer(model, why)
                 news, left = self._news, deadline - loop.time()
                 if left <= 0:

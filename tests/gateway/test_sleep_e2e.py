@@ -9,6 +9,9 @@ agent started it able to sleep, are not reachable through the gateway."""
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -205,4 +208,38 @@ def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) 
     events = c.ctl("events")
     assert "switch: its cards are wanted by" in events, events
     assert "NoRoomToWake" not in events
+    gw.stop()
+
+
+def test_an_engine_killed_while_it_wakes_loses_no_held_request(cluster: Cluster) -> None:
+    # SIGKILL in the middle of a switch (here the wake, 3 s long): the replica fails,
+    # a new one is placed, and the requests the gateway held meanwhile are answered.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    spec = warm("fragile")
+    spec["engine_args"] = [*spec["engine_args"], "--wake-seconds", "3"]
+    c.apply([spec])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("fragile")
+    first = the_replica(c, "fragile")
+    wait_until(
+        lambda: the_replica(c, "fragile")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="asleep",
+    )
+    pid = engine_pid(c, "gpu1")
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(ask, gw, "fragile") for _ in range(3)]
+        wait_until(
+            lambda: the_replica(c, "fragile")["shards"][0]["state"] == "waking",
+            timeout=30,
+            what="waking",
+        )
+        os.kill(pid, signal.SIGKILL)
+        answers = [f.result(timeout=120) for f in held]
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert the_replica(c, "fragile")["id"] != first["id"], "a new replica answered"
     gw.stop()

@@ -147,6 +147,22 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
     )
 
 
+# A model whose replicas failed fewer times than this, with its next try scheduled,
+# is on its way (not_ready: requests a gateway holds wait on); then unplaceable.
+RETRIES_HELD = 3
+
+
+def _retrying(fleet: Facts, model: str) -> bool:
+    """Unplaceable only by its failures (not the scheduler's verdict), and few yet:
+    a replica killed in the middle of a wake is placed again in seconds."""
+    backoff = fleet.backoffs.get(model)
+    return (
+        model not in fleet.decisions.unplaceable
+        and backoff is not None
+        and backoff.failures < RETRIES_HELD
+    )
+
+
 def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
     """Each declared model with no serving endpoint, and why."""
     serving: set[str] = set()
@@ -169,7 +185,9 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
         asleep, woken = counts[name][ReplicaState.SLEEPING], turning[name]
-        if unplaceable is not None:
+        if unplaceable is not None and _retrying(fleet, name):
+            out[name] = Unserved(kind=UnservedKind.NOT_READY, message=unplaceable)
+        elif unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
         elif woken or asleep:  # the warm tier: held while the same replica wakes
             message = (
