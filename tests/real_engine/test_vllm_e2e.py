@@ -502,13 +502,17 @@ def test_7_a_model_that_asks_to_sleep_runs_without_sleep_mode_on_the_cpu_build(
     }
     c.apply([spec])  # sleep mode is an engine field: a new revision rolls out
     r = walk.wait_ready("the replica of the sleeping revision", not_id=old["id"] if old else None)
+
+    def of_replica() -> str:
+        return "\n".join(ln for ln in c.ctl("events").splitlines() if f"replica/{r['id']}" in ln)
+
     wait_until(
-        lambda: "SleepFailed" in c.ctl("events", "--for", f"replica/{r['id']}"),
+        lambda: "SleepFailed" in of_replica(),
         timeout=120,
         what="its sleep found out",
         diagnose=walk.logs,
     )
-    events = c.ctl("events", "--for", f"replica/{r['id']}")
+    events = of_replica()
     assert "Sleep mode is not supported on current platform" in events, events
     assert events.count("SleepFailed") == 1, events
     argv = Path(f"/proc/{walk.leader(r['id'])}/cmdline").read_bytes().split(b"\0")
