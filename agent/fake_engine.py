@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import random
@@ -84,6 +85,9 @@ class FakeConfig:
     sleep_keeps_memory: bool = False  # fault: a sleep answers 200 and frees nothing
     memory_dir: Path | None = None  # where it says what it holds (agent.fake_process_memory)
     gpus: tuple[str, ...] = ()  # its cards (CUDA_VISIBLE_DEVICES)
+    # Keys a client must present on the API's paths (`--api-key`, else VLLM_API_KEY): none
+    # asked when empty, as vLLM.
+    api_keys: tuple[str, ...] = ()
 
 
 # What a sleeping vLLM still holds on each card: the CUDA context and its pools.
@@ -445,9 +449,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return _bad(f"n must be an integer in 1..{MAX_N}", "n")
     stream = body.get("stream") is True
     options = body.get("stream_options")
+    if options is not None and not stream:  # vLLM's check, word for word
+        return _bad("Stream options can only be defined when `stream=True`.", "stream_options")
     usage_chunk = stream and isinstance(options, dict) and options.get("include_usage") is True
+    # vLLM's continuous_usage_stats: the usage so far on every chunk (with include_usage).
+    continuous = usage_chunk and options.get("continuous_usage_stats") is True  # type: ignore[union-attr]
     tokens = text_in.split()
-    gen = _Generation(state, chat, len(tokens), max_tokens, stream, n, usage_chunk)
+    gen = _Generation(state, chat, len(tokens), max_tokens, stream, n, usage_chunk, continuous)
     first = _first_token_delay(state, tokens)
     state.server_load += 1  # the API server holds it, whatever the engine core does
     task = asyncio.current_task()
@@ -474,7 +482,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 class _Generation:
     """One request's answer, in OpenAI's shapes (whole, or as SSE chunks): `n`
     choices, and with `stream_options.include_usage` a last chunk with the usage
-    and no choices, as OpenAI and vLLM end a stream."""
+    and no choices, as vLLM ends a stream (the other chunks carry no `usage` field,
+    as vLLM's; OpenAI's carry `"usage": null`); with `continuous_usage_stats` too,
+    every chunk carries the usage so far, its choice's tokens (vLLM's own).
+
+    Its token counters count as vLLM's do, per token as it is made rather than per
+    request finished: the prompt once its first token is out, each token of a stream
+    once it is written, so a stream cut short counts the tokens it sent."""
 
     def __init__(
         self,
@@ -485,10 +499,13 @@ class _Generation:
         stream: bool,
         n: int = 1,
         usage_chunk: bool = False,  # stream_options.include_usage
+        continuous: bool = False,  # stream_options.continuous_usage_stats
     ) -> None:
         self.state, self.chat, self.stream = state, chat, stream
         self.prompt_tokens, self.max_tokens, self.n = prompt_tokens, max_tokens, n
         self.usage_chunk = usage_chunk
+        self.continuous = continuous
+        self.sent = [0] * n  # tokens written per choice (a stream's)
         prefix = "chatcmpl" if chat else "cmpl"
         # Random, as vLLM's: ids stay unique across engines and restarts.
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -496,12 +513,17 @@ class _Generation:
         self.started = time.monotonic()
         self.first_token_at: float | None = None
 
-    def _done(self) -> None:
+    def _done(self, counted: bool = False) -> None:
+        """`counted`: its tokens are counted already (a stream counts them as sent)."""
         self.state.requests += 1
         now = time.monotonic()
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         self.state.metrics.finished(
-            self.prompt_tokens, self.completion_tokens, "length", now - self.started, ttft
+            0 if counted else self.prompt_tokens,
+            0 if counted else self.completion_tokens,
+            "length",
+            now - self.started,
+            ttft,
         )
 
     @property
@@ -545,7 +567,15 @@ class _Generation:
             choice["delta"] = {} if piece is None else {"content": piece}
         else:
             choice["text"] = piece or ""
-        return self._event([choice])
+        usage = None
+        if self.continuous:  # vLLM's: this choice's tokens so far
+            done = self.sent[index]
+            usage = {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done,
+            }
+        return self._event([choice], usage)
 
     def _event(
         self, choices: list[dict[str, object]], usage: dict[str, int] | None = None
@@ -557,7 +587,7 @@ class _Generation:
             "model": self.state.config.model,
             "choices": choices,
         }
-        if self.usage_chunk:  # as OpenAI's: null on every chunk but the last
+        if usage is not None:  # vLLM's: no `usage` field at all on the others
             chunk["usage"] = usage
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
@@ -567,16 +597,20 @@ class _Generation:
         await resp.prepare(request)
         await asyncio.sleep(first_delay)
         interval = self.state.config.token_interval_s
+        metrics = self.state.metrics
         for i in range(self.max_tokens):
             if i:
                 await asyncio.sleep(interval)
             else:
                 self.first_token_at = time.monotonic()
+                metrics.prompt_tokens.inc(self.prompt_tokens)
             for index in range(self.n):
+                self.sent[index] += 1
                 await resp.write(self._chunk(" lorem", None, index))
+                metrics.generation_tokens.inc()  # written: sent
         for index in range(self.n):
             await resp.write(self._chunk(None, "length", index))
-        self._done()
+        self._done(counted=True)
         if self.usage_chunk:  # OpenAI's and vLLM's last chunk: no choices, the usage
             await resp.write(self._event([], self._usage()))
         await resp.write(b"data: [DONE]\n\n")
@@ -665,12 +699,44 @@ def _access_log(quiet: frozenset[str]) -> Callable[..., Awaitable[web.StreamResp
 
 
 MAX_BODY = 512 * 1024 * 1024  # SMG's own default bound (--max-payload-size)
+# The paths vLLM's key guards (vllm/entrypoints/serve/middleware/authenticate.py); the
+# rest (/health, /metrics, /load, the sleep endpoints) answer without one.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _authenticate(keys: tuple[str, ...]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """vLLM's AuthenticationMiddleware: on a guarded path, anything but OPTIONS needs
+    `Authorization: Bearer KEY` for one of `keys` (compared as SHA-256 digests, in
+    constant time), else 401 `{"error": "Unauthorized"}`."""
+    digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    def presented(request: web.Request) -> bool:
+        scheme, _, param = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        mine = hashlib.sha256(param.encode()).digest()
+        found = False
+        for d in digests:
+            found |= hmac.compare_digest(mine, d)
+        return found
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guarded = request.path.startswith(GUARDED_PREFIX) and request.method != "OPTIONS"
+        if guarded and not presented(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return authenticate
 
 
 def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> web.Application:
     # vLLM (uvicorn) bounds no body; aiohttp's 1 MiB default would refuse, in plain
     # text, a long prompt the gateway lets through (its --max-body, 64 MiB by default).
-    app = web.Application(middlewares=[_access_log(quiet_paths)], client_max_size=MAX_BODY)
+    middlewares = [_access_log(quiet_paths)]
+    if config.api_keys:
+        middlewares.append(_authenticate(config.api_keys))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     app[STATE] = EngineState(
         config=config,
         metrics=EngineMetrics(config.model),
@@ -706,6 +772,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fake-model")
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="keys a client must present on /v1 (as vLLM's; VLLM_API_KEY, which keeps a "
+        "key off the command line, when not given)",
+    )
     p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
     p.add_argument(
         "--load-chatter",
@@ -815,6 +888,8 @@ async def _run(args: argparse.Namespace) -> int:
         sleep_keeps_memory=args.sleep_keeps_memory,
         memory_dir=Path(d) if (d := os.environ.get(fake_process_memory.ENV_DIR)) else None,
         gpus=tuple(g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
+        # vLLM: --api-key wins over VLLM_API_KEY; an empty key asks for none.
+        api_keys=tuple(k for k in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if k),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -9,7 +9,11 @@ simulated prefix cache each):
 * through llmgw's front door (gateway/front.py, in a process of its own, as
   `llmgw gateway` runs it) and SMG `round_robin` behind it, with a client key of
   the controller's: one that allows every model (`front`), and one limited by a
-  pattern (`front+models`: the body is read for its `model`).
+  pattern (`front+models`); `front+meter`, the model declared so its tokens are
+  metered (each stream asked for its usage, which is cut out of what the client
+  gets); `front+limits`, metered and under a tenant's limits and the same on its
+  model (rpm, tpm and a budget, never reached); and, with `--baseline-src DIR`,
+  the front as another tree has it (`front@base`, e.g. an export of main).
 
 Workload: 32 system prompts of ~2,000 tokens, each behind many short user
 turns, streamed; at a fixed arrival rate and at saturation (closed loop).
@@ -24,7 +28,8 @@ stopping, to a long-polling gateway receiving the change, at 2,000 replicas
 
     python bench/bench_gateway.py [--engines 4] [--seconds 4] [--rate 40]
 
-The front's added latency is its p50 less `round_robin`'s, SMG alone, in the same run.
+The front's added latency is its p50 less `round_robin`'s, SMG alone, in the same run;
+its throughput at saturation is given as a ratio to `round_robin`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -44,7 +50,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# LLMGW_BENCH_SRC: the llmgw tree a front runs from (the baseline's: `--baseline-src`).
+sys.path.insert(0, os.environ.get("LLMGW_BENCH_SRC") or str(Path(__file__).resolve().parent.parent))
 
 from llmgw.gateway.front import Front, new_upstream_key
 from llmgw.gateway.keyring import Keyring
@@ -222,26 +229,58 @@ def routing_figures(before: list[dict[str, float]], after: list[dict[str, float]
 
 
 async def serve_front(upstream: str, port: int) -> None:
-    """`--serve-front`: the gateway's front door alone, its keys read from stdin."""
+    """`--serve-front`: the gateway's front door alone, its keys (and what it meters
+    and limits, when asked) read from stdin."""
     given = json.loads(sys.stdin.read())
     keyring = Keyring()
     keyring.set_controller_keys(ClientKeyEntry.model_validate(e) for e in given["keys"])
-    front = Front(keyring, upstream, given["upstream_key"])
+    options = {"declared": set(given["declared"])} if given.get("declared") else {}
+    front = Front(keyring, upstream, given["upstream_key"], **options)  # type: ignore[arg-type]
+    if given.get("limits"):
+        from llmgw.wire import TenantLimitView
+
+        front.limiter.set_limits(TenantLimitView.model_validate(k) for k in given["limits"])
     await front.start("127.0.0.1", port)
     await asyncio.Event().wait()
 
 
-def start_front(upstream: str, upstream_key: str) -> tuple[subprocess.Popen[bytes], str]:
+# Limits on tenant `a` that never refuse, so that every request takes their path.
+NEVER = {"rpm": 10**9, "tpm": 10**15, "budget": 10**15, "per": "month"}
+FRONTS: dict[str, dict[str, object]] = {
+    "front": {},  # keys; the model not declared: neither metered nor limited
+    "front+meter": {"declared": ["bench"]},  # metered: streams asked usage, and it cut out
+    "front+limits": {
+        "declared": ["bench"],
+        "limits": [{"tenant": "a", **NEVER}, {"tenant": "a", "model": "bench", **NEVER}],
+    },
+}
+
+
+def cpu_s(proc: subprocess.Popen[bytes] | None) -> float:
+    """The CPU time (user and system) a process has used so far: what a front costs per
+    request, read beside its latency, is steadier on a shared box than the latency."""
+    if proc is None:
+        return 0.0
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_front(
+    upstream: str, upstream_key: str, options: dict[str, object], src: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_loopback_port()
     keys = [
         ClientKeyEntry(id="all", tenant="a", digest=digest(KEY_ALL), models=["*"]),
         ClientKeyEntry(id="lim", tenant="b", digest=digest(KEY_LIMITED), models=["ben*", "x"]),
     ]
+    env = {**os.environ, "LLMGW_BENCH_SRC": src} if src else None
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve-front", upstream, str(port)], stdin=subprocess.PIPE
+        [sys.executable, __file__, "--serve-front", upstream, str(port)],
+        stdin=subprocess.PIPE,
+        env=env,
     )
     assert proc.stdin is not None
-    body = {"upstream_key": upstream_key, "keys": [k.model_dump() for k in keys]}
+    body = {"upstream_key": upstream_key, "keys": [k.model_dump() for k in keys], **options}
     proc.stdin.write(json.dumps(body).encode())
     proc.stdin.close()
     return proc, f"http://127.0.0.1:{port}"
@@ -254,7 +293,7 @@ async def data_plane(args: argparse.Namespace) -> None:
     procs, urls = start_engines(args.engines, cache_blocks)
     gateways: dict[str, tuple[Smg, asyncio.Task[None]]] = {}
     upstream_key = new_upstream_key()
-    front: subprocess.Popen[bytes] | None = None
+    fronts: list[subprocess.Popen[bytes]] = []
     try:
         await asyncio.sleep(1.5)
         for policy in ("round_robin", "cache_aware", "behind_front"):
@@ -275,14 +314,25 @@ async def data_plane(args: argparse.Namespace) -> None:
             while sum((await smg.workers()).values()) < len(urls):  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
             gateways[policy] = (smg, task)
-        front, front_url = start_front(gateways["behind_front"][0].base, upstream_key)
-        await asyncio.sleep(1.5)
+        behind = gateways["behind_front"][0].base
+        every = {"Authorization": f"Bearer {KEY_ALL}"}
         modes: list[tuple[str, list[str], dict[str, str] | None]] = [("direct", urls, None)]
         modes += [(p, [g[0].base], None) for p, g in gateways.items() if p != "behind_front"]
-        modes += [
-            ("front", [front_url], {"Authorization": f"Bearer {KEY_ALL}"}),
-            ("front+models", [front_url], {"Authorization": f"Bearer {KEY_LIMITED}"}),
-        ]
+        proc_of: dict[str, subprocess.Popen[bytes]] = {}
+        if args.baseline_src:  # the front as it was, from another tree, in this run
+            proc, url = start_front(behind, upstream_key, {}, args.baseline_src)
+            fronts.append(proc)
+            modes.append(("front@base", [url], every))
+            proc_of["front@base"] = proc
+        for name, options in FRONTS.items():
+            proc, url = start_front(behind, upstream_key, options)
+            fronts.append(proc)
+            modes.append((name, [url], every))
+            proc_of[name] = proc
+            if name == "front":
+                modes.append(("front+models", [url], {"Authorization": f"Bearer {KEY_LIMITED}"}))
+                proc_of["front+models"] = proc
+        await asyncio.sleep(1.5)
         print(
             f"{args.engines} fake engines, {PROMPTS} system prompts x {PROMPT_TOKENS} tokens,"
             f" cache {cache_blocks} blocks/engine; {args.seconds:g}s per run\n"
@@ -290,10 +340,13 @@ async def data_plane(args: argparse.Namespace) -> None:
         for label, rate in ((f"fixed {args.rate:g} req/s", args.rate), ("saturation", None)):
             print(f"## {label}")
             base = smg_p50 = None
+            smg_rps = 1.0
             for seed, (mode, targets, headers) in enumerate(modes):
                 await reset_caches(urls)  # every mode starts cold
                 before = await engine_totals(urls)
+                cpu0 = cpu_s(proc_of.get(mode))
                 r = await run_load(targets, prompts, args.seconds, rate, seed, headers)
+                cpu = cpu_s(proc_of.get(mode)) - cpu0
                 after = await engine_totals(urls)
                 # Added latency: round_robin routes as the direct client does, so
                 # the difference is the gateway's own cost; the front's is its p50
@@ -301,18 +354,21 @@ async def data_plane(args: argparse.Namespace) -> None:
                 added = ""
                 if mode == "round_robin" and base:
                     added = f"  +p50 {r['p50'] - base:5.2f} ms"
-                    smg_p50 = r["p50"]
+                    smg_p50, smg_rps = r["p50"], r["rps"]
                 elif mode.startswith("front") and smg_p50:
                     added = f"  +p50 {r['p50'] - smg_p50:5.2f} ms over SMG"
+                    added += f"  {r['rps'] / smg_rps:4.2f}x SMG's req/s"
+                    done = r["rps"] * args.seconds
+                    added += f"  front CPU {cpu / done * 1e6:4.0f} us/req" if done else ""
                 base = r["p50"] if base is None else base
                 print(
-                    f"{mode:12} {r['rps']:7.1f} req/s  p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms"
+                    f"{mode:13} {r['rps']:7.1f} req/s  p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms"
                     f"  ttft p50 {r['ttft50']:5.1f} p99 {r['ttft99']:5.1f} ms"
                     f"  {routing_figures(before, after)}  failed {r['failed']}{added}"
                 )
             print()
     finally:
-        if front is not None:
+        for front in fronts:
             front.terminate()
             front.wait()
         for _, task in gateways.values():
@@ -324,6 +380,77 @@ async def data_plane(args: argparse.Namespace) -> None:
             p.terminate()
         for p in procs:
             p.wait()
+
+
+def metering_cost(prompts: list[str]) -> None:
+    """The work metering and limits add per request, timed in process (the least of
+    several repeats: steady on a shared box, where the end-to-end figures above swing
+    with the load), for this bench's request: its body parsed for the model, the
+    usage asked of the engine, a 4-token stream's 7 chunks tapped (its usage read
+    and cut out), the counts kept, and the limits checked and charged."""
+    import timeit
+
+    from llmgw.gateway.limits import Limiter
+    from llmgw.gateway.metering import Meter, StreamTap, ask_usage
+    from llmgw.wire import TenantLimitView
+
+    body = json.dumps(
+        {
+            "model": "bench",
+            "messages": [
+                {"role": "system", "content": prompts[0]},
+                {"role": "user", "content": "x"},
+            ],
+            "max_tokens": 4,
+            "stream": True,
+        }
+    ).encode()
+    usage = '"usage":{"prompt_tokens":2003,"completion_tokens":%d,"total_tokens":%d}'
+    head = '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"bench"'
+    chunks = [
+        f'data: {head},"choices":[{{"index":0,"delta":{{"content":" lorem"}}}}],{usage % (i, 2003 + i)}}}\n\n'.encode()
+        for i in range(1, 6)
+    ]
+    chunks.append(f'data: {head},"choices":[],{usage % (5, 2008)}}}\n\n'.encode())
+    chunks.append(b"data: [DONE]\n\n")
+    meter, limiter = Meter(), Limiter()
+    limiter.set_limits(
+        [TenantLimitView(tenant="a", **NEVER), TenantLimitView(tenant="a", model="bench", **NEVER)]  # type: ignore[arg-type]
+    )
+    parsed = json.loads(body)
+
+    def parse() -> None:
+        json.loads(body)
+
+    def meter_stream() -> None:
+        _, keep = ask_usage(body, parsed)
+        tap = StreamTap(keep)
+        for c in chunks:
+            tap.feed(c)
+        prompt, completion = tap.tokens
+        meter.served("a", "bench", prompt, completion, False)
+
+    def limits() -> None:
+        limiter.check("a", "bench")
+        limiter.spent("a", "bench", 2008)
+
+    def unit() -> None:
+        sum(range(100))
+
+    def best(f: object) -> float:
+        times = timeit.repeat(f, number=2000, repeat=7)  # type: ignore[arg-type]
+        return min(times) / 2000 * 1e6
+
+    print("## metering and limits, per request, in process (least of 7 x 2,000)")
+    ref = best(unit)
+    for name, f in (
+        ("body parsed for its model", parse),
+        ("stream metered", meter_stream),
+        ("limits", limits),
+    ):
+        us = best(f)
+        print(f"{name:26} {us:6.1f} us  ({us / ref:4.1f}x sum(range(100)), {ref:.2f} us here)")
+    print()
 
 
 async def control_plane(replicas: int) -> None:
@@ -426,14 +553,25 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rate", type=float, default=40.0)
     p.add_argument("--replicas", type=int, default=2000)
+    p.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also run the front from this llmgw tree (an export of the commit to compare with)",
+    )
+    p.add_argument("--no-control-plane", action="store_true", help="the data plane only")
+    p.add_argument("--micro", action="store_true", help="only the in-process metering costs")
     p.add_argument("--serve-front", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_front:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # as the gateway's
             runner.run(serve_front(args.serve_front[0], int(args.serve_front[1])))
         return
+    metering_cost(system_prompts())
+    if args.micro:
+        return
     asyncio.run(data_plane(args))
-    asyncio.run(control_plane(args.replicas))
+    if not args.no_control_plane:
+        asyncio.run(control_plane(args.replicas))
 
 
 if __name__ == "__main__":

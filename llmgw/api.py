@@ -345,6 +345,22 @@ def revoke_client_key(key_id: str) -> Call[Any]:
     return Call("DELETE", f"/v1/keys/{seg(key_id)}")
 
 
+def usage(since: str, by: str) -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/usage", params={"since": since, "by": by})
+
+
+def set_limit(body: dict[str, Any]) -> Call[dict[str, Any]]:
+    return Call("PUT", "/v1/limits", body)
+
+
+def limits() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/limits")
+
+
+def delete_limit(tenant: str, model: str | None) -> Call[Any]:
+    return Call("DELETE", f"/v1/limits/{seg(tenant)}", params={"model": model} if model else None)
+
+
 def client_keys_feed(cursor: str, wait_s: float) -> Call[Any]:
     """Every client key's digest (the gateway's), long-polled past `cursor`."""
     return Call("GET", "/v1/keys/feed", params={"since": cursor, "wait": f"{wait_s:g}"})

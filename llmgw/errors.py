@@ -12,7 +12,8 @@
     │   │   ├── UnknownNode       404
     │   │   ├── UnknownModel      404
     │   │   ├── UnknownEnrollToken 404
-    │   │   └── UnknownClientKey  404
+    │   │   ├── UnknownClientKey  404
+    │   │   └── UnknownLimit      404
     │   ├── SlowBody              408  the body arrived slower than the body timeout
     │   ├── Conflict              409  valid, but the object's state refuses it
     │   │   ├── AwaitsApproval    409  an uncordon of a node that awaits approval
@@ -20,7 +21,8 @@
     │   │   ├── EnrollNotAllowed  409  the node reported before and holds no allowance
     │   │   ├── NotRevocable      409  a credential from --agent-token-file
     │   │   ├── TooManyTokens     409  the enrollment tokens kept are at their bound
-    │   │   └── TooManyKeys       409  the client keys kept are at their bound
+    │   │   ├── TooManyKeys       409  the client keys kept are at their bound
+    │   │   └── TooManyLimits     409  the tenant limits kept are at their bound
     │   ├── TooLarge              413  the body is over the size limit
     │   ├── CompressedBody        415  a compressed body, refused before it is read
     │   ├── TooMany               429  past a rate or a bound (+ Retry-After when known)
@@ -163,6 +165,12 @@ class UnknownClientKey(Unknown):
         super().__init__(f"no client key {key_id[:20]!r} (llmgw ctl keys list)")
 
 
+class UnknownLimit(Unknown):
+    def __init__(self, tenant: str, model: str | None) -> None:
+        on = f" on model {model[:80]!r}" if model else ""
+        super().__init__(f"no limit of tenant {tenant[:64]!r}{on} (llmgw ctl limits list)")
+
+
 class SlowBody(ServerError):
     status = 408
     close = True
@@ -226,6 +234,13 @@ class TooManyKeys(Conflict):
         super().__init__(
             f"{limit} client keys are kept already: revoke some "
             "(`llmgw ctl keys revoke ID`; `keys list` shows the expired ones)"
+        )
+
+
+class TooManyLimits(Conflict):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"{limit} tenant limits are kept already: delete some (`llmgw ctl limits delete`)"
         )
 
 

@@ -212,7 +212,22 @@ def all_on_one_node(m: Any) -> bool:
 
 
 def model_words(m: Any) -> tuple[str, Meaning]:
-    """A model's one-word state and why (a `ModelView`, or ctl's view of one)."""
+    """A model's one-word state and why (a `ModelView`, or ctl's view of one); after
+    a controller's restart, how many replicas it counts as last known, how long."""
+    words, meaning = _model_words(m)
+    unconfirmed = getattr(m, "unconfirmed", 0)
+    if unconfirmed:
+        words += f" ({unconfirmed} {unconfirmed_words(getattr(m, 'unconfirmed_s', None))})"
+    return words, meaning
+
+
+def unconfirmed_words(seconds: float | None) -> str:
+    """A state kept from before a controller's restart, not yet confirmed by its nodes."""
+    within = f"; its nodes report or turn unreachable within {seconds:.0f}s" if seconds else ""
+    return f"as last known, unconfirmed since the controller restarted{within}"
+
+
+def _model_words(m: Any) -> tuple[str, Meaning]:
     rolling = rollout_words(getattr(m, "rollout", None))
     if rolling is not None:
         return rolling

@@ -207,6 +207,14 @@ NUMERIC_COLUMNS = frozenset(
         "CACHE HIT",
         "WAKING FOR",
         "HELD",
+        "RPM",
+        "TPM",
+        "BUDGET",
+        "REQUESTS",
+        "PROMPT",
+        "COMPLETION",
+        "ERRORS",
+        "LIMITED",
     }
 )
 
@@ -537,13 +545,20 @@ REPLICA_COLUMNS = ["REPLICA", "MODEL", "STATE", "NODES", "GPUS", "URL", "IDLE"]
 REPLICA_WIDE = ["CREATED", "REPLACES", "REV"]
 
 
+def _replica_state(r: ReplicaView) -> Cell:
+    """Its state; `ready?` while that is the last known one, before its nodes report
+    to a controller that just began to lead (the ERROR column says how long at most)."""
+    unconfirmed = getattr(r, "unconfirmed_s", None) is not None
+    return Cell(f"{r.state}?" if unconfirmed else str(r.state), present.style_of(str(r.state)))
+
+
 def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Table:
     table = _table(*REPLICA_COLUMNS, *(REPLICA_WIDE if wide else []), "ERROR", text=["NODES"])
     for r in replicas:
         cells = [
             Cell(r.id),
             Cell(r.model),
-            Cell(str(r.state), present.style_of(str(r.state))),
+            _replica_state(r),
             Cell(hostlist(s.node for s in r.shards)),
             Cell(str(r.gpus), key=r.gpus),
             Cell(getattr(r, "url", None) or "-"),
@@ -556,7 +571,9 @@ def replicas_table(replicas: Sequence[ReplicaView], *, wide: bool = False) -> Ta
                 Cell(r.replaces or "-"),
                 Cell(str(revision) if revision else "-", key=revision),
             ]
-        table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or "")))
+        unconfirmed = getattr(r, "unconfirmed_s", None)
+        note = present.unconfirmed_words(unconfirmed) if unconfirmed is not None else ""
+        table.add(f"replica/{r.id}", *cells, clean(present.one_line(r.error or note)))
     return table
 
 
@@ -602,6 +619,66 @@ def client_keys_table(keys: Sequence[Any]) -> Table:
     return table
 
 
+LIMIT_COLUMNS = ["TENANT", "MODEL", "RPM", "TPM", "BUDGET", "PER", "SET BY", "SET"]
+USAGE_COLUMNS = ["TENANT", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS", "LIMITED"]
+_USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "errors", "rate_limited")
+
+
+def limit_scope(limit: Any) -> str:
+    model = limit.get("model")
+    return f"{clean(limit['tenant'])}" + (f" on {clean(model)}" if model else "")
+
+
+def limit_text(limit: Any) -> str:
+    parts = [f"{limit[k]} {k}" for k in ("rpm", "tpm") if limit.get(k) is not None]
+    if limit.get("budget") is not None:
+        parts.append(f"budget {limit['budget']} tokens per {limit['per']}")
+    return ", ".join(parts)
+
+
+def limits_table(limits: Sequence[Any]) -> Table:
+    """`ctl limits list`."""
+    table = _table(*LIMIT_COLUMNS)
+    for k in limits:
+        model = k.get("model")
+        table.add(
+            f"{k['tenant']}/{model or ''}",
+            Cell(clean(k["tenant"])),
+            Cell(clean(model) if model else "*"),
+            *(_n(k[c]) if k.get(c) is not None else Cell("-") for c in ("rpm", "tpm", "budget")),
+            Cell(k.get("per") or "-"),
+            Cell(clean(k["by"])),
+            Cell(timestamp(k["at"]), key=k["at"]),
+        )
+    return table
+
+
+def usage_table(rows: Sequence[Any]) -> Table:
+    """`ctl usage`: a column summed over (not in --by) shows `*`."""
+    table = _table(*USAGE_COLUMNS)
+    for r in rows:
+        table.add(
+            f"{r['tenant']}/{r['model']}",
+            Cell(clean(r["tenant"]) or "*"),
+            Cell(clean(r["model"]) or "*"),
+            *(_n(r.get(f, 0)) for f in _USAGE_FIELDS),
+        )
+    return table
+
+
+def usage_csv(rows: Sequence[Any]) -> str:
+    """`ctl usage -o csv`: a header line, then one line per row (RFC 4180)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["tenant", "model", *_USAGE_FIELDS])
+    for r in rows:
+        w.writerow([r["tenant"], r["model"], *(r.get(f, 0) for f in _USAGE_FIELDS)])
+    return out.getvalue()
+
+
 # What --sort-by may name, per command (shell completion offers these).
 SORT_COLUMNS = {
     "nodes": [*NODE_COLUMNS, *NODE_WIDE, "REASON"],
@@ -610,6 +687,8 @@ SORT_COLUMNS = {
     "events": [*EVENT_COLUMNS, *EVENT_WIDE, "MESSAGE"],
     "credentials": CREDENTIAL_COLUMNS,
     "keys": CLIENT_KEY_COLUMNS,
+    "limits": LIMIT_COLUMNS,
+    "usage": USAGE_COLUMNS,
     "rollout": REVISION_COLUMNS,
 }
 

@@ -587,11 +587,114 @@ class ClientKeyEntry(Outbound):
     expires_at: float | None = None
 
 
+class TenantLimitView(Outbound):
+    """One limit (`ctl limits`): a tenant's, or a tenant's on one model (`model`);
+    None where a kind is not limited. `budget` tokens per `per` (UTC day or month)."""
+
+    tenant: str
+    model: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    budget: int | None = None
+    per: str | None = None  # "day" | "month", with a budget
+    by: str = ""
+    at: float = 0.0
+
+
 class ClientKeysFeed(Outbound):
-    """`GET /v1/keys/feed`: every key (they are few), and the cursor to wait past."""
+    """`GET /v1/keys/feed`: every key (they are few), every tenant's limits, and the
+    cursor to wait past."""
 
     cursor: str
     keys: list[ClientKeyEntry]
+    limits: list[TenantLimitView] = Field(default_factory=list)
+
+
+LimitPeriod = Literal["day", "month"]
+MAX_RPM = 10**9
+MAX_TOKENS = 10**15
+
+
+class LimitRequest(Inbound):
+    """`PUT /v1/limits` (`ctl limits set`): the kinds given replace the scope's, the
+    others stay as they were."""
+
+    tenant: TenantName
+    model: ModelName | None = None  # None: all the tenant's models together
+    rpm: Annotated[int, Field(ge=1, le=MAX_RPM)] | None = None
+    tpm: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    budget: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    per: LimitPeriod | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> LimitRequest:
+        if self.rpm is None and self.tpm is None and self.budget is None:
+            raise ValueError("give at least one of rpm, tpm, budget")
+        if (self.budget is None) != (self.per is None):
+            raise ValueError("a budget goes with its period (per: day or month), and only it")
+        return self
+
+
+_Count = Annotated[int, Field(ge=0, le=2**53)]
+
+
+class UsageDelta(Inbound):
+    """What one (tenant, model) cost at one gateway since its last batch."""
+
+    tenant: TenantName
+    model: ModelName
+    requests: _Count = 0
+    prompt_tokens: _Count = 0
+    completion_tokens: _Count = 0
+    errors: _Count = 0
+    rate_limited: _Count = 0  # refused over a limit (429), never sent on
+
+
+class UsageBatch(Inbound):
+    """`POST /v1/gateways/usage`: a gateway's counts, each second. `seq` counts the
+    batches of the gateway's `run` (one process): a batch sent again, its answer
+    lost, is counted once."""
+
+    name: Annotated[
+        str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
+    ]
+    run: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    seq: Annotated[int, Field(ge=1, le=2**62)]
+    rows: list[UsageDelta] = Field(default_factory=list, max_length=20_000)
+
+
+class LimitShare(Outbound):
+    """What the fleet spent against one limit's scope: the other gateways' requests
+    and tokens (running totals of the controller's `run`) and, with a budget, the
+    tokens of its period so far, every gateway's."""
+
+    tenant: str
+    model: str | None = None
+    others_requests: int = 0
+    others_tokens: int = 0
+    budget_used: int | None = None
+
+
+class UsageAnswer(Outbound):
+    run: str
+    shares: list[LimitShare] = Field(default_factory=list)
+
+
+class UsageRow(Outbound):
+    """`GET /v1/usage` (`ctl usage`): one (tenant, model)'s counts in the window."""
+
+    tenant: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int
+    rate_limited: int = 0
+
+
+class UsageReport(Outbound):
+    since: float  # the window's start: the hour `--since` falls in (unix time)
+    rows: list[UsageRow]
 
 
 class EmptyRequest(Inbound):
@@ -710,6 +813,7 @@ class EventReason(StrEnum):
     SLEPT = "Slept"  # an idle replica put to sleep (its model's sleep_after_s)
     WOKE = "Woke"  # a sleeping replica woken for its model's requests
     SLEEP_FAILED = "SleepFailed"  # a replica that could not sleep: kept awake
+    GATEWAY_CLAMPED = "GatewayClamped"  # a gateway said more was in flight than it admits
     # A sleeping replica whose cards hold a busy awake engine: stopped, and its
     # model's requests served by a replica placed afresh (a cold or warm start)
     NO_ROOM_TO_WAKE = "NoRoomToWake"
@@ -838,6 +942,10 @@ class ReplicaView(Outbound):
     replaces: str | None = None  # the replica this one stands in for (drain)
     url: str | None = None  # its rank-0 engine, while in routing (the gateway's endpoint)
     revision: int = 0  # the model's revision it runs
+    # Not confirmed yet: its state is the last known one, its nodes not heard from since
+    # this controller began to lead (a restart, a failover). Seconds it is kept so at
+    # most: then they report, or turn unreachable. None: confirmed by its nodes.
+    unconfirmed_s: float | None = None
 
 
 class ModelRevision(Outbound):
@@ -897,6 +1005,10 @@ class ModelView(Outbound):
     # They count for `satisfied`: a request wakes one in seconds.
     sleeping: int = 0
     waking: int = 0
+    # Replicas counted in their last known state, their nodes not heard from since this
+    # controller began to lead, and the most seconds that lasts (ReplicaView.unconfirmed_s).
+    unconfirmed: int = 0
+    unconfirmed_s: float | None = None
 
 
 class ModelDryRun(Outbound):
@@ -1163,6 +1275,13 @@ class EndpointsDelta(Outbound):
         return older | self.unserved_reasons
 
 
+# The most a gateway may say it admits at once (`llmgw gateway --max-in-flight`).
+GATEWAY_IN_FLIGHT_BOUND = 1_000_000
+# What a gateway that does not say is taken to admit: SMG's own least bound (1,024
+# per core, at least 4,096).
+GATEWAY_IN_FLIGHT_DEFAULT = 4096
+
+
 class GatewayStatus(Inbound):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:@-]+$")
@@ -1181,10 +1300,17 @@ class GatewayStatus(Inbound):
     rejected: dict[GatewayReplicaId, Annotated[str, _text(1, 200)]] = Field(
         default_factory=dict, max_length=1024
     )
+    # Replicas the feed says are stopping that its SMG no longer routes to (their workers
+    # gone from SMG's list): a stop of one waits for nothing else of this gateway's, not
+    # for the cursor, which a slow change of another model can hold back.
+    released: list[GatewayReplicaId] = Field(default_factory=list, max_length=100_000)
     # Requests it holds per model asleep at zero replicas, waiting for one to wake.
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # Its concurrency bound (`llmgw gateway --max-in-flight`, SMG's admission limit):
+    # the controller counts at most this many of its requests in flight and held.
+    max_in_flight: Annotated[int, Field(ge=1, le=GATEWAY_IN_FLIGHT_BOUND)] | None = None
     # Client keys used since the last status (key id -> unix time, the gateway's clock).
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000

@@ -51,6 +51,7 @@ def _walk(prog: str, p: argparse.ArgumentParser) -> Iterator[Option]:
 NOT_DURATIONS = {
     ("controller", "--enroll-rate"),
     ("controller", "--max-connections"),
+    ("gateway", "--max-in-flight"),
     ("controller", "--grace-intervals"),
     ("demo", "--nodes"),
     ("demo", "--port"),

@@ -184,9 +184,30 @@ class FleetCollector(Collector):
             gw_rejected.add_metric([view.name], len(view.rejected))
         yield gw_age
         yield gw_rejected
+        yield from self._tenants(fleet)
 
         if self._per_node:
             yield from self._nodes(fleet)
+
+    def _tenants(self, fleet: Term) -> Iterator[Metric]:
+        """What each tenant's requests to each model cost, every gateway's (usage.py)."""
+        names = (
+            ("requests", "Requests sent on to a model"),
+            ("prompt_tokens", "Prompt tokens, as the answers' usage counted them"),
+            ("completion_tokens", "Completion tokens (a stream cut short: those sent)"),
+            ("errors", "Requests answered with an error or broken off"),
+            ("rate_limited", "Requests refused over a limit (429), never sent on"),
+        )
+        families = [
+            CounterMetricFamily(
+                f"llmgw_tenant_{n}", f"{h}, per tenant and model.", labels=("tenant", "model")
+            )
+            for n, h in names
+        ]
+        for (tenant, model), counts in sorted(fleet.usage.totals.items()):
+            for family, value in zip(families, counts, strict=True):
+                family.add_metric((tenant, model), value)
+        yield from families
 
     def _models(self, fleet: Term, unplaceable: set[str]) -> Iterator[Metric]:
         ready = GaugeMetricFamily("llmgw_model_ready_replicas", "Ready replicas.", labels=["model"])

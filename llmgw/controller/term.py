@@ -15,7 +15,9 @@ can be read against this one's revisions. The reconcile loop's memory is its
     ├── feed_hold    whether a new leader publishes the feed yet (endpoints.py)
     ├── stop_gate    when a replica may stop (endpoints.py)
     ├── credentials  issued node credentials and enrollment tokens (credentials.py)
-    └── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
+    ├── client_keys  tenants' client keys and the gateways' feed of them (client_keys.py)
+    ├── limits       tenants' limits, on the same feed (limits.py)
+    └── usage        tokens metered per tenant and model, and the limits' shared counts (usage.py)
 
     *: a follower of the change log with its own cache (follow.py; `followers`)
 
@@ -36,7 +38,9 @@ from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.state.client_keys import ClientKeys
 from llmgw.controller.state.credentials import UNREPORTED_TTL_S, Credentials
 from llmgw.controller.state.facts import Facts
+from llmgw.controller.state.limits import Limits
 from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.controller.state.usage import Usage
 from llmgw.controller.store.base import StateStore
 from llmgw.controller.views import model_views
 from llmgw.controller.views.endpoints import FeedHold, Gateways, StopGate, endpoints_since
@@ -73,6 +77,8 @@ class Term:
     stop_gate: StopGate
     credentials: Credentials
     client_keys: ClientKeys
+    limits: Limits
+    usage: Usage
 
     @classmethod
     def begin(
@@ -91,6 +97,11 @@ class Term:
             facts.carry_counts(after.facts)
         run = cursors.new_run()
         gateways = Gateways(facts, run)
+        client_keys = ClientKeys(store, run)
+        limits = Limits(store, client_keys.touch)
+        usage = Usage(store, run, limits)
+        if after is not None:
+            usage.carry(after.usage)
         return cls(
             run=run,
             facts=facts,
@@ -101,7 +112,9 @@ class Term:
             feed_hold=FeedHold(facts),
             stop_gate=StopGate(facts, gateways),
             credentials=Credentials(store, settings.tokens),
-            client_keys=ClientKeys(store, run),
+            client_keys=client_keys,
+            limits=limits,
+            usage=usage,
         )
 
     def next_term(self) -> Term:

@@ -68,6 +68,10 @@ def check_args(args: argparse.Namespace) -> None:
         _check_credentials(args)
     if args.command == "keys":
         _check_keys(args)
+    if args.command == "limits":
+        _check_limits(args)
+    if args.output == "csv" and args.command != "usage":
+        raise UsageError("-o csv applies to usage")
     if args.command == "events":
         obj = args.object
         if obj is not None and (
@@ -140,6 +144,28 @@ def _check_keys(args: argparse.Namespace) -> None:
         raise UsageError("keys revoke needs the ID of each key (llmgw ctl keys list)")
     elif args.action == "list" and args.ids:
         raise UsageError("keys list takes no ID")
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    kinds = {"--rpm": args.rpm, "--tpm": args.tpm, "--budget": args.budget, "--per": args.per}
+    if args.action == "list":
+        if args.tenant or args.model or any(v is not None for v in kinds.values()):
+            raise UsageError("limits list takes no TENANT and no option")
+        return
+    if not args.tenant:
+        raise UsageError(f"limits {args.action} needs a TENANT")
+    if args.action == "delete":
+        if any(v is not None for v in kinds.values()):
+            raise UsageError("limits delete takes TENANT [--model M] only")
+        return
+    if all(v is None for v in kinds.values()):
+        raise UsageError("limits set needs --rpm N, --tpm N or --budget TOKENS --per day|month")
+    if (args.budget is None) != (args.per is None):
+        raise UsageError("--budget TOKENS goes with --per day|month")
+    for option in ("--rpm", "--tpm", "--budget"):
+        value = kinds[option]
+        if value is not None and value < 1:
+            raise UsageError(f"{option} must be at least 1 (to lift a limit: limits delete)")
 
 
 def _check_names(args: argparse.Namespace) -> None:

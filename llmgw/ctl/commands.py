@@ -177,6 +177,38 @@ class Ctl:
             return self._each(a.ids, api.revoke_client_key, "revoked")
         return self._read(api.client_keys(), render.client_keys_table, plain=True)
 
+    def limits(self) -> int:
+        a = self.args
+        if a.action == "set":
+            body = {"tenant": a.tenant, "model": a.model, "rpm": a.rpm, "tpm": a.tpm}
+            body |= {"budget": a.budget, "per": a.per}
+            made = self.client.json(api.set_limit({k: v for k, v in body.items() if v is not None}))
+            if a.output in ("json", "yaml"):
+                self.out.data(made)
+                return EXIT_OK
+            self.term.write(f"limits of {render.limit_scope(made)}: {render.limit_text(made)}\n")
+            return EXIT_OK
+        if a.action == "delete":
+            self.client.json(api.delete_limit(a.tenant, a.model))
+            scope = render.limit_scope({"tenant": a.tenant, "model": a.model})
+            self.term.write(f"limits of {scope} deleted\n")
+            return EXIT_OK
+        return self._read(api.limits(), render.limits_table, plain=True)
+
+    def usage(self) -> int:
+        a = self.args
+        report = self.client.json(api.usage(a.since, a.by))
+        rows = report["rows"]
+        if a.output in ("json", "yaml"):
+            self.out.data(rows)
+            return EXIT_OK
+        if a.output == "csv":
+            self.term.write(render.usage_csv(rows))
+            return EXIT_OK
+        print(f"since {present.timestamp(report['since'])}", file=sys.stderr)
+        self.term.write(self.out.table(render.usage_table(rows)))
+        return EXIT_OK
+
     def models(self) -> int:
         wide = self.args.output == "wide"
         return self._read(api.models(), lambda ms: render.models_table(ms, wide=wide))

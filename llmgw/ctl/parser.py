@@ -14,7 +14,7 @@ from llmgw.durations import duration_arg
 from llmgw.errors import EXIT_USAGE
 
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
-OUTPUTS = ("table", "json", "yaml", "wide", "name")
+OUTPUTS = ("table", "json", "yaml", "wide", "name", "csv")
 # Options before the command that take a value (the word after them is not the command).
 _VALUED = frozenset(
     {
@@ -30,7 +30,17 @@ _VALUED = frozenset(
     }
 )
 # The commands that print a table (--sort-by, --no-headers) and those that keep watching (-w).
-SORTS = ("nodes", "models", "replicas", "events", "credentials", "keys", "rollout")
+SORTS = (
+    "nodes",
+    "models",
+    "replicas",
+    "events",
+    "credentials",
+    "keys",
+    "limits",
+    "usage",
+    "rollout",
+)
 WATCHES = ("status", "nodes", "models", "replicas", "events")
 WAITS = ("drain", "rollout")  # --wait polls too: --interval is the time between polls
 WATCH_INTERVAL_S, WAIT_INTERVAL_S = 2.0, 1.0
@@ -134,7 +144,7 @@ def _common_options(
         "--output",
         choices=OUTPUTS,
         default=d,
-        help="output format of reads: table (the default), json, yaml, wide, name",
+        help="output format of reads: table (the default), json, yaml, wide, name; csv for usage",
     )
     g.add_argument(
         "--json",
@@ -281,6 +291,28 @@ def _credentials_arguments(s: argparse.ArgumentParser) -> None:
         "--uses", type=int, default=None, help="with token create: at most this many nodes"
     )
     s.add_argument("--description", help="with token create: what it is for (listed)")
+
+
+def _limits_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("action", choices=["set", "list", "delete"])
+    s.add_argument("tenant", nargs="?", help="with set and delete: whose limits")
+    s.add_argument("--model", help="with set and delete: on this model only (default: all)")
+    s.add_argument("--rpm", type=int, help="with set: requests per minute")
+    s.add_argument("--tpm", type=int, help="with set: tokens (prompt and completion) per minute")
+    s.add_argument("--budget", type=int, metavar="TOKENS", help="with set: tokens per --per")
+    s.add_argument("--per", choices=["day", "month"], help="with --budget: its period (UTC)")
+
+
+def _usage_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--since",
+        default="24h",
+        metavar="DURATION",
+        help="how far back (from the start of the hour it falls in); default 24h",
+    )
+    s.add_argument(
+        "--by", default="tenant,model", help="sum by tenant, model or tenant,model (the default)"
+    )
 
 
 def _keys_arguments(s: argparse.ArgumentParser) -> None:
@@ -474,6 +506,23 @@ TABLE = (
         "llmgw ctl keys list -o json\n"
         "llmgw ctl keys revoke k3f9a2b1",
         _keys_arguments,
+    ),
+    Command(
+        "limits",
+        "tenants' limits at the gateways: requests and tokens per minute, token budgets",
+        "llmgw ctl limits set acme --rpm 600 --tpm 200000\n"
+        "llmgw ctl limits set acme --model llama-70b --budget 5000000 --per month\n"
+        "llmgw ctl limits list -o json\n"
+        "llmgw ctl limits delete acme --model llama-70b",
+        _limits_arguments,
+    ),
+    Command(
+        "usage",
+        "requests and tokens per tenant and model, every gateway's (counted by the hour)",
+        "llmgw ctl usage\n"
+        "llmgw ctl usage --since 7d --by tenant -o csv\n"
+        "llmgw ctl usage --since 30d -o json",
+        _usage_arguments,
     ),
     Command(
         "cordon",

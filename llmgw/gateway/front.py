@@ -23,14 +23,21 @@ the public address with this small proxy, and SMG on a loopback port of its own:
   does not exist ("The model `X` does not exist…", `model_not_found`) when the
   controller has not declared it; one it has is sent again (SMG has not taken its
   worker yet) for up to `UPSTREAM_RETRY_S`, then a 503 `model_not_ready` with
-  Retry-After: a declared model is never a 404;
+  Retry-After: a declared model is never a 404. SMG's 503 `no_available_workers`
+  (its workers for the model registered but none healthy yet) is sent again the
+  same way, never shown with SMG's "circuit breaker open or unhealthy";
 * a body over `max_body` is a 413 in OpenAI's error shape, before SMG;
 * a request that never reached SMG (its connection refused or reset on connecting:
   SMG restarting) is sent again for up to `UPSTREAM_RETRY_S`; one that reached it
-  is never sent twice.
+  is never sent twice;
+* a completion, chat completion or embedding for a model the controller declared,
+  with a key: over one of its tenant's limits, OpenAI's 429 `rate_limit_exceeded`
+  with Retry-After, never sent on (limits.py); else its tokens metered per tenant
+  and model from the answer's usage as it passes, a stream asked for it and what
+  the client did not ask for cut out (metering.py).
 
-It reads a request's head, and its body only for a limited key, and streams the
-answer back as it comes. What it costs per request is in bench/README.md.
+It reads a request's head, and the body of a POST, and streams the answer back as
+it comes. What it costs per request is in bench/README.md.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.keyring import Grant, Keyring
+from llmgw.gateway.limits import Limiter, Refusal
+from llmgw.gateway.metering import METERED, STREAMED, Meter, StreamTap, ask_usage, usage_of
 
 log = logging.getLogger("llmgw.gateway.front")
 
@@ -69,12 +78,16 @@ _HOP = frozenset(
     )
 )
 _ANSWER_HOP = _HOP - {"authorization"}
-MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (README: why)
+MAX_BODY = 64 * 2**20  # `llmgw gateway --max-body`'s default (docs/operator-guide.md: why)
 NOT_READY_RETRY_S = "1"
 # How long a request that could not connect to SMG is tried again: SMG restarts
 # within about 1 s of dying (smg.py's first backoff, 0.5 s, and its start).
 UPSTREAM_RETRY_S = 5.0
 _RETRY_EVERY_S = 0.05
+# SMG's answers for a request it sent to no worker (smg 1.13): none serves the model,
+# or none of those that do is healthy (one just registered, or failing its checks).
+# Safe to send again: no engine saw it.
+SENT_NOWHERE = frozenset({(404, "model_not_found"), (503, "no_available_workers")})
 
 
 def openai_error(status: int, kind: str, code: str, message: str, **headers: str) -> web.Response:
@@ -116,6 +129,44 @@ def too_large(max_body: int) -> web.Response:
     return answer
 
 
+def over_limit(refusal: Refusal) -> web.Response:
+    """A request over a tenant's limit: OpenAI's 429, with when to come back and
+    which limit (`x-llmgw-limit`: rpm, tpm or budget) as data beside the words."""
+    return openai_error(
+        429,
+        "rate_limit_exceeded",
+        "rate_limit_exceeded",
+        refusal.message,
+        **{"Retry-After": str(refusal.retry_after_s), "x-llmgw-limit": refusal.kind.value},
+    )
+
+
+class Metered:
+    """One metered request's answer, as `_forward` saw it."""
+
+    __slots__ = ("body", "cut", "left", "status", "tap")
+
+    def __init__(self, tap: StreamTap | None) -> None:
+        self.tap = tap
+        self.status = 0  # SMG's answer's; 0: none (the front answered)
+        self.cut = False  # SMG's answer broke off
+        self.left = False  # the client left before the answer ended: its choice, no error
+        self.body: list[bytes] = []  # a whole answer's pieces, for its usage
+
+    @property
+    def error(self) -> bool:
+        if self.left:
+            return self.status >= 400
+        return not 0 < self.status < 400 or self.cut or (self.tap is not None and self.tap.error)
+
+    def tokens(self) -> tuple[int, int]:
+        if self.tap is not None:
+            return self.tap.tokens
+        if self.status >= 400 or not self.body:
+            return 0, 0
+        return usage_of(b"".join(self.body)) or (0, 0)
+
+
 def _model_in(path: str, body: bytes | None) -> str | None:
     """The model a request names: `/v1/models/NAME`, or `model` in a JSON body."""
     if path.startswith("/v1/models/"):
@@ -139,6 +190,8 @@ class Front:
         body_timeout_s: float = 1800.0,
         max_body: int = MAX_BODY,
         declared: Container[str] = frozenset(),
+        meter: Meter | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.keyring = keyring
         self.public = public  # not loopback: open mode refused
@@ -147,6 +200,8 @@ class Front:
         self.body_timeout_s = body_timeout_s
         self.max_body = max_body
         self.declared = declared  # the controller's models (the endpoint feed's)
+        self.meter = Meter() if meter is None else meter
+        self.limiter = Limiter() if limiter is None else limiter
         self.upstream = upstream.rstrip("/")
         self._upstream_auth = f"Bearer {upstream_key}"
         self._http: aiohttp.ClientSession | None = None
@@ -213,6 +268,8 @@ class Front:
                 "gateway (llmgw ctl keys create)",
             )
         upstream_auth = auth if grant.from_file else self._upstream_auth
+        if request.method == "POST" and path in METERED:
+            return await self._metered(request, grant, upstream_auth)
         if grant.models.every:
             return await self._forward(request, upstream_auth)
         return await self._limited(request, grant, upstream_auth)
@@ -245,6 +302,55 @@ class Front:
         if not grant.models.allows(asked):
             return unknown_model(path, asked)
         return await self._forward(request, upstream_auth, body)
+
+    async def _metered(
+        self, request: web.Request, grant: Grant, upstream_auth: str
+    ) -> web.StreamResponse:
+        """A request whose answer carries `usage`: the key's models checked, the
+        tenant's limits, then its tokens counted as its answer passes (metering.py).
+        A model the controller did not declare reaches no engine: neither limited
+        nor counted (the tables stay bounded by the models that exist)."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        if not isinstance(model, str):
+            if grant.models.every:
+                return await self._forward(request, upstream_auth, body)  # SMG's to refuse
+            return openai_error(
+                400,
+                "invalid_request_error",
+                "missing_required_parameter",
+                "you must provide a model parameter (a JSON body with a string `model`)",
+            )
+        assert isinstance(parsed, dict)
+        if not grant.models.allows(model):
+            return unknown_model(request.path, model)
+        if model not in self.declared:
+            return await self._forward(request, upstream_auth, body)
+        tenant = grant.tenant
+        refusal = self.limiter.check(tenant, model)
+        if refusal is not None:
+            self.meter.refused(tenant, model)
+            return over_limit(refusal)
+        tap = None
+        if parsed.get("stream") is True and request.path in STREAMED:
+            body, keep = ask_usage(body, parsed)
+            tap = StreamTap(keep)
+        metered = Metered(tap)
+        try:
+            return await self._forward(request, upstream_auth, body, metered)
+        except asyncio.CancelledError:  # the client left (handler_cancellation)
+            metered.left = True
+            raise
+        finally:
+            prompt, completion = metered.tokens()
+            self.meter.served(tenant, model, prompt, completion, metered.error)
+            self.limiter.spent(tenant, model, prompt + completion)
 
     async def _body(self, request: web.Request) -> bytes | web.Response:
         """The whole body, or a 408 once it has taken longer than SMG's request
@@ -282,10 +388,14 @@ class Front:
         return web.json_response(listed)
 
     async def _forward(
-        self, request: web.Request, authorization: str | None, body: bytes | None = None
+        self,
+        request: web.Request,
+        authorization: str | None,
+        body: bytes | None = None,
+        metered: Metered | None = None,
     ) -> web.StreamResponse:
         """`request` to SMG with `authorization` in place of the client's; SMG's
-        answer streamed back as it comes."""
+        answer streamed back as it comes (through `metered`'s tap, when it has one)."""
         assert self._http is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         if authorization:
@@ -310,31 +420,59 @@ class Front:
                         raise
                     await asyncio.sleep(_RETRY_EVERY_S)
                     continue
-                if up.status != 404 or up.headers.get("x-smg-error-code") != "model_not_found":
+                if (up.status, up.headers.get("x-smg-error-code")) not in SENT_NOWHERE:
                     break
-                # SMG sent it nowhere: no worker for the model. One the controller
-                # declared is being registered (SMG just restarted, or the model was
-                # just applied): again, a while, and then the 503 to retry.
+                # SMG sent it nowhere: no worker for the model, or none healthy yet. One
+                # the controller declared is being registered (SMG just restarted, the
+                # model was just applied, its one worker not yet healthy): again, a
+                # while, and then the 503 to retry.
+                model = _model_in(request.path, body) or ""
+                if up.status != 404 and model not in self.declared:
+                    break  # SMG's own answer, for workers llmgw did not give it
                 up.release()
                 request_id = up.headers.get("x-request-id")
-                model = _model_in(request.path, body) or ""
                 if model not in self.declared or time.monotonic() >= deadline:
                     return self._no_worker(model, request.path, request_id)
                 await asyncio.sleep(_RETRY_EVERY_S)
             async with up:
                 answer = web.StreamResponse(status=up.status, reason=up.reason)
+                tap = None
+                if metered is not None:
+                    metered.status = up.status
+                    tap = metered.tap if up.status == 200 else None
                 for k, v in up.headers.items():
                     if k.lower() not in _ANSWER_HOP:
                         answer.headers.add(k, v)
-                if up.content_length is not None and "Content-Encoding" not in up.headers:
+                if (
+                    up.content_length is not None
+                    and "Content-Encoding" not in up.headers
+                    and tap is None
+                ):
                     answer.content_length = up.content_length
                 await answer.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await answer.write(chunk)
+                if metered is None:
+                    async for chunk in up.content.iter_any():
+                        await answer.write(chunk)
+                elif tap is None:  # a whole answer: its usage is read at its end
+                    async for chunk in up.content.iter_any():
+                        metered.body.append(chunk)
+                        await answer.write(chunk)
+                else:
+                    async for chunk in up.content.iter_any():
+                        sent = tap.feed(chunk)
+                        if sent:
+                            await answer.write(sent)
+                    rest = tap.close()
+                    if rest:
+                        await answer.write(rest)
                 await answer.write_eof()
                 return answer
         except aiohttp.ClientError as exc:
             if answer is not None and answer.prepared:
+                if metered is not None:  # the client gone (a write failed), or SMG's cut
+                    transport = request.transport
+                    gone = transport is None or transport.is_closing()
+                    metered.left, metered.cut = gone, not gone
                 raise  # cut mid-answer: the client sees the connection end, as from SMG
             log.debug("SMG did not answer %s %s: %s", request.method, request.path, exc)
             return openai_error(

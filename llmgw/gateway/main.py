@@ -21,10 +21,13 @@ from llmgw.gateway.explain import WAKE_TIMEOUT_S
 from llmgw.gateway.front import MAX_BODY, Front, new_upstream_key
 from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.keys import ENV_KEY, ApiKey, load_keys
+from llmgw.gateway.limits import Limiter
+from llmgw.gateway.metering import Meter
 from llmgw.gateway.sizes import format_size, size_arg
-from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
+from llmgw.gateway.smg import Smg, SmgOptions, default_max_in_flight, free_loopback_port
 from llmgw.gateway.sync import Follower
 from llmgw.listen import PortInUse, check_free
+from llmgw.wire import GATEWAY_IN_FLIGHT_BOUND
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
@@ -92,6 +95,15 @@ def parser() -> argparse.ArgumentParser:
         help="the largest request body taken (e.g. 64MiB, 512KiB, 1GiB); a larger one gets "
         f"a 413 in OpenAI's error shape (default {format_size(MAX_BODY)}: a long-context "
         "prompt and OpenAI's 50 MB of images per request fit)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests admitted at once (given to SMG as --max-concurrent-requests; more "
+        "wait in its queue); the controller counts no more than this of this gateway's "
+        "requests as demand (default: SMG's own bound, 1024 per core, at least 4096)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
     p.add_argument(
@@ -177,6 +189,14 @@ def main(argv: list[str]) -> int:
             )
         if args.max_body < 1:
             raise ValueError("--max-body must be at least 1 byte")
+        given = args.max_in_flight is not None
+        if args.max_in_flight is None:
+            args.max_in_flight = default_max_in_flight()
+        if not 1 <= args.max_in_flight <= GATEWAY_IN_FLIGHT_BOUND:
+            raise ValueError(
+                f"--max-in-flight must be from 1 to {GATEWAY_IN_FLIGHT_BOUND:,}, "
+                f"got {args.max_in_flight}"
+            )
         host, port = split_listen(args.listen)
         keys = load_keys(args.api_key_file)
         token = _token(args.token_file)
@@ -214,9 +234,12 @@ def main(argv: list[str]) -> int:
             workdir=workdir,
             request_timeout_s=args.request_timeout,
             max_body=args.max_body,
+            max_in_flight=args.max_in_flight,
+            max_in_flight_given=given,
         )
         smg = Smg(options)
         keyring = Keyring(keys)
+        meter, limiter = Meter(), Limiter()
         follower = Follower(
             args.controller,
             token,
@@ -225,6 +248,8 @@ def main(argv: list[str]) -> int:
             args.wake_timeout,
             keyring=keyring,
             max_body=args.max_body,
+            meter=meter,
+            limiter=limiter,
         )
         front = Front(
             keyring,
@@ -234,6 +259,8 @@ def main(argv: list[str]) -> int:
             body_timeout_s=args.request_timeout,
             max_body=args.max_body,
             declared=follower.declared,
+            meter=meter,
+            limiter=limiter,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"

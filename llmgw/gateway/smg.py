@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
+from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT
 
 log = logging.getLogger("llmgw.gateway.smg")
 
@@ -69,7 +70,18 @@ class SmgOptions:
     request_timeout_s: int = 1800
     log_level: str = "warn"
     max_body: int = MAX_BODY  # the front refuses larger ones first
+    # Requests SMG admits at once (its --max-concurrent-requests, given to it only when
+    # `max_in_flight_given`; else its own default, which this computes); the status says
+    # it, and the controller counts no more of this gateway's requests than that.
+    max_in_flight: int = field(default_factory=lambda: default_max_in_flight())
+    max_in_flight_given: bool = False
     extra: list[str] = field(default_factory=list)
+
+
+def default_max_in_flight() -> int:
+    """SMG's own default bound, made explicit so that the status can say it: 1,024
+    requests per core this process may run on, at least 4,096."""
+    return max(GATEWAY_IN_FLIGHT_DEFAULT, 1024 * len(os.sched_getaffinity(0)))
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,11 @@ class Smg:
             # fail leave routing by the controller's word and SMG's health checks.
             "--disable-circuit-breaker",
         ]
+        if o.max_in_flight_given:
+            # Only when asked: SMG's explicit bound held far fewer than its derived one
+            # in test_held_requests_whose_clients_left_are_dropped (1,000 held never
+            # reached within 60 s; reached in 10 s without the option).
+            argv += ["--max-concurrent-requests", str(o.max_in_flight)]
         return argv + o.extra
 
     def write_secrets(self) -> None:

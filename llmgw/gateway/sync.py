@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 
@@ -29,9 +30,11 @@ from llmgw.gateway.entries import Entries
 from llmgw.gateway.explain import WAKE_TIMEOUT_S, Explainer
 from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keyring import Keyring
+from llmgw.gateway.limits import Limiter
+from llmgw.gateway.metering import Meter
 from llmgw.gateway.smg import Smg
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
-from llmgw.wire import ClientKeysFeed, Endpoint, EndpointsDelta, Unserved, printable
+from llmgw.wire import ClientKeysFeed, Endpoint, EndpointsDelta, Unserved, UsageAnswer, printable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -47,6 +50,10 @@ CARRY_TIMEOUT_S = 30.0
 # long as a matter of course, and only past this bound is it a failure.
 REMOVE_TIMEOUT_S = 20.0
 EVICT_EVERY_S = 1.0  # how often SMG's workers are checked for ones llmgw did not add
+# How often the metered counts go to the controller, and so how late a gateway hears
+# what the others spent against a limit (gateway/limits.py: the overshoot bound).
+USAGE_EVERY_S = 1.0
+USAGE_ROWS = 20_000  # (tenant, model) counts per batch at most (wire.UsageBatch's bound)
 
 
 class Outage:
@@ -77,6 +84,8 @@ class Follower:
         wake_timeout_s: float = WAKE_TIMEOUT_S,
         keyring: Keyring | None = None,
         max_body: int = MAX_BODY,
+        meter: Meter | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         # Several controllers (`--controller A,B`): follow the one that leads.
         self.controllers = Endpoints(split_urls(controller))
@@ -101,6 +110,8 @@ class Follower:
         self.routed = ""
         self.changed = asyncio.Event()
         self.keyring = keyring  # follows the controller's client keys (their digests)
+        self.meter = meter  # what the front metered, posted each second
+        self.limiter = limiter  # tenants' limits, from the keys feed; shared counts back
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
@@ -110,6 +121,8 @@ class Follower:
                 loops = [self._poll(http), self._apply_loop(), self._status(http)]
                 if self.keyring is not None:
                     loops.append(self._poll_keys(http))
+                if self.meter is not None:
+                    loops.append(self._post_usage(http))
                 await asyncio.gather(*loops, self._evict_loop())
         finally:
             await self.explainer.stop()
@@ -183,9 +196,57 @@ class Follower:
                 continue
             outage.ok()
             self.keyring.set_controller_keys(feed.keys)
+            if self.limiter is not None:
+                self.limiter.set_limits(feed.limits)
             if not feed.cursor:
                 await asyncio.sleep(POLL_WAIT_S)
             cursor = feed.cursor
+
+    async def _post_usage(self, http: aiohttp.ClientSession) -> None:
+        """Each second, what the front metered since to the controller, which adds it
+        to the store and answers what the other gateways spent against each limit.
+        A batch not answered is sent again as it was (its `seq` counts it once);
+        what is metered meanwhile waits for the next."""
+        assert self.meter is not None
+        meter, limiter = self.meter, self.limiter
+        outage = Outage("usage to the controller")
+        run, seq = secrets.token_hex(8), 0
+        batch: dict[str, object] | None = None
+        while True:
+            await asyncio.sleep(USAGE_EVERY_S)
+            if batch is None:
+                if not meter and not limiter:
+                    continue  # nothing to count, no limit to hear about
+                seq += 1
+                rows = [
+                    {"tenant": t, "model": m, **{k: getattr(c, k) for k in c.__slots__}}
+                    for (t, m), c in meter.cut(USAGE_ROWS).items()
+                ]
+                if limiter is not None:
+                    limiter.cut()
+                batch = {"name": self.name, "run": run, "seq": seq, "rows": rows}
+            try:
+                _, status, answer = await aiohttp_request(
+                    http, self.controllers, "POST", "/v1/gateways/usage", json=batch
+                )
+                if status in (400, 404, 413):  # refused as it is: sending it again won't do
+                    log.warning(
+                        "the controller refused a usage batch (%d: %s): its counts are lost",
+                        status,
+                        error_message(answer, str(status)),
+                    )
+                    batch = None
+                    continue
+                if status >= 400:
+                    raise RuntimeError(f"{status}: {error_message(answer, str(status))}")
+                shared = UsageAnswer.model_validate_json(answer)
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
+                outage.failed(exc)
+                continue
+            outage.ok()
+            batch = None
+            if limiter is not None:
+                limiter.shared(shared)
 
     # -- applying to SMG -----------------------------------------------------------------
 
@@ -235,8 +296,11 @@ class Follower:
             # Add first: the old workers leave only once the new ones take requests. An
             # explainer too: the model's one worker in SMG until then, it sends what it is
             # given to the new engines (removed at once, SMG answered "all workers are
-            # unavailable" while it registered them).
-            self._write(serving.keys() | leaving)
+            # unavailable" while it registered them). Only workers of a model that gains
+            # new ones stay: another model's leave at once, so that their stop waits
+            # for nothing of this model's (the status says them released).
+            gaining = {serving[u] for u in adding}
+            self._write(serving.keys() | {u for u in leaving if self.model_of.get(u) in gaining})
             added_at = time.monotonic()
             await self._until(lambda w: all(w.get(u) for u in adding), ADD_TIMEOUT_S)
             if not await self._until(lambda w: not self.alone(w, serving), CARRY_TIMEOUT_S):
@@ -330,6 +394,21 @@ class Follower:
 
     # -- status ---------------------------------------------------------------------------------
 
+    async def _released(self) -> list[str]:
+        """Replicas the feed says are stopping whose workers SMG no longer lists (nor
+        the manifest): this gateway routes nothing more to them, whatever else it is
+        still applying. None while SMG does not answer."""
+        stopping = {e.url: rid for rid, e in self.endpoints.items() if e.state == "stopping"}
+        if not stopping:
+            return []
+        try:
+            listed = await self.smg.workers()
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+            return []
+        return sorted(
+            rid for url, rid in stopping.items() if url not in listed and url not in self.written
+        )
+
     async def _status(self, http: aiohttp.ClientSession) -> None:
         outage = Outage("gateway status to the controller")
         while True:
@@ -348,16 +427,20 @@ class Follower:
                 for url, rid in by_url.items():
                     in_flight[rid] = load.in_flight.get(url, 0)
                     requests[rid] = load.requests.get(url, 0)
+            released = await self._released()
             body: dict[str, object] = {
                 "name": self.name,
                 "cursor": cursor,
                 "in_flight": in_flight,
                 "requests": requests,
+                "max_in_flight": self.smg.options.max_in_flight,
             }
             if self.entries.rejected:  # only when there are: older controllers refuse it
                 body["rejected"] = dict(self.entries.rejected)
             if self.explainer.held:  # the same
                 body["held"] = dict(self.explainer.held)
+            if released:  # the same
+                body["released"] = released
             if self.routed != cursor:  # the same (only while removals are pending)
                 body["routed"] = self.routed
             used = self.keyring.take_used() if self.keyring is not None else {}

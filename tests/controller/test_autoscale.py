@@ -17,7 +17,7 @@ from loading_sim import LoadingSim
 from pydantic import ValidationError
 
 from llmgw.controller.core.autoscale import WINDOW_S, Autoscaler
-from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.present import Meaning, model_words
 from llmgw.wire import EventReason, ModelSpec, ModelView, ReplicaState, ScalingState
 
@@ -307,14 +307,14 @@ class _LetsGoNextPass:
     def view(self, now: float) -> GateView:
         facts = self.sim.fleet.facts
         applied = facts.revision
-        return GateView(now, math.inf, ((applied, {}),), dict(facts.stopping))
+        return GateView(now, math.inf, (LiveGateway(applied, {}),), dict(facts.stopping))
 
 
 class _Holding:
     """A stop gate whose gateways never let go (and report no traffic)."""
 
     def view(self, now: float) -> GateView:
-        return GateView(now, math.inf, ((None, {}),))
+        return GateView(now, math.inf, (LiveGateway(None, {}),))
 
 
 class _SkewedReads(DemandSim):
@@ -338,7 +338,7 @@ class _GatewaysRead:
     def view(self, now: float) -> GateView:
         ids = self.sim.first_ready()
         in_flight = {rid: 1 if i == 0 else 3 for i, rid in enumerate(ids)}
-        return GateView(now, math.inf, ((None, in_flight),), in_flight=in_flight)
+        return GateView(now, math.inf, (LiveGateway(None, in_flight),), in_flight=in_flight)
 
 
 def test_readings_taken_at_different_moments_are_not_added_up_twice(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from llmgw.controller.loop.shortfalls import shortfalls
 from llmgw.controller.state.liveness import Liveness
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.controller.term import Term
-from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.model_views import leave_words
 from llmgw.wire import AdminFlag, EventReason, ModelSpec, ReplicaState
 
@@ -147,7 +147,7 @@ def test_a_failed_replica_is_removed_and_its_model_backs_off() -> None:
 
 def test_replicas_of_a_deleted_model_wait_for_the_gateways_then_stop() -> None:
     gone = replica("a", model="old")
-    holding = GateView(now=100.0, grace_s=math.inf, live=((None, {}),))
+    holding = GateView(now=100.0, grace_s=math.inf, live=(LiveGateway(None, {}),))
 
     waits = retire_deleted(snapshot([gone], gate=holding))
     stops = retire_deleted(snapshot([gone]))
@@ -161,13 +161,30 @@ def test_a_gate_lets_go_of_what_every_live_gateway_applied() -> None:
     gate = GateView(
         now=100.0,
         grace_s=60.0,
-        live=((12, {}), (12, {"busy": 1})),
+        live=(LiveGateway(12, {}), LiveGateway(12, {"busy": 1})),
         stopping={"a": (10, 90.0), "busy": (10, 90.0), "late": (20, 90.0), "old": (99, 30.0)},
     )
 
     assert gate.lets_go(["a", "busy", "late", "old", "new"]) == ["a", "old"]
     assert gate.lets_go(["busy"], force=True) == ["busy"], "forced: in flight does not wait"
     assert GateView(now=1.0, grace_s=60.0).lets_go(["new"]) == ["new"], "no gateway at all"
+
+
+def test_a_stop_waits_for_no_other_models_change() -> None:
+    """A gateway still applying a slow change of model B (its cursor held back, up to
+    about 35 s) has let go of model A's replica once its SMG dropped A's worker: the
+    stop of A waits for that, not for B (issue 36)."""
+    stopping = {"a": (10, 90.0), "busy": (10, 90.0)}
+    slow = LiveGateway(9, {"busy": 1}, released=frozenset({"a", "busy"}))
+    gate = GateView(now=100.0, grace_s=60.0, live=(LiveGateway(12, {}), slow), stopping=stopping)
+    assert gate.lets_go(["a", "busy"]) == ["a"], "released, but a request still runs on busy"
+    assert gate.lets_go(["busy"], force=True) == ["busy"]
+    # Neither applied nor released: it may still route there.
+    held = LiveGateway(9, {}, released=frozenset({"busy"}))
+    assert GateView(now=100.0, grace_s=60.0, live=(held,), stopping=stopping).lets_go(["a"]) == []
+    # Released but never marked stopping: nothing lets it go before its mark.
+    unmarked = GateView(now=100.0, grace_s=60.0, live=(slow,))
+    assert unmarked.lets_go(["a"]) == []
 
 
 def test_one_replica_above_the_desired_count_leaves_as_a_scale_down() -> None:
@@ -190,7 +207,7 @@ def test_demand_back_takes_a_scale_down_back_but_never_a_reclaimed_replica() -> 
     reclaimed = replica("b", ReplicaState.DRAINING).leaves(
         LeaveReason.RECLAIM, "reclaimed for big (priority 9)", "big"
     )
-    holding = GateView(now=100.0, grace_s=math.inf, live=((None, {}),))
+    holding = GateView(now=100.0, grace_s=math.inf, live=(LiveGateway(None, {}),))
 
     plan = scale(snapshot([scaled, reclaimed], [spec], gate=holding), LoopMemory())
 
@@ -245,7 +262,7 @@ def test_a_short_model_is_wanted_and_a_satisfied_one_loses_its_reason() -> None:
 
 def test_a_plan_with_a_gate_marks_before_it_removes() -> None:
     """A scale-down with gateways that let go at once: out of routing, then removed."""
-    gate = GateView(now=100.0, grace_s=0.0, live=((None, {}),))
+    gate = GateView(now=100.0, grace_s=0.0, live=(LiveGateway(None, {}),))
     plan = scale(snapshot([replica("a"), replica("b", created_at=2.0)], gate=gate), LoopMemory())
 
     kinds = [type(a).__name__ for a in plan.actions if not isinstance(a, (Scaling, ForgetScaling))]

@@ -27,7 +27,7 @@ from llmgw.controller.loop.plans import MarkDrained
 from llmgw.controller.loop.rolling import roll
 from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
-from llmgw.controller.views.endpoints import GateView
+from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.replies import sleep_level
 from llmgw.present import Meaning, model_words
 from llmgw.wire import (
@@ -73,7 +73,7 @@ def reported(
 
 
 def held(model: str, n: int) -> GateView:
-    return GateView(now=NOW, grace_s=math.inf, live=((None, {}),), held={model: n})
+    return GateView(now=NOW, grace_s=math.inf, live=(LiveGateway(None, {}),), held={model: n})
 
 
 def test_a_replica_idle_for_sleep_after_sleeps_instead_of_stopping() -> None:
@@ -94,7 +94,7 @@ def test_a_replica_idle_for_sleep_after_sleeps_instead_of_stopping() -> None:
 
 def test_a_replica_is_told_to_sleep_only_once_the_gateways_let_go_of_it() -> None:
     idle = replica("a")
-    holding = GateView(now=NOW, grace_s=math.inf, live=((None, {}),))
+    holding = GateView(now=NOW, grace_s=math.inf, live=(LiveGateway(None, {}),))
 
     decided = sleep_and_wake(
         reported([idle], {"a": shard(idle, ShardState.READY, 60.0)}, gate=holding)
@@ -103,7 +103,9 @@ def test_a_replica_is_told_to_sleep_only_once_the_gateways_let_go_of_it() -> Non
     [going] = decided.put
     assert (going.state, going.asleep_since) == (ReplicaState.SLEEPING, None), "not told yet"
     assert decided.stopping == ["a"], "out of routing as before a stop"
-    let_go = GateView(now=NOW, grace_s=math.inf, live=((50, {}),), stopping={"a": (40, 90.0)})
+    let_go = GateView(
+        now=NOW, grace_s=math.inf, live=(LiveGateway(50, {}),), stopping={"a": (40, 90.0)}
+    )
     still = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=holding))
     told = sleep_and_wake(reported([going], {"a": shard(going, ShardState.READY)}, gate=let_go))
     assert still.put == []

@@ -187,7 +187,7 @@ def _commands(p: object, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[s
 
 def test_every_subcommand_help_lists_options_with_defaults_and_an_example() -> None:
     commands = list(_commands(parser()))
-    assert len(commands) == 19  # 15 commands, 4 config actions
+    assert len(commands) == 21  # 17 commands, 4 config actions
     for path, sub in commands:
         text = sub.format_help()  # type: ignore[attr-defined]
         assert "example:\n  llmgw ctl" in text or "example:\n  LLMGW_" in text, path

@@ -47,7 +47,7 @@ def test_the_parser_is_built_for_the_command_asked_and_argparse_is_left_alone() 
 @pytest.mark.parametrize("argv", [["--help"], ["frobnicate"]])
 def test_help_and_unknown_commands_see_every_command(argv: list[str]) -> None:
     (sub,) = [a for a in parser(argv)._actions if isinstance(a, argparse._SubParsersAction)]
-    assert len(sub.choices) == 15
+    assert len(sub.choices) == 17
 
 
 def test_escaping_and_colours_are_written_once() -> None:

@@ -24,8 +24,9 @@ UNKNOWN = {"NODE": NODE, "NAME": NODE, "MODEL": MODEL, "KIND": "model"}  # NAME:
 # Options whose value names an object: each kind of name it takes.
 NAMING_OPTIONS = {"--for": [f"node/{NODE}", f"model/{MODEL}"]}
 # Commands that take no name at all; any other command must yield a case below.
-# (`keys` names client keys by their id: tests/tenants/test_keys_controller.py.)
-NAMELESS = {"status", "models", "replicas", "apply", "config", "keys"}
+# (`keys` names client keys by their id: tests/tenants/test_keys_controller.py;
+# `limits` names tenants, whose unknown ones tests/tenants/test_usage_controller.py tries.)
+NAMELESS = {"status", "models", "replicas", "apply", "config", "keys", "limits", "usage"}
 # A word a free positional also takes, which argparse cannot list (its help says it).
 VERBS = {("node", "name"): ["forget"]}
 

@@ -1,6 +1,6 @@
-"""A fleet installed as the README says runs: the controller (enrollment and TLS
+"""A fleet installed as docs/deployment.md says runs: the controller (enrollment and TLS
 drop-ins), an agent that enrolls and a gateway, each started from its unit's ExecStart
-with the files the README has the operator create, as systemd would start it (the
+with the files the install steps have the operator create, as systemd would start it (the
 credentials copied into a directory of their own, the unit's environment and env file)."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def host(tmp_path: Path) -> Iterator[Host]:
         h.close()
 
 
-def test_a_fleet_installed_as_the_readme_says_runs(host: Host) -> None:
+def test_a_fleet_installed_as_the_docs_say_runs(host: Host) -> None:
     tls: Tls = make_tls()
     port = host.ports["0.0.0.0:7460"]
     url = f"https://localhost:{port}"

@@ -1,5 +1,5 @@
 """The systemd units verify, and each one's ExecStart, with each set of its drop-ins and
-the files the README tells the operator to create, parses with llmgw's own CLI parser."""
+the files docs/deployment.md tells the operator to create, parses with llmgw's own CLI parser."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from llmgw.cli import PROGRAMS
 from tests.deploy.units import (
+    INSTALL_DOC,
     NAMES,
-    README,
     UNITS,
     VARIANTS,
     Service,
@@ -53,13 +53,15 @@ def test_exec_start_parses_with_the_llmgw_cli(
             assert Path(str(value)).exists(), f"{name} {dropins}: {value} is not loaded"
 
 
-def test_each_way_to_run_a_unit_is_in_the_readme() -> None:
-    readme = README.read_text()
+def test_each_way_to_run_a_unit_is_in_the_install_steps() -> None:
+    steps = INSTALL_DOC.read_text()
     for unit, variants in VARIANTS.items():
-        assert f"deploy/systemd/{unit}" in readme
+        assert f"deploy/systemd/{unit}" in steps
         for dropins in variants:
             for name in dropins:
-                assert f"{unit}.d/{name}" in readme, f"README does not mention {unit}.d/{name}"
+                assert f"{unit}.d/{name}" in steps, (
+                    f"docs/deployment.md does not mention {unit}.d/{name}"
+                )
     for path in UNITS.glob("*.service.d/*.conf"):
         assert path.name in {d for v in VARIANTS[path.parent.name[:-2]] for d in v}, path
 

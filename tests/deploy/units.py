@@ -1,5 +1,5 @@
 """Read deploy/systemd's units as systemd would run them: a unit plus its drop-ins, the
-files the README tells the operator to create, and ExecStart expanded into an argv.
+files docs/deployment.md tells the operator to create, and ExecStart expanded into an argv.
 
 What systemd does that matters here (systemd.exec(5), systemd.service(5)):
 Environment= and EnvironmentFile= set variables, a later assignment wins; `%d` is the
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-README = Path(__file__).resolve().parents[2] / "README.md"
+INSTALL_DOC = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"  # the install steps
 NAMES = ["llmgw-agent.service", "llmgw-controller.service", "llmgw-gateway.service"]
 
 # The drop-ins an operator may install with each unit: one set per way to run it.
@@ -133,7 +133,7 @@ def make_tls() -> Tls:
 
 
 def operator_files(etc: Path, controller_url: str, tls: Tls | None = None) -> dict[str, str]:
-    """Write what README's "Install on a real fleet" has the operator create in /etc/llmgw
+    """Write what docs/deployment.md's "Install on a real fleet" has the operator create in /etc/llmgw
     on the controller host, a GPU node and a gateway host (one directory here: no name
     is on two hosts with different contents). Returns the env files' texts by the path
     the units name."""
@@ -179,6 +179,6 @@ def load_credentials(service: Service, etc: Path, creds: Path) -> None:
         local = etc / source.removeprefix("/etc/llmgw/")
         assert local.exists(), (
             f"{service.unit} {service.dropins}: LoadCredential={ident}:{source}, "
-            "which the README's install steps do not create"
+            "which the install steps (docs/deployment.md) do not create"
         )
         (creds / ident).write_bytes(local.read_bytes())

@@ -5,6 +5,7 @@ real fake-engine processes, so ids are seen to be unique across engines."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -171,3 +172,37 @@ def test_ids_are_unique_across_engines() -> None:
             for _ in range(3)
         ]
     assert len(set(ids)) == 6 and all(i.startswith("chatcmpl-") for i in ids), ids
+
+
+def test_continuous_usage_stats_as_vllm_and_stream_options_only_with_a_stream(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+) -> None:
+    """vLLM's `continuous_usage_stats` (what the gateway asks for, to meter a stream
+    cut short): every chunk carries the usage so far, its choice's tokens; vLLM
+    refuses stream_options on a request that does not stream."""
+    one, _ = clients
+    base = str(one.base_url).rstrip("/")
+    body = {
+        "model": "org/m",
+        "prompt": "a b c",
+        "max_tokens": 3,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{base}/completions", json=body, timeout=10) as r:
+        events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    tokens = [e for e in events if e["choices"] and e["choices"][0]["text"]]
+    assert [(e["choices"][0]["index"], e["usage"]["completion_tokens"]) for e in tokens] == [
+        (0, 1),
+        (1, 1),
+        (0, 2),
+        (1, 2),
+        (0, 3),
+        (1, 3),
+    ]
+    assert all(e["usage"]["prompt_tokens"] == 3 for e in events)
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
+    plain = {k: v for k, v in body.items() if k != "stream"}
+    r = httpx.post(f"{base}/completions", json=plain, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"

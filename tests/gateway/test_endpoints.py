@@ -131,6 +131,36 @@ def test_a_drain_waits_for_every_live_gateway(tmp_path: Path) -> None:
     assert sim.fleet.rows.row(old.node).admin.drained
 
 
+def test_a_drain_waits_for_the_replicas_release_not_another_models_change(
+    tmp_path: Path,
+) -> None:
+    """A gateway whose cursor a slow change of another model holds back (up to about
+    35 s) reports the stopping replicas its SMG no longer routes to: a stop waits for
+    that, and for nothing in flight, not for the cursor (issue 36)."""
+    sim = Sim(tmp_path, stop_grace_s=60.0)
+    sim.fleet.facts.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (old,) = sim.fleet.endpoints_since("").endpoints
+    before = sim.fleet.endpoints_since("").cursor  # the cursor it stays at
+    sim.gateway("gw-a", before)
+    sim.fleet.facts.set_flag(old.node, AdminFlag.DRAINING, "bios", "ops")
+    for _ in range(4):
+        sim.step()
+        sim.gateway("gw-a", before)
+    assert old.replica_id in sim.fleet.facts.records, "neither applied nor released"
+    status = GatewayStatus(name="gw-a", cursor=before, released=[old.replica_id, "gone"])
+    sim.gateways.report(status.model_copy(update={"in_flight": {old.replica_id: 1}}))
+    sim.step()
+    assert old.replica_id in sim.fleet.facts.records, "released, a request still running"
+    sim.gateways.report(status)
+    (seen,) = sim.gateways.seen.values()
+    assert seen.released == {old.replica_id}, "only replicas that exist are kept"
+    sim.step()
+    assert old.replica_id not in sim.fleet.facts.records
+    assert sim.gateways.seen["gw-a"].released == frozenset(), "the log removed it"
+
+
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=5.0)
     sim.fleet.facts.put_models([MODEL])
@@ -345,3 +375,58 @@ async def test_an_apply_that_declares_a_model_waits_for_the_live_gateways(
     caplog.set_level(logging.WARNING, logger="llmgw.controller")
     await gateways.caught_up(sim.fleet.facts.revision, "model other declared", timeout_s=0.1)
     assert "model other declared: gateway(s) gw-a, gw-b have not applied it" in caplog.text
+
+
+def test_a_gateway_is_counted_up_to_what_it_admits(tmp_path: Path) -> None:
+    """A gateway token posting `in_flight: 1000000` for one replica kept a model at its
+    maximum (issue 36 item 1): what a gateway says in flight and held is counted up to
+    the concurrency it admits (SMG's bound, which the status says), with an event."""
+    from llmgw.wire import GATEWAY_IN_FLIGHT_BOUND, GATEWAY_IN_FLIGHT_DEFAULT, EventReason
+
+    sim = Sim(tmp_path)
+    sim.fleet.facts.put_models([MODEL.model_copy(update={"name": "m2"}), MODEL])
+    sim.step()
+    sim.step()
+    ids = sorted(sim.fleet.facts.records)
+
+    def clamped() -> list[str]:
+        return [
+            e.message
+            for e in sim.fleet.facts.events().events
+            if e.reason is EventReason.GATEWAY_CLAMPED
+        ]
+
+    # At its limit exactly: counted as said, no event.
+    sim.gateways.report(
+        GatewayStatus(name="gw", in_flight={ids[0]: 60, ids[1]: 30}, max_in_flight=90)
+    )
+    assert sim.gateways.in_flight(sim.clock()) == {ids[0]: 60, ids[1]: 30} and clamped() == []
+    # One past it: scaled down together, held requests included, to the limit in all.
+    sim.gateways.report(
+        GatewayStatus(name="gw", in_flight={ids[0]: 60, ids[1]: 30}, held={"llama": 10},
+                      max_in_flight=99)
+    )  # fmt: skip
+    in_flight, held = sim.gateways.in_flight(sim.clock()), sim.gateways.held(sim.clock())
+    assert in_flight == {ids[0]: 59, ids[1]: 29} and held == {"llama": 9}
+    (said,) = clamped()
+    assert "gateway gw said 100 requests" in said and "the 99 it admits" in said
+    # The issue's probe, at the wire's bound, from a gateway that does not say its limit.
+    sim.clock.advance(1.0)
+    sim.gateways.report(GatewayStatus(name="gw", in_flight={ids[0]: 1_000_000}))
+    assert sim.gateways.in_flight(sim.clock()) == {ids[0]: GATEWAY_IN_FLIGHT_DEFAULT}
+    assert len(clamped()) == 1  # the same run of clamped statuses: said once a minute
+    sim.clock.advance(60.0)
+    top = {ids[0]: 1_000_000, ids[1]: 1_000_000}
+    sim.gateways.report(
+        GatewayStatus(name="gw", in_flight=top, max_in_flight=GATEWAY_IN_FLIGHT_BOUND)
+    )
+    assert sum(sim.gateways.in_flight(sim.clock()).values()) == GATEWAY_IN_FLIGHT_BOUND
+    assert len(clamped()) == 2
+    # Back within its limit, then past it again: a new run, said at once.
+    sim.gateways.report(GatewayStatus(name="gw", in_flight={ids[0]: 1}, max_in_flight=2))
+    sim.gateways.report(GatewayStatus(name="gw", in_flight={ids[0]: 3}, max_in_flight=2))
+    assert len(clamped()) == 3
+    with pytest.raises(ValueError):
+        GatewayStatus(name="gw", max_in_flight=GATEWAY_IN_FLIGHT_BOUND + 1)
+    with pytest.raises(ValueError):
+        GatewayStatus(name="gw", max_in_flight=0)

@@ -28,8 +28,18 @@ ASKED: dict[str, int] = {}  # model -> requests the fake SMG got for it
 async def fake_smg(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     ASKED[body["model"]] = ASKED.get(body["model"], 0) + 1
-    # "late" is registered on its third request, as SMG takes a new worker.
-    served = body["model"] == "served" or (body["model"] == "late" and ASKED["late"] > 2)
+    # "late" is registered on its third request, as SMG takes a new worker; "unhealthy"
+    # has a worker that passes its health checks from its third request on.
+    model = body["model"]
+    served = model == "served" or (model in ("late", "unhealthy") and ASKED[model] > 2)
+    if model in ("unhealthy", "never-healthy", "not-ours") and not served:
+        return web.json_response(  # what SMG answers when no worker of it is healthy
+            {"error": {"type": "server_error", "code": "no_available_workers",
+                       "message": "All workers are unavailable (circuit breaker open or "
+                                  "unhealthy)", "param": None}},
+            status=503,
+            headers={"x-smg-error-code": "no_available_workers", "retry-after": "1"},
+        )  # fmt: skip
     if not served:  # what SMG answers for a model no worker serves
         return web.json_response(
             {"error": {"type": "invalid_request_error", "code": "model_not_found",
@@ -131,6 +141,31 @@ async def test_an_undeclared_model_does_not_exist_and_a_declared_one_is_retried(
             await client(url).chat.completions.create(**chat("declared-not-routed"))  # type: ignore[call-overload]
         assert waiting.value.status_code == 503 and waiting.value.code == "model_not_ready"
         assert waiting.value.response.headers["Retry-After"] == "1"
+    finally:
+        await front.stop()
+
+
+async def test_a_declared_model_whose_worker_is_not_healthy_yet_is_retried(
+    smg: TestServer,
+) -> None:
+    """SMG answers 503 no_available_workers, with its circuit-breaker words, while a
+    model's only worker is registered but not yet healthy (seen right after a model
+    first serves, the rare 503 of test_keys_unknown_and_unserved_models): it sent the
+    request nowhere, so the front sends it again within the bound, as for its 404."""
+    declared = {"unhealthy", "never-healthy"}
+    front, url = await start(str(smg.make_url("")), declared=declared)
+    try:
+        answer = await client(url).chat.completions.create(**chat("unhealthy"))  # type: ignore[call-overload]
+        assert answer.choices[0].message.content == "ok" and ASKED["unhealthy"] == 3
+        with pytest.raises(openai.InternalServerError) as waiting:
+            await client(url).chat.completions.create(**chat("never-healthy"))  # type: ignore[call-overload]
+        assert waiting.value.code == "model_not_ready"
+        assert "circuit breaker" not in waiting.value.message
+        assert waiting.value.response.headers["Retry-After"] == "1"
+        # A model llmgw never declared keeps SMG's answer as it is, sent once.
+        with pytest.raises(openai.InternalServerError) as theirs:
+            await client(url).chat.completions.create(**chat("not-ours"))  # type: ignore[call-overload]
+        assert theirs.value.code == "no_available_workers" and ASKED["not-ours"] == 1
     finally:
         await front.stop()
 

@@ -5,6 +5,7 @@ worker it never drops is one, said once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -182,3 +183,27 @@ async def test_a_new_model_is_added_while_a_removal_waits() -> None:
     assert smg.manifests[-1] == {"http://b:1", explainer}
     assert all("http://a:1" not in m for m in smg.manifests[1:]), smg.manifests
     assert await smg.workers() == {"http://b:1": True, explainer: True}
+
+
+async def test_a_stopping_replica_is_released_once_smg_drops_it_whatever_else_waits() -> None:
+    """The status names the stopping replicas SMG no longer routes to, while another
+    model's new worker still keeps the apply (and so the cursor) waiting: the stop of
+    the first waits for no other model (issue 36)."""
+    smg = SlowSmg(remove_after_s=0.3, route_after_s=60.0)  # "b:2" never routed meanwhile
+    f = follower(smg)
+    await f._apply({"http://a:1": "a", "http://b:1": "b"})
+    f.endpoints = {
+        "a1": Endpoint(replica_id="a1", model="a", url="http://a:1", node="n", fabric=None,
+                       state="stopping"),
+        "b1": Endpoint(replica_id="b1", model="b", url="http://b:1", node="n", fabric=None,
+                       state="serving"),
+    }  # fmt: skip
+    assert await f._released() == [], "SMG still lists a:1"
+    # A's replica leaves and B gets a second worker SMG is slow to route: one apply.
+    applying = asyncio.create_task(f._apply({"http://b:1": "b", "http://b:2": "b"}))
+    await asyncio.sleep(0.6)
+    assert not applying.done(), "the apply (and the cursor) wait on b:2"
+    assert await f._released() == ["a1"]
+    applying.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await applying

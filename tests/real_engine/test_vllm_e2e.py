@@ -5,7 +5,7 @@ each here, so the steps share it): a controller, two agents with one fake card
 each whose engines are pinned to one core each through the template's env, the
 gateway, and a tiny random-weight Llama. The `vllm` template's own arguments are
 used; only its executable is replaced (the CPU build's `vllm` command does not
-start), as README's "the CPU build" says.
+start), as the operator guide's "the CPU build" says (docs/operator-guide.md).
 
 1. the replica turns ready, its engine pinned to its node's core;
 2. chat and completions, streamed and not, through the gateway;

@@ -1,7 +1,7 @@
-"""Who may call what, as README's API table says it, is what the controller enforces
+"""Who may call what, as the API reference's table (docs/api.md) says it, is what the controller enforces
 (issue 25 item 7): the table names every route with the token kinds the route table
 allows, and `/metrics` and `/v1/whoami` answer the whole matrix of token kinds as
-documented (`/metrics` answered admin and shared agent tokens, unlike README)."""
+documented (`/metrics` answered admin and shared agent tokens, unlike the docs)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from llmgw.controller.http.app import create_app
 from llmgw.controller.http.routes import ROUTE_ROLES
 from tests.security.conftest import ClientFactory, auth
 
-README = Path(__file__).parents[2] / "README.md"
+API_DOC = Path(__file__).parents[2] / "docs" / "api.md"
 ANY = {Role.ADMIN, Role.READ, Role.AGENT}
-# README's words for who may call a route -> the roles they mean.
+# The API reference's words for who may call a route -> the roles they mean.
 WORDS: dict[str, set[Role] | None] = {
     "none": None,
     "agent": {Role.AGENT},
@@ -35,10 +35,10 @@ ROW = re.compile(r"^\| `(GET|POST|DELETE|PUT) ([^`?]+)[^`]*` \| ([^|]+) \|", re.
 
 
 def documented() -> dict[str, set[Role] | None]:
-    text = README.read_text().split("\n## API\n", 1)[1].split("\n## ", 1)[0]
+    text = API_DOC.read_text().split("\n## ", 1)[0]  # the routes, before the summary
     rows = {}
     for method, path, who in ROW.findall(text):
-        assert who.strip() in WORDS, f"README's API table: unknown token words {who!r}"
+        assert who.strip() in WORDS, f"docs/api.md's table: unknown token words {who!r}"
         rows[f"{method} {path}"] = WORDS[who.strip()]
     return rows
 

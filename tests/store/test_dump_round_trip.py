@@ -19,6 +19,8 @@ from llmgw.controller.core.records import (
     ReplicaRecord,
     ShardRecord,
     StateDump,
+    TenantLimit,
+    UsageCount,
 )
 from llmgw.controller.store.base import StateStore
 from llmgw.controller.store.sqlite import Store
@@ -39,6 +41,11 @@ SPEC = ModelSpec.model_validate(
 TOKEN = EnrollToken("tok001", "d-tok", 1.0, "alice", expires_at=900.0, uses=3, description="rack 4")
 OPEN_TOKEN = EnrollToken("tok002", "d-open", 2.0, "bob")
 CLIENT_KEY = ClientKey("k1", "acme", "d-key", ("llama-*", "chat"), 3.0, "alice", 99.0, 12.0)
+LIMITS = [
+    TenantLimit("acme", None, 60, None, 1000, "month", "alice", 4.0),
+    TenantLimit("acme", "chat", None, 500, None, None, "bob", 5.0),
+]
+USAGE = [UsageCount(3600.0, "acme", "chat", 3, 30, 20, 1, 2), UsageCount(7200.0, "beta", "m", 1)]
 DECISIONS = [
     EventView(
         id=7,
@@ -88,6 +95,9 @@ def fill(store: StateStore) -> None:
     assert store.enroll("n2", "d-n2", at=9.0, by="enroll", pending=True, token=TOKEN.id)
     store.allow_enroll("n5", by="alice", at=10.0)
     store.put_client_key(CLIENT_KEY)
+    for limit in LIMITS:
+        store.put_limit(limit)
+    assert store.add_usage("gw", "run", 1, USAGE, at=7300.0)
 
 
 @pytest.fixture
@@ -123,6 +133,7 @@ def test_a_dump_loads_into_the_other_backend_whole(
     ]
     assert dump.enroll_allowed == {"n5": ("alice", 10.0)}
     assert dump.client_keys == [CLIENT_KEY], "a client key as stored: its digest"
+    assert dump.limits == LIMITS and dump.usage == USAGE
     assert [r.revision for r in dump.revisions["m"]] == [1]
     assert other_store.dump().empty()
     before = other_store.revision
@@ -154,6 +165,8 @@ def test_a_dump_loads_into_the_other_backend_whole(
         StateDump(enroll_tokens=[OPEN_TOKEN]),
         StateDump(enroll_allowed={"n1": ("alice", 1.0)}),
         StateDump(client_keys=[CLIENT_KEY]),
+        StateDump(limits=LIMITS[:1]),
+        StateDump(usage=USAGE[:1]),
     ],
 )
 def test_a_store_holding_any_of_them_is_not_empty(only: StateDump) -> None:

@@ -147,6 +147,40 @@ class ClientKey:
 
 
 @dataclass(frozen=True)
+class TenantLimit:
+    """A tenant's limits (`ctl limits set`), on all its models (`model` None) or one;
+    a kind left None is not limited. `budget` tokens per `per` ("day" | "month")."""
+
+    tenant: str
+    model: str | None
+    rpm: int | None
+    tpm: int | None
+    budget: int | None
+    per: str | None
+    by: str
+    at: float
+
+    @property
+    def scope(self) -> tuple[str, str | None]:
+        return self.tenant, self.model
+
+
+@dataclass(frozen=True)
+class UsageCount:
+    """What one tenant's requests to one model cost in one hour (its first second),
+    summed over every gateway."""
+
+    hour: float
+    tenant: str
+    model: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    rate_limited: int = 0
+
+
+@dataclass(frozen=True)
 class Backoff:
     model: str
     failures: int
@@ -173,6 +207,8 @@ class StateDump:
     enroll_tokens: list[EnrollToken] = field(default_factory=list)
     enroll_allowed: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (by, at)
     client_keys: list[ClientKey] = field(default_factory=list)  # digests, never a key
+    limits: list[TenantLimit] = field(default_factory=list)
+    usage: list[UsageCount] = field(default_factory=list)  # by hour, tenant, model
 
     def sizes(self) -> list[tuple[int, str]]:
         """How many of each thing the dump holds, named (never a digest)."""
@@ -189,6 +225,8 @@ class StateDump:
             (len(self.enroll_tokens), "enrollment tokens"),
             (len(self.enroll_allowed), "enrollment allowances"),
             (len(self.client_keys), "client keys"),
+            (len(self.limits), "tenant limits"),
+            (len(self.usage), "hourly usage counts"),
         ]
 
     def empty(self) -> bool:

@@ -51,6 +51,13 @@ from llmgw.controller.http.handlers.nodes import (
     uncordon,
 )
 from llmgw.controller.http.handlers.service import metrics, whoami
+from llmgw.controller.http.handlers.tenants import (
+    delete_limit,
+    list_limits,
+    set_limit,
+    usage_batch,
+    usage_report,
+)
 from llmgw.controller.http.keys import Handler
 
 ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
@@ -86,6 +93,11 @@ ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("GET", "/v1/keys", list_client_keys, READ_ROLES),
     ("DELETE", "/v1/keys/{id}", revoke_client_key, ADMIN_ROLES),
     ("GET", "/v1/keys/feed", client_keys_feed, GATEWAY_ROLES),
+    ("POST", "/v1/gateways/usage", usage_batch, GATEWAY_ROLES),
+    ("GET", "/v1/usage", usage_report, READ_ROLES),
+    ("PUT", "/v1/limits", set_limit, ADMIN_ROLES),
+    ("GET", "/v1/limits", list_limits, READ_ROLES),
+    ("DELETE", "/v1/limits/{tenant}", delete_limit, ADMIN_ROLES),
     ("GET", "/v1/whoami", whoami, frozenset(Role)),
 ]
 

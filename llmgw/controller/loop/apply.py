@@ -55,7 +55,7 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         desired={name: facts.desired_replicas(name) for name in models},
         backoffs=dict(facts.backoffs),
         records=records,
-        statuses=model_views.replica_statuses(facts),
+        statuses=model_views.replica_statuses(facts, last_known=False),
         outdated=frozenset(rid for rid, rec in records.items() if not facts.up_to_date(rec)),
         nodes=dict(facts.nodes),
         admin=dict(facts.admin),

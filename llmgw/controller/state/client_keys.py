@@ -145,6 +145,10 @@ class ClientKeys:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), wait_s)
 
+    def touch(self) -> None:
+        """Something else on the feed changed (a tenant's limits): the cursor moves on."""
+        self._changed_now()
+
     def _changed_now(self) -> None:
         self._revision += 1
         self._changed.set()

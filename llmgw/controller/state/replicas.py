@@ -17,6 +17,10 @@ class ReplicaStatus:
     state: ReplicaState
     shards: tuple[ShardDigest | None, ...]  # by rank; None: not reported (yet)
     idle_since: float | None  # most recent activity over the shards that know
+    # Shown in its last known state: nodes of it have not reported since this
+    # controller began to lead (a restart, a takeover). The moment (monotonic) the
+    # first of them turns unreachable unless it reports; None: confirmed.
+    unconfirmed_until: float | None = None
 
     @property
     def asleep(self) -> bool:
@@ -74,17 +78,28 @@ def model_in_flight(replicas: Iterable[ReplicaStatus], gateway_in_flight: Mappin
 
 
 def replica_status(
-    record: ReplicaRecord, reported: Mapping[tuple[str, int], ShardDigest]
+    record: ReplicaRecord,
+    reported: Mapping[tuple[str, int], ShardDigest],
+    unheard: Mapping[str, float] | None = None,
 ) -> ReplicaStatus:
-    """`reported` maps (replica id, rank) to what the shard's node says of it.
+    """`reported` maps (replica id, rank) to what the shard's node says of it;
+    `unheard`, the nodes not heard from since this controller began to lead and
+    not unreachable yet, to the moment each turns unreachable unless it reports.
 
     Failed is sticky. A replica is failed when one of its shards failed, even
     while draining: a crashed engine serves nothing and must not count as
     ready. Otherwise draining and sleeping are the controller's sticky decisions;
     else a replica is ready when every shard is, else waking (asked to) or starting.
+
+    A shard whose node is unheard keeps its replica's last known state (ready, as
+    stored), marked unconfirmed until the node reports or turns unreachable: a
+    restart must not show every serving replica starting and every model short.
     """
     shards = tuple(reported.get((record.id, s.rank)) for s in record.shards)
     states = [s.state if s else None for s in shards]
+    silent = [s.node for s, d in zip(record.shards, shards, strict=True) if d is None]
+    waits = [unheard[n] for n in silent if n in unheard] if unheard else []
+    until = min(waits) if silent and len(waits) == len(silent) else None
     state: ReplicaState
     if record.state is ReplicaState.FAILED or ShardState.FAILED in states:
         state = ReplicaState.FAILED
@@ -92,6 +107,10 @@ def replica_status(
         state = record.state  # the controller's decision, whatever the engines say yet
     elif states and all(s is ShardState.READY for s in states):
         state = ReplicaState.READY  # a waking replica too, once every engine is awake
+    elif until is not None and record.state is ReplicaState.READY:
+        # Its unheard nodes' shards as they last were; the others say ready.
+        ready = all(s in (ShardState.READY, None) for s in states)
+        state = ReplicaState.READY if ready else ReplicaState.STARTING
     elif record.state is ReplicaState.WAKING:
         state = ReplicaState.WAKING
     else:
@@ -99,7 +118,7 @@ def replica_status(
     # Only rank 0 serves requests in most multi-node engines, so other ranks
     # report no idleness: take the latest activity among those that know.
     known = [s.idle_since for s in shards if s is not None and s.idle_since is not None]
-    return ReplicaStatus(record, state, shards, max(known) if known else None)
+    return ReplicaStatus(record, state, shards, max(known) if known else None, until)
 
 
 def count_by_model(statuses: Iterable[ReplicaStatus]) -> dict[str, Counter[ReplicaState]]:
@@ -149,4 +168,7 @@ def replica_view(status: ReplicaStatus, now: float) -> ReplicaView:
         error=status.error,
         replaces=rec.replaces,
         revision=rec.revision or 1,
+        unconfirmed_s=None
+        if status.unconfirmed_until is None
+        else round(max(0.0, status.unconfirmed_until - now), 1),
     )

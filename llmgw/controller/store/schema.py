@@ -150,5 +150,23 @@ MIGRATIONS: list[list[Step]] = [
     [
         AddColumn("replicas", "asleep_since", "DOUBLE PRECISION"),
     ],
+    # 11 (issue 34): tokens metered per tenant and model, summed per hour (`hour`: its
+    # first second) over every gateway; the last batch counted of each gateway's run,
+    # so that a batch sent again (its answer lost, or a failover between) counts once.
+    [
+        "CREATE TABLE IF NOT EXISTS tenant_usage (hour DOUBLE PRECISION NOT NULL,"
+        " tenant TEXT NOT NULL, model TEXT NOT NULL, requests BIGINT NOT NULL DEFAULT 0,"
+        " prompt_tokens BIGINT NOT NULL DEFAULT 0, completion_tokens BIGINT NOT NULL DEFAULT 0,"
+        " errors BIGINT NOT NULL DEFAULT 0, rate_limited BIGINT NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (hour, tenant, model))",
+        "CREATE TABLE IF NOT EXISTS usage_batches (gateway TEXT PRIMARY KEY,"
+        " run TEXT NOT NULL, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+    ],
+    # 12 (issue 34): tenants' limits (`ctl limits`); model '' for all the tenant's models.
+    [
+        "CREATE TABLE IF NOT EXISTS tenant_limits (tenant TEXT NOT NULL,"
+        " model TEXT NOT NULL DEFAULT '', rpm BIGINT, tpm BIGINT, budget BIGINT, per TEXT,"
+        " by TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (tenant, model))",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -37,6 +37,7 @@ from llmgw.controller.store.rows import (
     token_row,
 )
 from llmgw.controller.store.session import Dialect, Params, Row, Session
+from llmgw.controller.store.tenant_sql import TenantTables
 from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ModelSpec
 
 __all__ = ["HISTORY_KEPT", "REVISION", "SqlStore"]
@@ -116,7 +117,7 @@ _REVISION_BUMP = "UPDATE store_revision SET revision = revision + 1 WHERE id = 1
 REVISION = "SELECT revision FROM store_revision WHERE id = 1"
 
 
-class SqlStore:
+class SqlStore(TenantTables):
     """The `StateStore` methods over a backend's `_transaction` and `_read`.
     Every method is one transaction."""
 
@@ -178,6 +179,8 @@ class SqlStore:
             enroll_tokens=self.enroll_tokens(),
             enroll_allowed=self.enroll_allowed(),
             client_keys=self.client_keys(),
+            limits=self.limits(),
+            usage=list(self.usage_counts()),
         )
 
     def load(self, state: StateDump) -> None:
@@ -204,6 +207,7 @@ class SqlStore:
             s.run_many(_TOKEN_ADD, [token_row(t) for t in state.enroll_tokens])
             s.run_many(_ALLOW_UPSERT, [(n, by, at) for n, (by, at) in state.enroll_allowed.items()])
             s.run_many(_CLIENT_KEY_ADD, [client_key_row(k) for k in state.client_keys])
+            self.load_tenants(s, state.limits, state.usage)
 
     # -- nodes --------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from llmgw.controller.core import cursors
 from llmgw.controller.core.changes import Change, ChangeKind
@@ -35,8 +35,10 @@ from llmgw.controller.views.follow import Follower, replay
 from llmgw.controller.views.model_views import replica_statuses, unplaceable_reasons
 from llmgw.errors import BadCursor, TooManyGateways
 from llmgw.wire import (
+    GATEWAY_IN_FLIGHT_DEFAULT,
     Endpoint,
     EndpointsDelta,
+    EventReason,
     GatewayStatus,
     GatewayView,
     NodeState,
@@ -55,6 +57,7 @@ CATCH_UP_S = 5.0
 FORGET_S = 60.0  # a gateway silent this long is forgotten (its name, its maps)
 MAX_NAMES_PER_TOKEN = 32  # gateway names one token may hold at once
 MAX_GATEWAYS = 256  # gateway names held at once, all tokens together
+CLAMPED_EVENT_EVERY_S = 60.0  # while a gateway's figures stay clamped, one event a minute
 # A status body may be this big, plus STATUS_BYTES_PER_REPLICA for each replica
 # that exists (a status keeps nothing else): a legit entry is under 200 bytes a
 # replica, and parsing a 1 MiB status costs the event loop tens of milliseconds.
@@ -267,6 +270,8 @@ class GatewaySeen:
     rejected: dict[str, str] = field(default_factory=dict)  # replica id -> why left out
     held: dict[str, int] = field(default_factory=dict)  # model asleep -> requests it holds
     routed: str = ""  # a later cursor whose new workers SMG routes to ("": `cursor`)
+    clamped_said: float | None = None  # when the event said its figures were clamped
+    released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -277,6 +282,23 @@ class GatewaySeen:
         """The revision whose new workers (a new model's explainer) SMG routes to."""
         known = [r for r in (self.applied(run), _revision(self.routed, run)) if r is not None]
         return max(known, default=None)
+
+
+def clamp(
+    in_flight: dict[str, int], held: dict[str, int], limit: int
+) -> tuple[dict[str, int], dict[str, int], int | None]:
+    """A gateway's requests in flight (per replica) and held (per model), scaled down
+    together to at most `limit` in all: SMG admits no more at once, so a gateway
+    that says more (a misused gateway token, a bug) cannot push a model to its
+    maximum. The third value is what it said when that was more (else None)."""
+    said = sum(in_flight.values()) + sum(held.values())
+    if said <= limit:
+        return in_flight, held, None
+
+    def scaled(figures: dict[str, int]) -> dict[str, int]:
+        return {k: n * limit // said for k, n in figures.items()}
+
+    return scaled(in_flight), scaled(held), said
 
 
 def _revision(cursor: str, run: str) -> int | None:
@@ -316,6 +338,7 @@ class Gateways(Follower):
                 g.in_flight.pop(key, None)
                 g.requests.pop(key, None)
                 g.rejected.pop(key, None)
+                g.released -= {key}
 
     def resync(self, revision: int, now: float) -> None:
         records, models = self._facts.records, self._facts.models
@@ -325,10 +348,15 @@ class Gateways(Follower):
                     del by_replica[rid]
             for model in [m for m in g.held if m not in models]:
                 del g.held[model]
+            g.released = frozenset(r for r in g.released if r in records)
 
     def holds(self, key: str) -> bool:
         return any(
-            key in g.in_flight or key in g.requests or key in g.rejected or key in g.held
+            key in g.in_flight
+            or key in g.requests
+            or key in g.rejected
+            or key in g.held
+            or key in g.released
             for g in self.seen.values()
         )
 
@@ -356,16 +384,36 @@ class Gateways(Follower):
             (rid for rid, n in requests.items() if n > before.get(rid, 0 if old else n)),
             now,
         )
+        limit = status.max_in_flight or GATEWAY_IN_FLIGHT_DEFAULT
+        in_flight, held, claimed = clamp(
+            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            limit,
+        )
+        said = old.clamped_said if old else None
+        if claimed is None:
+            said = None
+        elif said is None or now - said >= CLAMPED_EVENT_EVERY_S:
+            said = now
+            self._facts.event(
+                f"gateway/{status.name}",
+                EventReason.GATEWAY_CLAMPED,
+                f"gateway {status.name} said {claimed} requests were in flight or held, more "
+                f"than the {limit} it admits at once (llmgw gateway --max-in-flight): counted "
+                f"as {limit}; its token may be misused, or the gateway is broken",
+            )
         self.seen[status.name] = GatewaySeen(
             status.name,
             status.cursor,
-            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            in_flight,
             requests,
             now,
             by,
             {rid: why for rid, why in status.rejected.items() if rid in records},
-            {m: n for m, n in status.held.items() if n and m in self._facts.models},
+            held,
             status.routed,
+            said,
+            frozenset(rid for rid in status.released if rid in records),
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -441,6 +489,24 @@ class Gateways(Follower):
         ]
 
 
+class LiveGateway(NamedTuple):
+    """What the stop gate reads of one live gateway."""
+
+    applied: int | None  # the revision it applied in this term (None: none)
+    in_flight: Mapping[str, int]  # its requests in flight per replica
+    released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
+
+    def let_go(self, rid: str, revision: int | None, force: bool) -> bool:
+        """It routes nothing more to `rid` (marked stopping at `revision`) and has
+        nothing in flight to it (unless `force`). Routing is over once it applied the
+        mark, or once its SMG dropped the replica's worker: whichever comes first, so a
+        slow change of another model never holds this stop."""
+        routed = rid not in self.released and (
+            revision is None or self.applied is None or self.applied < revision
+        )
+        return not routed and (force or not self.in_flight.get(rid))
+
+
 @dataclass(frozen=True)
 class GateView:
     """The stop gate (`StopGate`) as a value: which replicas the live
@@ -448,9 +514,7 @@ class GateView:
 
     now: float
     grace_s: float
-    # Per live gateway: the revision it applied in this term (None: none) and
-    # its requests in flight per replica.
-    live: tuple[tuple[int | None, Mapping[str, int]], ...] = ()
+    live: tuple[LiveGateway, ...] = ()  # each live gateway
     stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
     held: Mapping[str, int] = field(default_factory=dict)  # per model asleep
@@ -466,15 +530,7 @@ class GateView:
             if (
                 not self.live
                 or self.now - marked_at >= self.grace_s
-                or (
-                    revision is not None
-                    and all(
-                        applied is not None
-                        and applied >= revision
-                        and (force or not in_flight.get(rid))
-                        for applied, in_flight in self.live
-                    )
-                )
+                or (mark is not None and all(g.let_go(rid, revision, force) for g in self.live))
             ):
                 out.append(rid)
         return out
@@ -495,7 +551,9 @@ class StopGate:
             now=now,
             grace_s=self.facts.settings.stop_grace_s,
             live=tuple(
-                (g.applied(gateways.run), MappingProxyType(dict(g.in_flight)))
+                LiveGateway(
+                    g.applied(gateways.run), MappingProxyType(dict(g.in_flight)), g.released
+                )
                 for g in gateways.live(now)
             ),
             stopping=dict(self.facts.stopping),

@@ -38,9 +38,12 @@ from llmgw.wire import (
 )
 
 
-def replica_statuses(facts: Facts) -> dict[str, ReplicaStatus]:
+def replica_statuses(facts: Facts, last_known: bool = True) -> dict[str, ReplicaStatus]:
     """Every replica's state now; idleness counts a gateway's requests as well as
-    the engines' own counters, whichever is later."""
+    the engines' own counters, whichever is later. `last_known`: a replica whose
+    nodes have not reported since this controller began to lead keeps its stored
+    state, unconfirmed (what every view shows); the loop decides on what the nodes
+    said (False): until they report, such a replica counts as starting there."""
     reported: dict[tuple[str, int], ShardDigest] = {}
     nodes = facts.nodes
     for node in facts.by_node:
@@ -48,11 +51,26 @@ def replica_statuses(facts: Facts) -> dict[str, ReplicaStatus]:
         if entry is not None:
             for shard in entry.shards:
                 reported[(shard.replica_id, shard.rank)] = shard
-    out = {rid: replica_status(rec, reported) for rid, rec in facts.records.items()}
+    unheard = unheard_nodes(facts) if last_known else None
+    out = {rid: replica_status(rec, reported, unheard) for rid, rec in facts.records.items()}
     for rid, seen in facts.gateway_activity.items():
         status = out.get(rid)
         if status is not None and (status.idle_since is None or seen > status.idle_since):
             out[rid] = dataclasses.replace(status, idle_since=seen)
+    return out
+
+
+def unheard_nodes(facts: Facts) -> dict[str, float]:
+    """Nodes under replicas not heard from since this controller began to lead and
+    not unreachable yet, and when each turns unreachable unless it reports."""
+    now, nodes, out = facts.clock(), facts.nodes, {}
+    for node in facts.by_node:
+        entry = nodes.get(node)
+        if entry is None or entry.received_at is not None:
+            continue
+        until = facts.liveness.unreachable_at(entry)
+        if until >= now:
+            out[node] = until
     return out
 
 
@@ -106,6 +124,7 @@ def leave_words(
 
 
 def model_views(facts: Facts) -> list[ModelView]:
+    now = facts.clock()
     reasons = unplaceable_reasons(facts)
     statuses = replica_statuses(facts)
     counts = count_by_model(statuses.values())
@@ -117,8 +136,14 @@ def model_views(facts: Facts) -> list[ModelView]:
     # A replica failed since the loop's last pass: its error is the reason until the
     # pass backs the model off in the same words (else "no reason" for that moment).
     failed_with: dict[str, str] = {}
+    unconfirmed: Counter[str] = Counter()
+    unconfirmed_until: dict[str, float] = {}  # the latest moment each model's last ends
     for status in statuses.values():
         rec = status.record
+        if status.unconfirmed_until is not None:
+            unconfirmed[rec.model] += 1
+            until = unconfirmed_until.get(rec.model, status.unconfirmed_until)
+            unconfirmed_until[rec.model] = max(until, status.unconfirmed_until)
         if status.state is ReplicaState.FAILED and status.error:
             failed_with.setdefault(rec.model, status.error)
         if rec.leave_reason is not None:
@@ -171,6 +196,10 @@ def model_views(facts: Facts) -> list[ModelView]:
                 scaling_state=autoscaled.state if autoscaled is not None else None,
                 sleeping=mine[ReplicaState.SLEEPING],
                 waking=mine[ReplicaState.WAKING],
+                unconfirmed=unconfirmed[name],
+                unconfirmed_s=round(max(0.0, unconfirmed_until[name] - now), 1)
+                if name in unconfirmed_until
+                else None,
             )
         )
     return views

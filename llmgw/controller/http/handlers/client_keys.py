@@ -10,6 +10,7 @@ from aiohttp import web
 from llmgw.controller.http.keys import term_of
 from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
 from llmgw.controller.state.client_keys import view
+from llmgw.controller.state.limits import view as limit_view
 from llmgw.controller.views.endpoints import MAX_WAIT_S
 from llmgw.errors import BadRequest, UnknownClientKey
 from llmgw.wire import ClientKeyRequest
@@ -55,4 +56,6 @@ async def client_keys_feed(request: web.Request) -> web.Response:
     keys = term_of(request.app).client_keys
     if wait:
         await keys.wait_past(request.query.get("since", ""), wait)
-    return json_model(term_of(request.app).client_keys.feed())
+    term = term_of(request.app)  # (a takeover may have come while it waited)
+    limits = [limit_view(k) for k in term.limits.list()]
+    return json_model(term.client_keys.feed().model_copy(update={"limits": limits}))

@@ -1,0 +1,251 @@
+"""Tokens metered per tenant and model, read from the answers as they pass.
+
+A whole answer carries its `usage`; the front reads it from the body's end once
+the body has passed. A stream carries it only when asked, so the front asks for
+it (`ask_usage`): `stream_options.include_usage` and vLLM's
+`continuous_usage_stats`, which puts the usage so far on every chunk. The last
+chunk's usage is the count; a stream the client leaves mid-way counts what the
+last chunk it was sent said (its prompt included: a prompt read and dropped after
+the first token costs the engine as much as one answered). Whatever the client
+did not ask for is taken out of what it gets (`StreamTap`): the usage member of
+each chunk, and the closing usage chunk.
+
+The work is done on bytes, not parsed JSON: a chunk without `"usage"` passes as it
+is, and one with it has that member cut out by position (vLLM writes it last, with
+no space; anything else is handled too, or passed whole when it cannot be read).
+
+The `Meter` adds up what each request cost, per (tenant, model), until the
+follower takes the counts to the controller (gateway/sync.py, each second).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+# The routes whose answers carry OpenAI's `usage`; streams on the first two.
+STREAMED = frozenset({"/v1/chat/completions", "/v1/completions"})
+METERED = STREAMED | {"/v1/embeddings"}
+_USAGE = b'"usage"'
+_ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
+_SEP = b"\n\n"
+# A count in a usage object (read by pattern: a chunk's JSON is not parsed).
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,18})\b')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
+
+
+class Keep(Enum):
+    """What usage a streaming client asked for itself, and so gets."""
+
+    NONE = 0  # none: every usage member and the usage chunk are cut out
+    FINAL = 1  # include_usage: the closing usage chunk only
+    ALL = 2  # include_usage and continuous_usage_stats: everything as it comes
+
+
+def ask_usage(body: bytes, parsed: dict[str, Any]) -> tuple[bytes, Keep]:
+    """The body of a streaming request with the usage asked of the engine, and what
+    of it the client asked for itself."""
+    options = parsed.get("stream_options")
+    if options is None:
+        start = body.index(b"{") + 1  # a JSON object: `{` comes first
+        rest = body[start:].lstrip()
+        if rest[:1] == b"}":  # an empty object has no member to put a comma before
+            return body[:start] + _ASK[:-1] + rest, Keep.NONE
+        return body[:start] + _ASK + rest, Keep.NONE
+    if not isinstance(options, dict):
+        return body, Keep.ALL  # the engine's to refuse
+    include, continuous = options.get("include_usage"), options.get("continuous_usage_stats")
+    if include is True and continuous is True:
+        return body, Keep.ALL
+    asked = {**options, "include_usage": True, "continuous_usage_stats": True}
+    keep = Keep.FINAL if include is True else Keep.NONE
+    return json.dumps({**parsed, "stream_options": asked}).encode(), keep
+
+
+def _usage_span(event: bytes) -> tuple[int, int, dict[str, Any] | None]:
+    """Where the `"usage"` member of a JSON chunk starts and ends (start of the key,
+    just past the value), and its value; (-1, -1, None) without one."""
+    key = event.rfind(_USAGE)
+    if key < 0:
+        return -1, -1, None
+    i = key + len(_USAGE)
+    n = len(event)
+    while i < n and event[i] in b" \t:":
+        i += 1
+    if event.startswith(b"null", i):
+        return key, i + 4, None
+    if i >= n or event[i] != ord("{"):
+        return -1, -1, None
+    # Numbers and nested objects only, no strings: each `{` inside asks one more `}`.
+    j = event.find(b"}", i)
+    inner = event.find(b"{", i + 1, j)
+    while inner >= 0 and j >= 0:
+        j = event.find(b"}", j + 1)
+        inner = event.find(b"{", inner + 1, j)
+    if j < 0:
+        return -1, -1, None
+    prompt = _PROMPT.search(event, i, j)
+    completion = _COMPLETION.search(event, i, j)
+    found = {}
+    if prompt is not None:
+        found["prompt_tokens"] = int(prompt[1])
+    if completion is not None:
+        found["completion_tokens"] = int(completion[1])
+    return key, j + 1, found
+
+
+def _without(event: bytes, key: int, end: int) -> bytes:
+    """`event` less its member from `key` to `end`, and the comma that joined it."""
+    before = event[:key].rstrip()
+    if before.endswith(b","):
+        return before[:-1] + event[end:]
+    after = event[end:].lstrip()
+    if after.startswith(b","):
+        return event[:key] + after[1:].lstrip()
+    return event[:key] + after
+
+
+def _count(usage: dict[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return value if type(value) is int and value >= 0 else 0
+
+
+class StreamTap:
+    """An SSE answer passing through: the usage read, what the client did not ask
+    for cut out. `feed` each piece as it comes, send what it returns."""
+
+    __slots__ = ("_choices", "_keep", "_rest", "error", "final", "prompt")
+
+    def __init__(self, keep: Keep) -> None:
+        self._keep = keep
+        self._rest = b""
+        self.prompt = 0
+        self._choices: dict[int, int] = {}  # choice -> its tokens so far (continuous)
+        self.final: tuple[int, int] | None = None  # (prompt, completion): the last chunk's
+        self.error = False  # an error event came
+
+    def feed(self, piece: bytes) -> bytes:
+        data = self._rest + piece if self._rest else piece
+        end = data.rfind(_SEP)
+        if end < 0:  # no whole event yet
+            self._rest = data
+            return b""
+        end += len(_SEP)
+        whole, self._rest = (data, b"") if end == len(data) else (data[:end], data[end:])
+        if b'"error":' in whole:
+            self.error = True
+        if _USAGE not in whole:
+            return whole
+        if whole.find(_SEP) == end - len(_SEP):  # one event (as engines write them)
+            one = self._event(whole[: -len(_SEP)])
+            return b"" if one is None else one + _SEP
+        events = whole.split(_SEP)
+        out = [self._event(e) for e in events[:-1]]
+        return b"".join(e + _SEP for e in out if e is not None)
+
+    def close(self) -> bytes:
+        """What is left unsent (an event cut short by the stream's end)."""
+        rest, self._rest = self._rest, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes | None:
+        key, end, usage = _usage_span(event)
+        if key < 0:
+            return event
+        final = b'"choices":[]' in event or b'"choices": []' in event
+        if usage is not None:
+            if final:
+                self.final = (_count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+            else:
+                self.prompt = _count(usage, "prompt_tokens")
+                self._choices[_choice_of(event)] = _count(usage, "completion_tokens")
+        if self._keep is Keep.ALL or (final and self._keep is Keep.FINAL):
+            return event
+        if final:
+            return None  # the usage chunk the client did not ask for
+        return _without(event, key, end)
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion): the closing chunk's, else the last ones sent."""
+        if self.final is not None:
+            return self.final
+        return self.prompt, sum(self._choices.values())
+
+
+def _choice_of(event: bytes) -> int:
+    """The choice a chunk belongs to (vLLM's continuous usage counts per choice)."""
+    at = event.find(b'"index":')
+    if at < 0:
+        return 0
+    digits = event[at + 8 : at + 20].lstrip()
+    n = 0
+    for c in digits:
+        if not 48 <= c <= 57:
+            break
+        n = n * 10 + c - 48
+    return n
+
+
+def usage_of(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) from a whole answer's `usage`; None without one."""
+    _, _, usage = _usage_span(body)
+    if usage is None:
+        return None
+    return _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
+
+
+@dataclass(slots=True)
+class Tally:
+    """One (tenant, model)'s counts over a stretch of time."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    rate_limited: int = 0
+
+    def add(self, other: Tally) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.errors += other.errors
+        self.rate_limited += other.rate_limited
+
+
+class Meter:
+    """What requests cost per (tenant, model) since the last `cut`."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, str], Tally] = {}
+
+    def _tally(self, tenant: str, model: str) -> Tally:
+        found = self._open.get((tenant, model))
+        if found is None:
+            found = self._open[(tenant, model)] = Tally()
+        return found
+
+    def served(self, tenant: str, model: str, prompt: int, completion: int, error: bool) -> None:
+        t = self._tally(tenant, model)
+        t.requests += 1
+        t.prompt_tokens += prompt
+        t.completion_tokens += completion
+        t.errors += error
+
+    def refused(self, tenant: str, model: str) -> None:
+        """A request over a limit: answered 429 here, never sent on."""
+        self._tally(tenant, model).rate_limited += 1
+
+    def cut(self, most: int) -> dict[tuple[str, str], Tally]:
+        """The counts so far (at most `most` of them: the rest wait for the next)."""
+        if len(self._open) <= most:
+            taken, self._open = self._open, {}
+            return taken
+        keys = list(self._open)[:most]
+        return {k: self._open.pop(k) for k in keys}
+
+    def __bool__(self) -> bool:
+        return bool(self._open)
