@@ -300,6 +300,7 @@ def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | 
             start_timeout_s=args.engine_start_timeout,
             start_stall_s=args.engine_start_stall,
             extra_env={ENV_DIR: str(fake_memory(args))} if args.fake_gpus else None,
+            card_memory=builder.gpus.processes,  # a sleep's memory is measured
         )
         builder.engines = list(supervisor.templates)  # reported: see NodeReport.engines
         return supervisor

@@ -48,6 +48,13 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])  # field 22 of stat
 
 
+def group_of(pid: int) -> int | None:
+    """The process group of a live process (None: gone): an engine's processes are
+    its group, whose id is the engine's PID (it leads its own session)."""
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields and len(fields) > 2 else None
+
+
 def cpu_by_group() -> dict[int, float]:
     """CPU seconds (user and system) of the live processes in each process group,
     from one pass over /proc. A process that has exited no longer counts."""

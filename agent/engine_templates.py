@@ -112,6 +112,15 @@ class SleepMode(BaseModel):
     wake_path: UrlPath = "/wake_up"  # POST
     reload_path: UrlPath | None = "/collective_rpc"  # POST after a level-2 wake
     reset_cache_path: UrlPath | None = "/reset_prefix_cache"  # POST after a level-2 wake
+    # Asleep, its processes hold at most 1 - min_freed of what they held awake on each
+    # card, or the sleep failed (agent.sleep_check: measured, never taken on its word).
+    min_freed: float = Field(default=0.9, gt=0, le=1)
+    # What the engine prints when it refuses to start able to sleep on this machine
+    # (vLLM's CPU build, config/model.py); seen in the log of a start that ended,
+    # the agent starts it again without sleep mode (None: never).
+    unsupported: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = (
+        "Sleep mode is not supported on current platform"
+    )
 
 
 class EngineTemplate(BaseModel):

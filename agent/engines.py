@@ -24,7 +24,10 @@ Lifecycles, per (replica id, rank):
     ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
     ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
         ready, with the reason in its reports (`sleep_error`): never tried again
-    sleeping --assignment awake--> waking --POST /wake_up answered 200--> ready
+    ready --/sleep answered 200 but its processes still hold the memory on a card
+        (agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
+    sleeping --assignment awake, no other engine awake on its cards--> waking
+        --POST /wake_up answered 200--> ready
     waking --the wake failed--> failed (killed)
 
 Engines run in their own session, outside the agent's process group, and are
@@ -44,7 +47,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -53,7 +56,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from pydantic import ValidationError
 
-from agent import engine_adapters
+from agent import engine_adapters, sleep_level
 from agent.engine_adapters import AdapterState
 from agent.engine_proc import (
     ProcessRef,
@@ -73,12 +76,20 @@ from agent.engine_templates import (
     render,
     render_env,
 )
-from agent.exit_cause import exit_reason
+from agent.exit_cause import exit_reason, sleep_refusal
 from agent.loop_lag import LoopLag
 from agent.metrics import IdleTracker, scrape, server_load
 from agent.progress import START_CPU_S, ProgressWatch, StartWatch
+from agent.sleep_check import CardMemory, held_by_group, judge, judgeable
 from agent.traffic import TrafficMeter
-from llmgw.wire import AdapterFailure, ReplicaReport, ShardAssignment, ShardState, printable
+from llmgw.wire import (
+    AdapterFailure,
+    ReplicaReport,
+    ShardAssignment,
+    ShardState,
+    SleepFailure,
+    printable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +153,14 @@ class Engine:
     start_watch: StartWatch = field(default_factory=StartWatch)  # while starting
     meter: TrafficMeter = field(default_factory=TrafficMeter)
     sleep_error: str | None = None  # asked to sleep, it could not: why
+    sleep_failure: SleepFailure | None = None  # its kind
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
     adapters: AdapterState = field(default_factory=AdapterState)  # LoRA adapters (rank 0)
     adapting: asyncio.Task[None] | None = None  # loads and unloads under way
+    weights_path: str | None = None  # the local weights it loaded (None: not known)
+    local_weights: dict[str, str] = field(default_factory=dict)  # as it was started with
+    sleeps: bool = False  # started able to sleep (its template's sleep mode on)
 
     @property
     def key(self) -> Key:
@@ -200,6 +215,9 @@ class EngineSupervisor:
         start_timeout_s: float = 1800.0,
         start_stall_s: float = 600.0,
         unhealthy_after: int = 3,
+        card_memory: CardMemory | None = None,
+        sleep_settle_s: float = 2.0,
+        host_memory: Callable[[], int | None] = sleep_level.available_bytes,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.log_dir = self.state_dir / "logs"
@@ -225,6 +243,14 @@ class EngineSupervisor:
         # Probe on loopback when the engine listens everywhere.
         self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
         self.extra_env = dict(extra_env or {})
+        # What each process holds on each card (GpuSource.processes): a sleep is
+        # checked against it (agent.sleep_check); None: sleeps taken at their word.
+        self.card_memory = card_memory
+        self.sleep_settle_s = sleep_settle_s  # how long a sleep's memory may take to go
+        self.host_memory = host_memory  # bytes available now: `sleep_level: auto`
+        self._unjudged_logged = False
+        # Engines (template names) that refused to start able to sleep here: why.
+        self._no_sleep_mode: dict[str, str] = {}
         self._engines: dict[Key, Engine] = {}
         # How late the monitor's own sleeps wake, over the last few checks.
         self.loop_lag = LoopLag(window_s=max(1.0, 2 * scrape_interval_s))
@@ -296,6 +322,7 @@ class EngineSupervisor:
                             AdapterFailure(name=n, status=st, message=m)
                             for n, (st, m) in sorted(eng.adapters.failures.items())
                         ],
+                        sleep_failure=eng.sleep_failure,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -343,9 +370,10 @@ class EngineSupervisor:
         try:
             values = self._values(a, local_weights, port)
             # engine_args are separate argv words already: appended as they are, never split.
-            command = template.command_for(a.rank, a.nnodes, sleeps=a.sleep_mode)
+            sleeps = a.sleep_mode and a.engine not in self._no_sleep_mode
+            command = template.command_for(a.rank, a.nnodes, sleeps=sleeps)
             argv = [*render(command, values), *a.engine_args]
-            template_env = render_env(template, values, sleeps=a.sleep_mode)
+            template_env = render_env(template, values, sleeps=sleeps)
             if "--enable-lora" in a.engine_args:  # adapters are loaded at run time
                 template_env = {**engine_adapters.RUNTIME_ENV, **template_env}
         except (TemplateError, ValueError) as exc:
@@ -396,6 +424,9 @@ class EngineSupervisor:
             argv=argv,
             ref=ref,
             popen=popen,
+            weights_path=values["source"],
+            local_weights=dict(local_weights),
+            sleeps=sleeps,
         )
 
     def _values(
@@ -477,6 +508,8 @@ class EngineSupervisor:
                 if eng.state is ShardState.STOPPING:
                     log.info("stopped %s/%d: %s", *key, describe_exit(code))
                     del self._engines[key]
+                elif self._refused_sleep_mode(eng):
+                    self._engines[key] = self._start(eng.assignment, eng.local_weights)
                 else:
                     eng.state = ShardState.FAILED
                     eng.exit_code = code
@@ -494,6 +527,25 @@ class EngineSupervisor:
                 eng.killed = True
         if changed:
             self._save()
+
+    def _refused_sleep_mode(self, eng: Engine) -> bool:
+        """A start with sleep mode that the engine refused on this machine (its
+        template's `unsupported` words in this run's log): noted for its engine name,
+        so that it and the next ones start without it (`_cannot_sleep` says so once
+        asked to sleep), instead of failing every start."""
+        mode = eng.template.sleep if eng.template else None
+        if eng.state is not ShardState.STARTING or mode is None or not mode.unsupported:
+            return False
+        if not eng.sleeps or eng.log_path is None:
+            return False
+        found = sleep_refusal(eng.log_path, mode.unsupported)
+        if found is None:
+            return False
+        self._no_sleep_mode[eng.assignment.engine] = found
+        log.warning(
+            "engine %s/%d refused sleep mode (%s): started again without it", *eng.key, found
+        )
+        return True
 
     # -- health and metrics ------------------------------------------------------------
 
@@ -585,37 +637,117 @@ class EngineSupervisor:
             if eng.state is ShardState.READY and asleep_wanted and eng.sleep_error is None:
                 eng.turning = asyncio.create_task(self._sleep(eng))
             elif eng.state is ShardState.SLEEPING and not asleep_wanted:
+                if self._awake_beside(eng):
+                    continue  # it wakes once they sleep or stop
                 eng.state = ShardState.WAKING
                 eng.turning = asyncio.create_task(self._wake(eng))
+
+    def _awake_beside(self, eng: Engine) -> bool:
+        """Another engine awake (or starting, waking, stopping) on a card of `eng`: two
+        awake engines do not fit on a shared card (issue 32). The controller wakes a
+        sleeping replica only once the others there sleep; this holds whatever it says,
+        across a controller's crash or restart, on the node that runs both."""
+        cards = set(eng.assignment.gpus)
+        for other in self._engines.values():
+            if other is eng or other.state in (ShardState.SLEEPING, ShardState.FAILED):
+                continue
+            if cards.intersection(other.assignment.gpus):
+                return True
+        return False
 
     async def _sleep(self, eng: Engine) -> None:
         a, mode = eng.assignment, eng.template.sleep if eng.template else None
         level = a.sleep_level or 1
-        if mode is None or not a.sleep_mode:
-            why = "its template has no sleep mode" if mode is None else "started unable to"
-            self._cannot_sleep(eng, f"engine {a.engine!r} cannot sleep: {why}")
+        if mode is None or not a.sleep_mode or a.engine in self._no_sleep_mode:
+            refused = self._no_sleep_mode.get(a.engine)
+            why = (
+                "its template has no sleep mode"
+                if mode is None
+                else f"it refused to start able to on this node ({refused})"
+                if refused
+                else "started unable to"
+            )
+            self._cannot_sleep(
+                eng, SleepFailure.NO_SLEEP_MODE, f"engine {a.engine!r} cannot sleep: {why}"
+            )
             return
         if not eng.serves_http:  # a multi-node worker: its leader's engine sleeps it
             eng.state = ShardState.SLEEPING
             return
+        if a.sleep_auto:
+            level = await self._auto_level(eng)
+        awake = await self._held(eng)
         answer = await self._post(eng, f"{mode.sleep_path}?level={level}")
         if eng.state is not ShardState.READY:
             return  # it exited or was unassigned meanwhile
         if answer is None:
-            eng.state, eng.slept_level = ShardState.SLEEPING, level
+            kept = await self._memory_kept(eng, awake, mode.min_freed)
+            if eng.state is not ShardState.READY:
+                return
+            eng.slept_level = level
+            if kept is not None:  # awake again and whole: nothing goes on its cards
+                self._cannot_sleep(eng, SleepFailure.MEMORY_KEPT, kept)
+                eng.state = ShardState.WAKING
+                await self._wake(eng)
+                return
+            eng.state = ShardState.SLEEPING
             log.info("engine %s/%d asleep at level %d", *eng.key, level)
             self._save()
         elif answer.status == 404:
             self._cannot_sleep(
                 eng,
+                SleepFailure.NO_ENDPOINTS,
                 f"engine {a.engine!r} cannot sleep: POST {mode.sleep_path} answered 404 "
                 "(no sleep endpoints: a version without sleep mode, or no development mode)",
             )
         else:
-            self._cannot_sleep(eng, f"engine {a.engine!r} did not sleep: {answer.message}")
+            self._cannot_sleep(
+                eng, SleepFailure.REFUSED, f"engine {a.engine!r} did not sleep: {answer.message}"
+            )
 
-    def _cannot_sleep(self, eng: Engine, why: str) -> None:
-        eng.sleep_error = why
+    async def _auto_level(self, eng: Engine) -> int:
+        """`sleep_level: auto`: 1 when this node's host memory holds the weights."""
+        weights = await asyncio.to_thread(sleep_level.weights_bytes, eng.weights_path)
+        level, why = sleep_level.choose(weights, eng.assignment.nnodes, self.host_memory())
+        log.info("engine %s/%d sleeps at %s", *eng.key, why)
+        return level
+
+    async def _held(self, eng: Engine) -> dict[str, int]:
+        """MiB the engine's processes hold on each of its cards now ({}: not measured)."""
+        if self.card_memory is None or eng.ref is None:
+            return {}
+        try:
+            processes = await asyncio.to_thread(self.card_memory)
+        except Exception:  # a broken reading must not stop the sleep
+            log.exception("cannot read the memory processes hold on the cards")
+            return {}
+        return held_by_group(processes, eng.ref.pid, eng.assignment.gpus)
+
+    async def _memory_kept(
+        self, eng: Engine, awake: dict[str, int], min_freed: float
+    ) -> str | None:
+        """Why the sleep freed too little (figures), after up to `sleep_settle_s` for the
+        memory to go; None: it freed enough, or cannot be judged (said once)."""
+        if not judgeable(awake):
+            if self.card_memory is not None and not self._unjudged_logged:
+                self._unjudged_logged = True
+                log.warning(
+                    "engine %s/%d: none of its processes are seen on its cards, so its "
+                    "sleeps are taken at their word (a PID namespace NVML does not see?)",
+                    *eng.key,
+                )
+            return None
+        deadline = time.monotonic() + self.sleep_settle_s
+        while True:
+            kept = judge(awake, await self._held(eng), min_freed)
+            if kept is None:
+                return None
+            if time.monotonic() >= deadline or eng.state is not ShardState.READY:
+                return kept.message
+            await asyncio.sleep(min(0.25, self.sleep_settle_s))
+
+    def _cannot_sleep(self, eng: Engine, kind: SleepFailure, why: str) -> None:
+        eng.sleep_error, eng.sleep_failure = why, kind
         log.warning("engine %s/%d: %s", *eng.key, why)
 
     async def _wake(self, eng: Engine) -> None:

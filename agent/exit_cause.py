@@ -71,3 +71,12 @@ def exit_reason(what: str, log_path: Path | None) -> str:
         return f"{text}: {cause}\nfrom {log_path}:\n{excerpt}"
     tail = log_tail(log_path, lines=10)
     return f"{text}; last lines of {log_path}:\n{tail}" if tail else f"{text}; log: {log_path}"
+
+
+def sleep_refusal(path: Path, words: str) -> str | None:
+    """The line of this run's log saying the engine cannot start able to sleep here
+    (its template's `SleepMode.unsupported` words), or None."""
+    for line in _current_run(path):
+        if words in line:
+            return line.strip()[:ONE_LINE_CHARS]
+    return None

@@ -195,5 +195,8 @@ class FakeGpuFile:
                 )
         return self._cards.scan()
 
+    def processes(self) -> list[ProcessMemory]:
+        return self._cards.processes()
+
     def close(self) -> None:
         return None

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import pynvml
 
+from agent.fake_process_memory import ProcessMemory
 from llmgw.wire import GpuHealth, GpuReport
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,10 @@ class GpuScan:
 
 class GpuSource(Protocol):
     def scan(self) -> GpuScan: ...
+
+    def processes(self) -> list[ProcessMemory]:
+        """Per process and card, the memory it holds now (NVML's running processes)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -325,6 +330,32 @@ class NvmlGpus:
                         )
                     )
             return GpuScan([self._note_transition(g) for g in gpus])
+
+    def processes(self) -> list[ProcessMemory]:
+        """Per compute process and card, the memory NVML says it holds: what the engine
+        supervisor reads after a sleep (issue 32). Empty without NVML. A process whose
+        memory NVML cannot tell (no permission, or `usedGpuMemory` unavailable, as in
+        some containers) is left out: unknown is never zero."""
+        with self._lock:
+            if self._ensure_init():
+                return []
+            out: list[ProcessMemory] = []
+            try:
+                count = pynvml.nvmlDeviceGetCount()
+            except pynvml.NVMLError:
+                return []
+            for index in range(count):
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    uid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                except pynvml.NVMLError:
+                    continue  # a lost card: `scan` says so
+                for p in procs:
+                    used = getattr(p, "usedGpuMemory", None)
+                    if isinstance(used, int) and used >= 0:
+                        out.append(ProcessMemory(int(p.pid), uid, used // (1024 * 1024)))
+            return sorted(out, key=lambda p: (p.gpu_uuid, p.pid))
 
     def _lost(self, known: _Known, reason: str) -> GpuReport:
         self._needs_reset_seen.add(known.uuid)

@@ -64,6 +64,7 @@ PER_NODE_LOGGERS = ("agent", "httpx")
 SETTLE_S = 10.0  # at most this long for every node's first report before the banner
 ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"  # part of its traffic comes through the gateway
 SLEEPING_MODEL = "google/gemma-2-9b-it"  # at zero replicas until a request wakes it
+WARM_MODEL = "Qwen/Qwen2.5-7B-Instruct"  # its idle replicas sleep, woken by a request
 
 
 @dataclass
@@ -218,12 +219,16 @@ def demo_specs() -> list[ModelSpec]:
             gpu_class="H100-SXM-80GB",
             engine_args=["--traffic", "3"],
         ),
-        # The base of the demo's LoRA adapters (`demo_adapters`), a few held per replica.
+        # The base of the demo's LoRA adapters (`demo_adapters`), a few held per replica,
+        # and the warm tier: idle two minutes, its replicas sleep (keeping their cards
+        # and processes); a request, for it or one of its adapters, wakes one in about
+        # a second.
         fake(
-            "Qwen/Qwen2.5-7B-Instruct",
+            WARM_MODEL,
             min_replicas=2,
             gpus_per_shard=2,
             engine_args=["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "3"],
+            sleep_after_s=120,
         ),
         # Routed through the gateway, in rushes (`routed_traffic`): it scales
         # between 2 and 4 replicas with them.
@@ -501,6 +506,8 @@ def gateway_banner(url: str) -> str:
             f"    {curl_line(url)}",
             f"    ({SLEEPING_MODEL} sleeps at zero replicas: this request wakes it and is",
             "    answered in a few seconds; `llmgw ctl status` shows it waking)",
+            f"    ({WARM_MODEL}'s replicas sleep after 2 minutes idle, keeping their cards:"
+            " the same request with its name wakes one in about a second, `ctl replicas`)",
             f"    ({ROUTED_MODEL}'s traffic comes through it, with a rush a minute in:"
             " it scales from 2 to 4 replicas and back, `llmgw ctl models` and `ctl events`)",
         ]

@@ -356,6 +356,11 @@ def status(summary: FleetSummary, controller: str, *, color: bool = False) -> st
         idle.add(i.id, i.id, i.model, str(i.gpus), duration(i.idle_seconds))
     section(f"Idle replicas (nothing asked for {format_duration(summary.idle_after_s)}+)", idle)
 
+    asleep = _table("REPLICA", "MODEL", "GPUS", "ASLEEP")
+    for r in getattr(summary, "sleeping_replicas", None) or []:  # absent from older controllers
+        asleep.add(r.id, r.id, r.model, str(r.gpus), duration(r.asleep_seconds))
+    section("Sleeping replicas (holding their cards, woken by a request)", asleep)
+
     reasons = _table("REASON", "STATE", "USER", "TIMESTAMP", "NODELIST")
     for group in summary.reasons:
         reasons.add(

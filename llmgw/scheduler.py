@@ -113,6 +113,11 @@ __all__ = [
     "plan_drain",
 ]
 
+
+def _empty_first(cards: Iterable[str], shared: frozenset[str]) -> list[str]:
+    return sorted(cards, key=lambda uuid: (uuid in shared, uuid))
+
+
 # -- inputs and results ------------------------------------------------------------
 
 
@@ -132,6 +137,9 @@ class NodeCapacity:
     schedulable: bool = True  # ready: not cordoned, draining or unreachable
     holds: frozenset[str] = frozenset()  # models whose complete weights the node can read
     runs: frozenset[str] = frozenset()  # models with a replica (any shard) on the node
+    # Of `free`, cards free only beside sleeping replicas (the warm tier): taken after
+    # the empty ones on a node, so that a sleeping replica's wake stays possible.
+    shared: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +440,7 @@ class _Allocation:
                 fabrics=tuple(sorted(set(cap.fabrics))),
                 total_cards=cap.total_cards,
                 holds=cap.holds,
-                free={cls: sorted(cards) for cls, cards in cap.free.items()},
+                free={cls: _empty_first(cards, cap.shared) for cls, cards in cap.free.items()},
             )
             self._ready[node.name] = node
             for model in node.holds:
@@ -477,7 +485,7 @@ class _Allocation:
         self._forget_reasons()  # only an untouched fleet refuses the same way
         self._leave(node)
         cards = node.free[cls]
-        taken, node.free[cls] = tuple(cards[:count]), cards[count:]
+        taken, node.free[cls] = tuple(sorted(cards[:count])), cards[count:]
         node.total_free -= count
         self._enter(node)
         return taken

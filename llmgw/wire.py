@@ -335,6 +335,17 @@ class ShardState(StrEnum):
     WAKING = "waking"  # asked to wake, not answered yet
 
 
+class SleepFailure(StrEnum):
+    """Why an engine asked to sleep is awake instead (beside `sleep_error`'s words)."""
+
+    NO_SLEEP_MODE = "no_sleep_mode"  # its template has none, or it started without it
+    NO_ENDPOINTS = "no_endpoints"  # /sleep answered 404: an old version, no dev mode
+    REFUSED = "refused"  # /sleep answered an error, or nothing
+    # /sleep answered 200 but its processes still held the memory on a card (vLLM
+    # #47654): woken again, so that nothing is placed on a card it still fills
+    MEMORY_KEPT = "memory_kept"
+
+
 # -- the agent's report ---------------------------------------------------------
 
 
@@ -434,6 +445,7 @@ class ReplicaReport(Inbound):
     # while the assignment still asks for them).
     adapters: list[ModelName] = Field(default_factory=list, max_length=4096)
     adapter_failures: list[AdapterFailure] = Field(default_factory=list, max_length=4096)
+    sleep_failure: ByValue[SleepFailure] | None = None  # its kind (None: an older agent)
 
 
 class NodeReport(Inbound):
@@ -488,16 +500,21 @@ class ShardAssignment(Outbound):
     sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
     # LoRA adapters the engine should hold: name -> source (found in the agent's storage)
     adapters: dict[str, str] = Field(default_factory=dict)
+    # The spec says `auto`: the agent picks the level from its host memory and the
+    # weights (agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
+    sleep_auto: bool = False
 
     def awake(self) -> ShardAssignment:
         """The same engine, awake: what decides whether a changed assignment restarts it."""
-        return self if self.sleep_level is None else self.model_copy(update={"sleep_level": None})
+        if self.sleep_level is None and not self.sleep_auto:
+            return self
+        return self.model_copy(update={"sleep_level": None, "sleep_auto": False})
 
     def started_as(self) -> ShardAssignment:
         """What restarts the engine when it changes: neither its sleep nor its adapters."""
-        if self.sleep_level is None and not self.adapters:
+        if self.sleep_level is None and not self.sleep_auto and not self.adapters:
             return self
-        return self.model_copy(update={"sleep_level": None, "adapters": {}})
+        return self.model_copy(update={"sleep_level": None, "sleep_auto": False, "adapters": {}})
 
 
 class ReportReply(Outbound):
@@ -832,6 +849,9 @@ class EventReason(StrEnum):
     ADAPTER_LOADED = "AdapterLoaded"  # a replica's engine holds a LoRA adapter it was told to
     ADAPTER_UNLOADED = "AdapterUnloaded"  # told to let one go (idle, or room for another)
     ADAPTER_LOAD_FAILED = "AdapterLoadFailed"  # the engine refused a load: its words
+    # A sleeping replica whose cards hold a busy awake engine: stopped, and its
+    # model's requests served by a replica placed afresh (a cold or warm start)
+    NO_ROOM_TO_WAKE = "NoRoomToWake"
 
 
 class EventView(Outbound):
@@ -1127,6 +1147,16 @@ class IdleReplica(Outbound):
     gpus: int
 
 
+class SleepingReplica(Outbound):
+    """A replica asleep (the warm tier): it holds its cards' residual memory and its
+    engine process, serves nothing, and wakes in seconds for its model's requests."""
+
+    id: str
+    model: str
+    asleep_seconds: float
+    gpus: int
+
+
 class ModelTraffic(Outbound):
     """What a model's serving replicas served over the engines' last window.
 
@@ -1185,6 +1215,9 @@ class FleetSummary(Outbound):
     idle_after_s: float = IDLE_AFTER_S
     # Each declared LoRA adapter: where it is loaded, what it serves, when last used.
     adapters: list[AdapterView] = Field(default_factory=list)
+    # Replicas asleep, the longest asleep first: the cards they hold are the first
+    # to share (a card's room beside them) after the idle ones.
+    sleeping_replicas: list[SleepingReplica] = Field(default_factory=list)
 
 
 # -- drain pre-check ----------------------------------------------------------------

@@ -115,7 +115,7 @@ class MainScreen(NodeScreen):
             self.query_one(GpuClassesPane).show(s.gpus)
             self.query_one(FabricsTable).show(s.fabrics)
             self.query_one(TrafficTable).show(s.traffic)
-            self.query_one(IdleTable).show(s.idle_replicas, s.idle_after_s)
+            self.query_one(IdleTable).show(s.idle_replicas, s.idle_after_s, s.sleeping_replicas)
             self.query_one(WeightsMatrix).show(s)
             self.query_one(UnplaceableList).show(s)
             self.nodes_table.age_offset = max(0.0, self.model.clock() - fleet.fetched_at)

@@ -3,6 +3,7 @@ and the unplaceable list. Each is patched from a new FleetSummary."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
@@ -12,7 +13,7 @@ from textual.widgets import Static
 from console.format import count_text, styled
 from console.widgets.keyed_table import GlanceTable
 from llmgw.present import duration, latency, percent, short_words
-from llmgw.wire import FabricSummary, FleetSummary, IdleReplica, ModelTraffic
+from llmgw.wire import FabricSummary, FleetSummary, IdleReplica, ModelTraffic, SleepingReplica
 
 
 class FabricsTable(GlanceTable):
@@ -112,12 +113,31 @@ class IdleTable(GlanceTable):
         self.add_column("REPLICA", key="id")
         self.add_column("MODEL", key="model")
 
-    def show(self, idle: list[IdleReplica], idle_after_s: float) -> None:
+    def show(
+        self,
+        idle: list[IdleReplica],
+        idle_after_s: float,
+        asleep: Sequence[SleepingReplica] = (),
+    ) -> None:
         ordered = sorted(idle, key=lambda r: -r.idle_seconds)  # most idle first
-        self.sync({r.id: self._row_cells(r) for r in ordered})
+        rows = {r.id: self._row_cells(r) for r in ordered}
+        # Then the sleeping ones, longest asleep first: they hold their cards' residue.
+        for r in sorted(asleep, key=lambda r: -r.asleep_seconds):
+            rows[r.id] = self._asleep_cells(r)
+        self.sync(rows)
         after = f"{idle_after_s / 60:g} min" if idle_after_s % 60 == 0 else duration(idle_after_s)
-        self.border_subtitle = (
-            f"{sum(r.gpus for r in idle)} GPUs idle" if idle else f"nothing idle for {after}"
+        words = [f"{sum(r.gpus for r in idle)} GPUs idle"] if idle else []
+        if asleep:
+            words.append(f"{sum(r.gpus for r in asleep)} asleep")
+        self.border_subtitle = ", ".join(words) or f"nothing idle for {after}"
+
+    @staticmethod
+    def _asleep_cells(r: SleepingReplica) -> tuple[Text, ...]:
+        return (
+            styled(f"zz {duration(r.asleep_seconds)}", "blue"),
+            styled(r.gpus, "dim"),
+            styled(r.id, "dim"),
+            styled(r.model.rsplit("/", 1)[-1], "dim"),
         )
 
     @staticmethod

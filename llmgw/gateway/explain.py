@@ -186,7 +186,9 @@ class Explainer:
                     assert answer is not None  # only `not_there` answers None
                     return answer
                 _, why = self.reasons.get(slug(model), (model, None))
-                if why is not None and why.kind is not UnservedKind.ASLEEP:  # unplaceable, say
+                # Held already: it waits while replicas are on their way (a replica that
+                # failed mid-wake is placed again), not once none can be placed.
+                if why is not None and why.kind is UnservedKind.UNPLACEABLE:
                     return self._answer(model, why)
                 news, left = self._news, deadline - loop.time()
                 if left <= 0:

@@ -25,6 +25,8 @@ class Card:
     used_mib: int = 0
     util: int = 0
     processes: int = 0
+    # (pid, MiB; None: NVML cannot tell, as in some containers) per process listed
+    held: list[tuple[int, int | None]] = field(default_factory=list)
     ecc_uncorrected: int = 0
     remap: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
     retired_pending: int = 0
@@ -115,7 +117,14 @@ class FakeNvml:
                 "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=h.util, memory=0)
             ),
             "nvmlDeviceGetComputeRunningProcesses": on(
-                "nvmlDeviceGetComputeRunningProcesses", lambda h: [object()] * h.processes
+                "nvmlDeviceGetComputeRunningProcesses",
+                lambda h: (
+                    [object()] * h.processes
+                    + [
+                        SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB)
+                        for pid, mib in h.held
+                    ]
+                ),
             ),
             "nvmlDeviceGetTotalEccErrors": on("nvmlDeviceGetTotalEccErrors", ecc),
             "nvmlDeviceGetRemappedRows": on("nvmlDeviceGetRemappedRows", lambda h: h.remap),

@@ -124,6 +124,19 @@ def test_healthy_cards_with_memory_utilisation_and_in_use(nvml: FakeNvml) -> Non
     assert gpus["GPU-0"].gpu_class == "H100-SXM-80GB" and gpus["GPU-0"].memory_total_mib == 81559
 
 
+def test_processes_say_what_each_holds_per_card(nvml: FakeNvml) -> None:
+    # What a sleep is checked against (agent.sleep_check): NVML's running processes.
+    nvml.cards[0].held = [(4242, 16384), (77, None)]  # 77: NVML cannot tell (a container)
+    nvml.cards[2].held = [(4243, 512)]
+    nvml.cards[3].processes = 1  # a process listed without a memory field at all
+    nvml.cards[1].errors = {"nvmlDeviceGetComputeRunningProcesses": pynvml.NVMLError_GpuIsLost}
+    source = NvmlGpus(watch_xids=False)
+    got = [(p.pid, p.gpu_uuid, p.used_mib) for p in source.processes()]
+    assert got == [(4242, "GPU-0", 16384), (4243, "GPU-2", 512)]
+    nvml.init_error = pynvml.NVMLError_LibraryNotFound
+    assert NvmlGpus(watch_xids=False).processes() == []  # no NVML: nothing, not an error
+
+
 # -- health rules -------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 from test_steps import CHAT, replica, snapshot
 
-from llmgw.controller.core.nodes import ShardDigest
+from llmgw.controller.core.nodes import NodeEntry, ShardDigest
 from llmgw.controller.core.reclaim import Candidate, order
 from llmgw.controller.core.records import LeaveReason, ReplicaRecord
 from llmgw.controller.core.revisions import same_engine
@@ -30,7 +30,19 @@ from llmgw.controller.state.replicas import answering, replica_status
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.replies import sleep_level
 from llmgw.present import Meaning, model_words
-from llmgw.wire import AdminFlag, AdminInfo, EventReason, ModelSpec, ReplicaState, ShardState
+from llmgw.wire import (
+    AdapterSpec,
+    AdminFlag,
+    AdminInfo,
+    EventReason,
+    GpuHealth,
+    GpuReport,
+    ModelSpec,
+    NodeReport,
+    ReplicaState,
+    ShardState,
+    SleepFailure,
+)
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
 NOW = 100.0  # the snapshot's clock
@@ -42,9 +54,12 @@ def shard(
     state: ShardState,
     idle_for: float | None = None,
     sleep_error: str | None = None,
+    sleep_failure: SleepFailure | None = None,
 ) -> ShardDigest:
     idle_since = None if idle_for is None else NOW - idle_for
-    return ShardDigest(rec.id, 0, state, idle_since, None, 8000, None, sleep_error)
+    return ShardDigest(
+        rec.id, 0, state, idle_since, None, 8000, None, sleep_error, sleep_failure=sleep_failure
+    )
 
 
 def reported(
@@ -174,6 +189,27 @@ def test_a_replica_that_could_not_sleep_stays_awake_and_stops_as_without_sleep()
     assert [(r.id, r.leave_reason) for r in scaled.put] == [("a", LeaveReason.SCALE_DOWN)]
 
 
+def test_a_sleep_that_kept_its_memory_is_said_apart_with_its_figures() -> None:
+    tried = replica("a", ReplicaState.SLEEPING, asleep_since=990.0)
+    why = "its sleep answered 200 but its processes still hold 16384 MiB of 16384 MiB"
+    engine = {
+        "a": shard(
+            tried, ShardState.WAKING, sleep_error=why, sleep_failure=SleepFailure.MEMORY_KEPT
+        )
+    }
+
+    plan = sleep_and_wake(reported([tried], engine))
+
+    [back] = plan.put
+    assert back.state is ReplicaState.READY  # awake: its cards are full, as before
+    [event] = plan.events
+    assert event.reason is EventReason.SLEEP_FAILED
+    assert "without freeing its memory" in event.message and "16384 MiB" in event.message
+    # An older agent says only why: read as refused, never as kept memory.
+    older = reported([tried], {"a": shard(tried, ShardState.READY, sleep_error=why)})
+    assert older.statuses["a"].sleep_failure is SleepFailure.REFUSED
+
+
 def test_a_sleeping_replica_is_not_scaled_down_as_demand_falls_to_zero() -> None:
     asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
     awake = replica("b")
@@ -290,3 +326,139 @@ def test_reclaim_takes_sleeping_replicas_before_idle_ones() -> None:
     )
 
     assert [c.record.id for c in order([busy, idle, asleep])] == ["asleep", "idle", "busy"]
+
+
+# -- a card shared by a sleeping replica and an awake one (issue 32 item 4) ---------------
+
+OTHER = SLEEPY.model_copy(update={"name": "other", "source": "org/other"})
+PLAIN_OTHER = OTHER.model_copy(update={"sleep_after_s": None, "min_replicas": 0})
+
+
+def on_card(rec: ReplicaRecord, card: str = "GPU-shared") -> ReplicaRecord:
+    return replace(rec, shards=(replace(rec.shards[0], gpus=(card,)),))
+
+
+def switch_fleet(
+    b_state: ShardState,
+    b_in_flight: int = 0,
+    other: ModelSpec = OTHER,
+    b_record: ReplicaState = ReplicaState.READY,
+) -> FleetSnapshot:
+    """chat's replica `a` asleep on a card where other's `b` was placed since."""
+    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
+    b = on_card(
+        replica(
+            "b",
+            b_record,
+            model="other",
+            asleep_since=950.0 if b_record is ReplicaState.SLEEPING else None,
+        )
+    )
+    gate = GateView(
+        now=NOW, grace_s=math.inf, live=(), held={"chat": 1}, in_flight={"b": b_in_flight}
+    )
+    shards = {"a": shard(a, ShardState.SLEEPING), "b": shard(b, b_state, 60.0)}
+    return reported([a, b], shards, [SLEEPY, other], gate=gate)
+
+
+def test_a_wake_onto_a_card_held_by_an_idle_replica_switches_it_out_first() -> None:
+    snap = switch_fleet(ShardState.READY)
+
+    plan = sleep_and_wake(snap)
+
+    [asleep] = plan.put
+    assert (asleep.id, asleep.state) == ("b", ReplicaState.SLEEPING)  # a waits for it
+    [event] = plan.events
+    assert (
+        event.reason is EventReason.SLEPT and "chat" in event.message and "other" in event.message
+    )
+    assert plan.removed == []
+
+
+def test_once_the_other_sleeps_the_wake_goes_ahead_on_the_same_card() -> None:
+    snap = switch_fleet(ShardState.SLEEPING, b_record=ReplicaState.SLEEPING)
+
+    plan = sleep_and_wake(snap)
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.WAKING)]
+
+
+def test_still_falling_asleep_the_wake_waits() -> None:
+    snap = switch_fleet(ShardState.READY, b_record=ReplicaState.SLEEPING)
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.put == [] and plan.removed == []  # b's engine has not said it sleeps
+
+
+def free_node(name: str = "n2") -> NodeEntry:
+    report = NodeReport(
+        node=name,
+        agent_version="t",
+        boot_id="b",
+        interval_s=5,
+        gpus=[
+            GpuReport(
+                uuid=f"GPU-{name}",
+                index=0,
+                gpu_class="H100-SXM-80GB",
+                memory_total_mib=81920,
+                health=GpuHealth.HEALTHY,
+            )
+        ],
+    )
+    entry = NodeEntry(name, first_seen=0.0)
+    entry.update(report, b"", NOW)
+    return entry
+
+
+def test_a_wake_onto_a_card_held_by_a_busy_replica_starts_afresh_where_one_fits() -> None:
+    snap = switch_fleet(ShardState.READY, b_in_flight=2)
+    snap = replace(snap, nodes={"n2": free_node()})
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.removed == ["a"] and plan.put == []
+    [event] = plan.events
+    assert event.reason is EventReason.NO_ROOM_TO_WAKE
+    assert "other awake and busy" in event.message
+
+
+def test_with_no_room_elsewhere_the_wake_waits_for_the_busy_one() -> None:
+    snap = switch_fleet(ShardState.READY, b_in_flight=2)  # no other node
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.removed == [] and plan.put == [] and plan.events == []
+
+
+def test_a_model_that_does_not_sleep_makes_way_only_above_what_it_should_have() -> None:
+    at_min = PLAIN_OTHER.model_copy(update={"min_replicas": 1})
+    snap = replace(switch_fleet(ShardState.READY, other=at_min), nodes={"n2": free_node()})
+    plan = sleep_and_wake(snap)
+    assert plan.removed == ["a"], "its minimum keeps it: the wake goes elsewhere"
+
+    snap = switch_fleet(ShardState.READY, other=PLAIN_OTHER)
+    plan = sleep_and_wake(snap)
+    [leaving] = plan.put
+    assert leaving.id == "b" and leaving.leave_reason is LeaveReason.SCALE_DOWN
+
+
+def test_requests_held_for_an_adapter_wake_its_sleeping_base() -> None:
+    """An adapter is served by a replica of its base: a request held for it wakes a
+    sleeping base as the base's own would (else it waits out its timeout: 503)."""
+    asleep = replica("a", ReplicaState.SLEEPING, asleep_since=900.0)
+    snap = reported([asleep], {"a": shard(asleep, ShardState.SLEEPING)}, gate=held("sql-lora", 1))
+    snap = replace(
+        snap,
+        adapters={"sql-lora": AdapterSpec(name="sql-lora", base="chat", source="acme/sql-lora")},
+    )
+
+    plan = sleep_and_wake(snap)
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.WAKING)]
+    # Held for another model's adapter: nothing wakes.
+    other = replace(
+        snap, adapters={"sql-lora": AdapterSpec(name="sql-lora", base="other", source="x")}
+    )
+    assert sleep_and_wake(other).put == []

@@ -9,6 +9,9 @@ agent started it able to sleep, are not reachable through the gateway."""
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -87,6 +90,9 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     assert engine_pid(c, "gpu1") == pid, "asleep, not stopped"
     wait_until(lambda: card_used_mib(c) == 512, timeout=20, what="the memory freed by the sleep")
     assert "sleeping" in c.ctl("replicas")
+    [asleep] = c.get("/v1/summary")["sleeping_replicas"]
+    assert (asleep["id"], asleep["model"], asleep["gpus"]) == (first["id"], "nap", 1)
+    assert "Sleeping replicas" in c.ctl("status") and first["id"] in c.ctl("status")
     assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
     metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
     assert 'llmgw_replicas{state="sleeping"} 1.0' in metrics
@@ -132,4 +138,108 @@ def test_an_engine_that_cannot_sleep_is_found_out_once_and_keeps_serving(
     assert events.count("SleepFailed") == 1, events
     assert "answered 404" in events, events
     assert c.agent_log("gpu1").count("cannot sleep") == 1
+    gw.stop()
+
+
+def test_a_sleep_that_keeps_the_memory_is_found_out_and_the_engine_woken(
+    cluster: Cluster,
+) -> None:
+    # vLLM #47654: /sleep answers 200 while the memory stays held. The agent measures
+    # the card (the fake card counts what the engine says it holds, as NVML does).
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    spec = warm("hoarder")
+    spec["engine_args"] = [*spec["engine_args"], "--sleep-keeps-memory"]
+    c.apply([spec])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("hoarder")
+    first = the_replica(c, "hoarder")
+    pid = engine_pid(c, "gpu1")
+    wait_until(lambda: "SleepFailed" in c.ctl("events"), timeout=60, what="the failed sleep said")
+    wait_until(
+        lambda: the_replica(c, "hoarder")["state"] == "ready", timeout=30, what="awake again"
+    )
+    events = c.ctl("events")
+    assert "without freeing its memory" in events and "16384 MiB" in events, events
+    assert card_used_mib(c) == 16384
+    answers = [ask(gw, "hoarder") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert the_replica(c, "hoarder")["id"] == first["id"] and engine_pid(c, "gpu1") == pid
+    assert c.ctl("events").count("SleepFailed") == 1
+    gw.stop()
+
+
+def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) -> None:
+    # One card, two models: the second is placed beside the first once it sleeps (the
+    # card's measured memory leaves room), and each request of the one asleep puts
+    # the other to sleep and wakes it, on the same card, with no request failed.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("left")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("left")
+    wait_until(
+        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="left asleep",
+    )
+    # From now on neither sleeps by itself: only a switch puts one to sleep.
+    c.apply([{**warm(name), "sleep_after_s": 600} for name in ("left", "right")])
+    gw.wait_serving("right")
+    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    assert (
+        the_replica(c, "left")["shards"][0]["gpus"] == the_replica(c, "right")["shards"][0]["gpus"]
+    )
+    codes = []
+    for name in ("right", "left", "right", "left"):
+        r = ask(gw, name)
+        codes.append(r.status_code)
+        assert r.status_code == 200, (name, r.text)
+        assert the_replica(c, name)["id"] == ids[name], "woken, not placed afresh"
+        other = "left" if name == "right" else "right"
+        assert the_replica(c, other)["state"] in ("sleeping", "ready")
+    assert codes == [200] * 4
+    events = c.ctl("events")
+    assert "switch: its cards are wanted by" in events, events
+    assert "NoRoomToWake" not in events
+    gw.stop()
+
+
+def test_an_engine_killed_while_it_wakes_loses_no_held_request(cluster: Cluster) -> None:
+    # SIGKILL in the middle of a switch (here the wake, 3 s long): the replica fails,
+    # a new one is placed, and the requests the gateway held meanwhile are answered.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    spec = warm("fragile")
+    spec["engine_args"] = [*spec["engine_args"], "--wake-seconds", "3"]
+    c.apply([spec])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("fragile")
+    first = the_replica(c, "fragile")
+    wait_until(
+        lambda: the_replica(c, "fragile")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="asleep",
+    )
+    pid = engine_pid(c, "gpu1")
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(ask, gw, "fragile") for _ in range(3)]
+        wait_until(
+            lambda: the_replica(c, "fragile")["shards"][0]["state"] == "waking",
+            timeout=30,
+            what="waking",
+        )
+        os.kill(pid, signal.SIGKILL)
+        answers = [f.result(timeout=120) for f in held]
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert the_replica(c, "fragile")["id"] != first["id"], "a new replica answered"
     gw.stop()

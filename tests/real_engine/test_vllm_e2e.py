@@ -554,3 +554,48 @@ def test_7_a_lora_adapter_loaded_by_demand_routed_by_name_and_unloaded(walk: Wal
     events = c.ctl("events", "--for", f"adapter/{ADAPTER}")
     assert "AdapterLoaded" in events and "AdapterUnloaded" in events, events
     print(f"timings (s): {walk.timings}")
+
+
+@pytest.mark.timeout(2 * START_S + 120)
+def test_8_a_model_that_asks_to_sleep_runs_without_sleep_mode_on_the_cpu_build(
+    walk: Walk,
+) -> None:
+    # vLLM's CPU build refuses --enable-sleep-mode at start ("Sleep mode is not
+    # supported on current platform.", config/model.py): the agent starts it again
+    # without, and its first sleep says so once; it keeps serving, no failure left.
+    c = walk.c
+    old = walk.ready_replica()
+    spec = {
+        "name": MODEL,
+        "source": str(walk.model_dir),
+        "min_replicas": 1,
+        "gpus_per_shard": 1,
+        "engine": "vllm",
+        "engine_args": [*ENGINE_ARGS, *LORA_ARGS],  # its adapter (step 7) stays valid
+        "sleep_after_s": 1,
+    }
+    c.apply([spec])  # sleep mode is an engine field: a new revision rolls out
+    r = walk.wait_ready("the replica of the sleeping revision", not_id=old["id"] if old else None)
+
+    def of_replica() -> str:
+        return "\n".join(ln for ln in c.ctl("events").splitlines() if f"replica/{r['id']}" in ln)
+
+    wait_until(
+        lambda: "SleepFailed" in of_replica(),
+        timeout=120,
+        what="its sleep found out",
+        diagnose=walk.logs,
+    )
+    events = of_replica()
+    assert "Sleep mode is not supported on current platform" in events, events
+    assert events.count("SleepFailed") == 1, events
+    argv = Path(f"/proc/{walk.leader(r['id'])}/cmdline").read_bytes().split(b"\0")
+    assert b"--enable-sleep-mode" not in argv
+    (m,) = [m for m in c.ctl_json("models") if m["spec"]["name"] == MODEL]
+    assert m["last_failure"] is None or "sleep" not in m["last_failure"].lower(), m
+    walk.wait_ready("back in routing, awake")
+    walk.gw.wait_serving(MODEL)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert (
+        httpx.post(f"{walk.gw.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    )

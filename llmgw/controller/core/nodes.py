@@ -23,6 +23,7 @@ from llmgw.wire import (
     NodeReport,
     NodeState,
     ShardState,
+    SleepFailure,
     StorageScope,
 )
 
@@ -67,6 +68,7 @@ class ShardDigest(NamedTuple):
     sleep_error: str | None = None  # asked to sleep, it could not: why
     adapters: frozenset[str] = frozenset()  # LoRA adapters the engine holds (rank 0)
     adapter_failures: tuple[tuple[str, int | None, str], ...] = ()  # (name, status, why)
+    sleep_failure: SleepFailure | None = None  # its kind
 
 
 class NodeDigest(NamedTuple):
@@ -90,6 +92,9 @@ class NodeDigest(NamedTuple):
     address: str | None = None
     gpu_error: str | None = None
     adapters: frozenset[str] = frozenset()  # complete LoRA adapters in its storage
+    # Healthy cards in use that still have room for an awake engine (`has_room`): the
+    # warm tier shares a card whose replicas all sleep (`fleet_snapshot.node_capacity`).
+    roomy: frozenset[str] = frozenset()
 
     @property
     def gpus_total(self) -> int:
@@ -127,10 +132,22 @@ _SHARED = StorageScope.SHARED
 _FAILED = ShardState.FAILED
 
 
+# What an awake engine claims of a card: vLLM's --gpu-memory-utilization default, which
+# its start checks is free. A card whose processes hold no more than the rest (a
+# sleeping engine's CUDA context and leftovers) has room for one awake engine.
+AWAKE_SHARE = 0.9
+
+
+def has_room(used_mib: int | None, total_mib: int) -> bool:
+    """Room for one awake engine beside what the card holds (unknown: none)."""
+    claim = round(total_mib * AWAKE_SHARE)
+    return used_mib is not None and total_mib > 0 and used_mib <= total_mib - claim
+
+
 def digest_report(report: NodeReport) -> NodeDigest:
     """Reduce a report to what the controller reads of it (one pass over the cards)."""
     per_class: dict[str, list[int]] = {}  # class -> [total, used, unhealthy, unknown]
-    cards, faults, idle_unknown = [], [], []
+    cards, faults, idle_unknown, roomy = [], [], [], []
     for gpu in report.gpus:
         cls, health = gpu.gpu_class, gpu.health
         counts = per_class.get(cls)
@@ -143,6 +160,8 @@ def digest_report(report: NodeReport) -> NodeDigest:
             faults.append(CardFault(gpu.uuid, gpu.index, gpu.health_reason or "unhealthy"))
         elif gpu.in_use:
             counts[1] += 1
+            if health is _HEALTHY and has_room(gpu.memory_used_mib, gpu.memory_total_mib):
+                roomy.append(gpu.uuid)
         elif health is _UNKNOWN:
             counts[3] += 1
             idle_unknown.append(gpu.uuid)
@@ -164,6 +183,7 @@ def digest_report(report: NodeReport) -> NodeDigest:
         report.address,
         report.gpu_error,
         frozenset(a.name for loc in report.storage for a in loc.adapters),
+        frozenset(roomy),
     )
 
 
@@ -181,6 +201,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             r.sleep_error,
             frozenset(r.adapters),
             tuple((f.name, f.status, f.message) for f in r.adapter_failures),
+            r.sleep_failure,
         )
         for r in report.replicas
     )

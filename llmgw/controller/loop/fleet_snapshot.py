@@ -30,7 +30,15 @@ from llmgw.controller.state.liveness import Liveness
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.controller.views.endpoints import GateView
 from llmgw.scheduler import NodeCapacity, Placement
-from llmgw.wire import AdapterSpec, AdminFlag, AdminInfo, ModelSpec, NodeState, ReplicaState
+from llmgw.wire import (
+    AdapterSpec,
+    AdminFlag,
+    AdminInfo,
+    ModelSpec,
+    NodeState,
+    ReplicaState,
+    ShardState,
+)
 
 __all__ = ["FleetSnapshot", "ModelReplicas", "node_capacity", "replica_sets"]
 
@@ -228,10 +236,49 @@ def still_free(snap: FleetSnapshot, placement: Placement) -> bool:
         entry = snap.nodes.get(shard.node)
         if entry is None or snap.state_of(shard.node) is not NodeState.READY:
             return False
-        usable = {uuid for uuid, _, ok in entry.cards if ok}
-        if not usable.issuperset(shard.gpus) or snap.assigned_gpus(shard.node) & set(shard.gpus):
+        free, _ = free_cards(shard.node, entry, snap._on_node.get(shard.node, ()))
+        if not {uuid for uuids in free.values() for uuid in uuids}.issuperset(shard.gpus):
             return False
     return True
+
+
+def asleep_on(node: str, rec: ReplicaRecord, entry: NodeEntry) -> bool:
+    """Whether `rec` sleeps on `node` as the warm tier shares a card with: decided
+    (sleeping, told to) and every engine of it there says it sleeps. An engine says so
+    only once its sleep freed the memory (agent.sleep_check)."""
+    if rec.state is not ReplicaState.SLEEPING or rec.asleep_since is None:
+        return False
+    mine = [d for d in entry.shards if d.replica_id == rec.id]
+    return bool(mine) and all(d.state is ShardState.SLEEPING for d in mine)
+
+
+def free_cards(
+    name: str, entry: NodeEntry, on_node: Iterable[ReplicaRecord]
+) -> tuple[dict[str, list[str]], frozenset[str]]:
+    """Per class, the cards placement may hand out on one node, and of them the
+    shared ones. A card is free when healthy, idle and no replica holds it; or (the
+    warm tier) when every replica holding it sleeps there and the card has room for an
+    awake engine beside what they keep (`nodes.has_room`, measured by the agent): one
+    awake engine, since a card a replica is placed on is then held awake."""
+    awake: set[str] = set()
+    sleeping: set[str] = set()
+    for rec in on_node:
+        held = awake if not asleep_on(name, rec, entry) else sleeping
+        held.update(gpu for shard in rec.shards if shard.node == name for gpu in shard.gpus)
+    free: dict[str, list[str]] = defaultdict(list)
+    shared: set[str] = set()
+    roomy = entry.digest.roomy
+    for uuid, cls, usable in entry.cards:
+        free.setdefault(cls, [])
+        if uuid in awake:
+            continue
+        if uuid in sleeping:
+            if uuid in roomy:
+                free[cls].append(uuid)
+                shared.add(uuid)
+        elif usable:
+            free[cls].append(uuid)
+    return free, frozenset(shared)
 
 
 def weights_index(specs: Iterable[ModelSpec]) -> dict[str, set[str]]:
@@ -253,14 +300,7 @@ def node_capacity(
     """One node as placement sees it: healthy cards no replica holds, what it
     holds and runs (`on_node`: the replicas with a shard on it)."""
     on_node = list(on_node)
-    assigned = {
-        gpu for rec in on_node for shard in rec.shards if shard.node == name for gpu in shard.gpus
-    }
-    free: dict[str, list[str]] = defaultdict(list)
-    for uuid, cls, usable in entry.cards:
-        free.setdefault(cls, [])
-        if usable and uuid not in assigned:
-            free[cls].append(uuid)
+    free, shared = free_cards(name, entry, on_node)
     holds = {model for held in entry.digest.models for model in by_weights.get(held, ())}
     return NodeCapacity(
         name=name,
@@ -270,4 +310,5 @@ def node_capacity(
         schedulable=schedulable,
         holds=frozenset(holds),
         runs=frozenset(rec.model for rec in on_node),  # spread
+        shared=shared,
     )

@@ -18,15 +18,18 @@ awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import replace
 
+from llmgw.controller.core.records import LeaveReason, ReplicaRecord
 from llmgw.controller.loop.faults import fault_under
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot, ModelReplicas
 from llmgw.controller.loop.placing import stoppable
 from llmgw.controller.loop.plans import Plan, Planner
 from llmgw.controller.state.replicas import ReplicaStatus
-from llmgw.wire import EventReason, ModelSpec, ReplicaState
+from llmgw.scheduler import Placement, place
+from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
 
 __all__ = ["sleep_and_wake"]
 
@@ -104,18 +107,34 @@ def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) ->
             continue
         rec = s.record
         plan.put([replace(rec, state=ReplicaState.READY, asleep_since=None)])
+        what = (
+            "slept without freeing its memory, so it was woken again"
+            if s.sleep_failure is SleepFailure.MEMORY_KEPT
+            else "could not sleep"
+        )
         plan.event(
             f"replica/{rec.id}",
             EventReason.SLEEP_FAILED,
-            f"{rec.model}: could not sleep ({error.splitlines()[0]}); it stays awake and "
+            f"{rec.model}: {what} ({error.splitlines()[0]}); it stays awake and "
             "stops when demand falls, as without sleep",
         )
+
+
+def held_for(snap: FleetSnapshot, model: str) -> int:
+    """Requests the gateways hold for `model`, those for its LoRA adapters included:
+    an adapter's request needs an awake replica of its base as much as the base's own."""
+    if snap.gate is None:
+        return 0
+    held = snap.gate.held
+    return held.get(model, 0) + sum(
+        held.get(name, 0) for name, a in snap.adapters.items() if a.base == model
+    )
 
 
 def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatus]) -> int:
     """Awake replicas the model's requests ask for now: its requests in flight and
     held at the gateways over its target, and one for any held request."""
-    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    held = held_for(snap, spec.name)
     in_flight = sum(s.in_flight(snap.gateway_in_flight) or 0 for s in awake) + held
     wanted = math.ceil(in_flight / spec.target_in_flight)
     return max(wanted, 1) if held else wanted
@@ -127,19 +146,29 @@ def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplic
     # Not told to sleep yet: back in routing at once, as a scale-down taken back.
     # Told: woken once its engines say they sleep (one still on its way to sleep would
     # read ready from its last report, and be routed to while it falls asleep).
-    going = [s for s in mine.standing if _falling_asleep(s)]
+    going = [s for s in mine.standing if _falling_asleep(s) and not _touched(plan, s)]
     asleep = [
         s
         for s in mine.standing
         if s.record.state is ReplicaState.SLEEPING
         and s.record.asleep_since is not None
         and s.asleep
+        and not _touched(plan, s)
     ]
     candidates = [*going, *sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))]
     count = min(len(candidates), _wanted_awake(snap, spec, awake) - len(awake))
     if count <= 0:
         return any(s.state is ReplicaState.WAKING for s in awake)
-    picked = candidates[:count]
+    picked: list[ReplicaStatus] = []
+    pending = False  # a switch under way: a replica on its cards goes to sleep first
+    for s in candidates:
+        if len(picked) >= count:
+            break
+        room = _room_to_wake(snap, plan, spec, s)
+        if room is _Room.FREE:
+            picked.append(s)
+        elif room in (_Room.SWITCHING, _Room.WAITING):
+            pending, count = True, count - 1
     plan.put(
         replace(
             s.record,
@@ -154,20 +183,139 @@ def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplic
             EventReason.WOKE,
             f"{spec.name}: waking for its requests ({len(awake)} replica(s) awake)",
         )
-    return True
+    return bool(picked) or pending
+
+
+def _touched(plan: Planner, s: ReplicaStatus) -> bool:
+    """Changed by this pass already (a switch put it to sleep for another model)."""
+    return plan.records.get(s.record.id) is not s.record
+
+
+class _Room(enum.Enum):
+    FREE = "free"  # no awake engine on its cards: it wakes now
+    SWITCHING = "switching"  # awake ones there go to sleep (or stop) first
+    WAITING = "waiting"  # busy ones there, and no room elsewhere: it waits for them
+    NONE = "none"  # busy ones there: it stops, and a replica is placed elsewhere
+
+
+def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: ReplicaStatus) -> _Room:
+    """Whether a sleeping replica may wake on its cards. A card shared with a replica
+    placed there while it slept (`fleet_snapshot.free_cards`) holds one awake engine:
+    two awake would not fit. Awake ones there that serve nothing and whose model has
+    no request held switch out (sleep, or stop for a model that does not sleep, never
+    below its minimum) and it wakes once they sleep: two models alternating on one card
+    each wait one sleep and one wake. Busy ones stay, and it makes way: stopped (it is
+    out of routing and asleep), its model's requests go to a replica placed afresh,
+    when one fits elsewhere; else it waits for them to serve nothing."""
+    rec = s.record
+    if not _falling_asleep(s):
+        others = [o for o in _sharing(snap, plan, rec) if not _asleep(snap, o)]
+    else:
+        others = []  # never left its cards: nothing was placed on them
+    if not others:
+        return _Room.FREE
+    # On their way to sleep, or out: the wake waits for them.
+    switching = [
+        o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
+    ]
+    switchable = [o for o in others if o not in switching and _switchable(snap, o)]
+    if len(switching) + len(switchable) < len(others):
+        busy = sorted({o.model for o in others if o not in switching and o not in switchable})
+        if not _fits_elsewhere(snap, plan, spec, rec):
+            return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
+        plan.remove([rec.id])
+        plan.event(
+            f"replica/{rec.id}",
+            EventReason.NO_ROOM_TO_WAKE,
+            f"{spec.name}: stopped instead of woken, its cards hold {', '.join(busy)} awake "
+            "and busy; a replica is placed afresh for its requests",
+        )
+        return _Room.NONE
+    for other in switchable:
+        _switch_out(snap, plan, other, spec.name)
+    return _Room.SWITCHING
+
+
+def _fits_elsewhere(
+    snap: FleetSnapshot, plan: Planner, spec: ModelSpec, rec: ReplicaRecord
+) -> bool:
+    """Whether a replica of `spec` placed afresh fits with `rec` gone (a scan of the
+    fleet, for a wake blocked by busy engines only)."""
+    records = {rid: r for rid, r in plan.records.items() if rid != rec.id}
+    placed = place(spec, snap.capacity(records=records), snap.wanted_classes)
+    return isinstance(placed, Placement)
+
+
+def _sharing(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord) -> list[ReplicaRecord]:
+    """Other replicas (as the plan leaves them) holding a card of `rec`."""
+    cards = {(sh.node, gpu) for sh in rec.shards for gpu in sh.gpus}
+    return [
+        o
+        for o in plan.records.values()
+        if o.id != rec.id and any((sh.node, g) in cards for sh in o.shards for g in sh.gpus)
+    ]
+
+
+def _asleep(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
+    status = snap.statuses.get(rec.id)
+    return (
+        rec.state is ReplicaState.SLEEPING
+        and rec.asleep_since is not None
+        and status is not None
+        and status.asleep
+    )
+
+
+def _switchable(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
+    """An awake replica that may make way on its cards: ready, serving nothing, its
+    model with no request held, not a stand-in, and (for a model that does not
+    sleep) above its minimum."""
+    status = snap.statuses.get(rec.id)
+    spec = snap.models.get(rec.model)
+    if status is None or spec is None or rec.state is not ReplicaState.READY:
+        return False
+    held = held_for(snap, rec.model)
+    if held or status.in_flight(snap.gateway_in_flight) or rec.replaces is not None:
+        return False
+    if _can_sleep(snap, spec, status):
+        return True
+    keep = max(spec.min_replicas, snap.desired.get(rec.model, 0))
+    return len(snap.replicas_of(rec.model).standing) > keep
+
+
+def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> bool:
+    return spec.sleeps and snap.up_to_date(status.record) and status.sleep_error is None
+
+
+def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: str) -> None:
+    """Make way for `waking`'s sleeping replica: asleep (through the stop handshake,
+    as `_sleep`) or, for a model that does not sleep, out of routing to stop."""
+    spec, status = snap.models[rec.model], snap.statuses[rec.id]
+    why = f"switch: its cards are wanted by {waking}, whose requests wait"
+    if _can_sleep(snap, spec, status):
+        let_go = stoppable(snap, plan, [rec.id])
+        asleep_since = snap.wall if let_go else None
+        plan.put([replace(rec, state=ReplicaState.SLEEPING, asleep_since=asleep_since)])
+        plan.event(f"replica/{rec.id}", EventReason.SLEPT, f"{rec.model}: asleep ({why})")
+        return
+    plan.put([rec.leaves(LeaveReason.SCALE_DOWN, why)])
+    plan.event(f"model/{rec.model}", EventReason.SCALED_DOWN, f"{rec.id} out of routing ({why})")
+    if stoppable(snap, plan, [rec.id]):
+        plan.remove([rec.id])
 
 
 def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplicas) -> None:
     """A ready replica nobody asked anything of for `sleep_after_s` sleeps."""
     after = spec.sleep_after_s
     assert after is not None
-    held = snap.gate.held.get(spec.name, 0) if snap.gate is not None else 0
+    held = held_for(snap, spec.name)
     if held:
         return
     for s in mine.standing:
         rec = s.record
         if (
             rec.state is ReplicaState.READY
+            and not _touched(plan, s)
             and s.state is ReplicaState.READY
             and rec.replaces is None  # a stand-in serves in another's place
             and snap.up_to_date(rec)  # started able to sleep (`sleeps` is an engine field)

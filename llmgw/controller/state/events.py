@@ -17,7 +17,7 @@ moves keep their own messages.
 
 Bounds: each reason keeps its newest `KEEP_PER_REASON` (1,000), so no kind of
 event can push another kind's out (100,000 enrollments leave every placement in
-place); `KEEP` in all, 1,000 for each reason (23 reasons today: 23,000). Nothing
+place); `KEEP` in all, 1,000 for each reason (24 reasons today: 24,000). Nothing
 whose last time is older than `KEEP_S` (7 days) is kept anywhere.
 
 Kept: in memory, for `GET /v1/events`, the console and `ctl events -w`; in the

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from llmgw.controller.core.nodes import ShardDigest
 from llmgw.controller.core.records import ReplicaRecord
-from llmgw.wire import ReplicaState, ReplicaView, ShardState, ShardView
+from llmgw.wire import ReplicaState, ReplicaView, ShardState, ShardView, SleepFailure
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,14 @@ class ReplicaStatus:
     def sleep_error(self) -> str | None:
         """Asked to sleep, an engine of it could not: why."""
         return next((s.sleep_error for s in self.shards if s and s.sleep_error), None)
+
+    @property
+    def sleep_failure(self) -> SleepFailure | None:
+        """Its kind; REFUSED for an older agent that said only why."""
+        shard = next((s for s in self.shards if s and s.sleep_error), None)
+        if shard is None:
+            return None
+        return shard.sleep_failure or SleepFailure.REFUSED
 
     @property
     def error(self) -> str | None:

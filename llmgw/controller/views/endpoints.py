@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -158,6 +159,22 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
     )
 
 
+# A model whose replicas failed fewer times than this, with its next try scheduled,
+# is on its way (not_ready: requests a gateway holds wait on); then unplaceable.
+RETRIES_HELD = 3
+
+
+def _retrying(fleet: Facts, model: str) -> bool:
+    """Unplaceable only by its failures (not the scheduler's verdict), and few yet:
+    a replica killed in the middle of a wake is placed again in seconds."""
+    backoff = fleet.backoffs.get(model)
+    return (
+        model not in fleet.decisions.unplaceable
+        and backoff is not None
+        and backoff.failures < RETRIES_HELD
+    )
+
+
 def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
     """Each declared model with no serving endpoint, and why."""
     serving: set[str] = set()
@@ -170,14 +187,19 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
     if not unserved:  # the steady state, on every answer of the feed: nothing to count
         return {}
     counts = count_by_model(replica_statuses(fleet).values())
+    # Decided awake, by the record: its engines may say ready a pass before the loop
+    # makes it ready and routes it (a held request must not read "not ready" then).
+    turning = Counter(r.model for r in fleet.records.values() if r.state is ReplicaState.WAKING)
     reasons = unplaceable_reasons(fleet)
     out = {}
     for name in unserved:
         unplaceable = reasons.get(name)
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
-        asleep, woken = counts[name][ReplicaState.SLEEPING], counts[name][ReplicaState.WAKING]
-        if unplaceable is not None:
+        asleep, woken = counts[name][ReplicaState.SLEEPING], turning[name]
+        if unplaceable is not None and _retrying(fleet, name):
+            out[name] = Unserved(kind=UnservedKind.NOT_READY, message=unplaceable)
+        elif unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)
         elif woken or asleep:  # the warm tier: held while the same replica wakes
             message = (

@@ -19,8 +19,9 @@ def rendezvous_port(replica_id: str) -> int:
 
 
 def sleep_level(spec: ModelSpec) -> int:
-    """The level a replica of `spec` sleeps at. `auto` is level 2 until agents report
-    their free host memory: level 1 keeps the weights there, and must not exhaust it."""
+    """The level a replica of `spec` sleeps at. `auto` is chosen by the agent where it
+    sleeps (agent.sleep_level: level 1 when its host memory holds the weights); 2 is
+    what an agent that does not choose uses: it cannot exhaust the host's memory."""
     return 2 if spec.sleep_level == "auto" else spec.sleep_level
 
 
@@ -60,6 +61,7 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     # Told only once the gateways let go of it (`warm`).
                     sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
                     adapters=adapters_for(facts, rec.id) if shard.rank == 0 else {},
+                    sleep_auto=rec.asleep_since is not None and spec.sleep_level == "auto",
                 )
             )
     return out

@@ -41,6 +41,7 @@ from llmgw.wire import (
     ReasonGroup,
     ReplicaCounts,
     ReplicaState,
+    SleepingReplica,
     StorageScope,
     WakingModel,
 )
@@ -240,6 +241,19 @@ def build_summary(
                     )
                 )
     idle.sort(key=lambda i: (-i.idle_seconds, i.id))
+    asleep = sorted(
+        (
+            SleepingReplica(
+                id=r.record.id,
+                model=r.record.model,
+                asleep_seconds=round(max(0.0, wall - r.record.asleep_since), 1),
+                gpus=r.record.gpu_count,
+            )
+            for r in replicas.values()
+            if r.state is ReplicaState.SLEEPING and r.record.asleep_since is not None
+        ),
+        key=lambda s: (-s.asleep_seconds, s.id),
+    )
 
     none: Counter[ReplicaState] = Counter()
     short = sorted(
@@ -266,6 +280,7 @@ def build_summary(
         engines={e: n for e, n in sorted(totals.engines.items()) if n > 0},
         waking=waking or [],
         idle_after_s=idle_after_s,
+        sleeping_replicas=asleep,
     )
 
 
