@@ -57,6 +57,9 @@ NOT_DURATIONS = {
     ("demo", "--port"),
     ("ctl credentials", "--uses"),
     ("ctl rollout", "--to-revision"),
+    ("ctl limits", "--rpm"),  # requests per minute: the minute is the unit
+    ("ctl limits", "--tpm"),
+    ("ctl limits", "--budget"),  # tokens, per --per day|month
 }
 
 OPTIONS = [option for name, p in _parsers().items() for option in _walk(name, p)]

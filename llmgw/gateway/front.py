@@ -436,8 +436,12 @@ class Front:
                     up = await self._http.request(
                         request.method, url, headers=headers, data=body, allow_redirects=False
                     )
-                except aiohttp.ClientConnectorError:
-                    # Nothing was sent: SMG is not listening (restarting). Again, a while.
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                    # No answer began: SMG is not listening (restarting), or a kept-alive
+                    # connection to the SMG that died was reused and found closed (a
+                    # request on each pooled connection would fail so otherwise). Sent
+                    # again, a while; one SMG had taken when it died may run twice on its
+                    # engine, as a client's own retry of the 503 would.
                     if time.monotonic() >= deadline:
                         raise
                     await asyncio.sleep(_RETRY_EVERY_S)
