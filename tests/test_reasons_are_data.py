@@ -30,7 +30,7 @@ TEXT_READERS = {
     "find",
     "index",
 }
-LEGACY_READER = "llmgw/wire.py"  # Unserved.from_legacy_text (goes with `unserved` in 0.3)
+LEGACY_READER = "llmgw/wire/gateway.py"  # Unserved.from_legacy_text (goes with `unserved` in 0.3)
 
 
 def _name(node: ast.expr) -> str | None:
@@ -85,7 +85,7 @@ def test_the_finder_finds_each_kind(tmp_path: Path) -> None:
 
 
 def test_the_old_unserved_prefixes_are_read_in_one_place() -> None:
-    """`_LEGACY_PREFIXES` (the text form's kind marks) is named only in wire.py, by
+    """`_LEGACY_PREFIXES` (the text form's kind marks) is named only in wire/gateway.py, by
     the two functions that write and read the older field."""
     users = sorted(
         _rel(p)
