@@ -199,12 +199,6 @@ class ShardAssignment(Outbound):
     # weights (agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
     sleep_auto: bool = False
 
-    def awake(self) -> ShardAssignment:
-        """The same engine, awake: what decides whether a changed assignment restarts it."""
-        if self.sleep_level is None and not self.sleep_auto:
-            return self
-        return self.model_copy(update={"sleep_level": None, "sleep_auto": False})
-
     def started_as(self) -> ShardAssignment:
         """What restarts the engine when it changes: neither its sleep nor its adapters."""
         if self.sleep_level is None and not self.sleep_auto and not self.adapters:
