@@ -24,6 +24,13 @@ from tests.ctl.ctl_support import ADMIN, Controller, controller_process, ctl, ok
 LONG = "PSU swap; ticket OPS-1234 " + "x" * 150
 
 
+def sigint_as_a_terminal_sends_it() -> None:
+    """In the child: Ctrl-C's default. A suite started in the background by a shell
+    without job control inherits SIGINT ignored, and Python then installs no handler
+    for it, so ctl would never see the Ctrl-C these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     with controller_process(tmp_path_factory.mktemp("ctl-out")) as c:
@@ -169,6 +176,7 @@ def test_watch_appends_changes_when_piped_and_ctrl_c_exits_0(
             [sys.executable, "-m", "llmgw", "ctl", "nodes", "-w", "--interval", "0.2"],
             stdout=f,
             stderr=subprocess.PIPE,
+            preexec_fn=sigint_as_a_terminal_sends_it,
             env={**os.environ, "LLMGW_CONTROLLER": fleet.url, "LLMGW_TOKEN": ADMIN},
         )
         try:
@@ -198,6 +206,7 @@ def test_status_watch_piped_prints_again_only_when_it_changed(
             [sys.executable, "-m", "llmgw", "ctl", "status", "-w", "--interval", "0.2"],
             stdout=f,
             stderr=subprocess.PIPE,
+            preexec_fn=sigint_as_a_terminal_sends_it,
             env={**os.environ, "LLMGW_CONTROLLER": fleet.url, "LLMGW_TOKEN": ADMIN},
         )
         try:
@@ -226,6 +235,7 @@ def test_watch_on_a_short_terminal_fits_the_screen(fleet: Controller) -> None:
         [sys.executable, "-m", "llmgw", "ctl", "nodes", "-w", "--interval", "0.2"],
         stdout=slave,
         stderr=subprocess.PIPE,
+        preexec_fn=sigint_as_a_terminal_sends_it,
         env={**os.environ, **env, "NO_COLOR": "1"},
     )
     os.close(slave)
