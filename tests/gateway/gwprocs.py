@@ -7,6 +7,8 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,3 +178,21 @@ def wait_cluster_ready(c: Cluster, names: list[str]) -> None:
 
 def root_of(tmp_path: Path) -> Path:
     return tmp_path / "cluster"
+
+
+@contextmanager
+def gateway_fleet(path: Path, nodes: list[str]) -> Iterator[tuple[Cluster, Gateway]]:
+    """A controller (CONTROLLER_ARGS), an agent with two cards per node and a round-robin
+    gateway: what a module's tests share when each loads a model of its own."""
+    c = Cluster(path)
+    try:
+        c.start_controller(*CONTROLLER_ARGS)
+        for name in nodes:
+            c.start_agent(name, gpus="2xH100-80GB")
+        wait_cluster_ready(c, nodes)
+        gw = Gateway(c, "--policy", "round_robin")
+        gw.start()
+        yield c, gw
+        gw.stop()
+    finally:
+        c.close()

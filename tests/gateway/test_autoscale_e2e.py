@@ -18,7 +18,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.procs import Cluster, wait_until
-from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
+from tests.gateway.gwprocs import (
+    CONTROLLER_ARGS,
+    Gateway,
+    Load,
+    gateway_fleet,
+    model,
+    wait_cluster_ready,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +44,8 @@ def live(c: Cluster, name: str = "chat") -> list[dict]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Gateway]]:
     """The controller, four agents with two cards each and the gateway (round robin),
     for the module's tests that load a model of their own."""
-    c = Cluster(tmp_path_factory.mktemp("autoscale") / "cluster")
-    try:
-        c.start_controller(*CONTROLLER_ARGS)
-        for name in NODES:
-            c.start_agent(name, gpus="2xH100-80GB")
-        wait_cluster_ready(c, NODES)
-        gw = Gateway(c, "--policy", "round_robin")
-        gw.start()
-        yield c, gw
-        gw.stop()
-    finally:
-        c.close()
+    with gateway_fleet(tmp_path_factory.mktemp("autoscale") / "cluster", NODES) as fleet:
+        yield fleet
 
 
 def test_load_scales_a_model_up_and_back_down_without_failing_a_request(

@@ -31,6 +31,7 @@ from tests.gateway.gwprocs import (
     ENGINE_ARGS,
     Gateway,
     Load,
+    gateway_fleet,
     model,
     wait_cluster_ready,
 )
@@ -55,18 +56,8 @@ def replicas(c: Cluster, name: str = "chat") -> list[dict[str, Any]]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Gateway]]:
     """The controller, four agents with two cards each and the gateway, for the
     module's tests that roll a model of their own under traffic."""
-    c = Cluster(tmp_path_factory.mktemp("rollout") / "cluster")
-    try:
-        c.start_controller(*CONTROLLER_ARGS)
-        for name in NODES:
-            c.start_agent(name, gpus="2xH100-80GB")
-        wait_cluster_ready(c, NODES)
-        gw = Gateway(c, "--policy", "round_robin")
-        gw.start()
-        yield c, gw
-        gw.stop()
-    finally:
-        c.close()
+    with gateway_fleet(tmp_path_factory.mktemp("rollout") / "cluster", NODES) as fleet:
+        yield fleet
 
 
 def serve(c: Cluster, gw: Gateway, name: str) -> None:
