@@ -5,12 +5,13 @@ port, the agent's `--metrics-listen` port and the gateway all start through here
 from __future__ import annotations
 
 import errno
+import resource
 import socket
 import ssl
 
 from aiohttp import web
 
-__all__ = ["PortInUse", "check_free", "start_site"]
+__all__ = ["PortInUse", "check_free", "raise_open_files", "start_site"]
 
 
 class PortInUse(Exception):
@@ -42,6 +43,23 @@ async def start_site(
             raise PortInUse(host, port, what) from exc
         raise
     return site
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit and return it.
+
+    Every held client is a descriptor; a soft limit of 1,024 (systemd's and most
+    shells' default, under a hard limit far above it) would turn the 1,000th waiting
+    client into a refused accept. Raising the soft limit needs no privilege; that is
+    what the hard limit is for (systemd.exec(5), LimitNOFILE=)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a sandbox may refuse; the soft limit stands
+            return soft
+        return hard
+    return soft
 
 
 def check_free(host: str, port: int, what: str) -> None:

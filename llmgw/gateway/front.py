@@ -56,6 +56,7 @@ from aiohttp import web
 from llmgw.gateway.keyring import Grant, Keyring
 from llmgw.gateway.limits import Limiter, Refusal
 from llmgw.gateway.metering import METERED, STREAMED, Meter, StreamTap, ask_usage, usage_of
+from llmgw.listen import start_site
 
 log = logging.getLogger("llmgw.gateway.front")
 
@@ -227,7 +228,9 @@ class Front:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+        # A burst of clients (a thousand held for a waking model) overflows aiohttp's
+        # default accept queue of 128; the kernel caps this at net.core.somaxconn.
+        await start_site(self._runner, host, port, "the gateway", backlog=1024)
 
     async def stop(self) -> None:
         if self._runner is not None:

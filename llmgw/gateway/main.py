@@ -26,7 +26,7 @@ from llmgw.gateway.metering import Meter
 from llmgw.gateway.sizes import format_size, size_arg
 from llmgw.gateway.smg import Smg, SmgOptions, default_max_in_flight, free_loopback_port
 from llmgw.gateway.sync import Follower
-from llmgw.listen import PortInUse, check_free
+from llmgw.listen import PortInUse, check_free, raise_open_files
 from llmgw.wire import GATEWAY_IN_FLIGHT_BOUND
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
@@ -220,6 +220,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    raise_open_files()  # every held client is a descriptor
     with contextlib.ExitStack() as cleanup:
         workdir = args.work_dir
         if workdir is None:  # ours alone: removed at exit, however the gateway stops

@@ -4,10 +4,11 @@ and a client that keeps requests going through it."""
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,14 @@ def model(name: str, min_replicas: int = 1) -> dict[str, Any]:
     }
 
 
+def _soft_open_files(soft: int) -> Callable[[], None]:
+    def lower() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return lower
+
+
 class Gateway:
     def __init__(
         self, cluster: Cluster, *extra: str, name: str = "gw-test", controller: str | None = None
@@ -56,7 +65,9 @@ class Gateway:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> None:
+    def start(self, env: dict[str, str] | None = None, *, open_files: int | None = None) -> None:
+        """`open_files`: the soft RLIMIT_NOFILE the gateway starts under (systemd's
+        default is 1,024) instead of the test's own."""
         argv = llmgw(
             "gateway",
             "--controller",
@@ -77,6 +88,7 @@ class Gateway:
                 stderr=subprocess.STDOUT,
                 env={**self.cluster.env(), **(env or {})},
                 start_new_session=True,
+                preexec_fn=None if open_files is None else _soft_open_files(open_files),
             )
 
     def logs(self) -> str:

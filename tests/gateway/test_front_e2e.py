@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from agent.metrics import parse_engine_metrics
+from llmgw.listen import raise_open_files
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
 
@@ -87,7 +88,8 @@ def test_large_bodies_unknown_models_wrong_keys_and_smg_killed(cluster: Cluster)
 
 def test_past_the_hold_bound_the_answer_is_model_waking(cluster: Cluster) -> None:
     """1,000 requests held for a model at zero that cannot wake in time (it loads
-    for a minute); the next ones get the documented 503, not SMG's breaker's."""
+    for a minute); the next ones get the documented 503, not SMG's breaker's. The
+    gateway starts under a soft open-files limit of 1,024 and raises it itself."""
     c = cluster
     c.start_controller(*CONTROLLER_ARGS)
     c.start_agent("gpu1", gpus="2xH100-80GB")
@@ -97,7 +99,10 @@ def test_past_the_hold_bound_the_answer_is_model_waking(cluster: Cluster) -> Non
     args[args.index("--load-seconds") + 1] = "120"
     c.apply([{**spec, "engine_args": args, "max_replicas": 1}])
     gw = Gateway(c, "--wake-timeout", "100s")
-    gw.start()
+    # Under systemd's default soft limit a gateway that kept it ran out of descriptors
+    # at about 500 held clients (one to the client, one to SMG each): a ReadError.
+    gw.start(open_files=1024)
+    raise_open_files()  # this test's own thousand connections
     body = {"model": "nap", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     url = f"{gw.url}/v1/chat/completions"
 
@@ -148,7 +153,10 @@ def test_held_requests_whose_clients_left_are_dropped(cluster: Cluster) -> None:
     args[args.index("--load-seconds") + 1] = "3"
     c.apply([{**spec, "engine_args": args, "max_replicas": 1, "scale_down_after_s": 600}])
     gw = Gateway(c, "--wake-timeout", "100s")
-    gw.start()
+    # Under systemd's default soft limit a gateway that kept it ran out of descriptors
+    # at about 500 held clients (one to the client, one to SMG each): a ReadError.
+    gw.start(open_files=1024)
+    raise_open_files()  # this test's own thousand connections
     body = {"model": "nap", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     url = f"{gw.url}/v1/chat/completions"
 

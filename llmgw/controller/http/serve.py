@@ -40,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from llmgw.listen import start_site
+from llmgw.listen import raise_open_files, start_site
 
 log = logging.getLogger("llmgw.controller.http.serve")
 
@@ -195,6 +195,7 @@ async def _serve(
     try:
         await runner.setup()  # the app's startup: a taken --metrics-listen is raised here
         assert runner.server is not None
+        raise_open_files()  # before the cap is fitted to it
         cap_connections(runner.server, connection_cap(limits.max_connections))
         await start_site(runner, host, port, "the API", ssl_context=ssl_context, backlog=1024)
         if ready is not None:
