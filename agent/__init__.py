@@ -10,5 +10,11 @@ report.py         one NodeReport from all of the above
 loop.py           report, hand assignments to the engines, back off when the controller is away
 cli.py            `llmgw agent` options; `--once --json` prints one report
 sample_models.py  small valid model directories (demo, tests, bench)
-engines.py ...    the engine supervisor (runs what the controller assigns)
+engines.py        the engine supervisor (runs what the controller assigns), composing:
+engine_settings.py  its settings, built once from the flags
+engine_lifecycle.py start, stop, exits, kills, adopt, the state file (engine_state.py)
+engine_probes.py    health, ready, stall, hung, the /metrics scrape: verdicts, no actions
+engine_sleep.py     sleep and wake
+engine_http.py      the one HTTP session to the engines
+engine_shard.py     one engine as the supervisor sees it
 """

@@ -277,31 +277,33 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
 
 def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | None:
     """The engine supervisor: runs what the controller assigns to this node."""
-    from agent.engine_templates import TemplateError, load_templates
+    from agent.engine_settings import SupervisorSettings
+    from agent.engine_templates import TemplateError, load_templates, merged_templates
     from agent.engines import EngineSupervisor  # not needed by --once
 
     if not args.engine_start_timeout > 0:
         raise UsageError("--engine-start-timeout must be a positive duration (30s, 10m, 1h)")
     if not args.engine_start_stall >= 0:
         raise UsageError("--engine-start-stall must be 0 (never) or a positive duration (30s, 10m)")
-    templates = None
+    templates = merged_templates()  # the built-ins
     if args.engine_templates is not None:
         try:
-            templates = load_templates(args.engine_templates)
+            templates = merged_templates(load_templates(args.engine_templates))
         except TemplateError as exc:
             raise UsageError(str(exc)) from exc
+    settings = SupervisorSettings(
+        state_dir=args.state_dir,
+        node=args.node,
+        address=builder.address,
+        engine_host=args.engine_host or builder.address or socket.gethostname(),
+        templates=templates,
+        start_timeout_s=args.engine_start_timeout,
+        start_stall_s=args.engine_start_stall,
+        extra_env={ENV_DIR: str(fake_memory(args))} if args.fake_gpus else {},
+    )
     try:
-        supervisor = EngineSupervisor(
-            state_dir=args.state_dir,
-            node=args.node,
-            address=builder.address,
-            engine_host=args.engine_host or builder.address or socket.gethostname(),
-            templates=templates,
-            start_timeout_s=args.engine_start_timeout,
-            start_stall_s=args.engine_start_stall,
-            extra_env={ENV_DIR: str(fake_memory(args))} if args.fake_gpus else None,
-            card_memory=builder.gpus.processes,  # a sleep's memory is measured
-        )
+        # A sleep's memory is measured on the node's cards.
+        supervisor = EngineSupervisor(settings, card_memory=builder.gpus.processes)
         builder.engines = list(supervisor.templates)  # reported: see NodeReport.engines
         return supervisor
     except OSError as exc:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from agent.engine_proc import cpu_by_group
-from agent.engines import START_LOOK_S
+from agent.engine_settings import START_LOOK_S
 
 
 def timed(fn: Callable[[], object], looks: int) -> float:

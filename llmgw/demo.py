@@ -300,14 +300,17 @@ def make_agent(
         boot_id=f"demo-{node.name}",
     )
     if engines:
+        from agent.engine_settings import SupervisorSettings
         from agent.engines import EngineSupervisor
 
         supervisor = EngineSupervisor(
-            state_dir=root / "agents" / node.name,
-            node=node.name,
-            address="127.0.0.1",
-            engine_host="127.0.0.1",
-            grace_s=3.0,
+            SupervisorSettings(
+                state_dir=root / "agents" / node.name,
+                node=node.name,
+                address="127.0.0.1",
+                engine_host="127.0.0.1",
+                grace_s=3.0,
+            )
         )
         builder.engines = list(supervisor.templates)
     loop = ReportLoop(builder, url, engines=supervisor, rng=random.Random(seed))

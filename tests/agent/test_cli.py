@@ -248,8 +248,8 @@ async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> No
     engines = make_engines(args, builder)
     assert isinstance(engines, EngineSupervisor)
     try:
-        assert engines.start_timeout_s == 90.0
-        assert engines.start_stall_s == 120.0
+        assert engines.settings.start_timeout_s == 90.0
+        assert engines.settings.start_stall_s == 120.0
     finally:
         await engines.close()
     default = parser().parse_args(["--node", "n"])

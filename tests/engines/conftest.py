@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from agent.engine_settings import SupervisorSettings
 from agent.engine_state import load_state
+from agent.engine_templates import merged_templates
 from agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment
 
@@ -61,6 +63,11 @@ async def make_supervisor(state_dir: Path) -> AsyncIterator[SupervisorFactory]:
     pids: set[int] = set()
 
     def factory(**kw: Any) -> EngineSupervisor:
+        """Settings by name, operator templates as the agent reads them (merged with
+        the built-ins here), and the supervisor's card_memory and host_memory."""
+        measures = {k: kw.pop(k) for k in ("card_memory", "host_memory") if k in kw}
+        if "templates" in kw:
+            kw["templates"] = merged_templates(kw["templates"])
         opts: dict[str, Any] = {
             "state_dir": state_dir,
             "node": "n1",
@@ -72,7 +79,7 @@ async def make_supervisor(state_dir: Path) -> AsyncIterator[SupervisorFactory]:
             "engine_host": "127.0.0.1",
         }
         opts.update(kw)
-        sup = EngineSupervisor(**opts)
+        sup = EngineSupervisor(SupervisorSettings(**opts), **measures)
         made.append(sup)
         return sup
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -116,7 +117,8 @@ async def _ready_then_slow_health(sup: EngineSupervisor, *extra: str) -> None:
     args = ["--load-seconds", "0", "--health-delay", "0.8", *extra]
     await sup.apply([assignment(engine_args=args)], {})
     await wait_for(lambda: state_of(sup) is ShardState.READY, 10, "ready")
-    sup.health_timeout_s = 0.3
+    # The settings are frozen: the probes (which alone read this one) get shorter ones.
+    sup.probes.settings = dataclasses.replace(sup.settings, health_timeout_s=0.3)
 
 
 async def test_slow_health_of_an_engine_making_progress_is_not_a_failure(

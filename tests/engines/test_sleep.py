@@ -181,7 +181,11 @@ async def test_a_sleep_that_frees_its_memory_is_measured_and_kept(
     await wait_for(lambda: only(sup).state is ShardState.SLEEPING, what="asleep")
     rep = only(sup)
     assert rep.sleep_error is None and rep.sleep_failure is None
-    held = {p.gpu_uuid: p.used_mib for p in sup.card_memory()} if sup.card_memory else {}
+    held = (
+        {p.gpu_uuid: p.used_mib for p in sup.sleep_wake.card_memory()}
+        if sup.sleep_wake.card_memory
+        else {}
+    )
     assert held == {"GPU-aaaa": 512, "GPU-bbbb": 512}  # 16 GiB each awake: 97 % freed
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent import engines
-from agent.engines import EngineSupervisor, StateDirBusy
+from agent.engine_lifecycle import StateDirBusy
+from agent.engines import EngineSupervisor
 from llmgw.wire import ReplicaReport, ShardState
 
 from .conftest import SupervisorFactory, assignment, pid_alive, wait_for
@@ -115,7 +115,7 @@ async def test_unassigned_engine_stops_on_sigterm(make_supervisor: SupervisorFac
     await wait_for(lambda: sup.reports() == [], what="stopped")
     assert time.monotonic() - t0 < 5, "a cooperative engine stops on SIGTERM, not after grace"
     assert not pid_alive(pid)
-    assert json.loads(sup.state_path.read_text())["engines"] == []
+    assert json.loads(sup.settings.state_path.read_text())["engines"] == []
 
 
 @pytest.mark.slow
@@ -292,19 +292,18 @@ async def test_one_failed_health_check_is_forgiven(make_supervisor: SupervisorFa
     sup = make_supervisor(unhealthy_after=3)
     await sup.apply([assignment(engine_args=["--load-seconds", "0"])], {})
     await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
-    (eng,) = sup._engines.values()
+    (eng,) = sup.lifecycle.engines.values()
     eng.health_failures = 2  # two misses, e.g. a GC pause in the engine
     await wait_for(lambda: eng.health_failures == 0, what="a good check resets the count")
     assert only(sup).state is ShardState.READY
 
 
 async def test_a_start_with_no_output_and_no_cpu_is_killed_as_stalled(
-    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+    make_supervisor: SupervisorFactory,
 ) -> None:
     """Silent and idle while starting (the fake engine loads by sleeping): killed at the
     stall time, long before the start timeout, counted by its own reason."""
-    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
-    sup = make_supervisor(start_stall_s=1.5)
+    sup = make_supervisor(start_stall_s=1.5, start_look_s=0.1)
     await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
     pid = pid_of(sup)
     await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="a stalled start")
@@ -316,12 +315,11 @@ async def test_a_start_with_no_output_and_no_cpu_is_killed_as_stalled(
 
 
 async def test_a_start_that_writes_progress_is_not_stalled(
-    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+    make_supervisor: SupervisorFactory,
 ) -> None:
     """A loader printing its progress (and using little CPU) keeps starting, then serves.
     (The limit leaves a loaded machine time to start the interpreter.)"""
-    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
-    sup = make_supervisor(start_stall_s=4.0)
+    sup = make_supervisor(start_stall_s=4.0, start_look_s=0.1)
     args = ["--load-seconds", "7", "--load-chatter", "0.3"]
     await sup.apply([assignment(engine_args=args)], {})
     await wait_for(lambda: state_of(sup) is not ShardState.STARTING, 20, what="ready")
@@ -329,12 +327,11 @@ async def test_a_start_that_writes_progress_is_not_stalled(
     assert sup.kills["start_stalled"] == 0
 
 
-async def test_a_template_can_turn_the_stall_limit_off(
-    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_template_can_turn_the_stall_limit_off(make_supervisor: SupervisorFactory) -> None:
     """`start_stall_s = 0` in a template: its starts are never called stalled."""
-    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
-    sup = make_supervisor(start_stall_s=1.0, templates={"fake": {"start_stall_s": 0}})
+    sup = make_supervisor(
+        start_stall_s=1.0, start_look_s=0.1, templates={"fake": {"start_stall_s": 0}}
+    )
     await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
     await asyncio.sleep(2.5)
     assert state_of(sup) is ShardState.STARTING
@@ -342,10 +339,11 @@ async def test_a_template_can_turn_the_stall_limit_off(
 
 
 async def test_a_template_stall_limit_wins_over_the_agents(
-    make_supervisor: SupervisorFactory, monkeypatch: pytest.MonkeyPatch
+    make_supervisor: SupervisorFactory,
 ) -> None:
-    monkeypatch.setattr(engines, "START_LOOK_S", 0.1)
-    sup = make_supervisor(start_stall_s=0, templates={"fake": {"start_stall_s": 1.0}})
+    sup = make_supervisor(
+        start_stall_s=0, start_look_s=0.1, templates={"fake": {"start_stall_s": 1.0}}
+    )
     await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
     await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="the template's limit")
     assert sup.kills["start_stalled"] == 1

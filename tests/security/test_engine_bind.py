@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import make_builder, make_engines, parser
+from agent.engine_settings import SupervisorSettings
 from agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment, ShardState
 
@@ -53,12 +54,12 @@ def agent_supervisor(tmp_path: Path, *flags: str) -> EngineSupervisor:
 
 def test_the_engine_host_is_the_address_unless_given(tmp_path: Path) -> None:
     sup = agent_supervisor(tmp_path / "a", "--address", "10.1.2.3")
-    assert sup.engine_host == "10.1.2.3"
+    assert sup.settings.engine_host == "10.1.2.3"
     sup = agent_supervisor(tmp_path / "b", "--address", "10.1.2.3", "--engine-host", "10.9.9.9")
-    assert sup.engine_host == "10.9.9.9"
+    assert sup.settings.engine_host == "10.9.9.9"
     sup = agent_supervisor(tmp_path / "c")
-    assert sup.engine_host == socket.gethostname()
-    assert EngineSupervisor(state_dir=tmp_path / "d", node="n").engine_host == "127.0.0.1"
+    assert sup.settings.engine_host == socket.gethostname()
+    assert SupervisorSettings(state_dir=tmp_path / "d", node="n").engine_host == "127.0.0.1"
 
 
 async def test_a_fake_engine_listens_only_on_the_given_address(
