@@ -238,6 +238,49 @@ def test_a_modules_layer_is_its_package_or_its_name() -> None:
     assert _controller_layer("llmgw.wire") is None
 
 
+# The engine supervisor (agent/engines.py) and its parts, lowest first: a part
+# imports only parts below it, so the probes and the lifecycle never import each other.
+SUPERVISOR_LAYERS = (
+    ("engine_settings", "engine_shard"),
+    ("engine_http",),
+    ("engine_lifecycle", "engine_probes"),
+    ("engine_sleep",),
+    ("engines",),
+)
+
+
+def _agent_modules_imported(path: Path) -> dict[str, int]:
+    """The agent modules `path` imports, by their name in the agent package (the same
+    whether the package is imported as `agent` or under another name)."""
+    found: dict[str, int] = {}
+    for node in ast.walk(_tree(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            package, _, leaf = name.rpartition(".")
+            if package.rpartition(".")[2] == "agent":
+                found.setdefault(leaf, node.lineno)
+    return found
+
+
+def test_the_engine_supervisors_parts_import_only_down() -> None:
+    layer = {name: i for i, names in enumerate(SUPERVISOR_LAYERS) for name in names}
+    agent = ROOT / "agent"
+    missing = sorted(n for n in layer if not (agent / f"{n}.py").exists())
+    assert missing == [], f"SUPERVISOR_LAYERS names modules that do not exist: {missing}"
+    found = []
+    for name, here in sorted(layer.items()):
+        path = agent / f"{name}.py"
+        for imported, line in sorted(_agent_modules_imported(path).items()):
+            there = layer.get(imported)
+            if there is not None and there >= here and imported != name:
+                found.append(f"{_rel(path)}:{line}: {name} imports {imported}, not below it")
+    assert found == [], "imports against the supervisor's layers:\n" + "\n".join(found)
+
+
 # -- private state -------------------------------------------------------------------
 
 
