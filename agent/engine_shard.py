@@ -50,11 +50,12 @@ class Kill(NamedTuple):
 @dataclass
 class Engine:
     """One engine process (one shard). Who writes what: the lifecycle
-    (agent.engine_lifecycle) its process, identity and state through starting,
-    ready, stopping and failed; the probes (agent.engine_probes) their readings
-    (health_failures, tracker, progress, start_watch, meter); sleep and wake
-    (agent.engine_sleep) the sleep fields and the moves between ready, sleeping
-    and waking; the supervisor its assignment and adapters."""
+    (agent.engine_lifecycle) its assignment, process, identity and state through
+    starting, ready, stopping and failed; the probes (agent.engine_probes) their
+    readings (health_failures, tracker, progress, start_watch, meter); sleep and
+    wake (agent.engine_sleep) the sleep fields, the moves between ready, sleeping
+    and waking, and a fresh idle tracker after a wake; the supervisor
+    (agent.engines) the adapter fields."""
 
     assignment: ShardAssignment
     template: EngineTemplate | None
