@@ -155,6 +155,7 @@ class Engine:
     sleep_error: str | None = None  # asked to sleep, it could not: why
     sleep_failure: SleepFailure | None = None  # its kind
     slept_level: int | None = None  # the level it went to sleep at (a level-2 wake reloads)
+    last_wake: tuple[int, float] | None = None  # (level, seconds) of its last wake
     turning: asyncio.Task[None] | None = None  # a sleep or a wake under way
     adapters: AdapterState = field(default_factory=AdapterState)  # LoRA adapters (rank 0)
     adapting: asyncio.Task[None] | None = None  # loads and unloads under way
@@ -323,6 +324,8 @@ class EngineSupervisor:
                             for n, (st, m) in sorted(eng.adapters.failures.items())
                         ],
                         sleep_failure=eng.sleep_failure,
+                        last_wake_s=eng.last_wake[1] if eng.last_wake else None,
+                        last_wake_level=eng.last_wake[0] if eng.last_wake else None,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -752,6 +755,7 @@ class EngineSupervisor:
 
     async def _wake(self, eng: Engine) -> None:
         mode = eng.template.sleep if eng.template else None
+        began = time.monotonic()
         calls: list[tuple[str, dict[str, str] | None]] = []
         if mode is not None and eng.serves_http:
             calls.append((mode.wake_path, None))
@@ -768,6 +772,7 @@ class EngineSupervisor:
                 self._kill_failed(eng, f"did not wake: {failed.message}", "wake_failed")
                 return
         eng.tracker = IdleTracker()  # idleness is counted afresh from the wake
+        eng.last_wake = (eng.slept_level or 1, round(time.monotonic() - began, 3))
         self._mark_ready(eng)
 
     async def _post(
