@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from llmgw.controller.loop.drains import drain
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.loop_memory import LoopMemory
 from llmgw.controller.loop.outcomes import record_transitions
-from llmgw.controller.loop.plans import MarkDrained
+from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan
 from llmgw.controller.loop.rolling import roll
 from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
@@ -39,6 +40,7 @@ from llmgw.wire import (
     GpuReport,
     ModelSpec,
     NodeReport,
+    ReplicaReport,
     ReplicaState,
     ShardState,
     SleepFailure,
@@ -418,10 +420,14 @@ def test_a_wake_onto_a_card_held_by_a_busy_replica_starts_afresh_where_one_fits(
 
     plan = sleep_and_wake(snap)
 
-    assert plan.removed == ["a"] and plan.put == []
-    [event] = plan.events
-    assert event.reason is EventReason.NO_ROOM_TO_WAKE
-    assert "other awake and busy" in event.message
+    # Placed in the same plan: a wake decided later in the pass cannot take n2 first.
+    assert plan.removed == ["a"]
+    [fresh] = plan.put
+    assert (fresh.model, fresh.nodes, fresh.state) == ("chat", ("n2",), ReplicaState.STARTING)
+    stopped, placed = plan.events
+    assert stopped.reason is EventReason.NO_ROOM_TO_WAKE
+    assert "other awake and busy" in stopped.message and fresh.id in stopped.message
+    assert placed.reason is EventReason.PLACED and placed.obj == "model/chat"
 
 
 def test_with_no_room_elsewhere_the_wake_waits_for_the_busy_one() -> None:
@@ -462,3 +468,104 @@ def test_requests_held_for_an_adapter_wake_its_sleeping_base() -> None:
         snap, adapters={"sql-lora": AdapterSpec(name="sql-lora", base="other", source="x")}
     )
     assert sleep_and_wake(other).put == []
+
+
+# -- room made by sleep for a model with no replica (the density benchmark's finding) -----
+
+
+def room_fleet(b_in_flight: int = 0, **snap_fields: Any) -> FleetSnapshot:
+    """chat at zero with a request held; other's `b` awake on the only card."""
+    b = replica("b", model="other")
+    gate = GateView(
+        now=NOW, grace_s=math.inf, live=(), held={"chat": 1}, in_flight={"b": b_in_flight}
+    )
+    snap = reported([b], {"b": shard(b, ShardState.READY, 5.0)}, [SLEEPY, OTHER], gate=gate)
+    return replace(snap, **snap_fields)
+
+
+def making_room(plan: Plan) -> list[tuple[str, str | None]]:
+    return [(a.model, a.how) for a in plan.of(MakingRoom)]
+
+
+def test_requests_held_for_a_model_with_no_room_put_an_idle_replica_to_sleep_at_once() -> None:
+    plan = sleep_and_wake(room_fleet())
+
+    # Idle 5 s only, far from its sleep_after_s: the held request does not wait for it.
+    [asleep] = plan.put
+    assert (asleep.id, asleep.state) == ("b", ReplicaState.SLEEPING)
+    [event] = plan.events
+    assert event.reason is EventReason.SLEPT and "wanted by chat" in event.message
+    assert making_room(plan) == [("chat", "waits for room: other (b) goes to sleep")]
+
+
+def test_no_room_is_made_from_a_busy_replica_or_a_higher_priority_one() -> None:
+    busy = sleep_and_wake(room_fleet(b_in_flight=1))
+    above = OTHER.model_copy(update={"priority": 5})
+    higher = sleep_and_wake(room_fleet(models={"chat": SLEEPY, "other": above}))
+
+    for plan in (busy, higher):
+        assert plan.put == [] and plan.events == [] and making_room(plan) == []
+
+
+def test_while_the_replica_falls_asleep_the_model_waits_and_nothing_more_sleeps() -> None:
+    going = replica("b", ReplicaState.SLEEPING, model="other", asleep_since=990.0)
+    gate = GateView(now=NOW, grace_s=math.inf, live=(), held={"chat": 1})
+    snap = reported([going], {"b": shard(going, ShardState.READY)}, [SLEEPY, OTHER], gate=gate)
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.put == [] and plan.events == []
+    assert making_room(plan) == [("chat", "waits for room: other (b) goes to sleep")]
+    said = replace(snap, making_room={"chat": "waits for room: other (b) goes to sleep"})
+    assert making_room(sleep_and_wake(said)) == [], "said once"
+
+
+def test_once_room_is_made_the_model_waits_to_be_placed_then_the_wait_is_over() -> None:
+    was = {"chat": "waits for room: other (b) goes to sleep"}
+    fits = room_fleet(b_in_flight=1, nodes={"n2": free_node()}, making_room=was)
+    placed = reported(
+        [replica("c"), replica("b", model="other")],
+        {"c": shard(replica("c"), ShardState.STARTING), "b": shard(replica("b"), ShardState.READY)},
+        [SLEEPY, OTHER],
+        gate=GateView(now=NOW, grace_s=math.inf, live=(), held={"chat": 1}),
+    )
+
+    assert making_room(sleep_and_wake(fits)) == [("chat", "room made: a replica is being placed")]
+    assert making_room(sleep_and_wake(replace(placed, making_room=was))) == [("chat", None)]
+    assert making_room(sleep_and_wake(room_fleet(b_in_flight=1, nodes={"n2": free_node()}))) == []
+
+
+def test_a_blocked_wake_waits_rather_than_start_beside_sleeping_replicas() -> None:
+    """Room elsewhere only on a card where another model sleeps: an engine start there
+    would cost more than the wait here, and take the room that one wakes into."""
+    snap = switch_fleet(ShardState.READY, b_in_flight=2)
+    z = replica("z", ReplicaState.SLEEPING, model="other", node="n2", asleep_since=900.0)
+    z = replace(z, shards=(replace(z.shards[0], gpus=("GPU-n2",)),))
+    report = NodeReport(
+        node="n2",
+        agent_version="t",
+        boot_id="b",
+        interval_s=5,
+        gpus=[
+            GpuReport(
+                uuid="GPU-n2",
+                index=0,
+                gpu_class="H100-SXM-80GB",
+                memory_total_mib=81920,
+                memory_used_mib=512,  # what a sleeping engine keeps: room for one awake
+                in_use=True,
+                health=GpuHealth.HEALTHY,
+            )
+        ],
+        replicas=[ReplicaReport(id="z", model="other", state=ShardState.SLEEPING, gpus=["GPU-n2"])],
+    )
+    n2 = NodeEntry("n2", first_seen=0.0)
+    n2.update(report, b"", NOW)
+    records = {**snap.records, "z": z}
+    statuses = {**snap.statuses, "z": replica_status(z, {("z", 0): shard(z, ShardState.SLEEPING)})}
+    snap = replace(snap, nodes={"n2": n2}, records=records, statuses=statuses)
+    assert snap.capacity()[0].free == {"H100-SXM-80GB": ("GPU-n2",)}, "room there"
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.removed == [] and plan.put == [] and plan.events == []

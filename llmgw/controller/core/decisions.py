@@ -1,7 +1,7 @@
 """`Decisions`: what the reconcile loop decided and every view shows, soft state.
 
 Why a model cannot be placed, why a rollout waits or stalled, what the autoscaler
-asked for, why a drain waits. None of it is durable: a new term's loop decides
+asked for, why a drain waits, for which model room is being made (the warm tier). None of it is durable: a new term's loop decides
 it all again within a pass. Part of the facts (`Facts.decisions`): each change
 is appended to the same change log, so the views that show it follow it.
 
@@ -29,11 +29,18 @@ class Decisions:
         self._rollout_notes: dict[str, Note] = {}  # model -> why its rollout waits or stalled
         self._scaling: dict[str, Decision] = {}  # autoscaled model -> the autoscaler's answer
         self._drain_blocked: dict[str, str] = {}  # node -> why its drain waits
+        # model -> how room is being made for its held requests (idle replicas put to
+        # sleep): it waits for room, it is not unplaceable (`loop.warm`).
+        self._making_room: dict[str, str] = {}
 
     @property
     def unplaceable(self) -> Mapping[str, str]:
         """The scheduler's reasons only; `model_views.unplaceable_reasons` adds failures."""
         return MappingProxyType(self._unplaceable)
+
+    @property
+    def making_room(self) -> Mapping[str, str]:
+        return MappingProxyType(self._making_room)
 
     @property
     def drain_blocked(self) -> Mapping[str, str]:
@@ -60,6 +67,16 @@ class Decisions:
         else:
             self._unplaceable[model] = reason
         self._log.append(ChangeKind.UNPLACEABLE, model)
+
+    def set_making_room(self, model: str, how: str | None) -> None:
+        """How room is being made for `model`'s held requests (None: it is not)."""
+        if self._making_room.get(model) == how:
+            return
+        if how is None:
+            del self._making_room[model]
+        else:
+            self._making_room[model] = how
+        self._log.append(ChangeKind.UNPLACEABLE, model)  # its unserved reason changes
 
     def set_rollout_note(self, model: str, note: Note | None) -> None:
         """Why a rollout waits or stalled (None: it does neither)."""
@@ -102,6 +119,7 @@ class Decisions:
     def model_deleted(self, model: str) -> None:
         self._rollout_notes.pop(model, None)
         self.set_unplaceable(model, None)
+        self.set_making_room(model, None)
 
     def node_flagged(self, node: str) -> bool:
         """A new flag, or the node forgotten: its drain's wait is over. True: there was one."""

@@ -24,6 +24,7 @@ from llmgw.controller.loop.plans import (
     ForceDrain,
     ForgetScaling,
     HoldAdapter,
+    MakingRoom,
     MarkDrained,
     Plan,
     Put,
@@ -70,6 +71,7 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         },
         unplaceable=model_views.unplaceable_reasons(facts),
         placement_reasons=dict(facts.decisions.unplaceable),
+        making_room=dict(facts.decisions.making_room),
         capacity_version=term.capacity_version,
         revision=facts.revision,
         gate=None if gate is None else gate.view(now),
@@ -99,6 +101,8 @@ def apply(facts: Facts, plan: Plan) -> None:
                 facts.clear_backoff(model)
             case Unplaceable(model, why):
                 facts.decisions.set_unplaceable(model, why)
+            case MakingRoom(model, how):
+                facts.decisions.set_making_room(model, how)
             case Scaling(model, decision):
                 facts.decisions.set_scaling(model, decision)
             case ForgetScaling(keep):

@@ -135,6 +135,7 @@ class FleetSnapshot:
     adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
     # Replica id -> adapter -> the controller's wish (`Facts.adapter_holds`)
     adapter_holds: Mapping[str, Mapping[str, AdapterHold]] = field(default_factory=dict)
+    making_room: Mapping[str, str] = field(default_factory=dict)  # `Decisions.making_room`
 
     # -- replicas -----------------------------------------------------------------------
 

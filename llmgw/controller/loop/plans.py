@@ -33,6 +33,7 @@ __all__ = [
     "ForceDrain",
     "ForgetScaling",
     "HoldAdapter",
+    "MakingRoom",
     "MarkDrained",
     "Plan",
     "Planner",
@@ -99,6 +100,12 @@ class ClearBackoff:
 class Unplaceable:
     model: str
     why: str | None  # None: it can be placed, or needs nothing
+
+
+@dataclass(frozen=True)
+class MakingRoom:
+    model: str
+    how: str | None  # None: no room is being made for it
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,7 @@ Action = (
     | BackOff
     | ClearBackoff
     | Unplaceable
+    | MakingRoom
     | Scaling
     | ForgetScaling
     | DrainBlocked

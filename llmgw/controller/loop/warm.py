@@ -14,6 +14,12 @@ to its agent, the only caller of the engine's sleep endpoints: no request is sen
 engine on its way to sleep. It is out of routing until it is ready again. The engines' reports say what became of it: asleep (`ReplicaStatus.asleep`),
 awake again (`outcomes.record_transitions` makes it ready), or unable to sleep
 (`sleep_error`: awake and in routing again, it stops as without sleep when demand falls).
+
+Requests held for a model with no replica at all, on a fleet with no room for one,
+make room (`_make_room`): an idle awake replica of a model that sleeps goes to sleep
+at once, not after its `sleep_after_s`, and the model waits for room
+(`Decisions.making_room`: its requests held, not refused as unplaceable) until the
+card is free and the shortfall step places it there.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from dataclasses import replace
 from llmgw.controller.core.records import LeaveReason, ReplicaRecord
 from llmgw.controller.loop.faults import fault_under
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot, ModelReplicas
-from llmgw.controller.loop.placing import stoppable
-from llmgw.controller.loop.plans import Plan, Planner
+from llmgw.controller.loop.placing import placed_words, record_from, stoppable
+from llmgw.controller.loop.plans import MakingRoom, Plan, Planner
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.scheduler import Placement, place
 from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
@@ -48,6 +54,7 @@ def sleep_and_wake(snap: FleetSnapshot) -> Plan:
             _stop_long_asleep(snap, plan, spec, mine)
             if spec.sleeps:
                 _sleep(snap, plan, spec, mine)
+    _make_room(snap, plan)
     return plan.plan()
 
 
@@ -221,29 +228,43 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
     switchable = [o for o in others if o not in switching and _switchable(snap, o)]
     if len(switching) + len(switchable) < len(others):
         busy = sorted({o.model for o in others if o not in switching and o not in switchable})
-        if not _fits_elsewhere(snap, plan, spec, rec):
+        placed = _placed_elsewhere(snap, plan, spec, rec)
+        if placed is None:
             return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
+        # Placed in this plan, not left to the shortfall step: a wake decided later in
+        # this pass must not take the cards it was counted on (it then waited for
+        # nothing, and its model read unplaceable).
         plan.remove([rec.id])
+        plan.put([placed])
         plan.event(
             f"replica/{rec.id}",
             EventReason.NO_ROOM_TO_WAKE,
             f"{spec.name}: stopped instead of woken, its cards hold {', '.join(busy)} awake "
-            "and busy; a replica is placed afresh for its requests",
+            f"and busy; {placed.id} is placed afresh for its requests",
         )
+        plan.event(f"model/{spec.name}", EventReason.PLACED, placed_words([placed]))
         return _Room.NONE
     for other in switchable:
         _switch_out(snap, plan, other, spec.name)
     return _Room.SWITCHING
 
 
-def _fits_elsewhere(
+def _placed_elsewhere(
     snap: FleetSnapshot, plan: Planner, spec: ModelSpec, rec: ReplicaRecord
-) -> bool:
-    """Whether a replica of `spec` placed afresh fits with `rec` gone (a scan of the
-    fleet, for a wake blocked by busy engines only)."""
+) -> ReplicaRecord | None:
+    """A replica of `spec` placed afresh with `rec` gone, if one fits on cards nobody
+    holds (a scan of the fleet, for a wake blocked by busy engines only). Not beside
+    sleeping replicas: an engine start there (tens of seconds) would cost more than
+    the wait for the busy engines here (seconds, as a rule), and take the room the
+    sleeping ones wake into."""
     records = {rid: r for rid, r in plan.records.items() if rid != rec.id}
     placed = place(spec, snap.capacity(records=records), snap.wanted_classes)
-    return isinstance(placed, Placement)
+    if not isinstance(placed, Placement):
+        return None
+    held = {(sh.node, g) for r in records.values() for sh in r.shards for g in sh.gpus}
+    if any((sh.node, g) in held for sh in placed.shards for g in sh.gpus):
+        return None
+    return record_from(placed, snap.wall, snap.revisions[spec.name])
 
 
 def _sharing(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord) -> list[ReplicaRecord]:
@@ -334,3 +355,86 @@ def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelRepli
                 EventReason.SLEPT,
                 f"{spec.name}: asleep, idle for {idle:.0f}s (sleep_after_s {after:g})",
             )
+
+
+def _make_room(snap: FleetSnapshot, plan: Planner) -> None:
+    """Models with requests held and no replica at all, that do not fit: room is made
+    by putting an idle awake replica to sleep now (one per such model per pass, the
+    highest priority first), and each waits for room (`MakingRoom`) meanwhile."""
+    wanting = sorted(
+        (
+            spec
+            for name, spec in snap.models.items()
+            if held_for(snap, name)
+            and not snap.replicas_of(name).standing
+            and not any(r.model == name for r in plan.records.values())
+            and not snap.backing_off(name)
+        ),
+        key=lambda spec: (-spec.priority, -held_for(snap, spec.name), spec.name),
+    )
+    claimed: set[str] = set()  # replicas going to sleep that one model counts on
+    making = {}
+    for spec in wanting:
+        how = _room_for(snap, plan, spec, claimed)
+        if how is not None:
+            making[spec.name] = how
+    for name in sorted(snap.making_room.keys() | making.keys()):
+        if snap.making_room.get(name) != making.get(name):
+            plan.add(MakingRoom(name, making.get(name)))
+
+
+def _room_for(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, claimed: set[str]) -> str | None:
+    """How room is made for one replica of `spec` (None: none is needed, or none can
+    be made by sleep: the shortfall step says why it does not fit)."""
+    if isinstance(place(spec, snap.capacity(records=plan.records), snap.wanted_classes), Placement):
+        # It fits: the shortfall step places it in this pass; until it has, its
+        # requests wait rather than read a reason the room made is out of date.
+        return "room made: a replica is being placed" if spec.name in snap.making_room else None
+    if spec.shards != 1:  # room across nodes: left to reclaim and the shortfall step
+        return None
+    shaped = [
+        r for r in plan.records.values() if r.id not in claimed and _holds_room(snap, r, spec)
+    ]
+    going = [r for r in shaped if r.state is ReplicaState.SLEEPING and not _asleep(snap, r)]
+    if going:
+        claimed.add(going[0].id)
+        return f"waits for room: {going[0].model} ({going[0].id}) goes to sleep"
+    idle = sorted(
+        (r for r in shaped if _may_sleep_for(snap, plan, r, spec)),
+        key=lambda r: (snap.statuses[r.id].idle_since or snap.now, r.id),
+    )
+    if not idle:
+        return None
+    rec = idle[0]
+    claimed.add(rec.id)
+    _switch_out(snap, plan, rec, spec.name)
+    return f"waits for room: {rec.model} ({rec.id}) goes to sleep"
+
+
+def _holds_room(snap: FleetSnapshot, rec: ReplicaRecord, spec: ModelSpec) -> bool:
+    """Whether `rec`'s cards, once it sleeps, hold a replica of one-shard `spec`."""
+    if len(rec.shards) != 1 or len(rec.shards[0].gpus) < spec.gpus_per_shard:
+        return False
+    if spec.gpu_class is None:
+        return True
+    shard = rec.shards[0]
+    entry = snap.nodes.get(shard.node)
+    if entry is None:
+        return False
+    classes = {uuid: cls for uuid, cls, _ in entry.cards}
+    return all(classes.get(gpu) == spec.gpu_class for gpu in shard.gpus)
+
+
+def _may_sleep_for(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, spec: ModelSpec) -> bool:
+    """An idle awake replica that may sleep for `spec`'s requests: of a model that
+    sleeps, of no higher priority, untouched by this pass."""
+    other = snap.models.get(rec.model)
+    status = snap.statuses.get(rec.id)
+    return (
+        other is not None
+        and status is not None
+        and other.priority <= spec.priority
+        and snap.records.get(rec.id) is rec  # not changed by this pass
+        and _switchable(snap, rec)
+        and _can_sleep(snap, other, status)
+    )

@@ -197,7 +197,10 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
         n = counts[name][ReplicaState.STARTING]
         spec = fleet.models[name]
         asleep, woken = counts[name][ReplicaState.SLEEPING], turning[name]
-        if unplaceable is not None and _retrying(fleet, name):
+        room = fleet.decisions.making_room.get(name)
+        if room is not None:  # held while idle replicas sleep to make room for it
+            out[name] = Unserved(kind=UnservedKind.ASLEEP, message=room)
+        elif unplaceable is not None and _retrying(fleet, name):
             out[name] = Unserved(kind=UnservedKind.NOT_READY, message=unplaceable)
         elif unplaceable is not None:
             out[name] = Unserved(kind=UnservedKind.UNPLACEABLE, message=unplaceable)

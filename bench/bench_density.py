@@ -1,0 +1,354 @@
+"""More models than GPUs (issue 32): the warm tier against stop-and-start, side by side.
+
+Two fleets run at once on this machine, the same in all but one thing: one agent
+with `--cards` fake cards, a controller, the gateway with its SMG child, and
+`--cards` x `--per-card` models at zero (`min_replicas` 0, `max_replicas` 1) whose
+fake engine loads for `--load-seconds` and wakes in `--wake-seconds`. In the
+*sleep* fleet an idle replica sleeps after `--idle` seconds (`sleep_after_s`, level
+1); in the *stop* fleet it is stopped after the same idle time
+(`scale_down_after_s`), so every return is an engine start. Both get the same
+requests at the same moments: open-loop Poisson arrivals at `--rate` per second for
+`--minutes`, each to a model drawn with a Zipf-like popularity (weight 1/rank^s),
+streamed, answered with `--tokens` tokens.
+
+Before the window every model is asked once, so that it has been placed once (the
+sleep fleet's replicas are then asleep on the cards, the stop fleet's stopped); the
+window's figures exclude that warm-up.
+
+Printed per fleet: requests answered, refused (503) and failed; time to first token
+of the requests that found their model asleep (sleep fleet) or at zero (stop fleet),
+and of all requests; wakes and engine starts per minute; card-seconds awake per model
+(ready, starting, waking or draining, from the replicas polled every half second).
+Then the sleep fleet's figures as ratios of the stop fleet's, measured in this run.
+
+    .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
+        [--rate 1] [--load-seconds 30] [--wake-seconds 1] [--idle 10] [--zipf 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from llmgw.listen import raise_open_files
+from tests.e2e.procs import Cluster
+from tests.gateway.gwprocs import Gateway, model, wait_cluster_ready
+
+AWAKE = ("ready", "starting", "waking", "draining")
+POLL_S = 0.5
+
+
+@dataclass
+class Answer:
+    sent: float  # seconds into the window
+    model: str
+    found: str  # the model's replica when sent: asleep, awake, none (at zero), moving
+    status: int  # HTTP status; 0: the connection failed
+    ttft: float | None  # seconds to the first token (None: no token)
+    code: str | None = None  # the error's code, if any
+
+
+@dataclass
+class Watch:
+    """What the poller saw of one fleet: each model's replica state now, card-seconds
+    awake per model, wakes (sleeping -> waking/ready, the same id) and engine
+    starts (a replica id not seen before)."""
+
+    state: dict[str, str] = field(default_factory=dict)  # model -> its replica's state
+    awake_s: Counter[str] = field(default_factory=Counter)
+    wakes: int = 0
+    starts: int = 0
+    counting: bool = False
+    seen: dict[str, str] = field(default_factory=dict)  # replica id -> state last poll
+
+
+def fleet_specs(
+    names: list[str], mode: str, load_s: float, wake_s: float, idle: float
+) -> list[dict[str, Any]]:
+    out = []
+    for name in names:
+        spec = model(name, min_replicas=0)
+        args = list(spec["engine_args"])
+        args[args.index("--load-seconds") + 1] = str(load_s)
+        args += ["--wake-seconds", str(wake_s)]
+        spec = {**spec, "engine_args": args, "max_replicas": 1}
+        if mode == "sleep":
+            spec |= {"sleep_after_s": idle, "sleep_level": 1}
+        else:
+            spec |= {"scale_down_after_s": idle}
+        out.append(spec)
+    return out
+
+
+class Fleet:
+    def __init__(self, root: Path, mode: str, cards: int) -> None:
+        self.mode = mode
+        self.c = Cluster(root / mode)
+        self.c.start_controller("--reconcile-interval", "0.5", "--stop-grace", "20")
+        self.c.start_agent("gpu1", gpus=f"{cards}xH100-80GB", interval=0.5)
+        wait_cluster_ready(self.c, ["gpu1"])
+        self.gw: Gateway | None = None
+        self.watch = Watch()
+        self.answers: list[Answer] = []
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+
+    def start(self, specs: list[dict[str, Any]]) -> None:
+        self.c.apply(specs)
+        self.gw = Gateway(self.c, name=f"gw-{self.mode}")
+        self.gw.start()
+        self._poller.start()
+
+    def _poll(self) -> None:
+        w, last = self.watch, time.monotonic()
+        http = httpx.Client(base_url=self.c.url, timeout=10)
+        while not self._stop.wait(POLL_S):
+            try:
+                replicas = http.get("/v1/replicas").json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            now = time.monotonic()
+            dt, last = now - last, now
+            state = {}
+            for r in replicas:
+                state[r["model"]] = r["state"]
+                before = w.seen.get(r["id"])
+                if w.counting:
+                    if before is None:
+                        w.starts += 1
+                    elif before == "sleeping" and r["state"] in ("waking", "ready"):
+                        w.wakes += 1
+                    if r["state"] in AWAKE:
+                        w.awake_s[r["model"]] += dt * sum(len(s["gpus"]) for s in r["shards"])
+            w.seen = {r["id"]: r["state"] for r in replicas}
+            w.state = state
+
+    def found(self, name: str) -> str:
+        s = self.watch.state.get(name)
+        if s is None:
+            return "none"
+        if s == "sleeping":
+            return "asleep"
+        return "awake" if s == "ready" else "moving"
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.gw is not None:
+            self.gw.stop()
+        self.c.close()
+
+
+async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, tokens: int) -> Answer:
+    assert fleet.gw is not None
+    sent = time.monotonic()
+    found = fleet.found(name)
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    ttft = None
+    try:
+        async with http.stream("POST", f"{fleet.gw.url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                raw = await r.aread()
+                code = None
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    code = json.loads(raw)["error"]["code"]
+                return Answer(sent - t0, name, found, r.status_code, None, code)
+            async for line in r.aiter_lines():
+                if ttft is None and line.startswith("data:") and '"content"' in line:
+                    ttft = time.monotonic() - sent
+            return Answer(sent - t0, name, found, 200, ttft)
+    except httpx.HTTPError as exc:
+        return Answer(sent - t0, name, found, 0, None, type(exc).__name__)
+
+
+async def warm_up(fleets: list[Fleet], names: list[str], tokens: int) -> float:
+    """Every model asked once in each fleet (again after a 503) until answered."""
+    t0 = time.monotonic()
+    limits = httpx.Limits(max_connections=len(names) * 2 + 10)
+    async with httpx.AsyncClient(timeout=400, limits=limits) as http:
+
+        async def once(fleet: Fleet, name: str) -> None:
+            for _ in range(100):
+                if (await ask(http, fleet, name, t0, tokens)).status == 200:
+                    return
+                await asyncio.sleep(2)
+            raise RuntimeError(f"{name} was never answered in the {fleet.mode} fleet")
+
+        await asyncio.gather(*(once(f, n) for f in fleets for n in names))
+    return time.monotonic() - t0
+
+
+async def window(fleets: list[Fleet], schedule: list[tuple[float, str]], tokens: int) -> None:
+    t0 = time.monotonic()
+    for f in fleets:
+        f.watch.counting = True
+    limits = httpx.Limits(max_connections=4000)
+    async with httpx.AsyncClient(timeout=400, limits=limits) as http:
+        tasks = []
+        for at, name in schedule:
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for f in fleets:
+                tasks.append(asyncio.create_task(_keep(f, ask(http, f, name, t0, tokens))))
+        await asyncio.gather(*tasks)
+    for f in fleets:
+        f.watch.counting = False
+
+
+async def _keep(fleet: Fleet, answer: Any) -> None:
+    fleet.answers.append(await answer)
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def summary(f: Fleet, minutes: float, names: list[str]) -> dict[str, float]:
+    a = f.answers
+    ok = [x for x in a if x.status == 200]
+    cold = "asleep" if f.mode == "sleep" else "none"
+    waited = [x.ttft for x in ok if x.found == cold and x.ttft is not None]
+    every = [x.ttft for x in ok if x.ttft is not None]
+    awake = [f.watch.awake_s.get(n, 0.0) for n in names]
+    return {
+        "sent": len(a),
+        "answered": len(ok),
+        "refused": sum(1 for x in a if x.status == 503),
+        "failed": sum(1 for x in a if x.status not in (200, 503)),
+        "found_cold": sum(1 for x in a if x.found == cold),
+        "ttft_cold_p50": pct(waited, 0.5),
+        "ttft_cold_p99": pct(waited, 0.99),
+        "ttft_p50": pct(every, 0.5),
+        "ttft_p99": pct(every, 0.99),
+        "wakes_per_min": f.watch.wakes / minutes,
+        "starts_per_min": f.watch.starts / minutes,
+        "awake_s_mean": statistics.fmean(awake),
+        "awake_s_max": max(awake),
+        "awake_s_sum": sum(awake),
+    }
+
+
+def show(rows: dict[str, dict[str, float]], per_card: int, cards: int, wake_s: float) -> None:
+    s, o = rows["sleep"], rows["stop"]
+    lines = [
+        ("requests sent", "sent", "{:.0f}"),
+        ("answered (200)", "answered", "{:.0f}"),
+        ("refused (503)", "refused", "{:.0f}"),
+        ("failed otherwise", "failed", "{:.0f}"),
+        ("found their model asleep / at zero", "found_cold", "{:.0f}"),
+        ("  their TTFT p50 (s)", "ttft_cold_p50", "{:.2f}"),
+        ("  their TTFT p99 (s)", "ttft_cold_p99", "{:.2f}"),
+        ("TTFT of all answered, p50 (s)", "ttft_p50", "{:.2f}"),
+        ("TTFT of all answered, p99 (s)", "ttft_p99", "{:.2f}"),
+        ("wakes per minute", "wakes_per_min", "{:.1f}"),
+        ("engine starts per minute", "starts_per_min", "{:.1f}"),
+        ("card-seconds awake per model, mean", "awake_s_mean", "{:.0f}"),
+        ("card-seconds awake per model, max", "awake_s_max", "{:.0f}"),
+        ("card-seconds awake, all models", "awake_s_sum", "{:.0f}"),
+    ]
+    print(f"\n{cards * per_card} models on {cards} cards ({per_card} per card)")
+    print(f"{'':40} {'sleep':>9} {'stop':>9} {'sleep/stop':>11}")
+    for label, key, fmt in lines:
+        ratio = s[key] / o[key] if o[key] else float("nan")
+        print(f"{label:40} {fmt.format(s[key]):>9} {fmt.format(o[key]):>9} {ratio:>11.2f}")
+    target = wake_s + 1
+    p99 = s["ttft_cold_p99"]
+    print(
+        f"sleep fleet: {'every' if s['refused'] + s['failed'] == 0 else 'NOT every'} request "
+        f"answered; asleep-model TTFT p99 {p99:.2f} s against the target wake + 1 s = {target:.1f} s"
+    )
+
+
+def run(args: argparse.Namespace, per_card: int) -> None:
+    names = [f"m{i:02d}" for i in range(args.cards * per_card)]
+    rng = random.Random(args.seed)
+    popularity = names[:]
+    rng.shuffle(popularity)
+    weights = [1 / (rank + 1) ** args.zipf for rank in range(len(names))]
+    schedule, at = [], 0.0
+    while True:
+        at += rng.expovariate(args.rate)
+        if at >= args.minutes * 60:
+            break
+        schedule.append((at, rng.choices(popularity, weights)[0]))
+    with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
+        fleets: list[Fleet] = []
+        try:
+            for mode in ("sleep", "stop"):
+                fleets.append(Fleet(Path(tmp), mode, args.cards))
+            for f in fleets:
+                f.start(fleet_specs(names, f.mode, args.load_seconds, args.wake_seconds, args.idle))
+            took = asyncio.run(warm_up(fleets, names, args.tokens))
+            print(f"warm-up: every model answered once in both fleets in {took:.0f} s")
+            # Let the warm-up's replicas go idle, then asleep (or stopped), first.
+            time.sleep(args.idle + 5)
+            asyncio.run(window(fleets, schedule, args.tokens))
+            rows = {f.mode: summary(f, args.minutes, names) for f in fleets}
+            show(rows, per_card, args.cards, args.wake_seconds)
+            per_model = defaultdict(list)
+            for f in fleets:
+                for x in f.answers:
+                    if x.status != 200:
+                        per_model[f.mode].append((x.found, x.status, x.code))
+            for mode, bad in per_model.items():
+                print(f"{mode}: not answered (found, status, code): {dict(Counter(bad))}")
+            if args.keep:
+                for f in fleets:
+                    (args.keep / f"events-{f.mode}-{per_card}.txt").write_text(
+                        f.c.ctl("events", "-o", "wide")
+                    )
+                    rows_out = [vars(x) for x in f.answers]
+                    (args.keep / f"answers-{f.mode}-{per_card}.json").write_text(
+                        json.dumps(rows_out)
+                    )
+        finally:
+            for f in fleets:
+                f.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cards", type=int, default=8)
+    p.add_argument("--per-card", type=int, nargs="+", default=[3, 8])
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson)")
+    p.add_argument("--load-seconds", type=float, default=30.0)
+    p.add_argument("--wake-seconds", type=float, default=1.0)
+    p.add_argument("--idle", type=float, default=10.0, help="sleep_after_s / scale_down_after_s")
+    p.add_argument("--zipf", type=float, default=1.0, help="popularity exponent s")
+    p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--seed", type=int, default=32)
+    p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
+    args = p.parse_args()
+    raise_open_files()
+    for per_card in args.per_card:
+        run(args, per_card)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
