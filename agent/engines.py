@@ -25,7 +25,7 @@ Lifecycles, per (replica id, rank):
     ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
         ready, with the reason in its reports (`sleep_error`): never tried again
     ready --/sleep answered 200 but its processes still hold the memory on a card
-        (agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
+        (llmgw.agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
     sleeping --assignment awake, no other engine awake on its cards--> waking
         --POST /wake_up answered 200--> ready
     waking --the wake failed--> failed (killed)
@@ -56,9 +56,9 @@ from typing import Any, NamedTuple
 import aiohttp
 from pydantic import ValidationError
 
-from agent import engine_adapters, sleep_level
-from agent.engine_adapters import AdapterState
-from agent.engine_proc import (
+from llmgw.agent import engine_adapters, sleep_level
+from llmgw.agent.engine_adapters import AdapterState
+from llmgw.agent.engine_proc import (
     ProcessRef,
     cpu_by_group,
     describe_exit,
@@ -66,8 +66,8 @@ from agent.engine_proc import (
     log_tail,
     ref_for,
 )
-from agent.engine_state import EngineRecord, load_state, save_state
-from agent.engine_templates import (
+from llmgw.agent.engine_state import EngineRecord, load_state, save_state
+from llmgw.agent.engine_templates import (
     DEFAULT_RENDEZVOUS_PORT,
     EngineTemplate,
     TemplateError,
@@ -76,12 +76,12 @@ from agent.engine_templates import (
     render,
     render_env,
 )
-from agent.exit_cause import exit_reason, sleep_refusal
-from agent.loop_lag import LoopLag
-from agent.metrics import IdleTracker, scrape, server_load
-from agent.progress import START_CPU_S, ProgressWatch, StartWatch
-from agent.sleep_check import CardMemory, held_by_group, judge, judgeable
-from agent.traffic import TrafficMeter
+from llmgw.agent.exit_cause import exit_reason, sleep_refusal
+from llmgw.agent.loop_lag import LoopLag
+from llmgw.agent.metrics import IdleTracker, scrape, server_load
+from llmgw.agent.progress import START_CPU_S, ProgressWatch, StartWatch
+from llmgw.agent.sleep_check import CardMemory, held_by_group, judge, judgeable
+from llmgw.agent.traffic import TrafficMeter
 from llmgw.wire import (
     AdapterFailure,
     ReplicaReport,
@@ -186,7 +186,7 @@ def _safe_name(text: str) -> str:
 class EngineSupervisor:
     """Runs this node's engines. One per agent per state_dir (a lock enforces it).
 
-    templates: operator templates (see agent.engine_templates), added to or
+    templates: operator templates (see llmgw.agent.engine_templates), added to or
     replacing the built-ins by name. address: where other nodes reach this one
     (a rank-0 leader's own rendezvous address). grace_s: SIGTERM to SIGKILL.
     engine_host: the address engines listen on (the agent passes --engine-host,
@@ -245,7 +245,7 @@ class EngineSupervisor:
         self.probe_host = "127.0.0.1" if engine_host in ("", "0.0.0.0", "::") else engine_host
         self.extra_env = dict(extra_env or {})
         # What each process holds on each card (GpuSource.processes): a sleep is
-        # checked against it (agent.sleep_check); None: sleeps taken at their word.
+        # checked against it (llmgw.agent.sleep_check); None: sleeps taken at their word.
         self.card_memory = card_memory
         self.sleep_settle_s = sleep_settle_s  # how long a sleep's memory may take to go
         self.host_memory = host_memory  # bytes available now: `sleep_level: auto`

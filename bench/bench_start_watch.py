@@ -19,8 +19,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from agent.engine_proc import cpu_by_group
-from agent.engines import START_LOOK_S
+from llmgw.agent.engine_proc import cpu_by_group
+from llmgw.agent.engines import START_LOOK_S
 
 
 def timed(fn: Callable[[], object], looks: int) -> float:

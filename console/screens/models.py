@@ -13,14 +13,14 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from console.feeds import EventsWanted, ModelsView, ViewsModel
-from console.format import styled
-from console.screens.modals import HelpScreen
-from console.state import Connection
-from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import KeyedTable
-from console.widgets.widths import fill_width
 from llmgw.common import printable
+from llmgw.console.feeds import EventsWanted, ModelsView, ViewsModel
+from llmgw.console.format import styled
+from llmgw.console.screens.modals import HelpScreen
+from llmgw.console.state import Connection
+from llmgw.console.widgets.header import ConnectionBanner
+from llmgw.console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.widths import fill_width
 from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
 from llmgw.wire import ModelView
 

@@ -200,7 +200,7 @@ class ShardAssignment(Outbound):
     # LoRA adapters the engine should hold: name -> source (found in the agent's storage)
     adapters: dict[str, str] = Field(default_factory=dict)
     # The spec says `auto`: the agent picks the level from its host memory and the
-    # weights (agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
+    # weights (llmgw.agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
     sleep_auto: bool = False
 
     def started_as(self) -> ShardAssignment:

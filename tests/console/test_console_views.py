@@ -13,14 +13,14 @@ from textual.events import Paste
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from console.app import ConsoleApp
-from console.feeds import EventFeed, fetch_events
-from console.screens.detail import NodeDetailScreen
-from console.screens.events import EventsScreen, EventsTable, event_cells
-from console.screens.main import MainScreen
-from console.screens.modals import HelpScreen
-from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.client import AdminClient
+from llmgw.console.app import ConsoleApp
+from llmgw.console.feeds import EventFeed, fetch_events
+from llmgw.console.screens.detail import NodeDetailScreen
+from llmgw.console.screens.events import EventsScreen, EventsTable, event_cells
+from llmgw.console.screens.main import MainScreen
+from llmgw.console.screens.modals import HelpScreen
+from llmgw.console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.controller.http.keys import term_of
 from llmgw.present import model_words
 from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
@@ -460,7 +460,7 @@ def test_the_model_detail_says_demand_once() -> None:
 
 def test_long_model_names_are_cut_in_the_middle_where_they_differ() -> None:
     """Issue 35 item 8: two models both read `meta-llama/Llama-3.…` at 80 columns."""
-    from console.widgets.keyed_table import cut_middle
+    from llmgw.console.widgets.keyed_table import cut_middle
 
     a, b = "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B"
     assert cut_middle(a, 19) == "meta-llama/…3.1-70B"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent.engine_state import load_state
-from agent.engines import EngineSupervisor
+from llmgw.agent.engine_state import load_state
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment
 
 SupervisorFactory = Callable[..., EngineSupervisor]

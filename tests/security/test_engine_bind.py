@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import make_builder, make_engines, parser
-from agent.engines import EngineSupervisor
+from llmgw.agent.cli import make_builder, make_engines, parser
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment, ShardState
 
 
