@@ -2,7 +2,7 @@
 
 An adapter is present only when its `adapter_config.json` parses and names a LoRA
 (`peft_type` LORA, a positive rank `r`) and its weight file is whole:
-`adapter_model.safetensors` whose header and size agree (agent.weights), or
+`adapter_model.safetensors` whose header and size agree (llmgw.agent.weights), or
 `adapter_model.bin` in torch.save's zip format with its central directory. A
 download still running (`*.incomplete`) is not an adapter yet. Otherwise a
 replica's engine would be told to load it and refuse.
@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.weights import FileCache, check_safetensors
+from llmgw.agent.weights import FileCache, check_safetensors
 
 CONFIG = "adapter_config.json"
 SAFETENSORS = "adapter_model.safetensors"

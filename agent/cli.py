@@ -16,21 +16,21 @@ import ssl
 import sys
 from pathlib import Path
 
-from agent.enroll import Enroller, read_credential
-from agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
-from agent.fake_process_memory import ENV_DIR
-from agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
-from agent.loop import Engines, ReportLoop
-from agent.report import ReportBuilder
-from agent.storage import parse_storage_arg
-from agent.storage_watch import StorageWatch
+from llmgw.agent.enroll import Enroller, read_credential
+from llmgw.agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
+from llmgw.agent.fake_process_memory import ENV_DIR
+from llmgw.agent.gpus import DEFAULT_IGNORED_XIDS, GpuSource, NvmlGpus
+from llmgw.agent.loop import Engines, ReportLoop
+from llmgw.agent.report import ReportBuilder
+from llmgw.agent.storage import parse_storage_arg
+from llmgw.agent.storage_watch import StorageWatch
 from llmgw.common import DEFAULT_CONTROLLER, HelpWithExamples, UsageError, examples
 from llmgw.durations import duration_arg
 from llmgw.listen import PortInUse
 from llmgw.tls import TlsConfigError, client_context
 from llmgw.wire import GpuHealth, NodeReport, node_name
 
-log = logging.getLogger("agent")
+log = logging.getLogger("llmgw.agent")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -227,7 +227,7 @@ def _xids(text: str) -> frozenset[int]:
 
 def fake_memory(args: argparse.Namespace) -> Path:
     """Where this agent's fake engines say what they hold on its fake cards
-    (agent.fake_process_memory): the driver's part, which fake cards have none of."""
+    (llmgw.agent.fake_process_memory): the driver's part, which fake cards have none of."""
     return Path(args.state_dir) / "fake-gpu-memory"
 
 
@@ -277,9 +277,9 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
 
 def make_engines(args: argparse.Namespace, builder: ReportBuilder) -> Engines | None:
     """The engine supervisor: runs what the controller assigns to this node."""
-    from agent.engine_settings import SupervisorSettings
-    from agent.engine_templates import TemplateError, load_templates, merged_templates
-    from agent.engines import EngineSupervisor  # not needed by --once
+    from llmgw.agent.engine_settings import SupervisorSettings
+    from llmgw.agent.engine_templates import TemplateError, load_templates, merged_templates
+    from llmgw.agent.engines import EngineSupervisor  # not needed by --once
 
     if not args.engine_start_timeout > 0:
         raise UsageError("--engine-start-timeout must be a positive duration (30s, 10m, 1h)")
@@ -367,7 +367,7 @@ async def run_agent(
     metrics = None
     try:
         if args.metrics_listen:
-            from agent.telemetry import AgentTelemetry
+            from llmgw.agent.telemetry import AgentTelemetry
 
             metrics = await AgentTelemetry(loop).serve(args.metrics_listen)
         await loop.run(stop)

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import aiohttp
 
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Engine
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Engine
 from llmgw.wire import printable
 
 SLEEP_TIMEOUT_S = 300.0  # a sleep or a wake (a level-2 wake reloads the weights from disk)

@@ -23,12 +23,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent import engine_adapters
-from agent.engine_proc import ProcessRef, describe_exit, free_port, log_tail, ref_for
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import KILL_REASONS, MAX_ERROR_CHARS, Engine, Key, Kill
-from agent.engine_state import EngineRecord, load_state, save_state
-from agent.engine_templates import (
+from llmgw.agent import engine_adapters
+from llmgw.agent.engine_proc import ProcessRef, describe_exit, free_port, log_tail, ref_for
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import KILL_REASONS, MAX_ERROR_CHARS, Engine, Key, Kill
+from llmgw.agent.engine_state import EngineRecord, load_state, save_state
+from llmgw.agent.engine_templates import (
     DEFAULT_RENDEZVOUS_PORT,
     EngineTemplate,
     TemplateError,
@@ -36,8 +36,8 @@ from agent.engine_templates import (
     render,
     render_env,
 )
-from agent.exit_cause import exit_reason, sleep_refusal
-from agent.metrics import IdleTracker
+from llmgw.agent.exit_cause import exit_reason, sleep_refusal
+from llmgw.agent.metrics import IdleTracker
 from llmgw.wire import AdapterFailure, ReplicaReport, ShardAssignment, ShardState, printable
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class EngineLifecycle:
                             for n, (st, m) in sorted(eng.adapters.failures.items())
                         ],
                         sleep_failure=eng.sleep_failure,
+                        last_wake_s=eng.last_wake[1] if eng.last_wake else None,
+                        last_wake_level=eng.last_wake[0] if eng.last_wake else None,
                         exit_code=eng.exit_code,
                         error=printable(eng.error[:MAX_ERROR_CHARS], keep_lines=True)
                         if eng.error
@@ -350,7 +352,7 @@ class EngineLifecycle:
         """A start with sleep mode that the engine refused on this machine (its
         template's `unsupported` words in this run's log): noted for its engine name,
         so that it and the next ones start without it (sleep says so once asked to
-        sleep, agent.engine_sleep), instead of failing every start."""
+        sleep, llmgw.agent.engine_sleep), instead of failing every start."""
         mode = eng.template.sleep if eng.template else None
         if eng.state is not ShardState.STARTING or mode is None or not mode.unsupported:
             return False

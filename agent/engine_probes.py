@@ -19,13 +19,13 @@ from typing import NamedTuple
 
 import aiohttp
 
-from agent.engine_http import EngineHttp
-from agent.engine_proc import cpu_by_group
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Engine, Kill, KillReason
-from agent.loop_lag import LoopLag
-from agent.metrics import scrape, server_load
-from agent.progress import START_CPU_S
+from llmgw.agent.engine_http import EngineHttp
+from llmgw.agent.engine_proc import cpu_by_group
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Engine, Kill, KillReason
+from llmgw.agent.loop_lag import LoopLag
+from llmgw.agent.metrics import scrape, server_load
+from llmgw.agent.progress import START_CPU_S
 from llmgw.wire import ShardState
 
 log = logging.getLogger(__name__)

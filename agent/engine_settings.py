@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from agent.engine_templates import EngineTemplate, merged_templates
+from llmgw.agent.engine_templates import EngineTemplate, merged_templates
 
 STATE_FILE = "engines.json"
 LOCK_FILE = "engines.lock"

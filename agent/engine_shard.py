@@ -11,12 +11,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import NamedTuple
 
-from agent.engine_adapters import AdapterState
-from agent.engine_proc import ProcessRef
-from agent.engine_templates import EngineTemplate
-from agent.metrics import IdleTracker
-from agent.progress import ProgressWatch, StartWatch
-from agent.traffic import TrafficMeter
+from llmgw.agent.engine_adapters import AdapterState
+from llmgw.agent.engine_proc import ProcessRef
+from llmgw.agent.engine_templates import EngineTemplate
+from llmgw.agent.metrics import IdleTracker
+from llmgw.agent.progress import ProgressWatch, StartWatch
+from llmgw.agent.traffic import TrafficMeter
 from llmgw.wire import ShardAssignment, ShardState, SleepFailure
 
 Key = tuple[str, int]  # (replica id, rank)
@@ -50,12 +50,12 @@ class Kill(NamedTuple):
 @dataclass
 class Engine:
     """One engine process (one shard). Who writes what: the lifecycle
-    (agent.engine_lifecycle) its assignment, process, identity and state through
-    starting, ready, stopping and failed; the probes (agent.engine_probes) their
-    readings (health_failures, tracker, progress, start_watch, meter); sleep and
-    wake (agent.engine_sleep) the sleep fields, the moves between ready, sleeping
-    and waking, and a fresh idle tracker after a wake; the supervisor
-    (agent.engines) the adapter fields."""
+    (llmgw.agent.engine_lifecycle) its assignment, process, identity and state
+    through starting, ready, stopping and failed; the probes
+    (llmgw.agent.engine_probes) their readings (health_failures, tracker, progress,
+    start_watch, meter); sleep and wake (llmgw.agent.engine_sleep) the sleep fields
+    and last_wake, the moves between ready, sleeping and waking, and a fresh idle
+    tracker after a wake; the supervisor (llmgw.agent.engines) the adapter fields."""
 
     assignment: ShardAssignment
     template: EngineTemplate | None
@@ -86,6 +86,7 @@ class Engine:
     weights_path: str | None = None  # the local weights it loaded (None: not known)
     local_weights: dict[str, str] = field(default_factory=dict)  # as it was started with
     sleeps: bool = False  # started able to sleep (its template's sleep mode on)
+    last_wake: tuple[int, float] | None = None  # (level, seconds) of its last wake
 
     @property
     def key(self) -> Key:

@@ -4,7 +4,7 @@ ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
 ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
     ready, with the reason in its reports (`sleep_error`): never tried again
 ready --/sleep answered 200 but its processes still hold the memory on a card
-    (agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
+    (llmgw.agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
 sleeping --assignment awake, no other engine awake on its cards--> waking
     --POST /wake_up answered 200--> ready
 waking --the wake failed--> failed (killed)
@@ -17,12 +17,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent import sleep_level
-from agent.engine_http import EngineHttp
-from agent.engine_lifecycle import EngineLifecycle
-from agent.engine_shard import Engine, Kill, KillReason
-from agent.metrics import IdleTracker
-from agent.sleep_check import CardMemory, held_by_group, judge, judgeable
+from llmgw.agent import sleep_level
+from llmgw.agent.engine_http import EngineHttp
+from llmgw.agent.engine_lifecycle import EngineLifecycle
+from llmgw.agent.engine_shard import Engine, Kill, KillReason
+from llmgw.agent.metrics import IdleTracker
+from llmgw.agent.sleep_check import CardMemory, held_by_group, judge, judgeable
 from llmgw.wire import ShardState, SleepFailure
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class EngineSleep:
     sleep fields of each engine (sleep_error, sleep_failure, slept_level); moves
     engines between ready, sleeping and waking, and kills through the lifecycle
     an engine that did not wake. card_memory: what each process holds on each card
-    (GpuSource.processes), a sleep is checked against it (agent.sleep_check); None:
+    (GpuSource.processes), a sleep is checked against it (llmgw.agent.sleep_check); None:
     sleeps taken at their word. host_memory: bytes available now (`sleep_level: auto`)."""
 
     def __init__(
@@ -185,6 +185,7 @@ class EngineSleep:
 
     async def _wake(self, eng: Engine) -> None:
         mode = eng.template.sleep if eng.template else None
+        began = time.monotonic()
         calls: list[tuple[str, dict[str, str] | None]] = []
         if mode is not None and eng.serves_http:
             calls.append((mode.wake_path, None))
@@ -202,4 +203,5 @@ class EngineSleep:
                 self.lifecycle.kill_failed(eng, Kill(KillReason.WAKE_FAILED, why))
                 return
         eng.tracker = IdleTracker()  # idleness is counted afresh from the wake
+        eng.last_wake = (eng.slept_level or 1, round(time.monotonic() - began, 3))
         self.lifecycle.mark_ready(eng)

@@ -113,7 +113,7 @@ class SleepMode(BaseModel):
     reload_path: UrlPath | None = "/collective_rpc"  # POST after a level-2 wake
     reset_cache_path: UrlPath | None = "/reset_prefix_cache"  # POST after a level-2 wake
     # Asleep, its processes hold at most 1 - min_freed of what they held awake on each
-    # card, or the sleep failed (agent.sleep_check: measured, never taken on its word).
+    # card, or the sleep failed (llmgw.agent.sleep_check: measured, never taken on its word).
     min_freed: float = Field(default=0.9, gt=0, le=1)
     # What the engine prints when it refuses to start able to sleep on this machine
     # (vLLM's CPU build, config/model.py); seen in the log of a start that ended,
@@ -188,7 +188,7 @@ _SGLANG_MULTI = (
 )
 _QUIET_PROBES = "--disable-access-log-for-endpoints /health,/metrics,/load"
 _LOAD = " --enable-server-load-tracking"  # /load counts the requests the server holds
-_FAKE = "{python} -m agent.fake_engine --host {host} --port {port} --model {model}" + _LOAD
+_FAKE = "{python} -m llmgw.agent.fake_engine --host {host} --port {port} --model {model}" + _LOAD
 
 BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
     # Multi-node vLLM without Ray (recent vLLM): workers run headless.

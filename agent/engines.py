@@ -45,16 +45,16 @@ from typing import Any
 
 import aiohttp
 
-from agent import engine_adapters, sleep_level
-from agent.engine_http import EngineHttp
-from agent.engine_lifecycle import EngineLifecycle
-from agent.engine_probes import EngineProbes
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Engine, Kill
-from agent.engine_sleep import EngineSleep
-from agent.engine_templates import EngineTemplate
-from agent.loop_lag import LoopLag
-from agent.sleep_check import CardMemory
+from llmgw.agent import engine_adapters, sleep_level
+from llmgw.agent.engine_http import EngineHttp
+from llmgw.agent.engine_lifecycle import EngineLifecycle
+from llmgw.agent.engine_probes import EngineProbes
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Engine, Kill
+from llmgw.agent.engine_sleep import EngineSleep
+from llmgw.agent.engine_templates import EngineTemplate
+from llmgw.agent.loop_lag import LoopLag
+from llmgw.agent.sleep_check import CardMemory
 from llmgw.wire import ReplicaReport, ShardAssignment, ShardState
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import aiohttp
 
-from agent.loop import ReportError, connection_error
 from llmgw import api
+from llmgw.agent.loop import ReportError, connection_error
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
 
 CREDENTIAL_FILE = "credential"

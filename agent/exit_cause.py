@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from agent.engine_proc import TAIL_LINE_CHARS, log_tail
+from llmgw.agent.engine_proc import TAIL_LINE_CHARS, log_tail
 
 READ_BYTES = 1024 * 1024  # a crash's noise runs to tens of KiB; a cause is within this
 RUN_HEADER = re.compile(r"^=== .* llmgw agent ")

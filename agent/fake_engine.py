@@ -1,4 +1,4 @@
-"""A fake inference engine: `python -m agent.fake_engine --port P`.
+"""A fake inference engine: `python -m llmgw.agent.fake_engine --port P`.
 
 It behaves, from the outside, like a vLLM OpenAI server: it "loads" for a
 while (`/health` answers 503), then serves `/health`, `/v1/models`,
@@ -31,10 +31,10 @@ on its way, inference answers 503 naming the sleep, while `/health`, `/metrics` 
 `/v1/models` still answer (`POST /collective_rpc` takes the `reload_weights` a level-2
 wake asks for). With `LLMGW_FAKE_GPU_MEMORY_DIR` set it says what it holds on
 its cards (CUDA_VISIBLE_DEVICES), `--gpu-memory-mib` each awake and only a CUDA context's
-worth asleep (agent.fake_process_memory); the fault `--sleep-keeps-memory` answers the
+worth asleep (llmgw.agent.fake_process_memory); the fault `--sleep-keeps-memory` answers the
 sleep 200 and keeps it all held (vLLM #47654).
 
-It serves LoRA adapters as vLLM does (agent.fake_lora): `--enable-lora`, `--max-loras`,
+It serves LoRA adapters as vLLM does (llmgw.agent.fake_lora): `--enable-lora`, `--max-loras`,
 `--max-cpu-loras`, `--max-lora-rank`; with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` the
 endpoints `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (else 404), each load
 taking `--lora-load-seconds`. A loaded adapter is listed in `/v1/models` with its `parent`
@@ -65,8 +65,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from agent import fake_process_memory
-from agent.fake_lora import LoraConfig, LoraError, LoraState
+from llmgw.agent import fake_process_memory
+from llmgw.agent.fake_lora import LoraConfig, LoraError, LoraState
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class FakeConfig:
     wake_s: float = 0.5  # a wake takes this long
     gpu_memory_mib: int = 16384  # held on each card awake
     sleep_keeps_memory: bool = False  # fault: a sleep answers 200 and frees nothing
-    memory_dir: Path | None = None  # where it says what it holds (agent.fake_process_memory)
+    memory_dir: Path | None = None  # where it says what it holds (llmgw.agent.fake_process_memory)
     gpus: tuple[str, ...] = ()  # its cards (CUDA_VISIBLE_DEVICES)
     # Keys a client must present on the API's paths (`--api-key`, else VLLM_API_KEY): none
     # asked when empty, as vLLM.
@@ -830,7 +830,7 @@ async def _chatter(every_s: float, for_s: float) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m agent.fake_engine", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m llmgw.agent.fake_engine", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="fake-model")

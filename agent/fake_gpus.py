@@ -1,6 +1,6 @@
 """Simulated GPUs for machines without them (`--fake-gpus`, `llmgw demo`).
 
-Kept apart from `agent.gpus`, the only module that touches NVML.
+Kept apart from `llmgw.agent.gpus`, the only module that touches NVML.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import fake_process_memory
-from agent.fake_process_memory import ProcessMemory
-from agent.gpus import GpuScan
+from llmgw.agent import fake_process_memory
+from llmgw.agent.fake_process_memory import ProcessMemory
+from llmgw.agent.gpus import GpuScan
 from llmgw.wire import GpuHealth, GpuReport
 
-log = logging.getLogger("agent.fake_gpus")
+log = logging.getLogger("llmgw.agent.fake_gpus")
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class FakeGpus:
     # Cards something runs on now (the demo: its engines' assigned cards), shown
     # busy with memory used, as NVML shows a card an engine holds.
     busy: Callable[[], Iterable[str]] | None = None
-    # Where fake engines say what they hold (agent.fake_process_memory): a card's used
+    # Where fake engines say what they hold (llmgw.agent.fake_process_memory): a card's used
     # memory is then the sum of its processes', as NVML counts it.
     memory_dir: Path | None = None
     _cards: list[tuple[str, str, int]] = field(default_factory=list, init=False)

@@ -1,4 +1,4 @@
-"""The fake engine's LoRA adapters, as vLLM keeps them (agent.fake_engine).
+"""The fake engine's LoRA adapters, as vLLM keeps them (llmgw.agent.fake_engine).
 
 vLLM (0.x, V1 engine) with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`:
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` answers 200 with a plain-text

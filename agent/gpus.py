@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from agent.fake_process_memory import ProcessMemory
+from llmgw.agent.fake_process_memory import ProcessMemory
 from llmgw.wire import GpuHealth, GpuReport
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from typing import Protocol
 import aiohttp
 from pydantic import ValidationError
 
-from agent.report import ReportBuilder
 from llmgw import api
+from llmgw.agent.report import ReportBuilder
 from llmgw.leader import Endpoints, aiohttp_request, leader_of, split_urls
 from llmgw.tls import is_verify_failure, verify_hint
 from llmgw.wire import NodeReport, ReplicaReport, ReportReply, ShardAssignment

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.metrics import EngineSample
+from llmgw.agent.metrics import EngineSample
 
 # Counters that move whenever the engine does work: prefill and decode tokens.
 TOKENS = (

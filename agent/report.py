@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from agent.fabric import node_fabrics
-from agent.gpus import GpuSource
-from agent.storage import local_adapters, local_weights
 from llmgw import __version__
+from llmgw.agent.fabric import node_fabrics
+from llmgw.agent.gpus import GpuSource
+from llmgw.agent.storage import local_adapters, local_weights
 from llmgw.wire import NodeReport, ReplicaReport, StorageLocation
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")

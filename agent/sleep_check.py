@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.engine_proc import group_of
-from agent.fake_process_memory import ProcessMemory
+from llmgw.agent.engine_proc import group_of
+from llmgw.agent.fake_process_memory import ProcessMemory
 
 CardMemory = Callable[[], Sequence[ProcessMemory]]
 

@@ -34,9 +34,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.adapters import AdapterVerdict, check_adapter_dir, is_adapter_dir
-from agent.mounts import Mount, classify, read_mountinfo
-from agent.weights import FileCache, Verdict, check_model_dir
+from llmgw.agent.adapters import AdapterVerdict, check_adapter_dir, is_adapter_dir
+from llmgw.agent.mounts import Mount, classify, read_mountinfo
+from llmgw.agent.weights import FileCache, Verdict, check_model_dir
 from llmgw.wire import (
     AdapterFound,
     ModelFound,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agent.storage import StorageDir, StorageScanner
+from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.wire import StorageLocation
 
 

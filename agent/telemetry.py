@@ -1,6 +1,6 @@
 """The agent's own `/metrics` (`llmgw agent --metrics-listen`), off by default.
 
-Not to be confused with `agent.metrics`, which parses the ENGINES' metrics.
+Not to be confused with `llmgw.agent.metrics`, which parses the ENGINES' metrics.
 What the node holds (models present and incomplete, engines by state) is read
 at scrape time from the last report the loop built, so it says exactly what
 the controller was told; scan and send timings come from small hooks.
@@ -18,9 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from agent.loop import ReportLoop
-from agent.storage import StorageScanner
-from agent.storage_watch import StorageWatch
+from llmgw.agent.loop import ReportLoop
+from llmgw.agent.storage import StorageScanner
+from llmgw.agent.storage_watch import StorageWatch
 from llmgw.controller.core.settings import split_listen
 from llmgw.listen import PortInUse, start_site
 

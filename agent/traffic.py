@@ -2,7 +2,7 @@
 requests in flight, median latency and prefix-cache hit rate.
 
 Pure, like `IdleTracker`: feed it the samples of successive scrapes
-(`agent.metrics.EngineSample`), ask for the figures over the last window.
+(`llmgw.agent.metrics.EngineSample`), ask for the figures over the last window.
 Rates come from counter differences between the oldest and newest sample in
 the window, so one scrape's jitter does not swing them; a counter that falls
 (the engine restarted) starts the window again. The median is read from the
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from agent.metrics import EngineSample, counters_fell
+from llmgw.agent.metrics import EngineSample, counters_fell
 from llmgw.wire import EngineTraffic
 
 WINDOW_S = 30.0

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from agent.sample_models import write_adapter
+from llmgw.agent.sample_models import write_adapter
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, ENGINE_ARGS, Gateway, wait_cluster_ready
 

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.report import ReportBuilder
-from agent.sample_models import write_model
-from agent.storage import StorageDir, StorageScanner
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.report import ReportBuilder
+from llmgw.agent.sample_models import write_model
+from llmgw.agent.storage import StorageDir, StorageScanner
 
 
 def make_tree(root: Path, models: int, files: int) -> int:

@@ -35,10 +35,10 @@ from aiohttp import web
 from pydantic import TypeAdapter
 from textual import events
 
-from console.app import ConsoleApp
-from console.screens.main import MainScreen
-from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.main import MainScreen
+from llmgw.console.widgets.nodes import NodesTable
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
 from llmgw.wire import (

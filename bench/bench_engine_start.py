@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.engine_templates import BUILTIN_TEMPLATES, render  # noqa: E402
+from llmgw.agent.engine_templates import BUILTIN_TEMPLATES, render  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -1,6 +1,6 @@
 """The gateway's data plane and control plane, measured in one run.
 
-Data plane, on the same fake engines (`python -m agent.fake_engine`, with a
+Data plane, on the same fake engines (`python -m llmgw.agent.fake_engine`, with a
 simulated prefix cache each):
 
 * direct to the engines (client-side round robin): the floor;
@@ -184,7 +184,7 @@ def start_engines(n: int, cache_blocks: int) -> tuple[list[subprocess.Popen[byte
                 [
                     sys.executable,
                     "-m",
-                    "agent.fake_engine",
+                    "llmgw.agent.fake_engine",
                     "--port",
                     str(port),
                     "--model",

@@ -19,8 +19,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from agent.engine_proc import cpu_by_group
-from agent.engine_settings import START_LOOK_S
+from llmgw.agent.engine_proc import cpu_by_group
+from llmgw.agent.engine_settings import START_LOOK_S
 
 
 def timed(fn: Callable[[], object], looks: int) -> float:

@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/device_check.py [--json]
 
-What the agent reports of each card (`agent.gpus.NvmlGpus`: class, health and its
+What the agent reports of each card (`llmgw.agent.gpus.NvmlGpus`: class, health and its
 reason, memory used, in use) and what it reads of each process's memory on each card
-(`NvmlGpus.processes`: what a sleep is checked against, agent.sleep_check) are printed
+(`NvmlGpus.processes`: what a sleep is checked against, llmgw.agent.sleep_check) are printed
 beside nvidia-smi's answers for the same things (`--query-gpu` and
 `--query-compute-apps`), read right after. The NVML path had never run on a real card:
 this checks it in one command. Without a card (no driver, no nvidia-smi, NVML finds
@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.gpus import NvmlGpus  # noqa: E402
+from llmgw.agent.gpus import NvmlGpus  # noqa: E402
 
 NO_GPU = "no NVIDIA GPU here"
 

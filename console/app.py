@@ -24,8 +24,10 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.timer import Timer
 
-from console.commands import ADMIN_ACTIONS, AdminRequested
-from console.feeds import (
+from llmgw.api import healthz
+from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
+from llmgw.console.commands import ADMIN_ACTIONS, AdminRequested
+from llmgw.console.feeds import (
     EventFeed,
     EventsWanted,
     ModelsView,
@@ -33,18 +35,16 @@ from console.feeds import (
     fetch_events,
     fetch_models,
 )
-from console.keys import KeyPipeline
-from console.screens.actions import AdminActions
-from console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
-from console.screens.events import EventsScreen
-from console.screens.main import AdminMainScreen, MainScreen
-from console.screens.modals import DrainModal
-from console.screens.models import ModelsScreen
-from console.state import Connection, FleetView, Link, NodeView, backoff, error_words
-from console.textual_private import keep_pastes_in_order
-from console.widgets.nodes import NodesTable
-from llmgw.api import healthz
-from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
+from llmgw.console.keys import KeyPipeline
+from llmgw.console.screens.actions import AdminActions
+from llmgw.console.screens.detail import AdminNodeDetailScreen, NodeDetailScreen
+from llmgw.console.screens.events import EventsScreen
+from llmgw.console.screens.main import AdminMainScreen, MainScreen
+from llmgw.console.screens.modals import DrainModal
+from llmgw.console.screens.models import ModelsScreen
+from llmgw.console.state import Connection, FleetView, Link, NodeView, backoff, error_words
+from llmgw.console.textual_private import keep_pastes_in_order
+from llmgw.console.widgets.nodes import NodesTable
 from llmgw.present import force_at_words
 from llmgw.wire import DrainPlan, FleetSummary, NodeRow, NodesDelta
 

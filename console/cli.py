@@ -69,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from console.app import ConsoleApp  # Textual loads only when we really run
+    from llmgw.console.app import ConsoleApp  # Textual loads only when we really run
 
     try:  # the same resolution as `llmgw ctl` (flags, environment, config file)
         where = resolve(

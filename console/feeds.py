@@ -18,8 +18,8 @@ from typing import Protocol
 from pydantic import ValidationError
 from textual.message import Message
 
-from console.state import ConsoleModel
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
+from llmgw.console.state import ConsoleModel
 from llmgw.wire import EventList, EventView, ModelView
 
 MAX_EVENTS = 1000

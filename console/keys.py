@@ -28,14 +28,14 @@ from textual.message_pump import MessagePump
 from textual.widget import Widget
 from textual.widgets import Input
 
-from console.textual_private import (
+from llmgw.common import printable
+from llmgw.console.textual_private import (
     bindings_for,
     forward_event,
     is_closing,
     restart_blink,
     run_priority_binding,
 )
-from llmgw.common import printable
 
 # How long one key waits for a queue or a new screen before going on anyway:
 # a wedged widget must not swallow every key after it.

@@ -111,7 +111,7 @@ class NodeView:
 
 class ConsoleModel(Protocol):
     """What screens read from the app. The app satisfies it; screens take
-    `cast(ConsoleModel, self.app)` and never import console.app."""
+    `cast(ConsoleModel, self.app)` and never import llmgw.console.app."""
 
     fleet: FleetView | None
     connection: Connection

@@ -40,11 +40,11 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.loop import Engines, ReportLoop
-from agent.report import ReportBuilder
-from agent.sample_models import write_adapter, write_model
-from agent.storage import StorageDir, StorageScanner
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.loop import Engines, ReportLoop
+from llmgw.agent.report import ReportBuilder
+from llmgw.agent.sample_models import write_adapter, write_model
+from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable
 from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.core.settings import ControllerSettings
@@ -60,7 +60,7 @@ FAIL_CARD_AFTER_S = 180.0
 DEMO_IDLE_AFTER_S = 60.0  # the controller's --idle-after in the demo (10 min in production)
 # Headless, the demo's terminal shows the banner and the controller's own decisions;
 # these loggers speak once per node, engine or request, so they say only what went wrong.
-PER_NODE_LOGGERS = ("agent", "httpx")
+PER_NODE_LOGGERS = ("llmgw.agent", "httpx")
 SETTLE_S = 10.0  # at most this long for every node's first report before the banner
 ROUTED_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"  # part of its traffic comes through the gateway
 SLEEPING_MODEL = "google/gemma-2-9b-it"  # at zero replicas until a request wakes it
@@ -300,8 +300,8 @@ def make_agent(
         boot_id=f"demo-{node.name}",
     )
     if engines:
-        from agent.engine_settings import SupervisorSettings
-        from agent.engines import EngineSupervisor
+        from llmgw.agent.engine_settings import SupervisorSettings
+        from llmgw.agent.engines import EngineSupervisor
 
         supervisor = EngineSupervisor(
             SupervisorSettings(
@@ -604,7 +604,7 @@ async def _console(url: str, stop: asyncio.Event, about: str, gateway: str) -> N
     """The live console in this terminal, the banner in its help (the terminal's
     scrollback is hidden behind it); quitting it ends the demo."""
     try:
-        from console.app import ConsoleApp
+        from llmgw.console.app import ConsoleApp
     except ImportError:
         await stop.wait()
         return

@@ -6,8 +6,11 @@ from __future__ import annotations
 # subcommand -> (module, help)
 PROGRAMS: dict[str, tuple[str, str]] = {
     "controller": ("llmgw.controller.main", "run the controller (aggregates reports, admin API)"),
-    "agent": ("agent.cli", "run the node agent (observes GPUs, fabrics, weights; runs engines)"),
-    "console": ("console.cli", "open the live fleet console"),
+    "agent": (
+        "llmgw.agent.cli",
+        "run the node agent (observes GPUs, fabrics, weights; runs engines)",
+    ),
+    "console": ("llmgw.console.cli", "open the live fleet console"),
     "ctl": ("llmgw.ctl", "one-shot commands: status, nodes, cordon, drain, apply, ..."),
     "demo": ("llmgw.demo", "a whole simulated fleet on this machine"),
     "completion": ("llmgw.completion", "print shell completion: llmgw completion bash|zsh"),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         DrainPlan,
         FleetSummary,
         GpuReport,
+        ModelStarts,
         ModelView,
         NodeDetail,
         NodeRow,
@@ -469,7 +470,7 @@ def nodes_table(rows: Sequence[NodeRow], *, wide: bool = False) -> Table:
 
 
 MODEL_COLUMNS = ["MODEL", "READY", "MIN", "DESIRED", "MAX", "SHAPE", "CLASS", "ENGINE"]
-MODEL_WIDE = ["STARTING", "FAILED", "REV", "SOURCE"]
+MODEL_WIDE = ["STARTING", "FAILED", "REV", "STARTS H/W/C", "LAST WAKE", "SOURCE"]
 
 
 def models_table(
@@ -499,12 +500,23 @@ def models_table(
                 Cell(str(m.starting), key=m.starting),
                 Cell(str(m.failed), key=m.failed),
                 _revision(getattr(m, "rollout", None)),
+                *start_cells(m.starts),
                 Cell(clean(s.source)),
             ]
         table.add(f"model/{s.name}", *cells, status_cell)
         for a in by_base.get(s.name, ()):
             table.add(f"adapter/{a.spec.name}", *adapter_cells(a, wide))
     return table
+
+
+def start_cells(starts: ModelStarts) -> list[Cell]:
+    """How its replicas came to serve: woken (hot), started with the weights on the
+    node (warm) or not (cold); and the last wake's time per sleep level."""
+    total = starts.hot + starts.warm + starts.cold
+    counts = Cell(f"{starts.hot}/{starts.warm}/{starts.cold}", key=total)
+    wakes = sorted((k, v) for k, v in starts.last_s.items() if k.startswith("hot-"))
+    last = ", ".join(f"L{k.removeprefix('hot-')} {v:.1f}s" for k, v in wakes)
+    return [counts, Cell(last or "-", key=min((v for _, v in wakes), default=-1.0))]
 
 
 def adapter_cells(a: Any, wide: bool) -> list[Cell | str]:
@@ -514,6 +526,7 @@ def adapter_cells(a: Any, wide: bool) -> list[Cell | str]:
     cells += [Cell("-", key=-1)] * 3 + [Cell("lora"), Cell(""), Cell("")]
     if wide:
         cells += [Cell(str(len(a.loading_on)), key=len(a.loading_on)), Cell(""), Cell("")]
+        cells += [Cell(""), Cell("")]
         cells.append(Cell(clean(a.spec.source)))
     words = [f"adapter, loaded on {loaded}"]
     if a.loading_on:

@@ -155,6 +155,7 @@ class Placement:
     fabric: str | None  # None for a single-shard replica
     shards: tuple[ShardPlacement, ...]  # in rank order
     gpu_class: str
+    weights_local: bool = False  # every node chosen holds the model's weights (a warm start)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -662,7 +663,10 @@ class _Allocation:
             for i, r in enumerate(picked)
         )
         self._now_runs(spec.name, (r.name for r in picked))
-        return Placement(model=spec.name, fabric=fabric, shards=shards, gpu_class=cls)
+        warm = not any(r.not_holder for r in picked)
+        return Placement(
+            model=spec.name, fabric=fabric, shards=shards, gpu_class=cls, weights_local=warm
+        )
 
     # -- reasons (only on failure, so plain scans are fine)
 

@@ -19,8 +19,8 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.storage import StorageScanner
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.storage import StorageScanner
 from llmgw.client import AdminClient
 from llmgw.demo import (
     DEMO_IDLE_AFTER_S,
@@ -225,7 +225,7 @@ def test_headless_demo_ends_its_output_with_the_banner() -> None:
     banner = next(i for i, line in enumerate(lines) if line.startswith("llmgw demo: 12 simulated"))
     end = next(i for i, line in enumerate(lines) if "traffic comes through it" in line)
     assert "controller says node" not in out and "HTTP Request" not in out, out
-    assert not [line for line in lines if " INFO agent." in line], out  # one per engine
+    assert not [line for line in lines if " INFO llmgw.agent." in line], out  # one per engine
     assert len(lines[:banner]) <= 6, out  # the controller's first decisions, not a line a node
     # Once every node has reported, the controller has acted on what they said: the
     # banner stays in view (a decision a slow machine took late may follow it).

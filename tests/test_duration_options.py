@@ -16,8 +16,8 @@ from tests.e2e.procs import clean_env, llmgw
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from agent.cli import parser as agent
-    from console.cli import parser as console
+    from llmgw.agent.cli import parser as agent
+    from llmgw.console.cli import parser as console
     from llmgw.controller.main import parser as controller
     from llmgw.ctl.parser import parser as ctl
     from llmgw.demo import parser as demo

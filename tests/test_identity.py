@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import console.app
-from console.cli import main as console_main
+import llmgw.console.app
 from llmgw.client import AdminClient
+from llmgw.console.cli import main as console_main
 from llmgw.identity import operator_name
 from tests.e2e.procs import Cluster, wait_until
 
@@ -38,7 +38,7 @@ def console_client(monkeypatch: pytest.MonkeyPatch, url: str) -> AdminClient:
         def run(self) -> None:
             pass
 
-    monkeypatch.setattr(console.app, "ConsoleApp", App)
+    monkeypatch.setattr(llmgw.console.app, "ConsoleApp", App)
     assert console_main(["--controller", url]) == 0
     return made[0]
 

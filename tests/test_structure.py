@@ -3,20 +3,27 @@ the controller's imports going only down its layers, no module that writes
 another's private state or imports another's private names.
 
 Each check reads the source with `ast`; nothing is imported or run. The
-packages checked are the ones the project installs (pyproject.toml):
-llmgw, agent and console.
+packages checked are the ones the project installs (pyproject.toml): llmgw, and
+the folders agent/ and console/ as llmgw.agent and llmgw.console (issue 35 item 16).
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import os
+import re
+import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("llmgw", "agent", "console")
+# Each folder of the project's code and the package it is installed as. agent/ and
+# console/ live beside llmgw/ and are reached through the links llmgw/agent and
+# llmgw/console, so that the only top-level name the project installs is `llmgw`.
+PACKAGES = {"llmgw": "llmgw", "agent": "llmgw.agent", "console": "llmgw.console"}
+FOLDERS_IN_LLMGW = ("agent", "console")
 
 
 # The modules that may import private names, each the one choke point for it:
@@ -41,7 +48,13 @@ MUTATORS = {
 
 
 def _sources() -> list[Path]:
-    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+    """Every module once, under its folder (never again through a link)."""
+    return sorted(
+        p
+        for folder in PACKAGES
+        for p in (ROOT / folder).rglob("*.py")
+        if not any((ROOT / "llmgw" / f) in p.parents for f in FOLDERS_IN_LLMGW)
+    )
 
 
 def _rel(path: Path) -> str:
@@ -49,8 +62,10 @@ def _rel(path: Path) -> str:
 
 
 def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGES[folder], *parts])
 
 
 @cache
@@ -402,3 +417,103 @@ def test_no_module_imports_private_names() -> None:
     assert not unused, f"{sorted(unused)} import nothing private: drop them here"
     others = [f for f in found if f not in allowed]
     assert others == [], "private names imported:\n" + "\n".join(others)
+
+
+# -- one name per module ---------------------------------------------------------------
+
+
+def _python_files() -> list[Path]:
+    """Every Python file of the checkout (links not followed; virtual environments,
+    build output and hidden folders skipped)."""
+    found = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith((".", "__pycache__", "build", "dist"))
+            and not d.endswith(".egg-info")
+        ]
+        found += [Path(top) / f for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
+def _folder_imports(path: Path) -> Iterator[str]:
+    """Each import in `path` of agent/ or console/ by its folder's name."""
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] in FOLDERS_IN_LLMGW for n in names):
+            where = _rel(path) if path.is_relative_to(ROOT) else path.name
+            yield f"{where}:{node.lineno}: {ast.unparse(node)}"
+
+
+def _named_by_folder() -> re.Pattern[str]:
+    """A dotted name `agent.<a module of agent/>` not inside a longer dotted name,
+    word or path: how a string names a module to import (`python -m`, a patch
+    target, a logger, the programs' table)."""
+    alternatives = []
+    for folder in FOLDERS_IN_LLMGW:
+        names = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
+        names |= {p.parent.name for p in (ROOT / folder).glob("*/__init__.py")}
+        alternatives.append(rf"{folder}\.(?:{'|'.join(sorted(names))})")
+    return re.compile(rf"(?<![\w.\-/])(?:{'|'.join(alternatives)})(?!\w)")
+
+
+def test_no_module_is_imported_by_its_folders_name() -> None:
+    """From the checkout's root the folders agent/ and console/ are importable as
+    `agent` and `console` too; a module imported under two names is two modules
+    (two registries, two loggers, isinstance failing), and an installed `agent`
+    distribution would shadow the name. Code says llmgw.agent and llmgw.console,
+    in imports and in strings that name a module."""
+    imports = [found for p in _python_files() for found in _folder_imports(p)]
+    assert imports == [], "imported by the folder's name:\n" + "\n".join(imports)
+    pattern = _named_by_folder()
+    strings = [
+        f"{_rel(p)}:{node.lineno}: {node.value!r}"
+        for p in _python_files()
+        for node in ast.walk(_tree(p))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and pattern.search(node.value)
+    ]
+    assert strings == [], "modules named by the folder's name:\n" + "\n".join(strings)
+
+
+def test_the_folder_name_finders_find_each_kind(tmp_path: Path) -> None:
+    a, c = FOLDERS_IN_LLMGW  # (spelled so that the checks above do not find this test)
+    source = tmp_path / "sample.py"
+    source.write_text(
+        f"import {a}.engines\n"
+        f"import os, {c}\n"
+        f"from {a} import gpus\n"
+        f"from {c}.app import ConsoleApp\n"
+        f"from llmgw.{a} import loop\n"
+        f"from . import {a}\n"
+        f"from llmgw.wire import {a} as wire_agent\n"
+    )
+    assert [f.split(": ", 1)[1] for f in _folder_imports(source)] == [
+        f"import {a}.engines",
+        f"import os, {c}",
+        f"from {a} import gpus",
+        f"from {c}.app import ConsoleApp",
+    ]
+    pattern = _named_by_folder()
+    named = [f"-m {a}.fake_engine", f"{c}.app.ConsoleApp", f"{a}.loop"]
+    assert all(pattern.search(s) for s in named)
+    fine = [f"llmgw.{a}.fake_engine", f"{a}.tokens", f"llmgw-{a}.service", f"x/{a}.loop", a]
+    assert not any(pattern.search(s) for s in fine)
+
+
+def test_agent_and_console_are_installed_under_llmgw() -> None:
+    """The links that make the folders llmgw.agent and llmgw.console: relative, so
+    that a checkout anywhere works; and llmgw the only top-level package found."""
+    for folder in FOLDERS_IN_LLMGW:
+        link = ROOT / "llmgw" / folder
+        assert link.is_symlink() and os.readlink(link) == f"../{folder}", link
+        assert (link / "__init__.py").samefile(ROOT / folder / "__init__.py")
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["packages"]["find"]["include"] == ["llmgw*"]

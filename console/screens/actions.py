@@ -17,7 +17,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Input
 
-from console.commands import (
+from llmgw.console.commands import (
     ADMIN_ACTIONS,
     BY_VERB,
     CORDON,
@@ -27,8 +27,8 @@ from console.commands import (
     AdminForm,
     AdminRequested,
 )
-from console.screens.modals import CordonModal, DrainModal, HelpScreen, UncordonModal
-from console.state import ConsoleModel
+from llmgw.console.screens.modals import CordonModal, DrainModal, HelpScreen, UncordonModal
+from llmgw.console.state import ConsoleModel
 from llmgw.wire import NodeRow
 
 # priority=True: the key is acted on the moment the app reads it, not after it

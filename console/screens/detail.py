@@ -10,12 +10,12 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from console.feeds import EventsWanted
-from console.format import node_state_text, plural, size_text, state_text, styled
-from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
-from console.state import Connection, NodeView
-from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import KeyedTable
+from llmgw.console.feeds import EventsWanted
+from llmgw.console.format import node_state_text, plural, size_text, state_text, styled
+from llmgw.console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
+from llmgw.console.state import Connection, NodeView
+from llmgw.console.widgets.header import ConnectionBanner
+from llmgw.console.widgets.keyed_table import KeyedTable
 from llmgw.present import duration, force_at_words, timestamp
 from llmgw.wire import (
     AdminEvent,

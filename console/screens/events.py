@@ -22,15 +22,15 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from console.feeds import EventFeed, ViewsModel
-from console.format import styled
-from console.screens.modals import HelpScreen
-from console.state import Connection
-from console.widgets.filter_box import FilterBox
-from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import KeyedTable
-from console.widgets.widths import fill_width
 from llmgw.common import printable
+from llmgw.console.feeds import EventFeed, ViewsModel
+from llmgw.console.format import styled
+from llmgw.console.screens.modals import HelpScreen
+from llmgw.console.state import Connection
+from llmgw.console.widgets.filter_box import FilterBox
+from llmgw.console.widgets.header import ConnectionBanner
+from llmgw.console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.widths import fill_width
 from llmgw.present import STYLE, Meaning, duration, repeats, timestamp
 from llmgw.wire import EventReason, EventView
 

@@ -10,14 +10,14 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer
 
-from console.feeds import EventsWanted, ModelsWanted
-from console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
-from console.state import Connection, FleetView
-from console.widgets.filter_box import FilterBox
-from console.widgets.gpus import GpuClassesPane
-from console.widgets.header import ConnectionBanner, FleetHeader
-from console.widgets.nodes import SORTS, NodesTable
-from console.widgets.summary import (
+from llmgw.console.feeds import EventsWanted, ModelsWanted
+from llmgw.console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
+from llmgw.console.state import Connection, FleetView
+from llmgw.console.widgets.filter_box import FilterBox
+from llmgw.console.widgets.gpus import GpuClassesPane
+from llmgw.console.widgets.header import ConnectionBanner, FleetHeader
+from llmgw.console.widgets.nodes import SORTS, NodesTable
+from llmgw.console.widgets.summary import (
     FabricsTable,
     IdleTable,
     TrafficTable,

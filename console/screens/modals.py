@@ -23,11 +23,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
-from console.commands import AdminForm
-from console.format import node_state_text, plural, state_text, styled
-from console.keys import pasted_line, run_widget_binding, type_into
-from console.state import ConsoleModel
-from console.widgets.nodes import SORTS
+from llmgw.console.commands import AdminForm
+from llmgw.console.format import node_state_text, plural, state_text, styled
+from llmgw.console.keys import pasted_line, run_widget_binding, type_into
+from llmgw.console.state import ConsoleModel
+from llmgw.console.widgets.nodes import SORTS
 from llmgw.durations import format_duration, parse_duration
 from llmgw.present import force_at_words
 from llmgw.wire import MAX_FORCE_AFTER_S, PATTERN_MESSAGES, DrainPlan, NodeRow, Reason

@@ -13,16 +13,16 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from console.feeds import EventsWanted, ModelsView, ViewsModel
-from console.format import styled
-from console.screens.modals import HelpScreen
-from console.state import Connection
-from console.widgets.header import ConnectionBanner
-from console.widgets.keyed_table import KeyedTable
-from console.widgets.widths import fill_width
 from llmgw.common import printable
+from llmgw.console.feeds import EventsWanted, ModelsView, ViewsModel
+from llmgw.console.format import styled
+from llmgw.console.screens.modals import HelpScreen
+from llmgw.console.state import Connection
+from llmgw.console.widgets.header import ConnectionBanner
+from llmgw.console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.widths import fill_width
 from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
-from llmgw.wire import ModelView
+from llmgw.wire import ModelStarts, ModelView
 
 STATUS_MIN = 20  # narrower, the table scrolls sideways rather than cut every status
 MODEL_MIN = 18  # the model under the cursor is shown whole below the table
@@ -124,7 +124,27 @@ def model_text(m: ModelView) -> Text:
         text.append("\nlast failure: " + printable(m.last_failure.strip(), keep_lines=True))
     if all_on_one_node(m):
         text.append("\n⚠ every serving replica is on one node", style=STYLE[Meaning.ATTENTION])
+    starts = start_words(m.starts)
+    if starts:
+        text.append("\n" + starts, style="dim")
     return text
+
+
+def start_words(starts: ModelStarts) -> str:
+    """`starts: 12 woken (last L1 0.6s), 3 warm, 1 cold (last 41s)`, the kinds seen
+    only; "" before any."""
+    if not starts.hot + starts.warm + starts.cold:
+        return ""
+    last = starts.last_s
+    wakes = ", ".join(
+        f"L{k.removeprefix('hot-')} {v:.1f}s" for k, v in sorted(last.items()) if k[:4] == "hot-"
+    )
+    parts = [f"{starts.hot} woken" + (f" (last {wakes})" if wakes else "")] if starts.hot else []
+    for kind, count in (("warm", starts.warm), ("cold", starts.cold)):
+        took = last.get(kind)
+        if count:
+            parts.append(f"{count} {kind}" + (f" (last {took:.0f}s)" if took is not None else ""))
+    return "starts: " + ", ".join(parts)
 
 
 class ModelsScreen(Screen[Any]):

@@ -14,7 +14,7 @@ from textual import events, on
 from textual.widget import Widget
 from textual.widgets import Input
 
-from console.keys import pasted_line, run_widget_binding, type_into
+from llmgw.console.keys import pasted_line, run_widget_binding, type_into
 
 
 class FilterBox(Input):

@@ -9,7 +9,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
-from console.format import (
+from llmgw.console.format import (
     BAR_FREE,
     BAR_UNHEALTHY,
     BAR_UNKNOWN,

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual import events
 from textual.widgets import Static
 
-from console.state import Connection, FleetView, Link, next_step
+from llmgw.console.state import Connection, FleetView, Link, next_step
 from llmgw.present import duration, style_of
 
 LINK_STYLE = {

@@ -11,7 +11,7 @@ from typing import Any
 from rich.text import Text
 from textual.message import Message
 
-from console.format import (
+from llmgw.console.format import (
     age_bucket,
     age_text,
     classes_text,
@@ -21,7 +21,7 @@ from console.format import (
     node_state_text,
     styled,
 )
-from console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.keyed_table import KeyedTable
 from llmgw.present import NODE_STATE_WIDTH, timestamp
 from llmgw.wire import NodeRow, NodeState
 

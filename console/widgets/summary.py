@@ -10,8 +10,8 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from console.format import count_text, styled
-from console.widgets.keyed_table import GlanceTable
+from llmgw.console.format import count_text, styled
+from llmgw.console.widgets.keyed_table import GlanceTable
 from llmgw.present import duration, latency, percent, short_words
 from llmgw.wire import FabricSummary, FleetSummary, IdleReplica, ModelTraffic, SleepingReplica
 

@@ -3,7 +3,7 @@ events views, whose last column (a status, a message) matters most."""
 
 from __future__ import annotations
 
-from console.widgets.keyed_table import PAD, KeyedTable
+from llmgw.console.widgets.keyed_table import PAD, KeyedTable
 
 
 def fill_width(table: KeyedTable, *, rest: str, rest_min: int, give: str, give_min: int) -> None:

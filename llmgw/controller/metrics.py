@@ -185,6 +185,7 @@ class FleetCollector(Collector):
         yield gw_age
         yield gw_rejected
         yield from self._tenants(fleet)
+        yield from self._starts(fleet)
 
         if self._per_node:
             yield from self._nodes(fleet)
@@ -208,6 +209,27 @@ class FleetCollector(Collector):
             for family, value in zip(families, counts, strict=True):
                 family.add_metric((tenant, model), value)
         yield from families
+
+    def _starts(self, fleet: Term) -> Iterator[Metric]:
+        """How replicas came to serve (issue 32): counted when they reach ready."""
+        starts = CounterMetricFamily(
+            "llmgw_model_starts",
+            "Replicas that reached ready: woken (hot, per sleep level), or an engine "
+            "started where the weights were on disk (warm) or not (cold).",
+            labels=["model", "kind", "level"],
+        )
+        last = GaugeMetricFamily(
+            "llmgw_model_last_start_seconds",
+            "How long the last start of each kind (and sleep level) took: a wake as its "
+            "agent timed it, an engine start from placement to ready.",
+            labels=["model", "kind", "level"],
+        )
+        for c in fleet.facts.starts.all():
+            labels = (c.model, c.kind.value, str(c.level))
+            starts.add_metric(labels, c.count)
+            if c.last_s is not None:
+                last.add_metric(labels, c.last_s)
+        yield from (starts, last)
 
     def _models(self, fleet: Term, unplaceable: set[str]) -> Iterator[Metric]:
         ready = GaugeMetricFamily("llmgw_model_ready_replicas", "Ready replicas.", labels=["model"])

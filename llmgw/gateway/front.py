@@ -22,7 +22,7 @@ the public address with this small proxy, and SMG on a loopback port of its own:
 * SMG's 404 for a model no worker serves becomes OpenAI's answer for a model that
   does not exist ("The model `X` does not exist…", `model_not_found`) when the
   controller has not declared it; one it has is sent again (SMG has not taken its
-  worker yet) for up to `UPSTREAM_RETRY_S`, then a 503 `model_not_ready` with
+  worker yet) for up to `DECLARED_RETRY_S`, then a 503 `model_not_ready` with
   Retry-After: a declared model is never a 404. SMG's 503 `no_available_workers`
   (its workers for the model registered but none healthy yet) is sent again the
   same way, never shown with SMG's "circuit breaker open or unhealthy";
@@ -84,6 +84,11 @@ NOT_READY_RETRY_S = "1"
 # How long a request that could not connect to SMG is tried again: SMG restarts
 # within about 1 s of dying (smg.py's first backoff, 0.5 s, and its start).
 UPSTREAM_RETRY_S = 5.0
+# How long a request for a declared model SMG has no worker for is sent again: its
+# worker, or its explainer (a model put to sleep leaves SMG's workers a sync before
+# its explainer joins them), is being registered. 5 s was not enough on a loaded
+# machine (bench_density: 2 of 612 requests got the 503 at a switch).
+DECLARED_RETRY_S = 15.0
 _RETRY_EVERY_S = 0.05
 # SMG's answers for a request it sent to no worker (smg 1.13): none serves the model,
 # or none of those that do is healthy (one just registered, or failing its checks).
@@ -432,7 +437,8 @@ class Front:
             body = read
         url = f"{self.upstream}{request.rel_url}"
         answer: web.StreamResponse | None = None
-        deadline = time.monotonic() + UPSTREAM_RETRY_S
+        began = time.monotonic()
+        deadline = began + UPSTREAM_RETRY_S
         try:
             while True:
                 try:
@@ -460,7 +466,7 @@ class Front:
                     break  # SMG's own answer, for workers llmgw did not give it
                 up.release()
                 request_id = up.headers.get("x-request-id")
-                if model not in self.declared or time.monotonic() >= deadline:
+                if model not in self.declared or time.monotonic() >= began + DECLARED_RETRY_S:
                     return self._no_worker(model, request.path, request_id)
                 await asyncio.sleep(_RETRY_EVERY_S)
             async with up:

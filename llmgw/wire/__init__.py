@@ -46,6 +46,7 @@ from llmgw.wire.admin import (
     ModelRevision,
     ModelSpec,
     ModelSpecList,
+    ModelStarts,
     ModelView,
     NodeDetail,
     NodeRow,
@@ -141,6 +142,7 @@ from llmgw.wire.states import (
     ReplicaState,
     ShardState,
     SleepFailure,
+    StartKind,
     StorageScope,
 )
 from llmgw.wire.summary import (
@@ -236,6 +238,7 @@ __all__ = [
     "ModelRevision",
     "ModelSpec",
     "ModelSpecList",
+    "ModelStarts",
     "ModelTraffic",
     "ModelView",
     "NodeCounts",
@@ -267,6 +270,7 @@ __all__ = [
     "ShortText",
     "SleepFailure",
     "SleepingReplica",
+    "StartKind",
     "StorageLocation",
     "StorageScope",
     "TenantLimitView",

@@ -443,6 +443,18 @@ class RolloutView(Outbound):
     message: str | None = None
 
 
+class ModelStarts(Outbound):
+    """How a model's replicas came to serve, counted since the model was first applied
+    (issue 32): woken (hot), started where the weights were (warm) or not (cold), and
+    how long the last of each took (hot: per sleep level, as the agent timed the wake;
+    warm and cold: placement to ready)."""
+
+    hot: int = 0
+    warm: int = 0
+    cold: int = 0
+    last_s: dict[str, float] = Field(default_factory=dict)  # "hot-1", "hot-2", "warm", "cold"
+
+
 class ModelView(Outbound):
     spec: ModelSpec
     ready: int
@@ -470,6 +482,7 @@ class ModelView(Outbound):
     # controller began to lead, and the most seconds that lasts (ReplicaView.unconfirmed_s).
     unconfirmed: int = 0
     unconfirmed_s: float | None = None
+    starts: ModelStarts = Field(default_factory=ModelStarts)
 
 
 class AdapterView(Outbound):

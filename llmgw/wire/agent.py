@@ -141,6 +141,10 @@ class ReplicaReport(Inbound):
     adapters: list[ModelName] = Field(default_factory=list, max_length=4096)
     adapter_failures: list[AdapterFailure] = Field(default_factory=list, max_length=4096)
     sleep_failure: ByValue[SleepFailure] | None = None  # its kind (None: an older agent)
+    # Its last wake, as the agent timed it (POST /wake_up to ready, a level-2 reload
+    # included), and the level it woke from; None: it has not woken since it started.
+    last_wake_s: Seconds | None = None
+    last_wake_level: int | None = Field(default=None, ge=1, le=2)
 
 
 class NodeReport(Inbound):
@@ -196,7 +200,7 @@ class ShardAssignment(Outbound):
     # LoRA adapters the engine should hold: name -> source (found in the agent's storage)
     adapters: dict[str, str] = Field(default_factory=dict)
     # The spec says `auto`: the agent picks the level from its host memory and the
-    # weights (agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
+    # weights (llmgw.agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
     sleep_auto: bool = False
 
     def started_as(self) -> ShardAssignment:

@@ -42,6 +42,15 @@ class ReplicaState(StrEnum):
     WAKING = "waking"  # a sleeping replica on its way back to ready
 
 
+class StartKind(StrEnum):
+    """How a replica came to serve (issue 32): woken from sleep, or an engine start on
+    a node that held its weights, or one that did not."""
+
+    HOT = "hot"  # a sleeping replica woken
+    WARM = "warm"  # an engine started where its weights were on disk
+    COLD = "cold"  # an engine started where they were not
+
+
 class ShardState(StrEnum):
     """What an agent says about one engine process it runs."""
 

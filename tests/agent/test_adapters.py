@@ -13,11 +13,11 @@ from pathlib import Path
 import aiohttp
 from pytest_aiohttp import AiohttpServer
 
-from agent.engine_adapters import AdapterState, sync
-from agent.fake_engine import FakeConfig, make_app
-from agent.fake_lora import LoraConfig
-from agent.sample_models import write_adapter, write_model
-from agent.storage import StorageDir, StorageScanner, local_adapters
+from llmgw.agent.engine_adapters import AdapterState, sync
+from llmgw.agent.fake_engine import FakeConfig, make_app
+from llmgw.agent.fake_lora import LoraConfig
+from llmgw.agent.sample_models import write_adapter, write_model
+from llmgw.agent.storage import StorageDir, StorageScanner, local_adapters
 from llmgw.wire import StorageLocation
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import make_builder, parser, run_agent
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.loop import ReportLoop
-from agent.report import ReportBuilder
-from agent.storage import StorageScanner
+from llmgw.agent.cli import make_builder, parser, run_agent
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.loop import ReportLoop
+from llmgw.agent.report import ReportBuilder
+from llmgw.agent.storage import StorageScanner
 
 NOBODY = "http://127.0.0.1:9"  # the discard port: refused at once
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import UsageError, main, read_token
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.report import ReportBuilder, read_boot_id
-from agent.sample_models import write_model
-from agent.storage import StorageScanner
+from llmgw.agent.cli import UsageError, main, read_token
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.report import ReportBuilder, read_boot_id
+from llmgw.agent.sample_models import write_model
+from llmgw.agent.storage import StorageScanner
 from llmgw.wire import GpuHealth, NodeReport
 
 
@@ -234,8 +234,8 @@ def test_bad_engine_templates_file_is_a_usage_error(
 
 
 async def test_engine_start_timeout_reaches_the_supervisor(tmp_path: Path) -> None:
-    from agent.cli import make_engines, parser
-    from agent.engines import EngineSupervisor
+    from llmgw.agent.cli import make_engines, parser
+    from llmgw.agent.engines import EngineSupervisor
 
     limits = ["--engine-start-timeout", "90", "--engine-start-stall", "120"]
     args = parser().parse_args(["--node", "n", "--state-dir", str(tmp_path / "s"), *limits])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fabric import infiniband_fabrics, node_fabrics
+from llmgw.agent.fabric import infiniband_fabrics, node_fabrics
 
 SUBNET_A = "fec0:0000:0000:0001"
 SUBNET_B = "fec0:0000:0000:00b2"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from agent.fake_gpus import FakeGpuFile
+from llmgw.agent.cli import main
+from llmgw.agent.fake_gpus import FakeGpuFile
 from llmgw.wire import GpuHealth, NodeReport
 
 
@@ -41,7 +41,7 @@ def test_a_file_gone_bad_keeps_the_last_cards_and_says_so_once(
     source = FakeGpuFile("n1", spec)
     good = health(source)
     spec.write_text("2xH100-80GB\nlots of cards\n")
-    with caplog.at_level(logging.WARNING, "agent.fake_gpus"):
+    with caplog.at_level(logging.WARNING, "llmgw.agent.fake_gpus"):
         assert health(source) == good
         assert health(source) == good
         spec.unlink()

@@ -6,8 +6,8 @@ import time
 import pynvml
 import pytest
 
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.gpus import (
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.gpus import (
     DEFAULT_IGNORED_XIDS,
     NvmlGpus,
     gpu_class,
@@ -125,7 +125,7 @@ def test_healthy_cards_with_memory_utilisation_and_in_use(nvml: FakeNvml) -> Non
 
 
 def test_processes_say_what_each_holds_per_card(nvml: FakeNvml) -> None:
-    # What a sleep is checked against (agent.sleep_check): NVML's running processes.
+    # What a sleep is checked against (llmgw.agent.sleep_check): NVML's running processes.
     nvml.cards[0].held = [(4242, 16384), (77, None)]  # 77: NVML cannot tell (a container)
     nvml.cards[2].held = [(4243, 512)]
     nvml.cards[3].processes = 1  # a process listed without a memory field at all

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.fake_gpus import FakeGpus, parse_fake_spec
-from agent.loop import ReportLoop, next_delay
-from agent.report import ReportBuilder
-from agent.sample_models import write_model
-from agent.storage import StorageDir, StorageScanner
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent.loop import ReportLoop, next_delay
+from llmgw.agent.report import ReportBuilder
+from llmgw.agent.sample_models import write_model
+from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.wire import (
     AdminFlag,
     NodeReport,
@@ -149,7 +149,7 @@ async def test_reports_reach_the_controller_and_assignments_reach_engines(
 async def test_survives_a_controller_restart_and_logs_once_per_outage(
     controller: FakeController, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.loop")
+    caplog.set_level(logging.INFO, logger="llmgw.agent.loop")
     loop = ReportLoop(builder(tmp_path), controller.url, rng=random.Random(1), backoff_cap_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.mounts import Mount, classify, find_mount, is_shared_type, parse_mountinfo, unescape
+from llmgw.agent.mounts import (
+    Mount,
+    classify,
+    find_mount,
+    is_shared_type,
+    parse_mountinfo,
+    unescape,
+)
 from llmgw.wire import StorageScope
 
 # A realistic mount table: root on ext4, a docker overlay, NFS, Lustre, FUSE

@@ -3,8 +3,8 @@ StartWatch: a start with no output and no CPU is stalled."""
 
 from __future__ import annotations
 
-from agent.metrics import EngineSample
-from agent.progress import START_CPU_S, ProgressWatch, StartWatch
+from llmgw.agent.metrics import EngineSample
+from llmgw.agent.progress import START_CPU_S, ProgressWatch, StartWatch
 
 
 class Clock:

@@ -10,10 +10,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.gpus import gpu_class
-from agent.mounts import Mount, find_mount, parse_mountinfo
-from agent.sample_models import write_safetensors
-from agent.weights import check_safetensors
+from llmgw.agent.gpus import gpu_class
+from llmgw.agent.mounts import Mount, find_mount, parse_mountinfo
+from llmgw.agent.sample_models import write_safetensors
+from llmgw.agent.weights import check_safetensors
 
 component = st.text(
     alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="/\0"),

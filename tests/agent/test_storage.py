@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.sample_models import write_model, write_safetensors
-from agent.storage import StorageDir, StorageScanner, local_weights, parse_storage_arg
-from agent.weights import check_safetensors
+from llmgw.agent.sample_models import write_model, write_safetensors
+from llmgw.agent.storage import StorageDir, StorageScanner, local_weights, parse_storage_arg
+from llmgw.agent.weights import check_safetensors
 from llmgw.wire import StorageLocation, StorageScope
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.sample_models import write_model
-from agent.storage import StorageDir, StorageScanner
-from agent.storage_watch import StorageWatch
+from llmgw.agent.sample_models import write_model
+from llmgw.agent.storage import StorageDir, StorageScanner
+from llmgw.agent.storage_watch import StorageWatch
 from llmgw.wire import StorageLocation
 
 

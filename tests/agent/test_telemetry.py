@@ -11,9 +11,9 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.cli import make_builder, parser, run_agent
-from agent.sample_models import write_model
-from agent.telemetry import reason_kind
+from llmgw.agent.cli import make_builder, parser, run_agent
+from llmgw.agent.sample_models import write_model
+from llmgw.agent.telemetry import reason_kind
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from agent.fake_engine import EngineMetrics
-from agent.metrics import EngineSample, parse_engine_metrics
-from agent.traffic import TrafficMeter, quantile
+from llmgw.agent.fake_engine import EngineMetrics
+from llmgw.agent.metrics import EngineSample, parse_engine_metrics
+from llmgw.agent.traffic import TrafficMeter, quantile
 
 
 class Clock:

@@ -14,7 +14,7 @@ from console_fixtures import Faults, LiveController, fill_small
 from console_pilot import Clock
 from syrupy.location import PyTestLocation
 
-from console.app import ConsoleApp
+from llmgw.console.app import ConsoleApp
 
 SNAPSHOT_DIR = Path(__file__).resolve().parents[2] / "snapshots"
 

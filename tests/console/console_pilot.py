@@ -13,9 +13,9 @@ from textual.screen import Screen
 from textual.strip import Strip
 from textual.widgets import Input
 
-from console.app import ConsoleApp
-from console.screens.detail import NodeDetailScreen
-from console.widgets.keyed_table import KeyedTable
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.detail import NodeDetailScreen
+from llmgw.console.widgets.keyed_table import KeyedTable
 
 SnapCompare = Callable[..., bool]  # pytest-textual-snapshot's snap_compare fixture
 

@@ -12,9 +12,9 @@ from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
-from console.app import ConsoleApp
-from console.screens.modals import CordonModal, DrainModal, ForceConfirmModal, UncordonModal
-from console.widgets.nodes import NodesTable
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.modals import CordonModal, DrainModal, ForceConfirmModal, UncordonModal
+from llmgw.console.widgets.nodes import NodesTable
 
 MakeApp = Callable[..., ConsoleApp]
 

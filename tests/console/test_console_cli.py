@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from console import cli
-from console.format import age_bucket, size_text, split_width
-from console.widgets.nodes import natural
+from llmgw.console import cli
+from llmgw.console.format import age_bucket, size_text, split_width
+from llmgw.console.widgets.nodes import natural
 from llmgw.present import duration
 
 
@@ -40,7 +40,7 @@ def test_main_builds_the_app_from_options_and_environment(
             auth=self.client._http.headers.get("Authorization"),
         )
 
-    from console.app import ConsoleApp
+    from llmgw.console.app import ConsoleApp
 
     monkeypatch.setattr(ConsoleApp, "run", fake_run)
     monkeypatch.setenv("LLMGW_CONTROLLER", "http://from-env:7460/")

@@ -10,9 +10,9 @@ import pytest
 from console_fixtures import NOW, Faults, LiveController, node_report
 from console_pilot import loaded, repoll
 
-from console.app import ConsoleApp
-from console.state import FleetView
-from console.widgets.nodes import NodesTable
+from llmgw.console.app import ConsoleApp
+from llmgw.console.state import FleetView
+from llmgw.console.widgets.nodes import NodesTable
 from llmgw.wire import AdminInfo, FleetSummary, NodeRow, NodesDelta
 
 MakeApp = Callable[..., ConsoleApp]

@@ -16,10 +16,10 @@ from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Checkbox, DataTable, Input
 
-from console.app import ConsoleApp
-from console.screens.detail import NodeDetailScreen
-from console.screens.main import MainScreen
-from console.screens.modals import (
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.detail import NodeDetailScreen
+from llmgw.console.screens.main import MainScreen
+from llmgw.console.screens.modals import (
     REASON_REQUIRED,
     CordonModal,
     DrainModal,
@@ -28,9 +28,9 @@ from console.screens.modals import (
     UncordonModal,
     sort_letters,
 )
-from console.state import backoff
-from console.widgets.keyed_table import KeyedTable
-from console.widgets.nodes import COLUMNS, SORTS, NodesTable, column_widths
+from llmgw.console.state import backoff
+from llmgw.console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.nodes import COLUMNS, SORTS, NodesTable, column_widths
 
 MakeApp = Callable[..., ConsoleApp]
 

@@ -9,11 +9,11 @@ from console_pilot import loaded, open_detail
 from textual.geometry import Region
 from textual.widget import Widget
 
-from console.app import ConsoleApp
-from console.format import short_class
-from console.screens.detail import GpusTable, ReplicasTable
-from console.widgets.gpus import GpuClassBar
-from console.widgets.summary import FabricsTable, UnplaceableList
+from llmgw.console.app import ConsoleApp
+from llmgw.console.format import short_class
+from llmgw.console.screens.detail import GpusTable, ReplicasTable
+from llmgw.console.widgets.gpus import GpuClassBar
+from llmgw.console.widgets.summary import FabricsTable, UnplaceableList
 
 MakeApp = Callable[..., ConsoleApp]
 

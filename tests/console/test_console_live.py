@@ -13,10 +13,10 @@ from aiohttp.test_utils import TestServer
 from console_pilot import loaded, repoll, until
 from textual.widgets import DataTable
 
-from console.app import ConsoleApp
-from console.screens.modals import CordonModal, DrainModal
-from console.widgets.nodes import NodesTable
 from llmgw.client import AdminClient, ControllerError
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.modals import CordonModal, DrainModal
+from llmgw.console.widgets.nodes import NodesTable
 from llmgw.controller.core.auth import Role, Tokens
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app

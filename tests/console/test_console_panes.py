@@ -10,10 +10,10 @@ from console_fixtures import Faults, LiveController
 from console_pilot import Clock, SnapCompare, loaded
 from textual.pilot import Pilot
 
-from console.app import ConsoleApp
-from console.screens.main import MainScreen
-from console.state import Connection, FleetView, Link
-from console.widgets.header import FleetHeader
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.main import MainScreen
+from llmgw.console.state import Connection, FleetView, Link
+from llmgw.console.widgets.header import FleetHeader
 from llmgw.wire import AdminInfo, FleetSummary, NodeRow, NodeState
 
 MakeApp = Callable[..., ConsoleApp]

@@ -13,8 +13,8 @@ from console_fixtures import Faults
 from console_pilot import Clock, SnapCompare, loaded, repoll, steady_cursors, until
 from textual.pilot import Pilot
 
-from console.app import ConsoleApp
-from console.screens.modals import DrainModal, HelpScreen
+from llmgw.console.app import ConsoleApp
+from llmgw.console.screens.modals import DrainModal, HelpScreen
 
 MakeApp = Callable[..., ConsoleApp]
 

@@ -28,7 +28,9 @@ def parts() -> list[Path]:
 def test_screens_and_widgets_never_import_the_app() -> None:
     assert parts(), "no console screens or widgets found"
     offenders = {
-        str(p.relative_to(CONSOLE)): sorted(m for m in imports(p) if m.startswith("console.app"))
+        str(p.relative_to(CONSOLE)): sorted(
+            m for m in imports(p) if m.startswith("llmgw.console.app")
+        )
         for p in parts()
     }
     assert {k: v for k, v in offenders.items() if v} == {}

@@ -13,17 +13,26 @@ from textual.events import Paste
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from console.app import ConsoleApp
-from console.feeds import EventFeed, fetch_events
-from console.screens.detail import NodeDetailScreen
-from console.screens.events import EventsScreen, EventsTable, event_cells
-from console.screens.main import MainScreen
-from console.screens.modals import HelpScreen
-from console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.client import AdminClient
+from llmgw.console.app import ConsoleApp
+from llmgw.console.feeds import EventFeed, fetch_events
+from llmgw.console.screens.detail import NodeDetailScreen
+from llmgw.console.screens.events import EventsScreen, EventsTable, event_cells
+from llmgw.console.screens.main import MainScreen
+from llmgw.console.screens.modals import HelpScreen
+from llmgw.console.screens.models import ModelsScreen, ModelsTable, model_cells, model_text
 from llmgw.controller.http.keys import term_of
 from llmgw.present import model_words
-from llmgw.wire import EventList, EventReason, EventView, ModelSpec, ModelView, RolloutView
+from llmgw.render import start_cells
+from llmgw.wire import (
+    EventList,
+    EventReason,
+    EventView,
+    ModelSpec,
+    ModelStarts,
+    ModelView,
+    RolloutView,
+)
 
 MakeApp = Callable[..., ConsoleApp]
 
@@ -165,6 +174,15 @@ def test_ready_is_against_what_demand_asks_for() -> None:
     assert "demand: in flight 15, target 4 -> 4" in model_text(busy).plain
     asleep = view(spec=spec.model_copy(update={"min_replicas": 0}), ready=0, desired=0)
     assert [c.plain for c in model_cells(asleep)][1:4] == ["0/0", "0", "0-4"]
+
+
+def test_the_detail_says_how_the_replicas_started_and_the_last_wake() -> None:
+    """Issue 32 item 5, as the render of `ctl models -o wide` says it in two cells."""
+    starts = ModelStarts(hot=12, warm=3, cold=1, last_s={"hot-1": 0.61, "hot-2": 2.4, "cold": 41.2})
+    said = model_text(view(starts=starts)).plain.splitlines()[-1]
+    assert said == "starts: 12 woken (last L1 0.6s, L2 2.4s), 3 warm, 1 cold (last 41s)"
+    assert "starts:" not in model_text(view()).plain, "nothing said before any start"
+    assert [c.text for c in start_cells(starts)] == ["12/3/1", "L1 0.6s, L2 2.4s"]
 
 
 def test_a_stalled_rollout_shows_one_escaped_line() -> None:
@@ -460,7 +478,7 @@ def test_the_model_detail_says_demand_once() -> None:
 
 def test_long_model_names_are_cut_in_the_middle_where_they_differ() -> None:
     """Issue 35 item 8: two models both read `meta-llama/Llama-3.…` at 80 columns."""
-    from console.widgets.keyed_table import cut_middle
+    from llmgw.console.widgets.keyed_table import cut_middle
 
     a, b = "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-405B"
     assert cut_middle(a, 19) == "meta-llama/…3.1-70B"

@@ -8,7 +8,7 @@ from console_pilot import spy_renders
 from rich.text import Text
 from textual.app import App, ComposeResult
 
-from console.widgets.keyed_table import KeyedTable
+from llmgw.console.widgets.keyed_table import KeyedTable
 
 
 def row(name: str, value: str = "0") -> tuple[Text, Text]:

@@ -10,8 +10,8 @@ import pytest
 from textual import events
 from textual.message_pump import MessagePump
 
-from console import keys
-from console.textual_private import OrderedPasteParser
+from llmgw.console import keys
+from llmgw.console.textual_private import OrderedPasteParser
 
 
 async def test_a_wedged_pump_delays_the_next_key_but_does_not_swallow_it(

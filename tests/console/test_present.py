@@ -7,10 +7,10 @@ import io
 
 from rich.console import Console, RenderableType
 
-from console.format import node_state_text
-from console.screens.detail import HistoryTable, title_text
-from console.widgets.summary import IdleTable
 from llmgw import render
+from llmgw.console.format import node_state_text
+from llmgw.console.screens.detail import HistoryTable, title_text
+from llmgw.console.widgets.summary import IdleTable
 from llmgw.present import (
     NODE_STATE_WIDTH,
     clock_time,
@@ -153,7 +153,7 @@ def test_ctl_and_console_say_the_same_for_the_same_node() -> None:
 
 
 def test_card_counts_are_spelled_as_ctl_spells_them() -> None:
-    from console.format import classes_text
+    from llmgw.console.format import classes_text
 
     one = {"H100-SXM-80GB": 8}
     assert classes_text(one).plain == render._classes(one) == "8xH100-SXM-80GB"
@@ -163,7 +163,7 @@ def test_an_answer_not_understood_is_said_without_a_class_name() -> None:
     import pytest
     from pydantic import ValidationError
 
-    from console.state import error_words
+    from llmgw.console.state import error_words
 
     with pytest.raises(ValidationError) as caught:
         NodeRow.model_validate({"name": "gpu-a01"})

@@ -7,7 +7,7 @@ from console_pilot import SnapCompare
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 
-from console.widgets.summary import IdleTable
+from llmgw.console.widgets.summary import IdleTable
 from llmgw.wire import IdleReplica, SleepingReplica
 
 IDLE = [IdleReplica(id="qwen-3f2a", model="Qwen/Qwen2.5-7B", idle_seconds=4000.0, gpus=1)]

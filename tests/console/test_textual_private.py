@@ -13,7 +13,7 @@ import pytest
 from textual.app import App
 from textual.widgets import Input
 
-from console.textual_private import (
+from llmgw.console.textual_private import (
     PRIVATE_GLOBALS,
     PRIVATE_MEMBERS,
     OrderedPasteParser,

@@ -24,13 +24,15 @@ from llmgw.controller.loop.drains import drain
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.loop_memory import LoopMemory
 from llmgw.controller.loop.outcomes import record_transitions
-from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan
+from llmgw.controller.loop.placing import record_from
+from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan, Started
 from llmgw.controller.loop.rolling import roll
 from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.replies import sleep_level
 from llmgw.present import Meaning, model_words
+from llmgw.scheduler import Placement, place_many
 from llmgw.wire import (
     AdapterSpec,
     AdminFlag,
@@ -44,6 +46,7 @@ from llmgw.wire import (
     ReplicaState,
     ShardState,
     SleepFailure,
+    StartKind,
 )
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
@@ -569,3 +572,37 @@ def test_a_blocked_wake_waits_rather_than_start_beside_sleeping_replicas() -> No
     plan = sleep_and_wake(snap)
 
     assert plan.removed == [] and plan.put == [] and plan.events == []
+
+
+# -- starts counted by kind (issue 32 item 5) ---------------------------------------------
+
+
+def test_a_wake_and_an_engine_start_reaching_ready_are_counted_by_kind() -> None:
+    waking = replica("a", ReplicaState.WAKING)
+    starting = replace(replica("b", ReplicaState.STARTING, created_at=970.0), start=StartKind.WARM)
+    woke = shard(waking, ShardState.READY)._replace(last_wake=(2, 1.25))
+    snap = reported([waking, starting], {"a": woke, "b": shard(starting, ShardState.READY)})
+
+    started = record_transitions(snap).of(Started)
+
+    assert sorted(started, key=lambda s: s.kind) == [
+        Started("chat", StartKind.HOT, 2, 1.25),  # as its agent timed the wake
+        Started("chat", StartKind.WARM, 0, 30.0),  # placement (wall 970) to ready (1,000)
+    ]
+    still = reported([waking], {"a": shard(waking, ShardState.WAKING)})
+    assert record_transitions(still).of(Started) == [], "counted once it is ready"
+
+
+def test_a_placement_where_the_weights_are_is_a_warm_start() -> None:
+    holder = free_node("n2")
+    holder.digest = holder.digest._replace(models=frozenset({"org/chat"}))
+    bare = free_node("n3")
+    snap = replace(snapshot([], [CHAT]), nodes={"n3": bare, "n2": holder})
+
+    [warm] = place_many([CHAT], snap.capacity(), frozenset())
+    [cold] = place_many([CHAT], replace(snap, nodes={"n3": bare}).capacity(), frozenset())
+
+    assert isinstance(warm, Placement) and warm.nodes == ("n2",) and warm.weights_local
+    assert isinstance(cold, Placement) and not cold.weights_local
+    assert record_from(warm, 1.0, 1).start is StartKind.WARM
+    assert record_from(cold, 1.0, 1).start is StartKind.COLD

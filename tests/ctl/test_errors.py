@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from console.state import Connection, Link, next_step
 from llmgw import errors
+from llmgw.console.state import Connection, Link, next_step
 from llmgw.errors import ADVICE, ClientError, advice
 from tests.ctl.ctl_support import READ, Controller, controller_process, ctl, one_line_error
 

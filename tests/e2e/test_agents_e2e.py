@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agent.sample_models import write_model
+from llmgw.agent.sample_models import write_model
 from tests.e2e.procs import ControllerProcess, clean_env, llmgw
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.engine_settings import SupervisorSettings
-from agent.engine_state import load_state
-from agent.engine_templates import merged_templates
-from agent.engines import EngineSupervisor
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_state import load_state
+from llmgw.agent.engine_templates import merged_templates
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment
 
 SupervisorFactory = Callable[..., EngineSupervisor]

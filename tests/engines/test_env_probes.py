@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.engine_templates import TemplateError, coerce_templates, merged_templates
-from agent.engines import EngineSupervisor
+from llmgw.agent.engine_templates import TemplateError, coerce_templates, merged_templates
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ShardState
 
 from .conftest import SupervisorFactory, assignment, wait_for

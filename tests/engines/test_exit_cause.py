@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent.exit_cause import exit_reason, looks_like_cause
 from llmgw import present
+from llmgw.agent.exit_cause import exit_reason, looks_like_cause
 from llmgw.render import clean
 from llmgw.wire import ReplicaReport, ShardState
 

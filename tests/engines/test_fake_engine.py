@@ -12,8 +12,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_aiohttp import AiohttpClient
 
-from agent.fake_engine import FakeConfig, make_app
-from agent.metrics import parse_engine_metrics
+from llmgw.agent.fake_engine import FakeConfig, make_app
+from llmgw.agent.metrics import parse_engine_metrics
 
 
 async def test_health_503_while_loading(aiohttp_client: AiohttpClient) -> None:
@@ -117,7 +117,7 @@ async def test_process_loads_serves_and_stops_on_sigterm() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.fake_engine",
+        "llmgw.agent.fake_engine",
         "--port",
         str(port),
         "--load-seconds",
@@ -139,7 +139,7 @@ async def test_process_fail_after_exits_with_code() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.fake_engine",
+        "llmgw.agent.fake_engine",
         "--port",
         str(_free_port()),
         "--fail-after",

@@ -25,7 +25,7 @@ KEY = "engine-key-7f3a9c1e"
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
-    argv = [sys.executable, "-m", "agent.fake_engine", "--port", str(port)]
+    argv = [sys.executable, "-m", "llmgw.agent.fake_engine", "--port", str(port)]
     argv += ["--model", "org/m", "--load-seconds", "0", "--latency", "0.01"]
     env = {**os.environ, "VLLM_API_KEY": KEY, "VLLM_SERVER_DEV_MODE": "1"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,7 +76,7 @@ def test_the_openai_client_meets_a_wrong_key_as_openai_says(
 
 
 def test_without_a_key_nothing_is_asked() -> None:
-    from agent.fake_engine import FakeConfig, make_app
+    from llmgw.agent.fake_engine import FakeConfig, make_app
 
     app = make_app(FakeConfig(api_keys=()))
     assert len(app.middlewares) == 1  # the access log alone

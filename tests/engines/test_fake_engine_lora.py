@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pytest_aiohttp import AiohttpClient
 
-from agent.fake_engine import STATE, FakeConfig, make_app, runtime_lora_updates
-from agent.fake_lora import LoraConfig
-from agent.sample_models import write_adapter
+from llmgw.agent.fake_engine import STATE, FakeConfig, make_app, runtime_lora_updates
+from llmgw.agent.fake_lora import LoraConfig
+from llmgw.agent.sample_models import write_adapter
 
 LORA = FakeConfig(
     model="base",

@@ -21,7 +21,7 @@ from tests.e2e.procs import free_port
 
 
 def _start(port: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "agent.fake_engine", "--port", str(port)]
+    argv = [sys.executable, "-m", "llmgw.agent.fake_engine", "--port", str(port)]
     argv += ["--model", "org/m", "--load-seconds", "0", "--latency", "0.01"]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import aiohttp
 from pytest_aiohttp import AiohttpClient
 
-from agent import fake_process_memory
-from agent.fake_engine import ASLEEP_MIB, FakeConfig, make_app
-from agent.fake_gpus import FakeGpus, parse_fake_spec
+from llmgw.agent import fake_process_memory
+from llmgw.agent.fake_engine import ASLEEP_MIB, FakeConfig, make_app
+from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
 from tests.engines.test_fake_engine import _free_port, _wait_health
 
 SLEEPY = FakeConfig(
@@ -137,7 +137,7 @@ async def test_process_reads_the_dev_mode_and_its_cards_from_its_environment(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.fake_engine",
+        "llmgw.agent.fake_engine",
         "--port",
         str(port),
         "--load-seconds",

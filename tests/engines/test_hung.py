@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from agent.engines import EngineSupervisor
-from agent.telemetry import _supervisor_metrics
+from llmgw.agent.engines import EngineSupervisor
+from llmgw.agent.telemetry import _supervisor_metrics
 from llmgw.wire import ReplicaReport, ShardState
 
 from .conftest import SupervisorFactory, assignment, pid_alive, wait_for

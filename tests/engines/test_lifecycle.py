@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine_lifecycle import EngineLifecycle, StateDirBusy
-from agent.engine_proc import ref_for
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Kill, KillReason
-from agent.engine_state import EngineRecord, load_state, save_state
+from llmgw.agent.engine_lifecycle import EngineLifecycle, StateDirBusy
+from llmgw.agent.engine_proc import ref_for
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Kill, KillReason
+from llmgw.agent.engine_state import EngineRecord, load_state, save_state
 from llmgw.wire import ShardAssignment, ShardState
 
 

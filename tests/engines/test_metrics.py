@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.metrics import EngineSample, IdleTracker, parse_engine_metrics
+from llmgw.agent.metrics import EngineSample, IdleTracker, parse_engine_metrics
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

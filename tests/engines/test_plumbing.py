@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from agent.engine_proc import (
+from llmgw.agent.engine_proc import (
     TAIL_LINE_CHARS,
     TAIL_MAX_CHARS,
     cpu_by_group,
@@ -19,8 +19,8 @@ from agent.engine_proc import (
     log_tail,
     ref_for,
 )
-from agent.engine_state import EngineRecord, load_state, save_state
-from agent.metrics import MAX_LOAD_BYTES, MAX_METRICS_BYTES, scrape, server_load
+from llmgw.agent.engine_state import EngineRecord, load_state, save_state
+from llmgw.agent.metrics import MAX_LOAD_BYTES, MAX_METRICS_BYTES, scrape, server_load
 from llmgw.wire import ShardAssignment
 
 

@@ -15,13 +15,13 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from agent.engine_http import EngineHttp
-from agent.engine_probes import EngineProbes, HealthFailure
-from agent.engine_proc import ProcessRef
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Engine, KillReason
-from agent.engine_templates import EngineTemplate
-from agent.progress import ProgressWatch, StartWatch
+from llmgw.agent.engine_http import EngineHttp
+from llmgw.agent.engine_probes import EngineProbes, HealthFailure
+from llmgw.agent.engine_proc import ProcessRef
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Engine, KillReason
+from llmgw.agent.engine_templates import EngineTemplate
+from llmgw.agent.progress import ProgressWatch, StartWatch
 from llmgw.wire import ShardAssignment, ShardState
 
 

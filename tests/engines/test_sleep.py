@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent import fake_process_memory, sleep_level
-from agent.engine_templates import BUILTIN_TEMPLATES
-from agent.engines import EngineSupervisor
-from agent.sleep_check import judge, judgeable
+from llmgw.agent import fake_process_memory, sleep_level
+from llmgw.agent.engine_templates import BUILTIN_TEMPLATES
+from llmgw.agent.engines import EngineSupervisor
+from llmgw.agent.sleep_check import judge, judgeable
 from llmgw.wire import ShardAssignment, ShardState, SleepFailure
 
 from .conftest import SupervisorFactory, assignment, wait_for

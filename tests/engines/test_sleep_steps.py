@@ -13,12 +13,12 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from agent.engine_http import EngineHttp
-from agent.engine_lifecycle import EngineLifecycle
-from agent.engine_settings import SupervisorSettings
-from agent.engine_shard import Engine
-from agent.engine_sleep import EngineSleep
-from agent.engine_templates import EngineTemplate, SleepMode
+from llmgw.agent.engine_http import EngineHttp
+from llmgw.agent.engine_lifecycle import EngineLifecycle
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engine_shard import Engine
+from llmgw.agent.engine_sleep import EngineSleep
+from llmgw.agent.engine_templates import EngineTemplate, SleepMode
 from llmgw.wire import ShardAssignment, ShardState, SleepFailure
 
 
@@ -109,6 +109,8 @@ async def test_a_level_2_sleep_and_its_wake_reload_the_weights(
         '/collective_rpc {"method": "reload_weights"}',
         "/reset_prefix_cache",
     ]
+    (rep,) = node.lifecycle.reports()
+    assert rep.last_wake_level == 2 and rep.last_wake_s is not None and rep.last_wake_s >= 0
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.engine_lifecycle import StateDirBusy
-from agent.engines import EngineSupervisor
+from llmgw.agent.engine_lifecycle import StateDirBusy
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ReplicaReport, ShardState
 
 from .conftest import SupervisorFactory, assignment, pid_alive, wait_for
@@ -56,7 +56,7 @@ async def test_starts_engine_with_env_and_argv_then_ready(
     assert b"LLMGW_REPLICA_ID=r1" in environ
     argv = [a.decode() for a in proc_file(pid, "cmdline").split(b"\0")[:-1]]
     assert argv[1:] == [
-        "-m", "agent.fake_engine", "--host", "127.0.0.1", "--port", str(rep.port),
+        "-m", "llmgw.agent.fake_engine", "--host", "127.0.0.1", "--port", str(rep.port),
         "--model", "org/m", "--enable-server-load-tracking",
         "--disable-access-log-for-endpoints", "/health,/metrics,/load",
         "--load-seconds", "0.3",
@@ -95,9 +95,7 @@ async def test_traffic_resets_idle(make_supervisor: SupervisorFactory) -> None:
 
 
 async def test_local_weights_become_source(make_supervisor: SupervisorFactory) -> None:
-    tpl = (
-        "{python} -m agent.fake_engine --host {host} --port {port} --load-seconds 0 --src {source}"
-    )
+    tpl = "{python} -m llmgw.agent.fake_engine --host {host} --port {port} --load-seconds 0 --src {source}"
     sup = make_supervisor(templates={"probe": tpl})
     await sup.apply([assignment(engine="probe", engine_args=[])], {"org/m": "/models/org/m"})
     cmdline = proc_file(pid_of(sup), "cmdline").split(b"\0")
@@ -226,7 +224,7 @@ async def test_multi_node_worker_without_http_is_ready_once_settled(
     make_supervisor: SupervisorFactory,
 ) -> None:
     # A worker rank (like vLLM --headless) serves no HTTP: ready once it stays up.
-    tpl = {"command": "{python} -m agent.fake_engine --port {port} --load-seconds 99"}
+    tpl = {"command": "{python} -m llmgw.agent.fake_engine --port {port} --load-seconds 99"}
     sup = make_supervisor(templates={"w": tpl}, worker_settle_s=0.3)
     a = assignment(engine="w", rank=1, nnodes=2, leader_address="127.0.0.1", engine_args=[])
     await sup.apply([a], {})
@@ -266,7 +264,7 @@ async def test_engine_not_healthy_within_the_start_timeout_is_killed(
     rep = only(sup)
     assert rep.error is not None and "start timeout" in rep.error and "killed" in rep.error
     assert (
-        "agent.fake_engine --host" in rep.error
+        "llmgw.agent.fake_engine --host" in rep.error
     )  # the log tail: what was launched, how far it got
     await wait_for(lambda: not pid_alive(pid), what="the engine gone")
     # Still assigned: stays failed; the controller's backoff decides on a restart.

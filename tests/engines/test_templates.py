@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine_templates import (
+from llmgw.agent.engine_templates import (
     BUILTIN_TEMPLATES,
     EngineTemplate,
     TemplateError,
@@ -79,7 +79,7 @@ def test_sglang_multi_node_uses_total_gpus_and_dist_init_addr() -> None:
 
 def test_fake_template_uses_this_python() -> None:
     argv = render(BUILTIN_TEMPLATES["fake"].command, VALUES)
-    assert argv[:3] == ["/usr/bin/python3", "-m", "agent.fake_engine"]
+    assert argv[:3] == ["/usr/bin/python3", "-m", "llmgw.agent.fake_engine"]
 
 
 def test_load_toml_tables_and_bare_strings(tmp_path: Path) -> None:

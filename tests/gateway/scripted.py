@@ -24,7 +24,7 @@ from tests.e2e.procs import free_port, wait_until
 
 
 def engine(model: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "agent.fake_engine", "--port", str(port), "--model", model]
+    argv = [sys.executable, "-m", "llmgw.agent.fake_engine", "--port", str(port), "--model", model]
     argv += ["--load-seconds", "0"]
     return subprocess.Popen(
         argv,

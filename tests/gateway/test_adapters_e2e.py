@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.sample_models import write_adapter
+from llmgw.agent.sample_models import write_adapter
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, ENGINE_ARGS, Gateway, wait_cluster_ready
 

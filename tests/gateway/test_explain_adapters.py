@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 from pytest_aiohttp import AiohttpServer
 
-from agent.fake_engine import FakeConfig, make_app
-from agent.fake_lora import LoraConfig
-from agent.sample_models import write_adapter
+from llmgw.agent.fake_engine import FakeConfig, make_app
+from llmgw.agent.fake_lora import LoraConfig
+from llmgw.agent.sample_models import write_adapter
 from llmgw.gateway.explain import Explainer
 
 LORA = FakeConfig(

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer, unused_port
 
+from llmgw.gateway import front as front_module
 from llmgw.gateway.front import Front
 from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.keys import ApiKey
@@ -59,6 +60,13 @@ def smg_app() -> web.Application:
     app = web.Application(client_max_size=1024 * MiB)
     app.router.add_post("/v1/chat/completions", fake_smg)
     return app
+
+
+@pytest.fixture(autouse=True)
+def _short_declared_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What is tested is that a declared model is sent again, then refused with a 503;
+    # the bound itself (15 s) would only make these tests wait.
+    monkeypatch.setattr(front_module, "DECLARED_RETRY_S", 2.0)
 
 
 @pytest.fixture

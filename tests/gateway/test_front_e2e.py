@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from agent.metrics import parse_engine_metrics
+from llmgw.agent.metrics import parse_engine_metrics
 from llmgw.listen import raise_open_files
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready

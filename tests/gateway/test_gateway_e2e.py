@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from agent.metrics import parse_engine_metrics
+from llmgw.agent.metrics import parse_engine_metrics
 from tests.e2e.procs import Cluster, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
 

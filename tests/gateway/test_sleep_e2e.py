@@ -105,6 +105,16 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the memory held again")
     events = c.ctl("events")
     assert "Slept" in events and "Woke" in events, events
+    # Counted: one engine start (no weights on the node: cold) and one wake, timed by
+    # the agent, from the level it chose (the spec's auto).
+    [m] = [m for m in c.get("/v1/models") if m["spec"]["name"] == "nap"]
+    starts = m["starts"]
+    assert (starts["hot"], starts["warm"], starts["cold"]) == (1, 0, 1), starts
+    [(level, took)] = [(k[4:], v) for k, v in starts["last_s"].items() if k.startswith("hot-")]
+    assert level in ("1", "2") and 0.5 <= took < 10, starts  # the fake engine wakes in 0.5 s
+    assert "1/0/1" in c.ctl("models", "-o", "wide")
+    metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
+    assert f'llmgw_model_starts_total{{kind="hot",level="{level}",model="nap"}} 1.0' in metrics
     gw.stop()
 
 

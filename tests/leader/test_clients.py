@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.loop import ReportLoop
 from llmgw import api
+from llmgw.agent.loop import ReportLoop
 from llmgw.client import AdminClient
 from llmgw.controller.http.web_io import answer
 from llmgw.errors import NotTheLeader
@@ -225,8 +225,8 @@ async def test_the_gateway_follows_the_leader_for_endpoints(
 
 
 def test_the_console_takes_every_controller(monkeypatch: pytest.MonkeyPatch) -> None:
-    from console import cli
-    from console.app import ConsoleApp
+    from llmgw.console import cli
+    from llmgw.console.app import ConsoleApp
 
     seen: list[list[str]] = []
     monkeypatch.setattr(ConsoleApp, "run", lambda self: seen.append(self.client.endpoints.urls))

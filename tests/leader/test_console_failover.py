@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 
-from console.app import ConsoleApp
 from llmgw.client import AdminClient
+from llmgw.console.app import ConsoleApp
 from tests.leader.ha import LEASE_TTL_S, HaCluster
 from tests.leader.test_failover_e2e import REPORT
 

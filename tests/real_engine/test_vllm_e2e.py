@@ -44,7 +44,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.fake_engine import TTFT_BUCKETS_S
+from llmgw.agent.fake_engine import TTFT_BUCKETS_S
 from tests.e2e.procs import Cluster, environ_of, wait_until
 from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, wait_cluster_ready
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import make_builder, make_engines, parser
-from agent.engine_settings import SupervisorSettings
-from agent.engines import EngineSupervisor
+from llmgw.agent.cli import make_builder, make_engines, parser
+from llmgw.agent.engine_settings import SupervisorSettings
+from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ShardAssignment, ShardState
 
 

@@ -212,7 +212,7 @@ async def test_uncordon_validates_its_body(client: TestClient) -> None:
 
 def test_a_directory_named_with_control_characters_is_shown_escaped(tmp_path: Path) -> None:
     """A hostile directory name on a weights disk must not break the node's report."""
-    from agent.storage import StorageDir, StorageScanner
+    from llmgw.agent.storage import StorageDir, StorageScanner
 
     (tmp_path / "evil\x1b[2Jdir\n").mkdir()
     scanner = StorageScanner([StorageDir(str(tmp_path))])

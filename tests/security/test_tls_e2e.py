@@ -167,8 +167,8 @@ def test_a_public_bind_without_tls_is_warned_about(tmp_path: Path) -> None:
 
 
 def test_the_console_takes_a_ca_file(tls: Tls, tmp_path: Path) -> None:
-    from console.cli import main as console_main
-    from console.cli import parse_args
+    from llmgw.console.cli import main as console_main
+    from llmgw.console.cli import parse_args
 
     assert parse_args(["--ca-file", str(tls.ca)]).ca_file == str(tls.ca)
     missing = tmp_path / "missing.pem"

@@ -13,7 +13,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from agent.loop import connection_error
+from llmgw.agent.loop import connection_error
 from llmgw.client import AdminClient, ControllerUnreachable
 from llmgw.tls import client_context
 

@@ -18,6 +18,7 @@ from llmgw.controller.core.records import (
     LeaveReason,
     ReplicaRecord,
     ShardRecord,
+    StartCount,
     StateDump,
     TenantLimit,
     UsageCount,
@@ -32,6 +33,7 @@ from llmgw.wire import (
     ModelRevision,
     ModelSpec,
     ReplicaState,
+    StartKind,
 )
 from tests.store.conftest import StoreFactory
 
@@ -82,7 +84,14 @@ def fill(store: StateStore) -> None:
                 reclaimed_for="big",
             ),
             ReplicaRecord(
-                "r2", "m", ReplicaState.SLEEPING, (shard,), 7.0, revision=1, asleep_since=7.5
+                "r2",
+                "m",
+                ReplicaState.SLEEPING,
+                (shard,),
+                7.0,
+                revision=1,
+                asleep_since=7.5,
+                start=StartKind.WARM,
             ),
         ]
     )
@@ -98,6 +107,9 @@ def fill(store: StateStore) -> None:
     for limit in LIMITS:
         store.put_limit(limit)
     assert store.add_usage("gw", "run", 1, USAGE, at=7300.0)
+    store.count_start("m", StartKind.HOT, 1, 0.4, at=11.0)
+    store.count_start("m", StartKind.HOT, 1, 0.6, at=12.0)
+    store.count_start("m", StartKind.COLD, 0, 30.5, at=13.0)
 
 
 @pytest.fixture
@@ -134,6 +146,11 @@ def test_a_dump_loads_into_the_other_backend_whole(
     assert dump.enroll_allowed == {"n5": ("alice", 10.0)}
     assert dump.client_keys == [CLIENT_KEY], "a client key as stored: its digest"
     assert dump.limits == LIMITS and dump.usage == USAGE
+    assert dump.starts == [
+        StartCount("m", StartKind.COLD, 0, 1, 30.5, 13.0),
+        StartCount("m", StartKind.HOT, 1, 2, 0.6, 12.0),
+    ], "counted, the last time kept"
+    assert dump.replicas["r2"].start is StartKind.WARM
     assert [r.revision for r in dump.revisions["m"]] == [1]
     assert other_store.dump().empty()
     before = other_store.revision

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.fake_engine import FakeConfig, make_app
+from llmgw.agent.fake_engine import FakeConfig, make_app
 from llmgw.gateway.front import Front
 from llmgw.gateway.keyring import Keyring
 from llmgw.tenant_keys import digest

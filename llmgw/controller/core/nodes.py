@@ -69,6 +69,9 @@ class ShardDigest(NamedTuple):
     adapters: frozenset[str] = frozenset()  # LoRA adapters the engine holds (rank 0)
     adapter_failures: tuple[tuple[str, int | None, str], ...] = ()  # (name, status, why)
     sleep_failure: SleepFailure | None = None  # its kind
+    last_wake: tuple[int, float] | None = (
+        None  # (level, seconds) of its last wake, timed by the agent
+    )
 
 
 class NodeDigest(NamedTuple):
@@ -202,6 +205,9 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
             frozenset(r.adapters),
             tuple((f.name, f.status, f.message) for f in r.adapter_failures),
             r.sleep_failure,
+            None
+            if r.last_wake_s is None or r.last_wake_level is None
+            else (r.last_wake_level, r.last_wake_s),
         )
         for r in report.replicas
     )

@@ -16,6 +16,7 @@ from llmgw.wire import (
     ModelRevision,
     ModelSpec,
     ReplicaState,
+    StartKind,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "LeaveReason",
     "ReplicaRecord",
     "ShardRecord",
+    "StartCount",
     "StateDump",
 ]
 
@@ -97,6 +99,9 @@ class ReplicaRecord:
     # Sleeping (the warm tier): when its engines were told to sleep (wall time); None
     # while the gateways are still letting go of it, as before a stop.
     asleep_since: float | None = None
+    # How it started (warm: its weights were on its nodes; cold: not), decided at
+    # placement; None for a replica placed before it was kept.
+    start: StartKind | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -206,6 +211,19 @@ class AdapterHold:
     leaving: tuple[int, float] | None = None
 
 
+@dataclass(frozen=True)
+class StartCount:
+    """Starts of one model that reached ready, of one kind and sleep level (0 but for
+    hot), and how long the last took (`wire.ModelStarts`)."""
+
+    model: str
+    kind: StartKind
+    level: int
+    count: int
+    last_s: float | None
+    last_at: float | None
+
+
 @dataclass
 class StateDump:
     """Everything durable, in a form either backend can load (for `migrate`): a
@@ -228,6 +246,7 @@ class StateDump:
     adapters: dict[str, tuple[AdapterSpec, float]] = field(default_factory=dict)
     limits: list[TenantLimit] = field(default_factory=list)
     usage: list[UsageCount] = field(default_factory=list)  # by hour, tenant, model
+    starts: list[StartCount] = field(default_factory=list)  # per model, kind and level
 
     def sizes(self) -> list[tuple[int, str]]:
         """How many of each thing the dump holds, named (never a digest)."""
@@ -247,6 +266,7 @@ class StateDump:
             (len(self.adapters), "adapters"),
             (len(self.limits), "tenant limits"),
             (len(self.usage), "hourly usage counts"),
+            (len(self.starts), "start counts"),
         ]
 
     def empty(self) -> bool:

@@ -32,6 +32,7 @@ from llmgw.controller.loop.plans import (
     Remove,
     RolloutNote,
     Scaling,
+    Started,
     Stopping,
     Unplaceable,
 )
@@ -103,6 +104,8 @@ def apply(facts: Facts, plan: Plan) -> None:
                 facts.decisions.set_unplaceable(model, why)
             case MakingRoom(model, how):
                 facts.decisions.set_making_room(model, how)
+            case Started(model, kind, level, seconds):
+                facts.count_start(model, kind, level, seconds, facts.wall())
             case Scaling(model, decision):
                 facts.decisions.set_scaling(model, decision)
             case ForgetScaling(keep):

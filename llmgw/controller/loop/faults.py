@@ -3,7 +3,7 @@
 Called by the reconcile loop once per pass (`Reconciler.steps`), with the
 fleet's facts as the agents last reported them. A card counts as failed when
 its agent reports it `unhealthy`: a fatal Xid, uncorrectable ECC, a failed or
-pending row remap, a lost card or one fallen off the bus (`agent.gpus`), or the
+pending row remap, a lost card or one fallen off the bus (`llmgw.agent.gpus`), or the
 simulated fault of fake GPUs. A card whose health is `unknown` never acts.
 
 What happens then (DESIGN, "Change, faults and demand"):

@@ -246,7 +246,7 @@ def still_free(snap: FleetSnapshot, placement: Placement) -> bool:
 def asleep_on(node: str, rec: ReplicaRecord, entry: NodeEntry) -> bool:
     """Whether `rec` sleeps on `node` as the warm tier shares a card with: decided
     (sleeping, told to) and every engine of it there says it sleeps. An engine says so
-    only once its sleep freed the memory (agent.sleep_check)."""
+    only once its sleep freed the memory (llmgw.agent.sleep_check)."""
     if rec.state is not ReplicaState.SLEEPING or rec.asleep_since is None:
         return False
     mine = [d for d in entry.shards if d.replica_id == rec.id]

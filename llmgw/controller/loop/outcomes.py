@@ -15,8 +15,16 @@ from collections import defaultdict
 from llmgw.controller.loop.faults import fault_under
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.placing import stoppable
-from llmgw.controller.loop.plans import BackOff, ClearBackoff, Plan, Planner, RolloutNote
-from llmgw.wire import EventReason, ReplicaState, RolloutState
+from llmgw.controller.loop.plans import (
+    BackOff,
+    ClearBackoff,
+    Plan,
+    Planner,
+    RolloutNote,
+    Started,
+)
+from llmgw.controller.state.replicas import ReplicaStatus
+from llmgw.wire import EventReason, ReplicaState, RolloutState, StartKind
 
 __all__ = ["STALL_MESSAGE_MAX", "record_transitions", "replace_lost", "retire_deleted"]
 
@@ -34,13 +42,16 @@ def record_transitions(snap: FleetSnapshot) -> Plan:
     failed replica of a rollout's new revision stalls the rollout."""
     plan = Planner(snap.records)
     notes = dict(snap.rollout_notes)  # as this plan leaves them
-    became_ready = [
-        s.record.with_state(ReplicaState.READY)
+    arrived = [
+        s
         for s in snap.statuses.values()
         if s.state is ReplicaState.READY
         and s.record.state in (ReplicaState.STARTING, ReplicaState.WAKING)
     ]
+    became_ready = [s.record.with_state(ReplicaState.READY) for s in arrived]
     plan.put(became_ready)
+    for s in arrived:
+        _count_start(snap, plan, s)
     for rec in became_ready:
         if rec.model in snap.backoffs:
             plan.add(ClearBackoff(rec.model))
@@ -73,6 +84,19 @@ def record_transitions(snap: FleetSnapshot) -> Plan:
             plan.add(BackOff(s.record.model, s.error or "engine failed", snap.wall))
     plan.remove(s.record.id for s in failed)
     return plan.plan()
+
+
+def _count_start(snap: FleetSnapshot, plan: Planner, s: ReplicaStatus) -> None:
+    """A start that reached ready, counted (`Started`): a wake by the level and time
+    its agents say; an engine start by its kind and the time since its placement."""
+    rec = s.record
+    if rec.state is ReplicaState.WAKING:
+        wake = s.last_wake
+        level, seconds = wake if wake is not None else (0, None)
+        plan.add(Started(rec.model, StartKind.HOT, level, seconds))
+    else:
+        kind = rec.start or StartKind.COLD
+        plan.add(Started(rec.model, kind, 0, round(max(0.0, snap.wall - rec.created_at), 2)))
 
 
 def replace_lost(snap: FleetSnapshot) -> Plan:

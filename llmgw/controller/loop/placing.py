@@ -15,7 +15,7 @@ from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.plans import Planner
 from llmgw.scheduler import Placement, place_many
-from llmgw.wire import EventReason, ReplicaState
+from llmgw.wire import EventReason, ReplicaState, StartKind
 
 __all__ = [
     "new_replica_id",
@@ -43,6 +43,7 @@ def record_from(
         created_at=created_at,
         replaces=replaces,
         revision=revision,
+        start=StartKind.WARM if placement.weights_local else StartKind.COLD,
     )
 
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 from llmgw.controller.core.autoscale import Decision
 from llmgw.controller.core.decisions import Note
 from llmgw.controller.core.records import ReplicaRecord
-from llmgw.wire import EventReason
+from llmgw.wire import EventReason, StartKind
 
 __all__ = [
     "Action",
@@ -42,6 +42,7 @@ __all__ = [
     "Remove",
     "RolloutNote",
     "Scaling",
+    "Started",
     "Stopping",
     "Unplaceable",
 ]
@@ -100,6 +101,16 @@ class ClearBackoff:
 class Unplaceable:
     model: str
     why: str | None  # None: it can be placed, or needs nothing
+
+
+@dataclass(frozen=True)
+class Started:
+    """A replica reached ready: counted per model, kind and sleep level."""
+
+    model: str
+    kind: StartKind
+    level: int  # the sleep level it woke from (hot); 0 for an engine start
+    seconds: float | None  # how long it took (None: not known)
 
 
 @dataclass(frozen=True)
@@ -180,6 +191,7 @@ Action = (
     | ClearBackoff
     | Unplaceable
     | MakingRoom
+    | Started
     | Scaling
     | ForgetScaling
     | DrainBlocked

@@ -32,6 +32,7 @@ from llmgw.controller.state.approvals import Approvals
 from llmgw.controller.state.events import KEEP as EVENTS_KEPT
 from llmgw.controller.state.events import Events
 from llmgw.controller.state.liveness import Liveness
+from llmgw.controller.state.starts import Starts
 from llmgw.controller.store.base import StateStore
 from llmgw.errors import AwaitsApproval, UnknownModel, UnknownNode
 from llmgw.wire import (
@@ -46,6 +47,7 @@ from llmgw.wire import (
     NodeReport,
     NodeState,
     ReplicaState,
+    StartKind,
 )
 
 V = TypeVar("V")
@@ -86,6 +88,7 @@ class Facts:
         self.revisions = Revisions(store.revisions())  # read-only outside this class
         self._events = Events(store.events(EVENTS_KEPT))
         self.decisions = Decisions(self.log, self.event)  # the reconcile loop's, soft
+        self.starts = Starts(store)  # read-only outside this class: `count_start`
         self.approvals = Approvals(store, self.log, self.event, self._entries.__contains__)
         # LoRA adapters: declared (durable) and which replicas should hold them (soft).
         self.loras = AdapterFacts(
@@ -399,10 +402,19 @@ class Facts:
         if self._backoffs.pop(name, None) is not None:
             self.log.append(ChangeKind.BACKOFF, name)
         self.decisions.model_deleted(name)
+        self.starts.forget(name)
         # Its replicas go with it, but through the stop handshake: the reconcile
         # loop stops them (`retired_replicas`) once the gateways have let go.
         if any(r.model == name for r in self._records.values()):
             self._retiring[name] = spec
+
+    def count_start(
+        self, model: str, kind: StartKind, level: int, seconds: float | None, wall: float
+    ) -> None:
+        """A replica of `model` reached ready: by a wake from `level` (hot) or an
+        engine start (warm, cold) that took `seconds`."""
+        self.starts.count(model, kind, level, seconds, at=wall)
+        self.log.append(ChangeKind.MODEL, model)
 
     def back_off(self, model: str, why: str, wall: float) -> Backoff:
         """A replica of `model` failed: wait base * 2^(failures-1), up to the cap."""

@@ -41,6 +41,15 @@ class ReplicaStatus:
         return shard.sleep_failure or SleepFailure.REFUSED
 
     @property
+    def last_wake(self) -> tuple[int, float] | None:
+        """(level, seconds) of its last wake: the slowest of its engines' (each timed
+        by its agent); None while one of them has not said."""
+        wakes = [s.last_wake if s is not None else None for s in self.shards]
+        if not wakes or any(w is None for w in wakes):
+            return None
+        return max(w for w in wakes if w is not None)
+
+    @property
     def error(self) -> str | None:
         errors = [s.error for s in self.shards if s is not None and s.error]
         return errors[0] if errors else self.record.error

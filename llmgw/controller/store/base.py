@@ -10,11 +10,20 @@ from llmgw.controller.core.records import (
     ClientKey,
     EnrollToken,
     ReplicaRecord,
+    StartCount,
     StateDump,
     TenantLimit,
     UsageCount,
 )
-from llmgw.wire import AdapterSpec, AdminEvent, AdminInfo, EventView, ModelRevision, ModelSpec
+from llmgw.wire import (
+    AdapterSpec,
+    AdminEvent,
+    AdminInfo,
+    EventView,
+    ModelRevision,
+    ModelSpec,
+    StartKind,
+)
 
 __all__ = ["StateDump", "StateStore"]
 
@@ -89,5 +98,9 @@ class StateStore(Protocol):
     def limits(self) -> list[TenantLimit]: ...
     def put_limit(self, limit: TenantLimit) -> None: ...
     def delete_limit(self, tenant: str, model: str | None) -> bool: ...
+    def starts(self) -> list[StartCount]: ...
+    def count_start(
+        self, model: str, kind: StartKind, level: int, seconds: float | None, *, at: float
+    ) -> None: ...
     def dump(self) -> StateDump: ...
     def load(self, state: StateDump) -> None: ...

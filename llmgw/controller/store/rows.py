@@ -13,9 +13,18 @@ from llmgw.controller.core.records import (
     LeaveReason,
     ReplicaRecord,
     ShardRecord,
+    StartCount,
 )
 from llmgw.controller.store.session import Row
-from llmgw.wire import AdminEvent, AdminFlag, AdminInfo, EventView, ModelRevision, ReplicaState
+from llmgw.wire import (
+    AdminEvent,
+    AdminFlag,
+    AdminInfo,
+    EventView,
+    ModelRevision,
+    ReplicaState,
+    StartKind,
+)
 
 __all__ = [
     "admin_event_from_row",
@@ -82,6 +91,7 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         None if rec.leave_reason is None else rec.leave_reason.value,
         rec.reclaimed_for,
         rec.asleep_since,
+        None if rec.start is None else rec.start.value,
     )
 
 
@@ -106,6 +116,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         leave_reason=None if r["leave_reason"] is None else LeaveReason(r["leave_reason"]),
         reclaimed_for=r["reclaimed_for"],
         asleep_since=r["asleep_since"],
+        start=None if r["start_kind"] is None else StartKind(r["start_kind"]),
     )
 
 
@@ -192,4 +203,19 @@ def token_from_row(r: Row) -> EnrollToken:
         uses=r["uses"],
         used=r["used"],
         description=r["description"],
+    )
+
+
+def start_row(c: StartCount) -> tuple[object, ...]:
+    return (c.model, c.kind.value, c.level, c.count, c.last_s, c.last_at)
+
+
+def start_from_row(r: Row) -> StartCount:
+    return StartCount(
+        model=r["model"],
+        kind=StartKind(r["kind"]),
+        level=r["level"],
+        count=r["count"],
+        last_s=r["last_s"],
+        last_at=r["last_at"],
     )

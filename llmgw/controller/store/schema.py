@@ -173,5 +173,15 @@ MIGRATIONS: list[list[Step]] = [
         "CREATE TABLE IF NOT EXISTS adapters (name TEXT PRIMARY KEY, spec TEXT NOT NULL,"
         " updated_at DOUBLE PRECISION NOT NULL)",
     ],
+    # 14: how replicas start (issue 32 item 5): each replica's kind of start, decided
+    # at placement (warm, cold; NULL before), and per model the starts that reached
+    # ready by kind (`wire.StartKind`) and sleep level (0 but for hot), with how long
+    # the last one took.
+    [
+        AddColumn("replicas", "start_kind", "TEXT"),
+        "CREATE TABLE IF NOT EXISTS model_starts (model TEXT NOT NULL, kind TEXT NOT NULL,"
+        " level INTEGER NOT NULL DEFAULT 0, count BIGINT NOT NULL DEFAULT 0,"
+        " last_s DOUBLE PRECISION, last_at DOUBLE PRECISION, PRIMARY KEY (model, kind, level))",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -17,7 +17,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from llmgw.controller.core.records import Backoff, ClientKey, EnrollToken, ReplicaRecord, StateDump
+from llmgw.controller.core.records import (
+    Backoff,
+    ClientKey,
+    EnrollToken,
+    ReplicaRecord,
+    StartCount,
+    StateDump,
+)
 from llmgw.controller.core.revisions import KEPT as KEPT_REVISIONS
 from llmgw.controller.store.rows import (
     admin_event_from_row,
@@ -33,6 +40,8 @@ from llmgw.controller.store.rows import (
     replica_from_row,
     replica_row,
     revision_row,
+    start_from_row,
+    start_row,
     token_from_row,
     token_row,
 )
@@ -46,6 +55,7 @@ from llmgw.wire import (
     EventView,
     ModelRevision,
     ModelSpec,
+    StartKind,
 )
 
 __all__ = ["HISTORY_KEPT", "REVISION", "SqlStore"]
@@ -86,14 +96,21 @@ _REVISION_ADD = (
 _REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
     "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision,"
-    " leaving, leave_reason, reclaimed_for, asleep_since)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " leaving, leave_reason, reclaimed_for, asleep_since, start_kind)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
     " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
     " revision=excluded.revision, leaving=excluded.leaving,"
     " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for,"
-    " asleep_since=excluded.asleep_since"
+    " asleep_since=excluded.asleep_since, start_kind=excluded.start_kind"
+)
+# A start that reached ready: counted, and how long it took kept as the last.
+_START_COUNT = (
+    "INSERT INTO model_starts(model, kind, level, count, last_s, last_at)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (model, kind, level) DO UPDATE SET"
+    " count = model_starts.count + excluded.count, last_s = excluded.last_s,"
+    " last_at = excluded.last_at"
 )
 _BACKOFF_UPSERT = (
     "INSERT INTO model_backoff(model, failures, retry_at, last_failure) VALUES (?, ?, ?, ?)"
@@ -197,6 +214,7 @@ class SqlStore(TenantTables):
             },
             limits=self.limits(),
             usage=list(self.usage_counts()),
+            starts=self.starts(),
         )
 
     def load(self, state: StateDump) -> None:
@@ -228,6 +246,7 @@ class SqlStore(TenantTables):
                 [(a.name, a.model_dump_json(), at) for a, at in state.adapters.values()],
             )
             self.load_tenants(s, state.limits, state.usage)
+            s.run_many(_START_COUNT, [start_row(c) for c in state.starts])
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -322,7 +341,20 @@ class SqlStore(TenantTables):
             deleted = s.run("DELETE FROM models WHERE name = ?", (name,)) > 0
             s.run("DELETE FROM model_backoff WHERE model = ?", (name,))
             s.run("DELETE FROM model_revisions WHERE model = ?", (name,))
+            s.run("DELETE FROM model_starts WHERE model = ?", (name,))
         return deleted
+
+    # -- how replicas started (schema 14) ---------------------------------------------------
+
+    def starts(self) -> list[StartCount]:
+        rows = self._read("SELECT * FROM model_starts ORDER BY model, kind, level")
+        return [start_from_row(r) for r in rows]
+
+    def count_start(
+        self, model: str, kind: StartKind, level: int, seconds: float | None, *, at: float
+    ) -> None:
+        with self._tx() as s:
+            s.run(_START_COUNT, start_row(StartCount(model, kind, level, 1, seconds, at)))
 
     # -- adapters -------------------------------------------------------------------------
 

@@ -200,6 +200,7 @@ def model_views(facts: Facts) -> list[ModelView]:
                 unconfirmed_s=round(max(0.0, unconfirmed_until[name] - now), 1)
                 if name in unconfirmed_until
                 else None,
+                starts=facts.starts.of(name),
             )
         )
     return views

@@ -20,7 +20,7 @@ def rendezvous_port(replica_id: str) -> int:
 
 def sleep_level(spec: ModelSpec) -> int:
     """The level a replica of `spec` sleeps at. `auto` is chosen by the agent where it
-    sleeps (agent.sleep_level: level 1 when its host memory holds the weights); 2 is
+    sleeps (llmgw.agent.sleep_level: level 1 when its host memory holds the weights); 2 is
     what an agent that does not choose uses: it cannot exhaust the host's memory."""
     return 2 if spec.sleep_level == "auto" else spec.sleep_level
 
