@@ -52,6 +52,7 @@ from tests.gateway.gwprocs import Gateway, model, wait_cluster_ready
 
 AWAKE = ("ready", "starting", "waking", "draining")
 POLL_S = 0.5
+WARM_UP_LIMIT_S = 1800.0  # the stop fleet places one model per card per round
 
 
 @dataclass
@@ -188,7 +189,7 @@ async def warm_up(fleets: list[Fleet], names: list[str], tokens: int) -> float:
     async with httpx.AsyncClient(timeout=400, limits=limits) as http:
 
         async def once(fleet: Fleet, name: str) -> None:
-            for _ in range(100):
+            while time.monotonic() - t0 < WARM_UP_LIMIT_S:
                 if (await ask(http, fleet, name, t0, tokens)).status == 200:
                     return
                 await asyncio.sleep(2)
