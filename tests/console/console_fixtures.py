@@ -236,6 +236,14 @@ class LiveController:
 
         return self.call(post())
 
+    def fingerprint(self) -> tuple[object, ...]:
+        """What a test that only reads leaves as it found: the server (a restart makes
+        another app), the change log's revision (every change to the fleet is logged),
+        the newest event, the frozen clock."""
+        assert self.app is not None
+        facts = term_of(self.app).facts
+        return (id(self.app), facts.log.revision, facts.events().cursor, self.clock.t)
+
     def settle(self) -> None:
         """Wait until the reconcile loop has nothing left to do: a whole pass,
         begun after everything before it, changed nothing. (It was a fixed 0.2 s

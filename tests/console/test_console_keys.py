@@ -39,6 +39,7 @@ def nodes(app: ConsoleApp) -> NodesTable:
     return app.screen.query_one(NodesTable)
 
 
+@pytest.mark.reads_fleet
 async def test_first_paint_shows_the_fleet(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -68,6 +69,7 @@ async def test_cordon_with_a_reason_reaches_the_controller(
         assert nodes(app).shown["gpu-a01"][2].plain == "cordoned"
 
 
+@pytest.mark.reads_fleet
 async def test_cancel_changes_nothing(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -85,6 +87,7 @@ async def test_cancel_changes_nothing(make_app: MakeApp, faults: Faults) -> None
         assert faults.mutations == []
 
 
+@pytest.mark.reads_fleet
 async def test_an_empty_reason_is_refused_in_the_ui(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -211,6 +214,7 @@ async def test_space_marks_several_nodes_for_one_action(make_app: MakeApp, fault
         assert nodes(app).marks == set()
 
 
+@pytest.mark.reads_fleet
 async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, faults: Faults) -> None:
     async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -229,6 +233,7 @@ async def test_readonly_has_no_dangerous_keys(make_app: MakeApp, faults: Faults)
         assert faults.mutations == []
 
 
+@pytest.mark.reads_fleet
 async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -249,6 +254,7 @@ async def test_palette_offers_the_same_actions(make_app: MakeApp) -> None:
         await until(pilot, lambda: isinstance(app.screen, CordonModal), "cordon from the palette")
 
 
+@pytest.mark.reads_fleet
 async def test_lost_controller_shows_banner_and_recovery_clears_it(
     make_app: MakeApp, faults: Faults, clock: Clock
 ) -> None:
@@ -277,6 +283,7 @@ async def test_lost_controller_shows_banner_and_recovery_clears_it(
         assert not app.screen.has_class("-stale")
 
 
+@pytest.mark.reads_fleet
 async def test_controller_errors_never_crash_the_console(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -299,6 +306,7 @@ async def test_controller_errors_never_crash_the_console(make_app: MakeApp, faul
         assert app.connection.link == "live"
 
 
+@pytest.mark.reads_fleet
 async def test_failed_admin_request_is_reported_not_fatal(
     make_app: MakeApp, faults: Faults
 ) -> None:
@@ -311,6 +319,7 @@ async def test_failed_admin_request_is_reported_not_fatal(
         assert app.is_running
 
 
+@pytest.mark.reads_fleet
 async def test_filter_like_k9s(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -364,6 +373,7 @@ async def test_sort_cycles_and_cursor_stays_on_its_node(
         assert [table.get_row_at(i)[1].plain for i in range(table.row_count)] == order
 
 
+@pytest.mark.reads_fleet
 async def test_shift_letter_sorts_by_its_column_as_k9s_does(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -413,6 +423,7 @@ def test_key_columns_fit_at_every_width(width: int) -> None:
         assert shown == {key for key, _, _ in COLUMNS}
 
 
+@pytest.mark.reads_fleet
 async def test_sort_cycles_skip_columns_a_narrow_terminal_hides(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
@@ -467,6 +478,7 @@ async def test_refresh_patches_rows_in_place(
         assert table.marks == {"gpu-a01"}
 
 
+@pytest.mark.reads_fleet
 async def test_node_detail(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -504,6 +516,7 @@ async def test_detail_history_and_cordon_from_detail(make_app: MakeApp, faults: 
         assert faults.mutations[0].path == "/v1/nodes/gpu-a03/uncordon"
 
 
+@pytest.mark.reads_fleet
 async def test_help_lists_only_available_keys(make_app: MakeApp) -> None:
     async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -520,6 +533,7 @@ def test_backoff_doubles_up_to_a_cap() -> None:
     assert backoff(3, 60.0) == 60.0  # never faster than the normal refresh
 
 
+@pytest.mark.reads_fleet
 async def test_polls_never_overlap(
     controller: LiveController, faults: Faults, clock: Clock
 ) -> None:
@@ -572,6 +586,7 @@ async def test_filtering_a_big_fleet_keeps_the_cursor_node(tmp_path: Path, clock
     live.close()
 
 
+@pytest.mark.reads_fleet
 async def test_detail_of_a_node_the_controller_does_not_know_says_so(
     make_app: MakeApp, controller: LiveController
 ) -> None:
@@ -601,6 +616,7 @@ async def test_controller_changes_show_within_two_seconds(
         assert time.monotonic() - t0 < 2.0
 
 
+@pytest.mark.reads_fleet
 async def test_rows_age_while_the_controller_is_away(
     make_app: MakeApp, faults: Faults, clock: Clock
 ) -> None:
@@ -624,6 +640,7 @@ async def test_rows_age_while_the_controller_is_away(
         assert table.shown["gpu-a01"][-1].plain == "<10s"
 
 
+@pytest.mark.reads_fleet
 async def test_r_retries_at_once_instead_of_waiting_out_the_backoff(
     make_app: MakeApp, faults: Faults
 ) -> None:
@@ -744,6 +761,7 @@ async def test_left_and_right_move_between_dialog_buttons(
         assert faults.mutations == [Recorded("POST", "/v1/nodes/gpu-a03/uncordon", {})]
 
 
+@pytest.mark.reads_fleet
 async def test_r_starts_the_backoff_over(make_app: MakeApp, faults: Faults, clock: Clock) -> None:
     async with make_app(refresh=5.0).run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -774,6 +792,7 @@ ABOUT = """llmgw demo: 3 simulated nodes in 1 fabrics (ib-a)
     curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json'"""
 
 
+@pytest.mark.reads_fleet
 async def test_what_the_console_was_started_with_is_in_its_help(
     controller: LiveController, faults: Faults, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -791,6 +810,7 @@ async def test_what_the_console_was_started_with_is_in_its_help(
         assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in about
 
 
+@pytest.mark.reads_fleet
 async def test_the_demos_curl_line_is_one_line_in_the_help_and_y_copies_it(
     controller: LiveController, faults: Faults, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from console_pilot import loaded, open_detail
 from textual.geometry import Region
 from textual.widget import Widget
@@ -35,6 +36,7 @@ def test_a_short_class_keeps_its_memory_size() -> None:
     assert short_class("weird-name", 6) == "weird…"  # no memory size to keep
 
 
+@pytest.mark.reads_fleet
 async def test_the_main_screen_at_80x24_keeps_what_each_pane_is_for(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
@@ -57,6 +59,7 @@ async def test_the_main_screen_at_80x24_keeps_what_each_pane_is_for(make_app: Ma
         assert "MODELS" in fabrics[0]  # the last column: nothing cut
 
 
+@pytest.mark.reads_fleet
 async def test_the_node_detail_at_80x24_keeps_health_and_reason(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
@@ -67,6 +70,7 @@ async def test_the_node_detail_at_80x24_keeps_health_and_reason(make_app: MakeAp
         assert "unknown" in lost and "NVML: GPU is lost" in lost
 
 
+@pytest.mark.reads_fleet
 async def test_the_node_detail_replicas_fit_80_columns(make_app: MakeApp) -> None:
     """REPLICA, MODEL, STATE and ERROR stay; PORT and RANK give way first, so the
     table needs no sideways scroll."""

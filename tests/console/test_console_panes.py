@@ -24,6 +24,7 @@ def shown(app: ConsoleApp) -> list[str]:
     return [p.id or "" for p in app.screen.query("#panes > .pane") if p.display and p.region]
 
 
+@pytest.mark.reads_fleet
 async def test_p_turns_every_pane_into_view_at_80x24(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(80, 24)) as pilot:
         app = await loaded(pilot)
@@ -38,6 +39,7 @@ async def test_p_turns_every_pane_into_view_at_80x24(make_app: MakeApp) -> None:
         assert shown(app) == list(MainScreen.PANE_PAGES[0])  # round again
 
 
+@pytest.mark.reads_fleet
 async def test_a_tall_terminal_shows_every_pane_and_no_p(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -45,6 +47,7 @@ async def test_a_tall_terminal_shows_every_pane_and_no_p(make_app: MakeApp) -> N
         assert app.screen.check_action("next_panes", ()) is False
 
 
+@pytest.mark.reads_fleet
 @pytest.mark.parametrize("page", range(len(MainScreen.PANE_PAGES)))
 def test_panes_80x24(snap_compare: SnapCompare, make_app: MakeApp, page: int) -> None:
     async def run(pilot: Pilot[None]) -> None:
@@ -55,6 +58,7 @@ def test_panes_80x24(snap_compare: SnapCompare, make_app: MakeApp, page: int) ->
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_help_80x24_with_the_demos_banner(
     snap_compare: SnapCompare, controller: LiveController, faults: Faults, clock: Clock
 ) -> None:

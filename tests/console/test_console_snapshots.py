@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from console_fixtures import Faults
 from console_pilot import Clock, SnapCompare, loaded, repoll, steady_cursors, until
 from textual.pilot import Pilot
@@ -23,14 +24,17 @@ async def _loaded(pilot: Pilot[None]) -> None:
     await loaded(pilot)
 
 
+@pytest.mark.reads_fleet
 def test_main_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=_loaded)
 
 
+@pytest.mark.reads_fleet
 def test_main_200x50(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(200, 50), run_before=_loaded)
 
 
+@pytest.mark.reads_fleet
 def test_main_80x24_short_layout(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     """Under 34 rows the weights and idle panes give way to the nodes table;
     at 80 columns NAME, STATE, GPUS, UNH and AGE stay in view (the reason
@@ -38,11 +42,13 @@ def test_main_80x24_short_layout(snap_compare: SnapCompare, make_app: MakeApp) -
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_loaded)
 
 
+@pytest.mark.reads_fleet
 def test_main_250x60_uses_the_width(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     """Every column, and the spare width goes to reasons and models."""
     assert snap_compare(make_app(), terminal_size=(250, 60), run_before=_loaded)
 
 
+@pytest.mark.reads_fleet
 def test_main_readonly_marked_and_filtered(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await loaded(pilot)
@@ -51,6 +57,7 @@ def test_main_readonly_marked_and_filtered(snap_compare: SnapCompare, make_app: 
     assert snap_compare(make_app(readonly=True), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_node_detail(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         app = await loaded(pilot)
@@ -61,6 +68,7 @@ def test_node_detail(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         app = await loaded(pilot)
@@ -73,6 +81,7 @@ def test_drain_modal(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_help_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         app = await loaded(pilot)
@@ -83,6 +92,7 @@ def test_help_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_disconnected_banner(
     snap_compare: SnapCompare, make_app: MakeApp, faults: Faults, clock: Clock
 ) -> None:
@@ -98,6 +108,7 @@ def test_disconnected_banner(
     assert snap_compare(make_app(refresh=5.0), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_drain_modal_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     """The fields scroll, the buttons stay in view; the deadline is echoed."""
 
@@ -114,6 +125,7 @@ def test_drain_modal_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_node_detail_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     """HEALTH and REASON stay; IN USE, UTIL, MEMORY and UUID give way first."""
 

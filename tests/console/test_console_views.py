@@ -72,6 +72,7 @@ def events_asked(faults: Faults) -> list[str]:
 # -- the models view ------------------------------------------------------------------
 
 
+@pytest.mark.reads_fleet
 async def test_models_view_says_what_ctl_models_says(
     make_app: MakeApp, controller: LiveController
 ) -> None:
@@ -90,6 +91,7 @@ async def test_models_view_says_what_ctl_models_says(
         assert table.shown[LLAMA][-1].plain.startswith("short: needs")
 
 
+@pytest.mark.reads_fleet
 async def test_models_view_is_patched_in_place(
     make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,6 +240,7 @@ async def test_events_view_lists_and_follows_the_controllers_events(
         assert list(table.order) == before and rendered == []
 
 
+@pytest.mark.reads_fleet
 async def test_events_of_a_node_from_its_detail(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -253,6 +256,7 @@ async def test_events_of_a_node_from_its_detail(make_app: MakeApp, faults: Fault
         assert app.event_feed is None  # no longer fetched
 
 
+@pytest.mark.reads_fleet
 async def test_events_of_a_model_from_the_models_view(make_app: MakeApp, faults: Faults) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         models = await models_open(pilot)
@@ -269,6 +273,7 @@ async def test_events_of_a_model_from_the_models_view(make_app: MakeApp, faults:
         assert app.models_open is False
 
 
+@pytest.mark.reads_fleet
 async def test_events_filter_like_the_nodes_table(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         table = await events_open(pilot, "e")
@@ -287,6 +292,7 @@ async def test_events_filter_like_the_nodes_table(make_app: MakeApp) -> None:
         await until(pilot, lambda: isinstance(pilot.app.screen, MainScreen))
 
 
+@pytest.mark.reads_fleet
 async def test_m_and_e_stay_text_in_the_nodes_filter(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -296,6 +302,7 @@ async def test_m_and_e_stay_text_in_the_nodes_filter(make_app: MakeApp) -> None:
         assert app.event_feed is None and not app.models_open
 
 
+@pytest.mark.reads_fleet
 async def test_the_palette_opens_both_views(make_app: MakeApp) -> None:
     async with make_app(readonly=True).run_test(size=(120, 40)) as pilot:
         app = await loaded(pilot)
@@ -329,6 +336,7 @@ async def test_a_failed_events_fetch_keeps_what_is_shown_and_says_why() -> None:
         assert [e.id for e in feed.events] == [1]
 
 
+@pytest.mark.reads_fleet
 async def test_at_80_columns_neither_view_scrolls_sideways(make_app: MakeApp) -> None:
     """MODEL and OBJECT give up their tails before STATUS and MESSAGE do."""
     async with make_app().run_test(size=(80, 24)) as pilot:
@@ -340,6 +348,7 @@ async def test_at_80_columns_neither_view_scrolls_sideways(make_app: MakeApp) ->
         assert events.virtual_size.width <= events.scrollable_content_region.width
 
 
+@pytest.mark.reads_fleet
 async def test_help_from_either_view_is_the_consoles_help(make_app: MakeApp) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         app = pilot.app
@@ -397,6 +406,7 @@ def _snap_clock(clock: Clock, controller: LiveController) -> None:
     clock.now = wall(controller) + 95
 
 
+@pytest.mark.reads_fleet
 def test_models_120x40(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await models_open(pilot)
@@ -417,6 +427,7 @@ def test_models_mid_rollout_120x40(
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_models_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     async def run(pilot: Pilot[None]) -> None:
         await models_open(pilot)
@@ -424,6 +435,7 @@ def test_models_80x24(snap_compare: SnapCompare, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_events_120x40(
     snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
 ) -> None:
@@ -435,6 +447,7 @@ def test_events_120x40(
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_events_80x24(
     snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
 ) -> None:
@@ -446,6 +459,7 @@ def test_events_80x24(
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run)
 
 
+@pytest.mark.reads_fleet
 def test_events_of_a_node_80x24(
     snap_compare: SnapCompare, make_app: MakeApp, clock: Clock, controller: LiveController
 ) -> None:
