@@ -174,10 +174,16 @@ class EngineSupervisor:
         starting = [e for e in starting if e.state is ShardState.STARTING]
         if starting:
             await asyncio.gather(*(self._probe_start(e, now) for e in starting))
+        ready = [e for e in life.in_state(ShardState.READY) if e.serves_http]
         if probes.scrape_due(now):
-            ready = [e for e in life.in_state(ShardState.READY) if e.serves_http]
             if ready:
                 await asyncio.gather(*(self._check_ready(e) for e in ready))
+        elif busy := [e for e in ready if e.meter.busy]:
+            # Scraped again each tick until it is seen empty: the controller reads a
+            # replica's requests in flight from here too, and a count up to a scrape
+            # interval old kept an idle engine from making way for a waiting model
+            # (bench_density). Idle engines are scraped once an interval, as before.
+            await asyncio.gather(*(probes.scrape(e) for e in busy))
         self.sleep_wake.steer()
         self._steer_adapters()
 

@@ -91,6 +91,11 @@ class TrafficMeter:
         while len(self._samples) > 2 and now - self._samples[1][0] >= self._window_s:
             self._samples.popleft()
 
+    @property
+    def busy(self) -> bool:
+        """The last scrape saw requests in it (running or queued)."""
+        return bool(self._samples) and sum(self._samples[-1][1].gauges.values()) > 0
+
     def traffic(self) -> EngineTraffic | None:
         """The figures, or None before two scrapes have been seen."""
         if len(self._samples) < 2:

@@ -99,8 +99,9 @@ class Explainer:
         """Take the declared adapters (name -> base); their workers (URL -> name)."""
         if adapters != self.adapters:
             self.adapters = dict(adapters)
-            for name in adapters:
-                self.reasons[slug(name)] = (name, _waking("loaded on no replica yet"))
+            for name in adapters:  # the controller's word on it (set_unserved) stands
+                if self.reasons.get(slug(name), (name, None))[1] is None:
+                    self.reasons[slug(name)] = (name, _waking("loaded on no replica yet"))
             self._tell()
         return {self.url_for(a): a for a in adapters}
 
@@ -238,6 +239,9 @@ class Explainer:
                         return answer
                     tried.add(url)  # it let go of the adapter: another, or wait
                     continue
+                _, why = self.reasons.get(slug(name), (name, None))
+                if why is not None and why.kind is UnservedKind.UNPLACEABLE:
+                    return self._answer(name, why)  # its files are nowhere: no load comes
                 if not holding:
                     if self.held[name] >= MAX_HELD:
                         return self._answer(name, _waking(f"{MAX_HELD} requests are held already"))

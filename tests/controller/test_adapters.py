@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from fleet_factories import report
+from fleet_factories import location, report
 from test_api import ADMIN, AGENT, ClientFactory, auth, tokens
 from test_steps import replica, snapshot
 
@@ -103,6 +103,21 @@ async def test_apply_list_and_delete_an_adapter(client: TestClient) -> None:
     assert view["loaded_on"] == [] and view["held"] == 0
     feed = await (await client.get("/v1/endpoints", headers=auth(ADMIN))).json()
     assert feed["adapters"] == {"sql": "chat"}
+    # Its files are on no node: never served, the gateways refuse its requests as a
+    # model's that cannot be placed (issue 33 item 1) ...
+    assert feed["unserved_reasons"]["sql"]["kind"] == "unplaceable", feed
+    assert "acme/sql is complete on no node" in feed["unserved_reasons"]["sql"]["message"]
+    # ... until a node has them whole.
+    found = {"name": "acme/sql", "path": "/models/acme/sql", "rank": 8}
+    storage = [{**location("/models", []), "adapters": [found]}]
+    resp = await client.post(
+        "/v1/agent/report",
+        data=report("gpu01", storage=storage).model_dump_json(),
+        headers=auth(AGENT),
+    )
+    assert resp.status == 200
+    feed = await (await client.get("/v1/endpoints", headers=auth(ADMIN))).json()
+    assert "sql" not in feed["unserved_reasons"], feed
     summary = await (await client.get("/v1/summary", headers=auth(ADMIN))).json()
     assert [a["spec"]["name"] for a in summary["adapters"]] == ["sql"]
     events = await client.get("/v1/events?for=adapter/sql", headers=auth(ADMIN))

@@ -345,3 +345,33 @@ async def test_a_template_stall_limit_wins_over_the_agents(
     await sup.apply([assignment(engine_args=["--load-seconds", "600"])], {})
     await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="the template's limit")
     assert sup.kills["start_stalled"] == 1
+
+
+async def test_a_busy_engine_is_scraped_each_tick_until_it_is_seen_empty(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    """The controller reads a replica's requests in flight from these scrapes too: a
+    count a whole scrape interval old (here 60 s) kept idle engines from making way
+    for a waiting model (bench_density). Once a scrape sees requests in an engine, it
+    is scraped every tick until one sees it empty."""
+    sup = make_supervisor(scrape_interval_s=60.0)
+    args = ["--load-seconds", "0", "--token-interval", "0.2"]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    (eng,) = sup.lifecycle.engines.values()
+    await sup.probes.scrape(eng)  # the interval's scrape (its first came before ready)
+    assert not eng.meter.busy
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{only(sup).port}/v1/completions"
+        asked = asyncio.create_task(s.post(url, json={"prompt": "hi", "max_tokens": 10}))
+        await asyncio.sleep(0.5)
+        await sup.probes.scrape(eng)  # as the scrape of the interval would, mid-request
+        assert eng.meter.busy
+        traffic = only(sup).traffic
+        assert traffic is not None and traffic.in_flight == 1
+        (await asked).release()
+    # Far within the 60-s interval: the ticks' scrapes see it empty.
+    await wait_for(
+        lambda: (t := only(sup).traffic) is not None and t.in_flight == 0, what="seen empty"
+    )
+    assert not eng.meter.busy

@@ -15,6 +15,7 @@ from llmgw.agent.fake_engine import FakeConfig, make_app
 from llmgw.agent.fake_lora import LoraConfig
 from llmgw.agent.sample_models import write_adapter
 from llmgw.gateway.explain import Explainer
+from llmgw.wire import Unserved, UnservedKind
 
 LORA = FakeConfig(
     model="base",
@@ -122,5 +123,25 @@ async def test_an_engine_that_let_go_is_not_asked_again(
             for _ in range(3):
                 r = await http.post(f"{url}/v1/completions", json={"model": "sql", "prompt": "x"})
                 assert r.status_code == 200 and r.json()["model"] == "sql"
+    finally:
+        await e.stop()
+
+
+async def test_an_adapter_whose_files_are_nowhere_gets_the_unplaceable_503_at_once() -> None:
+    """Issue 33 item 1: declared, but complete on no node's storage: never served, so
+    its requests get the 503 of a model that cannot be placed, not a wait."""
+    e = Explainer(wake_timeout_s=30)
+    await e.start()
+    try:
+        why = Unserved(kind=UnservedKind.UNPLACEABLE, message="adapter sql: acme/sql is nowhere")
+        e.set_unserved({"sql": why})
+        (url,) = e.set_adapters({"sql": "base"})
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.post(f"{url}/v1/completions", json={"model": "sql", "prompt": "x"})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "model_unplaceable"
+        assert "acme/sql is nowhere" in r.json()["error"]["message"]
+        assert r.headers["x-should-retry"] == "false"
+        assert e.held == {}, "never held"
     finally:
         await e.stop()

@@ -176,7 +176,30 @@ def _retrying(fleet: Facts, model: str) -> bool:
 
 
 def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
-    """Each declared model with no serving endpoint, and why."""
+    """Each declared model with no serving endpoint, and why; and each adapter whose
+    files no node holds complete (never served: its requests get the 503 of a model
+    that cannot be placed, not a wait for a load that cannot happen)."""
+    out = _adapters_nowhere(fleet)
+    out.update(_models_unserved(fleet, now))
+    return out
+
+
+def _adapters_nowhere(fleet: Facts) -> dict[str, Unserved]:
+    if not fleet.adapters:
+        return {}
+    found = set().union(*(entry.digest.adapters for entry in fleet.nodes.values()))
+    return {
+        name: Unserved(
+            kind=UnservedKind.UNPLACEABLE,
+            message=f"adapter {name}: {spec.source} is complete on no node's storage "
+            "(adapter_config.json naming a LoRA, and its weights whole)",
+        )
+        for name, spec in fleet.adapters.items()
+        if spec.source not in found
+    }
+
+
+def _models_unserved(fleet: Facts, now: float) -> dict[str, Unserved]:
     serving: set[str] = set()
     for rec in fleet.records.values():
         if rec.model not in serving:
