@@ -105,6 +105,7 @@ class ConsoleApp(App[None]):
         self.watched_node: str | None = None
         self.models_open = False
         self.usage_window: str | None = None  # the usage view's window while it is open
+        self._usage_window_last = USAGE_WINDOWS[1]  # opened again, it shows the last one chosen
         self.polls = 0  # completed fetch cycles (tests wait on it)
         self._timer: Timer | None = None
         self._polling = False
@@ -360,13 +361,13 @@ class ConsoleApp(App[None]):
     def on_usage_wanted(self, message: UsageWanted) -> None:
         if isinstance(self.screen, UsageScreen):
             return
-        self.usage_window = self.usage_window or USAGE_WINDOWS[1]
+        self.usage_window = self._usage_window_last
         self.push_screen(UsageScreen(self.usage_window), lambda _: self._close_usage())
         self.poll_now()
 
     def on_usage_window_chosen(self, message: UsageWindowChosen) -> None:
         if self.usage_window is not None and message.window != self.usage_window:
-            self.usage_window = message.window
+            self.usage_window = self._usage_window_last = message.window
             self.poll_now()
 
     def _close_usage(self) -> None:

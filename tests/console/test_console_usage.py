@@ -208,6 +208,9 @@ async def test_usage_sorts_filters_and_switches_its_window(
         before = len(usage_asked(faults))
         await repoll(pilot)
         assert len(usage_asked(faults)) == before  # closed: no longer fetched
+        await usage_open(pilot)  # opened again: the window last chosen
+        assert usage_asked(faults)[-1].startswith("since=7d")
+        assert "[7d]" in str(pilot.app.screen.query_one("#usage-pane").border_title)
 
 
 async def test_a_controller_without_usage_says_so_and_the_console_goes_on(
@@ -235,11 +238,11 @@ async def test_a_failed_fetch_keeps_the_rows_and_says_why(
 ) -> None:
     async with make_app().run_test(size=(120, 40)) as pilot:
         table = await usage_open(pilot)
-        faults.path_errors["/v1/usage"] = 503
+        faults.path_errors["/v1/usage"] = 500
         await repoll(pilot)
         assert len(table.shown) == 5
         subtitle = str(pilot.app.screen.query_one("#usage-pane").border_subtitle)
-        assert "not updated: 503" in subtitle
+        assert "not updated: 500" in subtitle
 
 
 async def test_usage_is_in_the_help_and_the_palette(make_app: MakeApp) -> None:
