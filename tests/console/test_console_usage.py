@@ -37,6 +37,8 @@ from llmgw.present import adapter_words
 from llmgw.wire import AdapterFound, AdapterSpec, AdapterView, NodeReport, UsageRow
 
 MakeApp = Callable[..., ConsoleApp]
+# One worker runs the module (`--dist loadgroup`): the fleet is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("console-usage")
 
 SQL, FRENCH, SUMMARIZE = "sql-lora", "chat-fr", "summarize"
 ADAPTERS = [
