@@ -82,7 +82,7 @@ class EventFeed:
 
 
 class ViewsModel(ConsoleModel, Protocol):
-    """The app as the models and events screens see it."""
+    """The app as the models, usage and events screens see it."""
 
     models_view: ModelsView | None
     usage_view: UsageView | None
