@@ -118,6 +118,13 @@ async def test_apply_list_and_delete_an_adapter(client: TestClient) -> None:
     assert resp.status == 200
     feed = await (await client.get("/v1/endpoints", headers=auth(ADMIN))).json()
     assert "sql" not in feed["unserved_reasons"], feed
+    # One given by a path is the engine's to find (vLLM's lora_path): not judged here.
+    by_path = adapter("raw").model_copy(update={"source": "/srv/loras/raw"})
+    resp = await client.post("/v1/models", json=_body([BASE], [by_path]), headers=auth(ADMIN))
+    assert resp.status == 200, await resp.text()
+    feed = await (await client.get("/v1/endpoints", headers=auth(ADMIN))).json()
+    assert "raw" not in feed["unserved_reasons"], feed
+    assert (await client.delete("/v1/models/raw", headers=auth(ADMIN))).status == 204
     summary = await (await client.get("/v1/summary", headers=auth(ADMIN))).json()
     assert [a["spec"]["name"] for a in summary["adapters"]] == ["sql"]
     events = await client.get("/v1/events?for=adapter/sql", headers=auth(ADMIN))

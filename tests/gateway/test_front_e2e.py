@@ -190,11 +190,14 @@ def test_held_requests_whose_clients_left_are_dropped(cluster: Cluster) -> None:
         timeout=60,
         what="the woken replica in routing",
     )
-    gw.wait_serving("nap")  # one request of ours, sent once it serves
+    # One request of ours, sent once (wait_serving would send again after a slow
+    # answer, and the engine would count both).
+    ours = httpx.post(url, json=body, timeout=90)
+    assert ours.status_code == 200, ours.text
 
     def sent() -> float:
         text = httpx.get(f"{replica['url']}/metrics", timeout=5).text
         sample = parse_engine_metrics(text)
         return sample.counters.get("vllm:request_success_total", 0.0) if sample else 0.0
 
-    assert sent() == 1, "only our own request reached the engine"
+    assert sent() == 1, f"only our own request reached the engine, not {sent():g}"

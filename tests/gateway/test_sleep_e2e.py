@@ -96,11 +96,14 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     assert "asleep: 1 replica(s) sleeping" in c.ctl("models")
     metrics = httpx.get(f"{c.url}/metrics", timeout=10).text
     assert 'llmgw_replicas{state="sleeping"} 1.0' in metrics
+    # Woken, it must not fall asleep again while it is looked at (1 s idle is soon, on a
+    # loaded machine): a longer idle time is not an engine change, nothing restarts.
+    c.apply([{**warm("nap"), "sleep_after_s": 600}])
 
     answers = [ask(gw, "nap") for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
     woken = the_replica(c, "nap")
-    assert woken["id"] == first["id"] and woken["state"] == "ready"
+    assert woken["id"] == first["id"] and woken["state"] == "ready", woken
     assert engine_pid(c, "gpu1") == pid, "woken, not restarted"
     wait_until(lambda: card_used_mib(c) == 16384, timeout=20, what="the memory held again")
     events = c.ctl("events")

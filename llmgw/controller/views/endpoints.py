@@ -177,8 +177,9 @@ def _retrying(fleet: Facts, model: str) -> bool:
 
 def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
     """Each declared model with no serving endpoint, and why; and each adapter whose
-    files no node holds complete (never served: its requests get the 503 of a model
-    that cannot be placed, not a wait for a load that cannot happen)."""
+    files no node's storage holds complete (never served: its requests get the 503 of
+    a model that cannot be placed, not a wait for a load that cannot happen). An
+    adapter given by an absolute path is not judged here: no agent scans a path."""
     out = _adapters_nowhere(fleet)
     out.update(_models_unserved(fleet, now))
     return out
@@ -195,7 +196,8 @@ def _adapters_nowhere(fleet: Facts) -> dict[str, Unserved]:
             "(adapter_config.json naming a LoRA, and its weights whole)",
         )
         for name, spec in fleet.adapters.items()
-        if spec.source not in found
+        # A path is handed to the engine as it is (nothing scans it): its load says.
+        if spec.source not in found and not spec.source.startswith("/")
     }
 
 
