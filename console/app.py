@@ -28,12 +28,17 @@ from llmgw.api import healthz
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
 from llmgw.console.commands import ADMIN_ACTIONS, AdminRequested
 from llmgw.console.feeds import (
+    USAGE_WINDOWS,
     EventFeed,
     EventsWanted,
     ModelsView,
     ModelsWanted,
+    UsageView,
+    UsageWanted,
+    UsageWindowChosen,
     fetch_events,
     fetch_models,
+    fetch_usage,
 )
 from llmgw.console.keys import KeyPipeline
 from llmgw.console.screens.actions import AdminActions
@@ -42,6 +47,7 @@ from llmgw.console.screens.events import EventsScreen
 from llmgw.console.screens.main import AdminMainScreen, MainScreen
 from llmgw.console.screens.modals import DrainModal
 from llmgw.console.screens.models import ModelsScreen
+from llmgw.console.screens.usage import UsageScreen
 from llmgw.console.state import Connection, FleetView, Link, NodeView, backoff, error_words
 from llmgw.console.textual_private import keep_pastes_in_order
 from llmgw.console.widgets.nodes import NodesTable
@@ -68,6 +74,7 @@ class ConsoleApp(App[None]):
     # Fetched while their screen is open (console/feeds.py). The feed is patched
     # in place by each fetch and assigned again: always_update wakes the screen.
     models_view: var[ModelsView | None] = var(None)
+    usage_view: var[UsageView | None] = var(None)
     event_feed: var[EventFeed | None] = var(None, always_update=True)
     # No admin keys: --readonly, or a token that may only read (GET /v1/whoami).
     # Admin keys stay off until the controller has said the token may use them.
@@ -97,6 +104,8 @@ class ConsoleApp(App[None]):
         self.clock = clock
         self.watched_node: str | None = None
         self.models_open = False
+        self.usage_window: str | None = None  # the usage view's window while it is open
+        self._usage_window_last = USAGE_WINDOWS[1]  # opened again, it shows the last one chosen
         self.polls = 0  # completed fetch cycles (tests wait on it)
         self._timer: Timer | None = None
         self._polling = False
@@ -266,9 +275,13 @@ class ConsoleApp(App[None]):
         if self.watched_node is not None:
             await self._fetch_node(self.watched_node)
         if self.models_open:
-            view = await fetch_models(self.client, self.models_view)
+            view = await fetch_models(self.client, self.models_view, summary.adapters)
             if self.models_open:  # the screen may have closed meanwhile
                 self.models_view = view
+        if (window := self.usage_window) is not None:
+            usage = await fetch_usage(self.client, window, self.usage_view)
+            if self.usage_window == window:  # closed or switched meanwhile: not these rows
+                self.usage_view = usage
         if (feed := self.event_feed) is not None:
             await fetch_events(self.client, feed)
             if self.event_feed is feed:
@@ -345,6 +358,22 @@ class ConsoleApp(App[None]):
         self.models_open = False
         self.models_view = None
 
+    def on_usage_wanted(self, message: UsageWanted) -> None:
+        if isinstance(self.screen, UsageScreen):
+            return
+        self.usage_window = self._usage_window_last
+        self.push_screen(UsageScreen(self.usage_window), lambda _: self._close_usage())
+        self.poll_now()
+
+    def on_usage_window_chosen(self, message: UsageWindowChosen) -> None:
+        if self.usage_window is not None and message.window != self.usage_window:
+            self.usage_window = self._usage_window_last = message.window
+            self.poll_now()
+
+    def _close_usage(self) -> None:
+        self.usage_window = None
+        self.usage_view = None
+
     def on_events_wanted(self, message: EventsWanted) -> None:
         if isinstance(self.screen, EventsScreen):
             return  # one events view at a time: its feed is the one fetched
@@ -375,6 +404,16 @@ class ConsoleApp(App[None]):
             )
             yield SystemCommand(
                 "Events", "What the controller decided by itself", screen.action_events
+            )
+            yield SystemCommand(
+                "Usage", "Requests and tokens per tenant and model", screen.action_usage
+            )
+        if isinstance(screen, UsageScreen):
+            yield SystemCommand(
+                "Filter usage", "Show only rows matching words", screen.action_filter
+            )
+            yield SystemCommand(
+                "Usage window", "Switch between the last 1h, 24h and 7d", screen.action_window
             )
         if isinstance(screen, NodeDetailScreen):
             yield SystemCommand(

@@ -1,4 +1,4 @@
-"""What the models and events views show, fetched by the app's poll loop while
+"""What the models, usage and events views show, fetched by the app's poll loop while
 their screen is open (screens do no I/O and never import the app), and the
 messages a screen posts to open one.
 
@@ -12,6 +12,7 @@ drops its oldest lines: a console left open for a week stays the same size.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,17 +21,33 @@ from textual.message import Message
 
 from llmgw.client import AdminClient, ControllerError, ControllerUnreachable, describe
 from llmgw.console.state import ConsoleModel
-from llmgw.wire import EventList, EventView, ModelView
+from llmgw.wire import AdapterView, EventList, EventView, ModelView, UsageRow
 
 MAX_EVENTS = 1000
+# The usage view's windows (`w` steps through them), as `ctl usage --since` takes them.
+USAGE_WINDOWS = ("1h", "24h", "7d")
 
 
 @dataclass(frozen=True, eq=False)
 class ModelsView:
-    """The last answer to `GET /v1/models`; on a failed fetch, the one before with why."""
+    """The last answer to `GET /v1/models`; on a failed fetch, the one before with why.
+    `adapters`: the fleet summary's (`GET /v1/summary` carries every adapter's view),
+    listed under their base."""
 
     models: tuple[ModelView, ...]
     error: str | None = None
+    adapters: tuple[AdapterView, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class UsageView:
+    """The last answer to `GET /v1/usage?since=WINDOW&by=tenant,model`. `window`: what
+    the rows count; on a failed fetch they stay, with why. `loaded`: an answer came."""
+
+    window: str
+    rows: tuple[UsageRow, ...] = ()
+    error: str | None = None
+    loaded: bool = False
 
 
 class EventFeed:
@@ -65,14 +82,27 @@ class EventFeed:
 
 
 class ViewsModel(ConsoleModel, Protocol):
-    """The app as the models and events screens see it."""
+    """The app as the models, usage and events screens see it."""
 
     models_view: ModelsView | None
+    usage_view: UsageView | None
     event_feed: EventFeed | None
 
 
 class ModelsWanted(Message):
     """Open the models view (the app fetches models while it is open)."""
+
+
+class UsageWanted(Message):
+    """Open the usage view (the app fetches usage while it is open)."""
+
+
+class UsageWindowChosen(Message):
+    """The usage view asks for another window (`1h`, `24h`, `7d`)."""
+
+    def __init__(self, window: str) -> None:
+        super().__init__()
+        self.window = window
 
 
 class EventsWanted(Message):
@@ -93,13 +123,26 @@ def _why(exc: Exception, what: str) -> str:
     return describe(exc)
 
 
-async def fetch_models(client: AdminClient, old: ModelsView | None) -> ModelsView:
+async def fetch_models(
+    client: AdminClient, old: ModelsView | None, adapters: Sequence[AdapterView] = ()
+) -> ModelsView:
     """Never raises for a failed request: the last models stay, with why."""
+    adapters = tuple(sorted(adapters, key=lambda a: a.spec.name.lower()))
     try:
         models = await client.models()
     except (ControllerError, ControllerUnreachable, ValidationError) as exc:
-        return ModelsView(old.models if old else (), _why(exc, "models"))
-    return ModelsView(tuple(sorted(models, key=lambda m: m.spec.name.lower())))
+        return ModelsView(old.models if old else (), _why(exc, "models"), adapters)
+    return ModelsView(tuple(sorted(models, key=lambda m: m.spec.name.lower())), None, adapters)
+
+
+async def fetch_usage(client: AdminClient, window: str, old: UsageView | None) -> UsageView:
+    """Never raises for a failed request: the last rows stay (if of this window), with why."""
+    try:
+        report = await client.usage(window)
+    except (ControllerError, ControllerUnreachable, ValidationError) as exc:
+        kept = old if old is not None and old.window == window else UsageView(window)
+        return UsageView(window, kept.rows, _why(exc, "usage figures"), kept.loaded)
+    return UsageView(window, tuple(report.rows), None, True)
 
 
 async def fetch_events(client: AdminClient, feed: EventFeed) -> None:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         NodeRow,
         NodesDelta,
         ReplicaView,
+        UsageReport,
         WhoAmI,
     )
 
@@ -364,6 +365,12 @@ def revoke_client_key(key_id: str) -> Call[Any]:
 
 def usage(since: str, by: str) -> Call[dict[str, Any]]:
     return Call("GET", "/v1/usage", params={"since": since, "by": by})
+
+
+def usage_report(since: str, by: str = "tenant,model") -> Call[UsageReport]:
+    return Call(
+        "GET", "/v1/usage", params={"since": since, "by": by}, parse=_one("UsageReport"), typed=True
+    )
 
 
 def set_limit(body: dict[str, Any]) -> Call[dict[str, Any]]:

@@ -41,6 +41,7 @@ from llmgw.wire import (
     NodeRow,
     NodesDelta,
     ReplicaView,
+    UsageReport,
     WhoAmI,
 )
 
@@ -144,6 +145,10 @@ class AdminClient:
 
     async def gateways(self) -> list[GatewayView]:
         return await self.run(api.gateways())
+
+    async def usage(self, since: str, by: str = "tenant,model") -> UsageReport:
+        """Tokens and requests per tenant and model over the last `since` (`24h`)."""
+        return await self.run(api.usage_report(since, by))
 
     async def whoami(self) -> WhoAmI:
         """The token's name and role, so a front end offers only what it may do."""

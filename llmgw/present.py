@@ -256,6 +256,32 @@ def _model_words(m: Any) -> tuple[str, Meaning]:
     return "satisfied", Meaning.FINE
 
 
+def adapter_words(a: Any, *, failure: bool = True) -> tuple[str, Meaning]:
+    """A LoRA adapter's line (an `AdapterView`), for `ctl models` and the console:
+    where it is loaded and on its way, what it serves, when last used; `failure`:
+    and its last failed load (the console shows that in the detail instead)."""
+    loaded = len(a.loaded_on)
+    words = [f"adapter, loaded on {loaded}"]
+    if a.loading_on:
+        words.append(f"loading on {len(a.loading_on)}")
+    if a.held:
+        words.append(f"{a.held} held")
+    words.append(f"{a.in_flight} in flight, {a.requests} requests")
+    if a.last_used_s is not None:
+        words.append(f"last used {a.last_used_s:.0f}s ago")
+    if failure and a.last_failure:
+        words.append(f"last failure: {a.last_failure}")
+    if loaded:
+        meaning = Meaning.FINE
+    elif a.loading_on or a.held:
+        meaning = Meaning.STARTING  # asked for: on its way to a replica
+    elif a.last_failure:
+        meaning = Meaning.BROKEN
+    else:
+        meaning = Meaning.MUTED  # idle and unloaded, as it should be
+    return "; ".join(words), meaning
+
+
 # -- node state ------------------------------------------------------------------
 
 

@@ -528,17 +528,7 @@ def adapter_cells(a: Any, wide: bool) -> list[Cell | str]:
         cells += [Cell(str(len(a.loading_on)), key=len(a.loading_on)), Cell(""), Cell("")]
         cells += [Cell(""), Cell("")]
         cells.append(Cell(clean(a.spec.source)))
-    words = [f"adapter, loaded on {loaded}"]
-    if a.loading_on:
-        words.append(f"loading on {len(a.loading_on)}")
-    if a.held:
-        words.append(f"{a.held} held")
-    words.append(f"{a.in_flight} in flight, {a.requests} requests")
-    if a.last_used_s is not None:
-        words.append(f"last used {a.last_used_s:.0f}s ago")
-    if a.last_failure:
-        words.append(f"last failure: {a.last_failure}")
-    cells.append(clean("; ".join(words)))
+    cells.append(clean(present.adapter_words(a)[0]))
     return cells
 
 

@@ -10,7 +10,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer
 
-from llmgw.console.feeds import EventsWanted, ModelsWanted
+from llmgw.console.feeds import EventsWanted, ModelsWanted, UsageWanted
 from llmgw.console.screens.actions import ADMIN_BINDINGS, AdminActions, NodeScreen
 from llmgw.console.state import Connection, FleetView
 from llmgw.console.widgets.filter_box import FilterBox
@@ -47,9 +47,10 @@ class MainScreen(NodeScreen):
         ),
         Binding("escape", "clear", "Clear", show=False, priority=True),
         Binding("question_mark", "help", "Help", priority=True),
-        # Views of their own (console/screens/models.py, events.py), listed in the help.
+        # Views of their own (console/screens/models.py, events.py, usage.py), in the help.
         Binding("m", "models", "Models", show=False, priority=True),
         Binding("e", "events", "Events", show=False, priority=True),
+        Binding("t", "usage", "Usage", show=False, priority=True),
         # Under 34 rows the summary panes take turns (k9s switches views the same way).
         Binding("p", "next_panes", "Panes", priority=True),
     ]
@@ -255,6 +256,9 @@ class MainScreen(NodeScreen):
 
     def action_events(self) -> None:
         self.post_message(EventsWanted())
+
+    def action_usage(self) -> None:
+        self.post_message(UsageWanted())
 
     def action_open_detail(self) -> None:
         row = self.nodes_table.selected

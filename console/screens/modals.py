@@ -486,6 +486,7 @@ VIEW_KEYS = [
     ("/", "filter nodes (escape clears)"),
     ("m", "models: ready, rollouts, spread (e: its events)"),
     ("e", "events llmgw decided by itself (on a node: its own)"),
+    ("t", "usage per tenant and model (w: 1h, 24h, 7d)"),
     ("p", "next summary panes, under 34 rows (GPUs, fabrics, idle, traffic, weights)"),
     ("s / S", "sort by the next column (every column in turn) / reverse"),
     (

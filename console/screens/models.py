@@ -1,5 +1,6 @@
 """The models view (`m`): each declared model's replicas, rollout and spread, in
-the words `ctl models` uses. Read-only; Enter or `e` opens a model's events."""
+the words `ctl models` uses, and under each base its LoRA adapters (where loaded,
+in flight, requests, last used). Read-only; Enter or `e` opens the row's events."""
 
 from __future__ import annotations
 
@@ -21,8 +22,16 @@ from llmgw.console.state import Connection
 from llmgw.console.widgets.header import ConnectionBanner
 from llmgw.console.widgets.keyed_table import KeyedTable
 from llmgw.console.widgets.widths import fill_width
-from llmgw.present import STYLE, Meaning, all_on_one_node, model_words, one_line
-from llmgw.wire import ModelStarts, ModelView
+from llmgw.present import (
+    STYLE,
+    Meaning,
+    adapter_words,
+    all_on_one_node,
+    duration,
+    model_words,
+    one_line,
+)
+from llmgw.wire import AdapterView, ModelStarts, ModelView
 
 STATUS_MIN = 20  # narrower, the table scrolls sideways rather than cut every status
 MODEL_MIN = 18  # the model under the cursor is shown whole below the table
@@ -44,8 +53,19 @@ class ModelsTable(KeyedTable):
             # Names share their start (meta-llama/Llama-3.1-…): cut in the middle.
             self.add_column(title, key=key, cut_middle=key == "model")
 
-    def show(self, models: tuple[ModelView, ...]) -> None:
-        self.sync({m.spec.name: model_cells(m) for m in models})
+    def show(self, models: tuple[ModelView, ...], adapters: tuple[AdapterView, ...] = ()) -> None:
+        """Each model, and under it the adapters it is the base of (as `ctl models`)."""
+        by_base: dict[str, list[AdapterView]] = {}
+        for a in adapters:
+            by_base.setdefault(a.spec.base, []).append(a)
+        rows: dict[str, tuple[Text, ...]] = {}
+        for m in models:
+            rows[m.spec.name] = model_cells(m)
+            for a in by_base.pop(m.spec.name, ()):
+                rows[adapter_key(a.spec.name)] = adapter_cells(a)
+        for orphans in by_base.values():  # a base deleted meanwhile: still listed
+            rows.update((adapter_key(a.spec.name), adapter_cells(a)) for a in orphans)
+        self.sync(rows)
         self.fit()
 
     def on_resize(self) -> None:
@@ -77,6 +97,73 @@ def model_cells(m: ModelView) -> tuple[Text, ...]:
         nodes,
         styled(printable(words), STYLE[meaning]),
     )
+
+
+ADAPTER_KEY = "adapter "  # a space is in no model's name: an adapter's row key
+
+
+def adapter_key(name: str) -> str:
+    return ADAPTER_KEY + name
+
+
+def adapter_cells(a: AdapterView) -> tuple[Text, ...]:
+    """An adapter's row under its base: READY is how many replicas hold it, START
+    how many are loading it; STATUS says what it serves and when it was last used."""
+    loaded, loading = len(a.loaded_on), len(a.loading_on)
+    words, meaning = adapter_status(a)
+    return (
+        styled(f"  + {printable(a.spec.name)}"),
+        styled(loaded, STYLE[Meaning.FINE] if loaded else "dim"),
+        styled(loading, STYLE[Meaning.STARTING] if loading else "dim"),
+        styled("lora", "dim"),
+        styled("-", "dim"),
+        styled("-", "dim"),
+        styled(printable(words), STYLE[meaning]),
+    )
+
+
+def adapter_status(a: AdapterView) -> tuple[str, Meaning]:
+    """The STATUS cell: what READY and START do not say, most telling first (a cell
+    at 80 columns shows about 20 characters): a failed load, requests held for it,
+    in flight, requests, when last used. The detail below says it in `ctl`'s words."""
+    _, meaning = adapter_words(a)
+    parts = []
+    if a.last_failure and not a.loaded_on:
+        parts.append("load failed")
+    if a.held:
+        parts.append(f"{a.held} held")
+    parts.append(f"{a.in_flight} in flight")
+    parts.append(f"{a.requests} requests")
+    parts.append("never used" if a.last_used_s is None else f"used {duration(a.last_used_s)} ago")
+    return ", ".join(parts), meaning
+
+
+def adapter_text(a: AdapterView) -> Text:
+    """The adapter under the cursor: its base and source, the replicas holding it,
+    and its last failed load, whole."""
+    s = a.spec
+    words, meaning = adapter_words(a, failure=False)
+    text = Text()
+    text.append(printable(s.name), style="bold")
+    text.append(
+        f"  LoRA adapter of {printable(s.base)}  source {printable(s.source)}"
+        f"  complete on {a.nodes_with_files} node(s)",
+        style="dim",
+    )
+    text.append("\n" + printable(words), style=STYLE[meaning])
+    holders = []
+    if a.loaded_on:
+        holders.append("loaded on " + ", ".join(printable(r) for r in a.loaded_on))
+    if a.loading_on:
+        holders.append("loading on " + ", ".join(printable(r) for r in a.loading_on))
+    if holders:
+        text.append("\n" + "; ".join(holders), style="dim")
+    if a.last_failure:
+        text.append(
+            "\nlast failure: " + printable(a.last_failure.strip(), keep_lines=True),
+            style=STYLE[Meaning.BROKEN],
+        )
+    return text
 
 
 def desired_replicas(m: ModelView) -> int:
@@ -179,10 +266,13 @@ class ModelsScreen(Screen[Any]):
     def show_view(self, view: ModelsView | None) -> None:
         if view is None:
             return
-        self.query_one(ModelsTable).show(view.models)
+        self.query_one(ModelsTable).show(view.models, view.adapters)
         self._show_detail()
         short = sum(1 for m in view.models if not m.satisfied)
         parts = [f"{len(view.models)} models", f"{short} short" if short else "all satisfied"]
+        if view.adapters:
+            loaded = sum(1 for a in view.adapters if a.loaded_on)
+            parts.append(f"{len(view.adapters)} adapters, {loaded} loaded")
         if any(all_on_one_node(m) for m in view.models):
             parts.append("⚠ all on one node")
         if view.error:
@@ -197,23 +287,33 @@ class ModelsScreen(Screen[Any]):
         return self.query_one(ModelsTable).cursor_key
 
     def _show_detail(self) -> None:
-        view, name = self.model.models_view, self.selected()
-        found = next((m for m in view.models if m.spec.name == name), None) if view else None
-        text = model_text(found) if found is not None else Text("")
+        view, key = self.model.models_view, self.selected()
+        text: Text | None = None
+        if view is not None and key is not None and key.startswith(ADAPTER_KEY):
+            name = key.removeprefix(ADAPTER_KEY)
+            adapter = next((a for a in view.adapters if a.spec.name == name), None)
+            text = adapter_text(adapter) if adapter is not None else None
+        elif view is not None:
+            found = next((m for m in view.models if m.spec.name == key), None)
+            text = model_text(found) if found is not None else None
         if text != self._detail:
             self._detail = text
             detail = self.query_one("#model-detail", Static)
-            detail.update(text)
-            detail.set_class(found is not None, "-visible")
+            detail.update(text or Text(""))
+            detail.set_class(text is not None, "-visible")
 
     @on(KeyedTable.RowHighlighted, "#models")
     def _row_highlighted(self) -> None:
         self._show_detail()
 
     def action_events(self) -> None:
-        name = self.selected()
-        if name is not None:
-            self.post_message(EventsWanted(f"model/{name}"))
+        key = self.selected()
+        if key is None:
+            return
+        if key.startswith(ADAPTER_KEY):
+            self.post_message(EventsWanted(f"adapter/{key.removeprefix(ADAPTER_KEY)}"))
+        else:
+            self.post_message(EventsWanted(f"model/{key}"))
 
     @on(KeyedTable.RowSelected, "#models")
     def _row_selected(self) -> None:

@@ -36,11 +36,14 @@ from llmgw.controller.http.app import create_app
 from llmgw.controller.http.keys import METRICS, term_of
 from llmgw.controller.loop import placing
 from llmgw.wire import (
+    AdapterFailure,
+    AdapterSpec,
     EngineTraffic,
     ModelSpec,
     NodeReport,
     ReplicaReport,
     ReportReply,
+    ShardAssignment,
     ShardState,
 )
 
@@ -81,6 +84,7 @@ class Faults(httpx.AsyncBaseTransport):
         self.down = False  # connection refused
         self.crash = False  # a non-transport error below the client (a bug)
         self.status_error: int | None = None  # the controller answers this status
+        self.path_errors: dict[str, int] = {}  # path -> the status the controller answers
         self.delay_s = 0.0
 
     @property
@@ -100,6 +104,8 @@ class Faults(httpx.AsyncBaseTransport):
             raise RuntimeError("boom")
         if self.status_error:
             return httpx.Response(self.status_error, json={"error": "controller is restarting"})
+        if (status := self.path_errors.get(request.url.path)) is not None:
+            return httpx.Response(status, json={"error": f"no route {request.url.path}"})
         if self.target is not None:
             url = request.url.copy_with(host=self.target.host, port=self.target.port)
             request = httpx.Request(
@@ -351,6 +357,8 @@ class Agents:
         self.running: dict[str, list[ReplicaReport]] = {}
         self._idle = iter(IDLE_S * 10)
         self._busy = iter(BUSY * 20)
+        # Adapter loads the engines refuse: name -> (HTTP status, the engine's words).
+        self.refuse: dict[str, tuple[int, str]] = {}
 
     def report(self, *, skip: Sequence[str] = ()) -> None:
         for name, base in self.reports.items():
@@ -378,12 +386,29 @@ class Agents:
                             traffic=next(self._busy) if busy else None,
                         )
                     )
-            self.running[name] = kept
+            self.running[name] = [self._load_adapters(r, wanted[r.id]) for r in kept]
+
+    def _load_adapters(self, r: ReplicaReport, a: ShardAssignment) -> ReplicaReport:
+        """The engine holds what its assignment names at once, but what it refuses."""
+        if r.rank != 0 or not (a.adapters or r.adapters or r.adapter_failures):
+            return r
+        held = sorted(n for n in a.adapters if n not in self.refuse)
+        failed = [
+            AdapterFailure(name=n, status=self.refuse[n][0], message=self.refuse[n][1])
+            for n in sorted(a.adapters)
+            if n in self.refuse
+        ]
+        return r.model_copy(update={"adapters": held, "adapter_failures": failed})
 
 
-def fill_small(c: LiveController) -> Agents:
+def fill_small(
+    c: LiveController,
+    models: Sequence[ModelSpec] = SMALL_MODELS,
+    adapters: Sequence[AdapterSpec] = (),
+    reports: Sequence[NodeReport] | None = None,
+) -> Agents:
     """The console tests' fleet, built as an operator's would come to be."""
-    agents = Agents(c, small_reports())
+    agents = Agents(c, list(reports) if reports is not None else small_reports())
     agents.report()
     # gpu-a06's failed cards cordon it now, before the clock moves: the
     # cordon's time on screen must not depend on how busy the machine is.
@@ -397,7 +422,7 @@ def fill_small(c: LiveController) -> Agents:
     c.admin("carol", lambda a: a.cordon("gpu-b04", "PSU swap"))
     c.clock.advance(3600)
     agents.report()
-    c.admin("alice", lambda a: a.apply_models(SMALL_MODELS))
+    c.admin("alice", lambda a: a.apply_models(list(models), list(adapters) or None))
     for _ in range(3):  # assignments arrive, engines start and report ready
         c.settle()
         agents.report()
