@@ -20,7 +20,7 @@ import aiohttp
 
 from llmgw.wire import printable
 
-log = logging.getLogger("llmgw.agent.adapters")
+log = logging.getLogger(__name__)
 
 TIMEOUT_S = 120.0  # a load reads the adapter from disk
 RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
