@@ -25,7 +25,7 @@ from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.loop_memory import LoopMemory
 from llmgw.controller.loop.outcomes import record_transitions
 from llmgw.controller.loop.placing import record_from
-from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan, Started
+from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan, Scaling, Started
 from llmgw.controller.loop.rolling import roll
 from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
@@ -488,6 +488,22 @@ def room_fleet(b_in_flight: int = 0, **snap_fields: Any) -> FleetSnapshot:
 
 def making_room(plan: Plan) -> list[tuple[str, str | None]]:
     return [(a.model, a.how) for a in plan.of(MakingRoom)]
+
+
+def test_requests_held_for_an_adapter_wake_its_base_from_zero() -> None:
+    """Demand counts an adapter's held requests for its base, as the warm step does: a
+    base at zero is woken by its adapter's first request (issue 33 item 2: held as a
+    wake is, not left to the gateway's timeout)."""
+    sql = AdapterSpec(name="sql-lora", base="chat", source="acme/sql-lora")
+    base = SLEEPY.model_copy(update={"max_replicas": 1})
+    snap = replace(snapshot([], [base], gate=held("sql-lora", 2)), adapters={"sql-lora": sql})
+
+    [decided] = scale(snap, LoopMemory()).of(Scaling)
+
+    assert decided.decision.desired == 1 and decided.decision.changed == 1
+    mute = replace(snapshot([], [base], gate=held("other-lora", 2)), adapters={"sql-lora": sql})
+    [stays] = scale(mute, LoopMemory()).of(Scaling)
+    assert stays.decision.desired == 0
 
 
 def test_requests_held_for_a_model_with_no_room_put_an_idle_replica_to_sleep_at_once() -> None:

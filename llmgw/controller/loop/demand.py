@@ -35,7 +35,6 @@ def scale(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
     leaving replica is taken back when the count rises before it stopped."""
     plan = Planner(snap.records)
     gateways = snap.gateway_in_flight
-    held = snap.gate.held if snap.gate is not None else {}
     memory.autoscaler.forget(set(snap.models))
     plan.add(ForgetScaling(frozenset(snap.models)))
     for name, spec in sorted(snap.models.items()):
@@ -47,7 +46,7 @@ def scale(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
             in_flight,
             len(mine.standing),
             snap.now,
-            held=held.get(name, 0),
+            held=snap.held_for(name),  # an adapter's held requests wake its base too
             serving=len(ready),
         )
         before = snap.desired[name]

@@ -150,6 +150,16 @@ class FleetSnapshot:
         """`Facts.up_to_date`: a replica placed since the snapshot is."""
         return rec.id not in self.outdated
 
+    def held_for(self, model: str) -> int:
+        """Requests the gateways hold for `model`, those for its LoRA adapters included:
+        an adapter's request needs an awake replica of its base as much as the base's own."""
+        if self.gate is None:
+            return 0
+        held = self.gate.held
+        return held.get(model, 0) + sum(
+            held.get(name, 0) for name, a in self.adapters.items() if a.base == model
+        )
+
     def backing_off(self, model: str) -> bool:
         backoff = self.backoffs.get(model)
         return backoff is not None and self.wall < backoff.retry_at

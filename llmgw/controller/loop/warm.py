@@ -127,21 +127,10 @@ def _could_not_sleep(snap: FleetSnapshot, plan: Planner, mine: ModelReplicas) ->
         )
 
 
-def held_for(snap: FleetSnapshot, model: str) -> int:
-    """Requests the gateways hold for `model`, those for its LoRA adapters included:
-    an adapter's request needs an awake replica of its base as much as the base's own."""
-    if snap.gate is None:
-        return 0
-    held = snap.gate.held
-    return held.get(model, 0) + sum(
-        held.get(name, 0) for name, a in snap.adapters.items() if a.base == model
-    )
-
-
 def _wanted_awake(snap: FleetSnapshot, spec: ModelSpec, awake: list[ReplicaStatus]) -> int:
     """Awake replicas the model's requests ask for now: its requests in flight and
     held at the gateways over its target, and one for any held request."""
-    held = held_for(snap, spec.name)
+    held = snap.held_for(spec.name)
     in_flight = sum(s.in_flight(snap.gateway_in_flight) or 0 for s in awake) + held
     wanted = math.ceil(in_flight / spec.target_in_flight)
     return max(wanted, 1) if held else wanted
@@ -295,7 +284,7 @@ def _switchable(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
     spec = snap.models.get(rec.model)
     if status is None or spec is None or rec.state is not ReplicaState.READY:
         return False
-    held = held_for(snap, rec.model)
+    held = snap.held_for(rec.model)
     if held or status.in_flight(snap.gateway_in_flight) or rec.replaces is not None:
         return False
     if _can_sleep(snap, spec, status):
@@ -329,7 +318,7 @@ def _sleep(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelRepli
     """A ready replica nobody asked anything of for `sleep_after_s` sleeps."""
     after = spec.sleep_after_s
     assert after is not None
-    held = held_for(snap, spec.name)
+    held = snap.held_for(spec.name)
     if held:
         return
     for s in mine.standing:
@@ -365,12 +354,12 @@ def _make_room(snap: FleetSnapshot, plan: Planner) -> None:
         (
             spec
             for name, spec in snap.models.items()
-            if held_for(snap, name)
+            if snap.held_for(name)
             and not snap.replicas_of(name).standing
             and not any(r.model == name for r in plan.records.values())
             and not snap.backing_off(name)
         ),
-        key=lambda spec: (-spec.priority, -held_for(snap, spec.name), spec.name),
+        key=lambda spec: (-spec.priority, -snap.held_for(spec.name), spec.name),
     )
     claimed: set[str] = set()  # replicas going to sleep that one model counts on
     making = {}
