@@ -12,22 +12,21 @@ as a log reads: with the cursor on the last row the view follows new events
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 from rich.text import Text
-from textual import events, on
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Footer, Static
 
 from llmgw.common import printable
 from llmgw.console.feeds import EventFeed, ViewsModel
 from llmgw.console.format import styled
 from llmgw.console.screens.modals import HelpScreen
 from llmgw.console.state import Connection
-from llmgw.console.widgets.filter_box import FilterBox
+from llmgw.console.widgets.filter_box import FilterBox, FilteredScreen
 from llmgw.console.widgets.header import ConnectionBanner
 from llmgw.console.widgets.keyed_table import KeyedTable
 from llmgw.console.widgets.widths import fill_width
@@ -114,7 +113,7 @@ def event_text(e: EventView) -> Text:
     return text
 
 
-class EventsScreen(Screen[Any]):
+class EventsScreen(FilteredScreen):
     # Priority: acted on as the key is read (see console/keys.py); while the
     # filter box has focus check_action turns them off, so its letters stay text.
     BINDINGS = [
@@ -211,45 +210,13 @@ class EventsScreen(Screen[Any]):
     def _row_highlighted(self) -> None:
         self._show_detail()
 
-    # -- the filter box, its keys acted on in place (console/keys.py) ------------
-
-    def typing(self) -> bool:
-        return isinstance(self.focused, Input)
-
-    def action_filter(self) -> None:
-        self.query_one(FilterBox).open()
-
-    async def take_key(self, event: events.Key) -> bool:
-        if not self.typing():
-            return False
-        box = self.query_one(FilterBox)
-        if event.key == "escape":  # check_action leaves only `back` on: the box's first
-            box.clear()
-            return True
-        return await box.take_key(event)
-
-    def take_paste(self, text: str) -> bool:
-        if not self.typing():
-            return False
-        self.query_one(FilterBox).take_paste(text)
-        return True
+    # -- the filter box, its keys acted on in place (FilteredScreen) --------------
 
     def _filter_to(self, text: str) -> None:
         self.filter_text = text
         self.show_feed()
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not self.typing() or action == "back"  # the filter box has the keys
-
     # -- keys --------------------------------------------------------------------
-
-    def action_back(self) -> None:
-        """Escape: first the filter, then back to where the view was opened."""
-        box = self.query_one(FilterBox)
-        if box.shown:
-            box.clear()
-        else:
-            self.dismiss(None)  # the app's callback stops fetching events
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))

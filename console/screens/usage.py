@@ -10,19 +10,18 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from rich.text import Text
-from textual import events, on
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Footer, Static
 
 from llmgw.common import printable
 from llmgw.console.feeds import USAGE_WINDOWS, UsageView, UsageWindowChosen, ViewsModel
 from llmgw.console.format import styled
 from llmgw.console.screens.modals import HelpScreen
 from llmgw.console.state import Connection
-from llmgw.console.widgets.filter_box import FilterBox
+from llmgw.console.widgets.filter_box import FilterBox, FilteredScreen
 from llmgw.console.widgets.header import ConnectionBanner
 from llmgw.console.widgets.keyed_table import KeyedTable
 from llmgw.console.widgets.widths import fill_width
@@ -182,7 +181,7 @@ class UsageTable(KeyedTable):
         fill_width(self, rest="model", rest_min=MODEL_MIN, give="tenant", give_min=TENANT_MIN)
 
 
-class UsageScreen(Screen[Any]):
+class UsageScreen(FilteredScreen):
     # Priority: acted on as the key is read (see console/keys.py); while the filter
     # box has focus check_action turns them off, so its letters stay text.
     BINDINGS = [
@@ -282,35 +281,11 @@ class UsageScreen(Screen[Any]):
     def _row_highlighted(self) -> None:
         self._show_detail()
 
-    # -- the filter box, its keys acted on in place (console/keys.py) ------------
-
-    def typing(self) -> bool:
-        return isinstance(self.focused, Input)
-
-    def action_filter(self) -> None:
-        self.query_one(FilterBox).open()
-
-    async def take_key(self, event: events.Key) -> bool:
-        if not self.typing():
-            return False
-        box = self.query_one(FilterBox)
-        if event.key == "escape":  # check_action leaves only `back` on: the box's first
-            box.clear()
-            return True
-        return await box.take_key(event)
-
-    def take_paste(self, text: str) -> bool:
-        if not self.typing():
-            return False
-        self.query_one(FilterBox).take_paste(text)
-        return True
+    # -- the filter box, its keys acted on in place (FilteredScreen) --------------
 
     def _filter_to(self, text: str) -> None:
         self.filter_text = text
         self.show_view()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not self.typing() or action == "back"  # the filter box has the keys
 
     # -- keys --------------------------------------------------------------------
 
@@ -330,14 +305,6 @@ class UsageScreen(Screen[Any]):
         self.show_view()
         order = " reversed" if self.table.reverse else ""
         self.notify(f"Usage sorted by {sort.title}{order}", timeout=1.5)
-
-    def action_back(self) -> None:
-        """Escape: first the filter, then back to where the view was opened."""
-        box = self.query_one(FilterBox)
-        if box.shown:
-            box.clear()
-        else:
-            self.dismiss(None)  # the app's callback stops fetching usage
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.model.readonly, self.model.about))

@@ -1,4 +1,5 @@
-"""The `/` filter box of a listing screen, written once (nodes and events).
+"""The `/` filter box of a listing screen, written once (nodes, events, usage), and
+`FilteredScreen`, the keys of a listing screen whose box has them all while it types.
 
 Its keys are acted on in place (console/keys.py): the rows are filtered and
 focus is back on the table before the next key is read, so `/ gpu-a09 Enter c`
@@ -9,8 +10,10 @@ widget the keys go back to (`back_to`); the box keeps what it last applied.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from textual import events, on
+from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -78,3 +81,42 @@ class FilterBox(Input):
         self.remove_class("-active")
         self.screen.set_focus(self._back_to())
         self.apply()
+
+
+class FilteredScreen(Screen[Any]):
+    """A listing screen with a `FilterBox`: `/` opens it; while it has focus every key
+    is its (Escape clears it, Enter goes back to the table), only `back` stays on; the
+    first Escape outside it clears a filter, the next leaves the screen."""
+
+    def typing(self) -> bool:
+        return isinstance(self.focused, Input)
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBox).open()
+
+    async def take_key(self, event: events.Key) -> bool:
+        if not self.typing():
+            return False
+        box = self.query_one(FilterBox)
+        if event.key == "escape":  # check_action leaves only `back` on: the box's first
+            box.clear()
+            return True
+        return await box.take_key(event)
+
+    def take_paste(self, text: str) -> bool:
+        if not self.typing():
+            return False
+        self.query_one(FilterBox).take_paste(text)
+        return True
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not self.typing() or action == "back"  # the filter box has the keys
+
+    def action_back(self) -> None:
+        """Escape: first the filter, then back to where the view was opened (whose
+        callback stops fetching what this screen showed)."""
+        box = self.query_one(FilterBox)
+        if box.shown:
+            box.clear()
+        else:
+            self.dismiss(None)
