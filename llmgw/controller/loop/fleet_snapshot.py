@@ -153,12 +153,18 @@ class FleetSnapshot:
     def held_for(self, model: str) -> int:
         """Requests the gateways hold for `model`, those for its LoRA adapters included:
         an adapter's request needs an awake replica of its base as much as the base's own."""
-        if self.gate is None:
-            return 0
-        held = self.gate.held
-        return held.get(model, 0) + sum(
-            held.get(name, 0) for name, a in self.adapters.items() if a.base == model
-        )
+        return self._held_by_base.get(model, 0)
+
+    @cached_property
+    def _held_by_base(self) -> Mapping[str, int]:
+        """Held requests per model, an adapter's counted for its base (once a snapshot:
+        every step asks for every model)."""
+        out: dict[str, int] = {}
+        for name, n in (self.gate.held if self.gate is not None else {}).items():
+            adapter = self.adapters.get(name)
+            base = adapter.base if adapter is not None else name
+            out[base] = out.get(base, 0) + n
+        return out
 
     def backing_off(self, model: str) -> bool:
         backoff = self.backoffs.get(model)

@@ -350,14 +350,12 @@ def _make_room(snap: FleetSnapshot, plan: Planner) -> None:
     """Models with requests held and no replica at all, that do not fit: room is made
     by putting an idle awake replica to sleep now (one per such model per pass, the
     highest priority first), and each waits for room (`MakingRoom`) meanwhile."""
+    placed = {r.model for r in plan.records.values()}  # standing, or placed by this pass
     wanting = sorted(
         (
             spec
             for name, spec in snap.models.items()
-            if snap.held_for(name)
-            and not snap.replicas_of(name).standing
-            and not any(r.model == name for r in plan.records.values())
-            and not snap.backing_off(name)
+            if snap.held_for(name) and name not in placed and not snap.backing_off(name)
         ),
         key=lambda spec: (-spec.priority, -snap.held_for(spec.name), spec.name),
     )

@@ -11,8 +11,6 @@ from llmgw.controller.core.records import StartCount
 from llmgw.controller.store.base import StateStore
 from llmgw.wire import ModelStarts, StartKind
 
-Key = tuple[str, StartKind, int]  # model, kind, sleep level (0 but for hot)
-
 
 def key_words(kind: StartKind, level: int) -> str:
     """`hot-1`, `warm`: how `ModelStarts.last_s` names a kind (and level)."""
@@ -22,32 +20,33 @@ def key_words(kind: StartKind, level: int) -> str:
 class Starts:
     def __init__(self, store: StateStore) -> None:
         self._store = store
-        self._counts: dict[Key, StartCount] = {
-            (c.model, c.kind, c.level): c for c in store.starts()
-        }
+        # model -> (kind, level) -> its count: a model's view reads its own only.
+        self._counts: dict[str, dict[tuple[StartKind, int], StartCount]] = {}
+        for c in store.starts():
+            self._counts.setdefault(c.model, {})[c.kind, c.level] = c
 
     def count(
         self, model: str, kind: StartKind, level: int, seconds: float | None, *, at: float
     ) -> None:
         self._store.count_start(model, kind, level, seconds, at=at)
-        key = (model, kind, level)
-        old = self._counts.get(key) or StartCount(model, kind, level, 0, None, None)
-        self._counts[key] = replace(old, count=old.count + 1, last_s=seconds, last_at=at)
+        mine = self._counts.setdefault(model, {})
+        old = mine.get((kind, level)) or StartCount(model, kind, level, 0, None, None)
+        mine[kind, level] = replace(old, count=old.count + 1, last_s=seconds, last_at=at)
 
     def forget(self, model: str) -> None:
         """A deleted model's counts (the store drops them with it)."""
-        for key in [k for k in self._counts if k[0] == model]:
-            del self._counts[key]
+        self._counts.pop(model, None)
 
     def all(self) -> list[StartCount]:
-        return sorted(self._counts.values(), key=lambda c: (c.model, c.kind.value, c.level))
+        return sorted(
+            (c for mine in self._counts.values() for c in mine.values()),
+            key=lambda c: (c.model, c.kind.value, c.level),
+        )
 
     def of(self, model: str) -> ModelStarts:
-        by_kind = {kind: 0 for kind in StartKind}
+        by_kind = dict.fromkeys(StartKind, 0)
         last: dict[str, float] = {}
-        for (name, kind, level), c in sorted(self._counts.items()):
-            if name != model:
-                continue
+        for (kind, level), c in sorted(self._counts.get(model, {}).items()):
             by_kind[kind] += c.count
             if c.last_s is not None:
                 last[key_words(kind, level)] = round(c.last_s, 2)

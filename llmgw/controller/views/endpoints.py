@@ -186,9 +186,12 @@ def unserved_reasons(fleet: Facts, now: float) -> dict[str, Unserved]:
 
 
 def _adapters_nowhere(fleet: Facts) -> dict[str, Unserved]:
-    if not fleet.adapters:
-        return {}
-    found = set().union(*(entry.digest.adapters for entry in fleet.nodes.values()))
+    # A path is handed to the engine as it is (nothing scans it): its load says.
+    missing = {s.source for s in fleet.adapters.values() if not s.source.startswith("/")}
+    for entry in fleet.nodes.values():  # on every answer of the feed: stop once all found
+        if not missing:
+            return {}
+        missing -= entry.digest.adapters
     return {
         name: Unserved(
             kind=UnservedKind.UNPLACEABLE,
@@ -196,8 +199,7 @@ def _adapters_nowhere(fleet: Facts) -> dict[str, Unserved]:
             "(adapter_config.json naming a LoRA, and its weights whole)",
         )
         for name, spec in fleet.adapters.items()
-        # A path is handed to the engine as it is (nothing scans it): its load says.
-        if spec.source not in found and not spec.source.startswith("/")
+        if spec.source in missing
     }
 
 
