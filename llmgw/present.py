@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time states are compared as words (they are StrEnums):
     # `ctl` renders through this module and must not pay for pydantic's import.
+    from collections.abc import Mapping
     from datetime import datetime
 
     from llmgw.wire import NodeRow
@@ -114,6 +115,13 @@ def latency(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def last_wakes(last_s: Mapping[str, float]) -> str:
+    """`L1 0.6s, L2 2.4s`: the last wake per sleep level (`ModelStarts.last_s`'s `hot-N`
+    keys), as `ctl models -o wide` and the console's model detail say it; "" for none."""
+    wakes = sorted((k.removeprefix("hot-"), v) for k, v in last_s.items() if k.startswith("hot-"))
+    return ", ".join(f"L{level} {v:.1f}s" for level, v in wakes)
 
 
 def one_line(text: str) -> str:

@@ -514,9 +514,9 @@ def start_cells(starts: ModelStarts) -> list[Cell]:
     node (warm) or not (cold); and the last wake's time per sleep level."""
     total = starts.hot + starts.warm + starts.cold
     counts = Cell(f"{starts.hot}/{starts.warm}/{starts.cold}", key=total)
-    wakes = sorted((k, v) for k, v in starts.last_s.items() if k.startswith("hot-"))
-    last = ", ".join(f"L{k.removeprefix('hot-')} {v:.1f}s" for k, v in wakes)
-    return [counts, Cell(last or "-", key=min((v for _, v in wakes), default=-1.0))]
+    wakes = [v for k, v in starts.last_s.items() if k.startswith("hot-")]
+    last = present.last_wakes(starts.last_s) or "-"
+    return [counts, Cell(last, key=min(wakes, default=-1.0))]
 
 
 def adapter_cells(a: Any, wide: bool) -> list[Cell | str]:

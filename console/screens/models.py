@@ -28,6 +28,7 @@ from llmgw.present import (
     adapter_words,
     all_on_one_node,
     duration,
+    last_wakes,
     model_words,
     one_line,
 )
@@ -223,9 +224,7 @@ def start_words(starts: ModelStarts) -> str:
     if not starts.hot + starts.warm + starts.cold:
         return ""
     last = starts.last_s
-    wakes = ", ".join(
-        f"L{k.removeprefix('hot-')} {v:.1f}s" for k, v in sorted(last.items()) if k[:4] == "hot-"
-    )
+    wakes = last_wakes(last)
     parts = [f"{starts.hot} woken" + (f" (last {wakes})" if wakes else "")] if starts.hot else []
     for kind, count in (("warm", starts.warm), ("cold", starts.cold)):
         took = last.get(kind)
