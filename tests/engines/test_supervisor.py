@@ -407,3 +407,19 @@ async def test_an_engine_asks_for_its_replicas_key_which_only_its_environment_ho
     await second.apply([a], {})
     assert pid_of(second) == pid  # the same assignment, key and all: not restarted
     await wait_for(lambda: only(second).idle_seconds is not None, what="scrape after adoption")
+
+
+async def test_an_engine_that_exits_0_unasked_is_failed_with_the_cause_it_printed(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    """vLLM exits 0 after its engine core dies (issue 36, loose ends): an exit nobody
+    asked for is a failure whatever its code, and the cause is what it printed."""
+    sup = make_supervisor()
+    args = ["--load-seconds", "0", "--fail-after", "0.8", "--exit-code", "0"]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready first")
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="failed")
+    rep = only(sup)
+    assert rep.exit_code == 0 and rep.error is not None
+    first = rep.error.splitlines()[0]
+    assert first.startswith("engine exited with code 0: ") and "simulated failure" in first
