@@ -127,3 +127,16 @@ async def test_only_a_gateway_token_reads_engine_keys(
     for path in ("/v1/models", "/v1/events", "/v1/summary", "/metrics"):
         status, body = await get(path, ADMIN)
         assert status == 200 and key not in body, path
+
+
+async def test_engine_args_may_not_give_an_api_key(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    """A key on the command line would override the replica's (the gateways' would be
+    refused) and be readable by every local user: refused, nothing stored."""
+    client: TestClient = await aiohttp_client(create_app(ControllerSettings(state_dir=tmp_path)))
+    for args in (["--api-key", "x"], ["--api-key=x"]):
+        spec = {"name": "m", "source": "org/m", "engine_args": args}
+        resp = await client.post("/v1/models", json={"models": [spec]})
+        assert resp.status == 400 and "--api-key" in (await resp.json())["error"], args
+    assert await (await client.get("/v1/models")).json() == []
