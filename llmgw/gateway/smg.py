@@ -218,8 +218,10 @@ class Smg:
             if asked is not None and asked[0] == key and now - asked[1] < ASK_AGAIN_S:
                 continue  # on its way in
             self._leaving.pop(url, None)
-            await self._add(url, key)
+            # Noted before it is sent: an answer lost after SMG took it must not make
+            # the worker look like someone else's (and be removed) on the next pass.
             self._asked[url] = (key, now)
+            await self._add(url, key)
         for w in listed:
             if w.url not in self._wanted and w.url in self._ours:
                 await self._leave(w, now)
