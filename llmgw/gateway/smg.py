@@ -58,8 +58,13 @@ BACKOFF_CAP_S = 10.0
 OURS_FOR_S = 120.0  # a URL left the wanted set this recently: SMG may still list it
 CONVERGE_EVERY_S = 1.0  # SMG's workers compared with the wanted set at least this often
 # A worker asked for and not listed yet is asked again after this long (SMG drops a
-# registration that fails: an engine not answering yet); one asked to leave, too.
+# registration that fails: an engine not answering yet).
 ASK_AGAIN_S = 3.0
+# One asked to leave and still listed this long after is asked again. Not sooner: SMG
+# keeps a removed worker about 5 s (its drain settle) while what it sent there ends,
+# and a second DELETE in that time drops it at once (measured, smg 1.13: 1.0 s after
+# the first with a second at 1 s, 5.0 s with one).
+LEAVE_AGAIN_S = 30.0
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -213,8 +218,6 @@ class Smg:
                 if asked is None or asked[0] != key:  # not ours as it is: in again anew
                     await self._leave(present, now)
                 continue
-            if url in self._leaving and now - self._leaving[url] < ASK_AGAIN_S:
-                continue  # its removal under way: SMG would refuse it as a duplicate
             if asked is not None and asked[0] == key and now - asked[1] < ASK_AGAIN_S:
                 continue  # on its way in
             self._leaving.pop(url, None)
@@ -237,7 +240,7 @@ class Smg:
                 r.raise_for_status()
 
     async def _leave(self, worker: Worker, now: float) -> None:
-        if now - self._leaving.get(worker.url, -math.inf) < ASK_AGAIN_S:
+        if now - self._leaving.get(worker.url, -math.inf) < LEAVE_AGAIN_S:
             return
         self._leaving[worker.url] = now
         self._asked.pop(worker.url, None)

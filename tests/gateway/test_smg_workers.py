@@ -31,6 +31,7 @@ class FakeSmg:
         self.posts: list[dict[str, Any]] = []
         self.deletes: list[str] = []
         self.auth: set[str] = set()
+        self.settle = False  # keep a removed worker listed (SMG's drain settle)
         self._ids = itertools.count(1)
 
     def app(self) -> web.Application:
@@ -53,7 +54,10 @@ class FakeSmg:
         return web.json_response({"status": "accepted"}, status=202)
 
     async def remove(self, request: web.Request) -> web.Response:
-        self.deletes.append(self.workers.pop(request.match_info["id"])["url"])
+        wid = request.match_info["id"]
+        self.deletes.append(self.workers[wid]["url"])
+        if not self.settle:
+            del self.workers[wid]
         return web.json_response({"status": "accepted"}, status=202)
 
 
@@ -62,6 +66,7 @@ async def fake(
     aiohttp_server: AiohttpServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[FakeSmg, Smg]]:
     monkeypatch.setattr(smg_module, "ASK_AGAIN_S", 0.0)
+    monkeypatch.setattr(smg_module, "LEAVE_AGAIN_S", 0.0)
     fake = FakeSmg()
     server = await aiohttp_server(fake.app())
     smg = Smg(SmgOptions(host="127.0.0.1", port=server.port, policy="x", keys=[], workdir=tmp_path))
@@ -151,3 +156,19 @@ async def test_the_follower_gives_smg_and_its_explainer_each_engines_key() -> No
 
     f._take(EndpointsDelta.build(cursor="c1", full=True, endpoints=[ep], removed=[], unserved={}))
     assert f.explainer._keys == {ep.url: "key-r1"}
+
+
+async def test_a_worker_settling_out_is_not_asked_to_leave_again(
+    fake: tuple[FakeSmg, Smg], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SMG keeps a removed worker listed about 5 s while its requests end; a second
+    DELETE then would drop it at once (smg 1.13), so none is sent before LEAVE_AGAIN_S."""
+    monkeypatch.setattr(smg_module, "LEAVE_AGAIN_S", 30.0)
+    api, smg = fake
+    smg.write_workers({"http://10.0.0.1:8000": "key-a"})
+    await smg.converge()
+    api.settle = True
+    smg.write_workers({})
+    for _ in range(3):
+        await smg.converge()
+    assert api.deletes == ["http://10.0.0.1:8000"]

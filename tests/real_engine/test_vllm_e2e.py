@@ -265,6 +265,14 @@ def test_1_replica_turns_ready_on_a_pinned_core(walk: Walk) -> None:
     on = {name: os.sched_getaffinity(pid) for name, pid in {**pids, "leader": leader}.items()}
     assert on == dict.fromkeys(on, core), on
     walk.gw.wait_serving(MODEL)
+    # Its replica's key (issue 36): in its environment, on no command line; vLLM itself
+    # refuses its API without it, and serves the gateway, which SMG gives it to.
+    (ep,) = walk.c.get("/v1/endpoints")["endpoints"]
+    key = ep["engine_key"]
+    assert environ_of(leader)["VLLM_API_KEY"] == key and key.encode() not in b"".join(argv)
+    assert httpx.get(f"{ep['url']}/v1/models", timeout=10).status_code == 401
+    own = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{ep['url']}/v1/models", headers=own, timeout=10).status_code == 200
 
 
 @pytest.mark.timeout(120)
