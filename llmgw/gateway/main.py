@@ -105,9 +105,7 @@ def parser() -> argparse.ArgumentParser:
         "requests as demand (default: SMG's own bound, 1024 per core, at least 4096)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
-    p.add_argument(
-        "--work-dir", type=Path, help="SMG's worker manifest and log (default: a temp dir)"
-    )
+    p.add_argument("--work-dir", type=Path, help="SMG's log and secrets file (default: a temp dir)")
     p.add_argument("--log-level", default="info", help="default: info")
     return p
 

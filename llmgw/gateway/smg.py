@@ -49,7 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
-from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT
+from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT, printable
 
 log = logging.getLogger("llmgw.gateway.smg")
 
@@ -131,6 +131,7 @@ class Smg:
         # when its removal was asked. Both forgotten when SMG restarts.
         self._asked: dict[str, tuple[str | None, float]] = {}
         self._leaving: dict[str, float] = {}
+        self._refused: set[str] = set()  # URLs SMG refused to register (said once each)
         self._converge_now = asyncio.Event()
 
     @property
@@ -224,11 +225,21 @@ class Smg:
             # Noted before it is sent: an answer lost after SMG took it must not make
             # the worker look like someone else's (and be removed) on the next pass.
             self._asked[url] = (key, now)
-            await self._add(url, key)
+            try:
+                await self._add(url, key)
+            except aiohttp.ClientResponseError as exc:
+                if exc.status >= 500:
+                    raise
+                # Refused for itself (entries.py checks URLs first): the others go on;
+                # asked again after ASK_AGAIN_S, said once.
+                if url not in self._refused:
+                    self._refused.add(url)
+                    log.warning("SMG refused worker %s: %s", printable(url), exc.message)
         for w in listed:
             if w.url not in self._wanted and w.url in self._ours:
                 await self._leave(w, now)
         self._leaving = {u: t for u, t in self._leaving.items() if u in by_url}
+        self._refused &= self._wanted.keys()
 
     async def _add(self, url: str, key: str | None) -> None:
         body: dict[str, str] = {"url": url}

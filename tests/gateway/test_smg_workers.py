@@ -49,6 +49,8 @@ class FakeSmg:
         self.auth.add(request.headers.get("Authorization", ""))
         body = await request.json()
         self.posts.append(body)
+        if "bad" in body["url"]:
+            return web.json_response({"error": "invalid url"}, status=400)
         wid = f"w{next(self._ids)}"
         self.workers[wid] = {"id": wid, "url": body["url"], "is_healthy": True}
         return web.json_response({"status": "accepted"}, status=202)
@@ -172,3 +174,10 @@ async def test_a_worker_settling_out_is_not_asked_to_leave_again(
     for _ in range(3):
         await smg.converge()
     assert api.deletes == ["http://10.0.0.1:8000"]
+
+
+async def test_a_worker_smg_refuses_holds_up_no_other(fake: tuple[FakeSmg, Smg]) -> None:
+    api, smg = fake
+    smg.write_workers({"http://bad:1": "k0", "http://10.0.0.1:8000": "key-a"})
+    await smg.converge()
+    assert [w["url"] for w in api.workers.values()] == ["http://10.0.0.1:8000"]
