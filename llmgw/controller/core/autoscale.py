@@ -35,7 +35,8 @@ The rules (Kubernetes' HPA has the same shape: a short window up, a long one dow
 - `min_replicas: 0` with `max_replicas >= 1` sleeps at zero replicas once its
   last one has been unused that long, and wakes at its first request: the
   gateways hold requests for a model asleep and count them with the ones in
-  flight (`GatewayStatus.held`), so one held request asks for one replica.
+  flight (`GatewayStatus.held`, in `model_in_flight`), so one held request asks
+  for one replica.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ DOWN_AT = 0.9
 
 class Decision(NamedTuple):
     desired: int
-    in_flight: float  # the short (up) window's mean, held requests included
+    in_flight: float  # the short (up) window's mean of model_in_flight (held included)
     why: str  # `in flight 12, target 4 -> 3`; `waking for 4s: 2 held`; `asleep: ...`
     changed: int = 0  # +1 up, -1 down, 0 the same (an event when not 0)
     woke_at: float | None = None  # woken from zero and not serving yet: since when
@@ -111,8 +112,9 @@ class Autoscaler:
         serving: int = 0,
     ) -> Decision:
         """The desired count of `spec`'s replicas at `now` (monotonic), given the
-        requests in flight on its serving replicas, those the gateways hold for
-        it, how many replicas it has (`current`: live ones, used once, when the
+        requests in flight on its serving replicas and held for it
+        (`replicas.model_in_flight`), how many of those the gateways hold (`held`:
+        one wakes a model at zero), how many replicas it has (`current`: live ones, used once, when the
         model is first seen) and how many serve."""
         low, high = spec.min_replicas, spec.most_replicas
         if not spec.autoscaled:
@@ -122,7 +124,7 @@ class Autoscaler:
         if m is None:
             m = self._models[spec.name] = _Model(desired=min(max(current, low), high))
         m.desired = min(max(m.desired, low), high)  # the spec's bounds may have moved
-        m.samples.append((now, in_flight + held))
+        m.samples.append((now, in_flight))
         while m.samples[0][0] < now - self.down_window_s:
             m.samples.popleft()
         mean = _mean(m.samples, now - self.up_window_s)
