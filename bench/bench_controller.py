@@ -131,8 +131,14 @@ def serve_controller(
     import llmgw
 
     print(f"controller from {Path(llmgw.__file__).parent.parent}", file=sys.stderr)
-    from llmgw.controller.core.settings import ControllerSettings
-    from llmgw.controller.http.app import create_app
+    # The controller's modules moved into layers (issue 31 item 6); older checkouts
+    # have them flat.
+    try:
+        from llmgw.controller.core.settings import ControllerSettings
+        from llmgw.controller.http.app import create_app
+    except ImportError:
+        from llmgw.controller.app import create_app  # type: ignore[no-redef]
+        from llmgw.controller.settings import ControllerSettings  # type: ignore[no-redef]
     from llmgw.controller.main import tune_gc
 
     if stub_ingest:
@@ -200,7 +206,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def wait(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(200):
+        for _ in range(600):  # 30 s: a loaded machine's interpreter start
             try:
                 async with session.post(f"{self.url}/v1/agent/report", data=b"{}"):
                     return

@@ -33,6 +33,7 @@ from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.metering import Meter
 from llmgw.gateway.smg import Smg
+from llmgw.gateway.status_figures import StatusFigures
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
 from llmgw.wire import ClientKeysFeed, Endpoint, EndpointsDelta, Unserved, UsageAnswer, printable
 
@@ -93,6 +94,7 @@ class Follower:
         self.name = name
         self.smg = smg
         self.nudge = asyncio.Event()  # post the status now: a model was just woken
+        self.figures = StatusFigures()  # in flight and requests per replica: whole or changes
         self.explainer = Explainer(wake_timeout_s, on_hold=self.nudge.set, max_body=max_body)
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
@@ -445,8 +447,7 @@ class Follower:
             body: dict[str, object] = {
                 "name": self.name,
                 "cursor": cursor,
-                "in_flight": in_flight,
-                "requests": requests,
+                **self.figures.body(in_flight, requests),
                 "max_in_flight": self.smg.options.max_in_flight,
             }
             if self.entries.rejected:  # only when there are: older controllers refuse it
@@ -473,3 +474,5 @@ class Follower:
                 outage.failed(exc)
                 continue
             outage.ok()
+            if self.figures.answered(answer):
+                self.nudge.set()  # its changes were not taken: the whole figures, now

@@ -263,6 +263,10 @@ class EventReason(StrEnum):
     ADAPTER_LOADED = "AdapterLoaded"  # a replica's engine holds a LoRA adapter it was told to
     ADAPTER_UNLOADED = "AdapterUnloaded"  # told to let one go (idle, or room for another)
     ADAPTER_LOAD_FAILED = "AdapterLoadFailed"  # the engine refused a load: its words
+    # A replica that must stop stays in routing until the adapters only it serves load
+    # on another replica of its base; or it stopped without (the stop grace passed).
+    HANDING_OVER_ADAPTERS = "HandingOverAdapters"
+    ADAPTERS_NOT_HANDED_OVER = "AdaptersNotHandedOver"
     # A sleeping replica whose cards hold a busy awake engine: stopped, and its
     # model's requests served by a replica placed afresh (a cold or warm start)
     NO_ROOM_TO_WAKE = "NoRoomToWake"

@@ -10,6 +10,7 @@ from pydantic import (
     Field,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 from llmgw.wire.rules import Inbound, ModelName, Outbound, ReplicaId, text_field
@@ -255,6 +256,35 @@ class GatewayStatus(Inbound):
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # Changes only (sent once the controller's answer says it takes them): `in_flight`
+    # and `requests` then hold what changed since status `base` of the same `stream`
+    # (one per gateway run), and `gone` the replicas dropped from both. Without `base`
+    # they are whole; with `stream` and `seq` the controller keeps them as the base
+    # of the next. See GatewayStatusReply.
+    stream: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]{1,32}$")] | None = None
+    seq: Annotated[int, Field(ge=1, le=2**62)] | None = None
+    base: Annotated[int, Field(ge=1, le=2**62)] | None = None
+    gone: list[GatewayReplicaId] = Field(default_factory=list, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _changes_need_their_base(self) -> GatewayStatus:
+        if (self.stream is None) != (self.seq is None):
+            raise ValueError("`stream` and `seq` go together")
+        if self.base is not None and (self.seq is None or self.base >= self.seq):
+            raise ValueError("`base` needs a `stream` and a `seq` after it")
+        if self.gone and self.base is None:
+            raise ValueError("`gone` is for changes (with `base`)")
+        return self
+
+
+class GatewayStatusReply(Outbound):
+    """The controller's answer to a status. `deltas`: it takes changes only (a
+    controller before them answers 204, no body). `full`: it could not apply this
+    status's changes (it holds no status `base` of that stream: it restarted, took
+    over, or an answer was lost), so the next status carries the whole figures."""
+
+    deltas: bool = True
+    full: bool = False
 
 
 class GatewayView(Outbound):

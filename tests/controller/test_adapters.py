@@ -26,7 +26,15 @@ from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
 from llmgw.controller.loop.adapter_loads import plan_adapters
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
-from llmgw.controller.loop.plans import DropAdapter, HoldAdapter, ReleaseAdapter
+from llmgw.controller.loop.placing import stoppable
+from llmgw.controller.loop.plans import (
+    DropAdapter,
+    HandingOver,
+    HoldAdapter,
+    Planner,
+    ReleaseAdapter,
+    Stopping,
+)
 from llmgw.controller.state.replicas import replica_status
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.errors import BadRequest
@@ -334,3 +342,75 @@ def test_room_is_made_from_the_least_asked_for_not_only_the_least_recent() -> No
     specs = [adapter("hot"), adapter("walked"), adapter("next")]
     plan = plan_adapters(fleet([R1], specs, holds=holds, held={"next": 1}), memory)
     assert _acts(plan, ReleaseAdapter) == [("r1", "walked")]
+
+
+# -- a holder that must stop hands its adapters over first -----------------------------------
+
+
+def _stop(snap: FleetSnapshot, ids: list[str], force: bool = False) -> tuple[list[str], Any]:
+    plan = Planner(snap.records)
+    return stoppable(snap, plan, ids, force=force), plan.plan()
+
+
+def test_a_holder_that_must_stop_stays_in_routing_until_another_has_loaded_its_adapters() -> None:
+    """A scale-down, drain or rollout of the only replica serving an adapter left its
+    requests waiting for a load on the next holder (issue 33 item 2). It now stays
+    in routing, another is told to load, and it goes once that load is seen."""
+    holds = {"r1": {"a": AdapterHold(1.0)}}
+    memory = AdapterMemory(last_used={"a": NOW - 5})
+    snap = fleet([R1, R2], [adapter("a")], holds=holds, loaded={"r1": ["a"]})
+    stopped, plan = _stop(snap, ["r1"])
+    assert stopped == [] and not plan.of(Stopping)  # still in routing
+    assert plan.of(HandingOver) == [HandingOver("r1", (NOW, NOW))]
+    [event] = plan.events
+    assert event.reason is EventReason.HANDING_OVER_ADAPTERS and "adapter(s) a" in event.message
+    # The adapter step no longer counts r1: r2 is told to load a (not busy, recently used).
+    waiting = replace(snap, handing_over={"r1": (NOW, NOW)})
+    assert _acts(plan_adapters(waiting, memory), HoldAdapter) == [("r2", "a")]
+    # Told, not loaded yet: r1 still waits, and says so once only.
+    told = replace(
+        waiting,
+        adapter_holds={"r1": {"a": AdapterHold(1.0)}, "r2": {"a": AdapterHold(NOW)}},
+    )
+    stopped, plan = _stop(told, ["r1"])
+    assert stopped == [] and plan.of(HandingOver) == [HandingOver("r1", (NOW, NOW))]
+    assert not plan.events
+    # r2's engine says it holds a: r1 leaves routing and stops (no gateway to wait for).
+    loaded = fleet(
+        [R1, R2],
+        [adapter("a")],
+        holds=told.adapter_holds,
+        loaded={"r1": ["a"], "r2": ["a"]},
+    )
+    stopped, plan = _stop(replace(loaded, handing_over={"r1": (NOW, NOW)}), ["r1"])
+    assert stopped == ["r1"] and plan.of(HandingOver) == [HandingOver("r1", None)]
+
+
+def test_a_hand_over_waits_at_most_the_stop_grace_and_never_for_a_forced_stop() -> None:
+    holds = {"r1": {"a": AdapterHold(1.0)}}
+    snap = fleet([R1, R2], [adapter("a")], holds=holds, loaded={"r1": ["a"]})
+    stopped, plan = _stop(snap, ["r1"], force=True)
+    assert stopped == ["r1"] and not plan.of(HandingOver) and not plan.events
+    grace = snap.settings.stop_grace_s
+    late = replace(snap, handing_over={"r1": (NOW - grace, NOW - 1)})
+    stopped, plan = _stop(late, ["r1"])
+    assert stopped == ["r1"] and plan.of(HandingOver) == [HandingOver("r1", None)]
+    [event] = plan.events
+    assert event.reason is EventReason.ADAPTERS_NOT_HANDED_OVER
+
+
+def test_nothing_to_hand_over_or_nowhere_to_hand_it_stops_at_once() -> None:
+    holds = {"r1": {"a": AdapterHold(1.0)}}
+    alone = fleet([R1], [adapter("a")], holds=holds, loaded={"r1": ["a"]})
+    assert _stop(alone, ["r1"])[0] == ["r1"]  # no other replica of the base
+    both = fleet([R1, R2], [adapter("a")], holds=holds, loaded={"r1": ["a"]})
+    assert _stop(both, ["r1", "r2"])[0] == ["r1", "r2"]  # both go: nowhere to hand over
+    told = fleet([R1, R2], [adapter("a")], holds=holds)  # told, never loaded on r1
+    assert _stop(told, ["r1"])[0] == ["r1"]
+
+
+def test_a_wait_no_longer_asked_for_is_forgotten_by_the_adapter_step() -> None:
+    snap = fleet([R1, R2], [adapter("a")])
+    stale = replace(snap, handing_over={"r1": (NOW - 30, NOW - 11), "gone": (NOW, NOW)})
+    plan = plan_adapters(stale, AdapterMemory())
+    assert set(plan.of(HandingOver)) == {HandingOver("gone", None), HandingOver("r1", None)}

@@ -191,7 +191,7 @@ async def test_last_use_comes_from_gateway_statuses(client: TestClient) -> None:
     ).json()
     status = {"name": "gw-1", "keys_used": {made["id"]: 1_900_000_000.0}}
     resp = await client.post("/v1/gateways/status", json=status, headers=auth(GATEWAY))
-    assert resp.status == 204
+    assert resp.status == 200
     (listed,) = await (await client.get("/v1/keys", headers=auth(READ))).json()
     assert listed["last_used"] == 1_900_000_000.0
 

@@ -1,7 +1,8 @@
 """`Decisions`: what the reconcile loop decided and every view shows, soft state.
 
 Why a model cannot be placed, why a rollout waits or stalled, what the autoscaler
-asked for, why a drain waits, for which model room is being made (the warm tier). None of it is durable: a new term's loop decides
+asked for, why a drain waits, for which model room is being made (the warm tier), which
+replicas wait to hand their adapters over before they stop. None of it is durable: a new term's loop decides
 it all again within a pass. Part of the facts (`Facts.decisions`): each change
 is appended to the same change log, so the views that show it follow it.
 
@@ -32,6 +33,9 @@ class Decisions:
         # model -> how room is being made for its held requests (idle replicas put to
         # sleep): it waits for room, it is not unplaceable (`loop.warm`).
         self._making_room: dict[str, str] = {}
+        # replica -> (since, last asked): it must stop, and stays in routing until the
+        # adapters only it holds load on another replica of its base (`loop.placing`).
+        self._handing_over: dict[str, tuple[float, float]] = {}
 
     @property
     def unplaceable(self) -> Mapping[str, str]:
@@ -41,6 +45,10 @@ class Decisions:
     @property
     def making_room(self) -> Mapping[str, str]:
         return MappingProxyType(self._making_room)
+
+    @property
+    def handing_over(self) -> Mapping[str, tuple[float, float]]:
+        return MappingProxyType(self._handing_over)
 
     @property
     def drain_blocked(self) -> Mapping[str, str]:
@@ -77,6 +85,17 @@ class Decisions:
         else:
             self._making_room[model] = how
         self._log.append(ChangeKind.UNPLACEABLE, model)  # its unserved reason changes
+
+    def set_handing_over(self, replica: str, since: tuple[float, float] | None) -> None:
+        """(since, last asked) while `replica` waits to hand its adapters over (None: done)."""
+        if since is None:
+            if self._handing_over.pop(replica, None) is not None:
+                self._log.append(ChangeKind.REPLICA, replica)
+            return
+        first = replica not in self._handing_over
+        self._handing_over[replica] = since
+        if first:
+            self._log.append(ChangeKind.REPLICA, replica)
 
     def set_rollout_note(self, model: str, note: Note | None) -> None:
         """Why a rollout waits or stalled (None: it does neither)."""

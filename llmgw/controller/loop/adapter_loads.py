@@ -11,8 +11,9 @@ adapters (issue 33), within the base's `--max-cpu-loras`.
 - Idle: an adapter nothing asked for `adapter_idle_s` leaves every replica.
 - Leaving is a handshake, as a replica's stop is: out of routing first (the feed),
   unloaded once every live gateway has applied that (or the stop grace passed).
-- A replica that drains or is rolled out no longer counts as a holder, so another
-  is told to load before it goes; it keeps serving meanwhile.
+- A replica that drains, is rolled out or must stop otherwise no longer counts as a
+  holder, so another is told to load before it goes; it keeps serving, in routing,
+  until that load is seen (`placing.stoppable`, `Decisions.handing_over`).
 - A load the engine refused (`AdapterLoadFailed`, with its words) is not tried on
   that replica again for `FAILED_BACKOFF_S`.
 
@@ -29,11 +30,19 @@ from llmgw.controller.core.adapter_specs import adapter_slots
 from llmgw.controller.core.adapter_use import FAILED_BACKOFF_S, AdapterMemory
 from llmgw.controller.core.records import AdapterHold
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
-from llmgw.controller.loop.plans import DropAdapter, HoldAdapter, Plan, Planner, ReleaseAdapter
+from llmgw.controller.loop.plans import (
+    DropAdapter,
+    HandingOver,
+    HoldAdapter,
+    Plan,
+    Planner,
+    ReleaseAdapter,
+)
 from llmgw.wire import EventReason, ReplicaState
 
 _SERVING = (ReplicaState.READY, ReplicaState.DRAINING)
 MIN_HELD_S = 3.0  # an adapter is not pushed out sooner after it was told to load
+HANDING_OVER_KEPT_S = 10.0  # a replica's wait to stop, not asked again for this long, is over
 
 
 def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
@@ -110,14 +119,22 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
                 memory.announced.add((rid, name))
     memory.dropped &= {(rid, n) for rid in snap.statuses for n in snap.adapters}
 
-    # Replicas a base's adapters may be told to load on: ready, standing, in routing.
+    # Replicas that stopped asking to hand adapters over (their stop was called off,
+    # or they went) wait no more.
+    for rid, (_, asked) in snap.handing_over.items():
+        if rid not in snap.records or now - asked > HANDING_OVER_KEPT_S:
+            p.add(HandingOver(rid, None))
+    # Replicas a base's adapters may be told to load on: ready, standing, in routing,
+    # not waiting to stop (`placing.stoppable`: so another loads what it holds).
     stopping = gate.stopping if gate else {}
     pool: dict[str, list[str]] = {}
     for model, sets in snap.by_model.items():
         pool[model] = [
             s.record.id
             for s in sets.standing
-            if s.state is ReplicaState.READY and s.record.id not in stopping
+            if s.state is ReplicaState.READY
+            and s.record.id not in stopping
+            and s.record.id not in snap.handing_over
         ]
 
     def routed(rid: str, name: str) -> bool:

@@ -23,6 +23,7 @@ from llmgw.controller.loop.plans import (
     Event,
     ForceDrain,
     ForgetScaling,
+    HandingOver,
     HoldAdapter,
     MakingRoom,
     MarkDrained,
@@ -73,6 +74,7 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         unplaceable=model_views.unplaceable_reasons(facts),
         placement_reasons=dict(facts.decisions.unplaceable),
         making_room=dict(facts.decisions.making_room),
+        handing_over=dict(facts.decisions.handing_over),
         capacity_version=term.capacity_version,
         revision=facts.revision,
         gate=None if gate is None else gate.view(now),
@@ -104,6 +106,8 @@ def apply(facts: Facts, plan: Plan) -> None:
                 facts.decisions.set_unplaceable(model, why)
             case MakingRoom(model, how):
                 facts.decisions.set_making_room(model, how)
+            case HandingOver(rid, since):
+                facts.decisions.set_handing_over(rid, since)
             case Started(model, kind, level, seconds):
                 facts.count_start(model, kind, level, seconds, facts.wall())
             case Scaling(model, decision):

@@ -136,6 +136,8 @@ class FleetSnapshot:
     # Replica id -> adapter -> the controller's wish (`Facts.adapter_holds`)
     adapter_holds: Mapping[str, Mapping[str, AdapterHold]] = field(default_factory=dict)
     making_room: Mapping[str, str] = field(default_factory=dict)  # `Decisions.making_room`
+    # `Decisions.handing_over`: replica -> (since, last asked)
+    handing_over: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     # -- replicas -----------------------------------------------------------------------
 
@@ -165,6 +167,47 @@ class FleetSnapshot:
             base = adapter.base if adapter is not None else name
             out[base] = out.get(base, 0) + n
         return out
+
+    def adapters_only_on(self, rid: str, leaving: Iterable[str] = ()) -> list[str]:
+        """The adapters `rid` serves (loaded, routed) that no other replica of its base
+        serves, when another could load them: ready, in routing, not `leaving`, not
+        itself handing adapters over. Empty when none could: nothing to wait for."""
+        held = self.adapter_holds.get(rid)
+        status = self.statuses.get(rid)
+        shard = status.shards[0] if status is not None and status.shards else None
+        if not held or status is None or shard is None:
+            return []
+        loaded = shard.adapters
+        mine = [
+            n
+            for n, hold in held.items()
+            if hold.leaving is None and n in loaded and n in self.adapters
+        ]
+        if not mine:
+            return []
+        away = {rid, *leaving, *self.handing_over}
+        stopping = self.gate.stopping if self.gate is not None else {}
+        others = [
+            s
+            for s in self.replicas_of(status.record.model).standing
+            if s.record.id not in away
+            and s.record.id not in stopping
+            and s.state is ReplicaState.READY
+        ]
+        if not others:
+            return []
+
+        def served_by(other: ReplicaStatus, name: str) -> bool:
+            hold = self.adapter_holds.get(other.record.id, {}).get(name)
+            first = other.shards[0] if other.shards else None
+            return (
+                hold is not None
+                and hold.leaving is None
+                and first is not None
+                and name in first.adapters
+            )
+
+        return sorted(n for n in mine if not any(served_by(o, n) for o in others))
 
     def backing_off(self, model: str) -> bool:
         backoff = self.backoffs.get(model)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from llmgw.controller.core.records import ReplicaRecord, ShardRecord
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
-from llmgw.controller.loop.plans import Planner
+from llmgw.controller.loop.plans import HandingOver, Planner
 from llmgw.scheduler import Placement, place_many
 from llmgw.wire import EventReason, ReplicaState, StartKind
 
@@ -58,10 +58,55 @@ def stoppable(
     snap: FleetSnapshot, plan: Planner, ids: list[str], *, force: bool = False
 ) -> list[str]:
     """Replicas that must stop go out of routing (in `plan`); answers those the
-    gateways have let go of (all, without a gate), for the step to remove."""
+    gateways have let go of (all, without a gate), for the step to remove.
+
+    One that holds adapters no other replica of its base has loaded stays in
+    routing until one has (the adapter step tells another to load them), at most
+    the stop grace: its adapters' requests never wait for a load (issue 33). A
+    forced stop does not wait."""
+    if not force:
+        ids = _handed_over(snap, plan, ids)
     if snap.gate is not None:
         plan.stopping(ids)
     return snap.stop_now(ids, force=force)
+
+
+def _handed_over(snap: FleetSnapshot, plan: Planner, ids: list[str]) -> list[str]:
+    """Of `ids`, those free to leave routing now (see `stoppable`)."""
+    if not snap.adapter_holds and not snap.handing_over:
+        return ids
+    marked = snap.gate.stopping if snap.gate is not None else {}
+    out = []
+    for rid in ids:
+        waiting = [] if rid in marked else snap.adapters_only_on(rid, ids)
+        known = snap.handing_over.get(rid)
+        if not waiting:
+            if known is not None:
+                plan.add(HandingOver(rid, None))
+            out.append(rid)
+            continue
+        since = known[0] if known is not None else snap.now
+        names = ", ".join(waiting)
+        obj = f"model/{snap.records[rid].model}"
+        if snap.now - since >= snap.settings.stop_grace_s:
+            plan.add(HandingOver(rid, None))
+            plan.event(
+                obj,
+                EventReason.ADAPTERS_NOT_HANDED_OVER,
+                f"{rid} stops with adapter(s) {names} loaded on no other replica after "
+                f"{snap.settings.stop_grace_s:g}s (the stop grace): their requests wait for "
+                "a load",
+            )
+            out.append(rid)
+            continue
+        plan.add(HandingOver(rid, (since, snap.now)))
+        if known is None:
+            plan.event(
+                obj,
+                EventReason.HANDING_OVER_ADAPTERS,
+                f"{rid} stays in routing until adapter(s) {names} load on another replica",
+            )
+    return out
 
 
 def place_stand_ins(

@@ -32,6 +32,7 @@ __all__ = [
     "Event",
     "ForceDrain",
     "ForgetScaling",
+    "HandingOver",
     "HoldAdapter",
     "MakingRoom",
     "MarkDrained",
@@ -120,6 +121,14 @@ class MakingRoom:
 
 
 @dataclass(frozen=True)
+class HandingOver:
+    """A replica that must stop stays in routing until its adapters load elsewhere."""
+
+    replica_id: str
+    since: tuple[float, float] | None  # (since, last asked); None: it waits no more
+
+
+@dataclass(frozen=True)
 class Scaling:
     model: str
     decision: Decision
@@ -191,6 +200,7 @@ Action = (
     | ClearBackoff
     | Unplaceable
     | MakingRoom
+    | HandingOver
     | Started
     | Scaling
     | ForgetScaling

@@ -313,6 +313,10 @@ class GatewaySeen:
     released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
     adapter_in_flight: dict[str, int] = field(default_factory=dict)  # adapter -> now
     adapter_requests: dict[str, int] = field(default_factory=dict)  # adapter -> in all
+    # In flight as it said, before `clamp` (`in_flight` when nothing was): what its
+    # next status's changes apply to, with `requests`.
+    said_in_flight: dict[str, int] = field(default_factory=dict)
+    taken: tuple[str, int] | None = None  # (stream, seq) its changes may build on
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -340,6 +344,28 @@ def clamp(
         return {k: n * limit // said for k, n in figures.items()}
 
     return scaled(in_flight), scaled(held), said
+
+
+def _figures(
+    old: GatewaySeen | None, status: GatewayStatus, records: Mapping[str, object]
+) -> tuple[dict[str, int], dict[str, int]] | None:
+    """A status's in flight (as said) and requests per replica that exists: whole, or
+    its changes applied to the status they build on; None when that is not the one
+    taken last (GatewayStatusReply.full)."""
+    if status.base is None:
+        return (
+            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            {rid: n for rid, n in status.requests.items() if rid in records},
+        )
+    if old is None or old.taken != (status.stream, status.base):
+        return None
+    in_flight, requests = dict(old.said_in_flight), dict(old.requests)
+    for rid in status.gone:
+        in_flight.pop(rid, None)
+        requests.pop(rid, None)
+    in_flight.update((rid, n) for rid, n in status.in_flight.items() if rid in records)
+    requests.update((rid, n) for rid, n in status.requests.items() if rid in records)
+    return in_flight, requests
 
 
 def _revision(cursor: str, run: str) -> int | None:
@@ -377,6 +403,7 @@ class Gateways(Follower):
                 g.held.pop(key, None)
             else:
                 g.in_flight.pop(key, None)
+                g.said_in_flight.pop(key, None)
                 g.requests.pop(key, None)
                 g.rejected.pop(key, None)
                 g.released -= {key}
@@ -384,7 +411,7 @@ class Gateways(Follower):
     def resync(self, revision: int, now: float) -> None:
         records, models = self._facts.records, self._facts.models
         for g in self.seen.values():
-            for by_replica in (g.in_flight, g.requests, g.rejected):
+            for by_replica in (g.in_flight, g.said_in_flight, g.requests, g.rejected):
                 for rid in [r for r in by_replica if r not in records]:
                     del by_replica[rid]
             for model in [m for m in g.held if m not in models]:
@@ -405,7 +432,9 @@ class Gateways(Follower):
         """The largest status body worth reading now (413 past it, before parsing)."""
         return STATUS_BYTES_BASE + STATUS_BYTES_PER_REPLICA * len(self._facts.records)
 
-    def report(self, status: GatewayStatus, by: str = "") -> None:
+    def report(self, status: GatewayStatus, by: str = "") -> bool:
+        """Take a gateway's status; False when its changes (`base`) apply to no
+        status taken from it: its figures stay as they were until a whole one."""
         now = self._facts.clock()
         self.expire(now)
         old = self.seen.get(status.name)
@@ -418,16 +447,25 @@ class Gateways(Follower):
                     f"name, or wait: a name is forgotten {FORGET_S:g} s after its last status"
                 )
         records = self._facts.records
-        requests = {rid: n for rid, n in status.requests.items() if rid in records}
+        figures = _figures(old, status, records)
+        said_in_flight, requests = figures or (
+            (old.said_in_flight, old.requests) if old and old.taken else ({}, {})
+        )
         before = old.requests if old else {}
         # New requests since its last status; a gateway's first status only sets the base.
+        # Changes name every replica whose count moved, so only they are looked at.
+        moved = status.requests if figures is not None and status.base is not None else requests
         self._facts.note_requests(
-            (rid for rid, n in requests.items() if n > before.get(rid, 0 if old else n)),
+            (
+                rid
+                for rid, n in moved.items()
+                if rid in requests and n > before.get(rid, 0 if old else n)
+            ),
             now,
         )
         limit = status.max_in_flight or GATEWAY_IN_FLIGHT_DEFAULT
         in_flight, held, claimed = clamp(
-            {rid: n for rid, n in status.in_flight.items() if rid in records},
+            said_in_flight,
             {
                 m: n
                 for m, n in status.held.items()
@@ -461,9 +499,14 @@ class Gateways(Follower):
             frozenset(rid for rid in status.released if rid in records),
             {a: n for a, n in status.adapter_in_flight.items() if a in self._facts.adapters},
             {a: n for a, n in status.adapter_requests.items() if a in self._facts.adapters},
+            said_in_flight,
+            (status.stream, status.seq)
+            if figures is not None and status.stream and status.seq
+            else None,
         )
         self._heard.set()
         self._heard = asyncio.Event()
+        return figures is not None
 
     async def caught_up(self, revision: int, what: str, timeout_s: float = CATCH_UP_S) -> None:
         """Wait until the SMG of each gateway live now routes to the workers the feed

@@ -9,7 +9,7 @@ from llmgw.controller.http.keys import term_of
 from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
 from llmgw.controller.views.endpoints import MAX_WAIT_S
 from llmgw.errors import BadRequest, Unavailable
-from llmgw.wire import GatewayStatus
+from llmgw.wire import GatewayStatus, GatewayStatusReply
 
 
 async def list_endpoints(request: web.Request) -> web.Response:
@@ -36,10 +36,10 @@ async def gateway_status(request: web.Request) -> web.Response:
     body = await parse_body(
         request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
     )
-    term_of(request.app).gateways.report(body, by=who(request))
+    took = term_of(request.app).gateways.report(body, by=who(request))
     if body.keys_used:
         term_of(request.app).client_keys.used(body.keys_used)
-    return web.Response(status=204)
+    return json_model(GatewayStatusReply(full=not took))
 
 
 async def list_gateways(request: web.Request) -> web.Response:
