@@ -6,8 +6,8 @@ The engine's own counters can: a hung engine has requests running or waiting
 and its token counters stand still. Its gauges alone do not say so: a stopped
 core stops updating them, so a request that arrives after it stopped is never
 counted there; the HTTP server's own count (vLLM's /load) is, and comes in the
-sample (`EngineSample.in_flight` takes the higher of the two). A busy engine is the opposite case: its
-`/health` may answer slowly, but its counters move. Pure, like `IdleTracker`:
+sample (`EngineSample.in_flight` takes the higher of the two). A busy engine is
+the opposite case: its `/health` may answer slowly, but its counters move. Pure, like `IdleTracker`:
 feed it the samples of successive scrapes, ask how long it has been stalled.
 """
 

@@ -16,8 +16,9 @@ in the gateway's status so that the controller wakes it, and each is sent to a
 replica of the model as soon as one serves, its answer streamed back as it
 comes; the client sees latency, not an error. Sent on, it is counted as that
 replica's in flight (`sent`), no longer held: the engine counts it from then on,
-and the controller takes the gateways' figure or the engines', not both. Past the wake timeout, or when
-the model turns out unplaceable, a held request gets the 503 and the reason.
+and the controller takes the gateways' figure or the engines', not both. Past
+the wake timeout, or when the model turns out unplaceable, a held request gets
+the 503 and the reason.
 A held request whose client leaves is dropped at once: no longer counted, never sent.
 
 LoRA adapters (issue 33) are routed here too. SMG takes one model per worker URL

@@ -28,10 +28,10 @@ The rules (Kubernetes' HPA has the same shape: a short window up, a long one dow
 - down: to the count that would run each replica at `DOWN_AT` of its target or
   less over the long window, one replica at a time, each step only after that lower
   count has held for the spec's `scale_down_after_s`; any rise in between (either
-  window asking for the count there is) starts the wait again. The gap between the two rules, the long window and the wait are what
-  keep noise around a target from flapping: a burst may add a replica, and only
-  sustained quiet takes one away. Equal windows and `up_at=1.0` are the rule of one
-  10 s window that came before.
+  window asking for the count there is) starts the wait again. The band between
+  the two rules, the long window and the wait keep noise around a target from
+  flapping: a burst may add a replica, and only sustained quiet takes one away.
+  Equal windows and `up_at=1.0` are the rule of one 10 s window that came before.
 - `min_replicas: 0` with `max_replicas >= 1` sleeps at zero replicas once its
   last one has been unused that long, and wakes at its first request: the
   gateways hold requests for a model asleep and count them with the ones in
@@ -114,8 +114,8 @@ class Autoscaler:
         """The desired count of `spec`'s replicas at `now` (monotonic), given the
         requests in flight on its serving replicas and held for it
         (`replicas.model_in_flight`), how many of those the gateways hold (`held`:
-        one wakes a model at zero), how many replicas it has (`current`: live ones, used once, when the
-        model is first seen) and how many serve."""
+        one wakes a model at zero), how many replicas it has (`current`: live
+        ones, used once, when the model is first seen) and how many serve."""
         low, high = spec.min_replicas, spec.most_replicas
         if not spec.autoscaled:
             self._models.pop(spec.name, None)
