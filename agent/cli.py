@@ -16,6 +16,7 @@ import ssl
 import sys
 from pathlib import Path
 
+from llmgw.agent.assignments_feed import AssignmentFeed
 from llmgw.agent.enroll import Enroller, read_credential
 from llmgw.agent.fake_gpus import FakeGpuFile, FakeGpus, parse_fake_spec
 from llmgw.agent.fake_process_memory import ENV_DIR
@@ -59,6 +60,15 @@ def parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="DURATION",
         help="time between reports (default 5s)",
+    )
+    p.add_argument(
+        "--assignments-wait",
+        type=duration_arg,
+        default=30.0,
+        metavar="DURATION",
+        help="long-poll the controller this long for changes of this node's assignments, "
+        "so a wake or a start begins at once rather than at the next report (default "
+        "30s, at most 30s; 0: only with reports)",
     )
     p.add_argument(
         "--token-file",
@@ -254,6 +264,8 @@ def make_builder(args: argparse.Namespace) -> ReportBuilder:
         raise UsageError(f"--node {exc}") from None
     if not 0 < args.interval <= 3600:
         raise UsageError("--interval must be more than 0s and at most 1h")
+    if not 0 <= args.assignments_wait <= 30:
+        raise UsageError("--assignments-wait must be between 0s and 30s")
     try:
         dirs = [parse_storage_arg(s) for s in args.storage]
     except ValueError as exc:
@@ -362,6 +374,8 @@ async def run_agent(
         enrollment=enrollment,
         ssl_context=controller_tls(args),
     )
+    if engines is not None and args.assignments_wait > 0:
+        loop.feed = AssignmentFeed(loop, args.assignments_wait)
     stop = stop or asyncio.Event()
     log.info("agent %s reporting to %s every ~%g s", builder.node, args.controller, args.interval)
     metrics = None

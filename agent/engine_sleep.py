@@ -48,6 +48,7 @@ class EngineSleep:
         self.http = http
         self.card_memory = card_memory
         self.host_memory = host_memory
+        self.turned: Callable[[], None] = lambda: None  # told as each sleep or wake ends
         self._settle_s = lifecycle.settings.sleep_settle_s
         self._unjudged_logged = False
 
@@ -64,6 +65,9 @@ class EngineSleep:
                     continue  # it wakes once they sleep or stop
                 eng.state = ShardState.WAKING
                 eng.turning = asyncio.create_task(self._wake(eng))
+            else:
+                continue
+            eng.turning.add_done_callback(lambda _: self.turned())
 
     def cancel(self) -> None:
         """End every sleep or wake under way (the supervisor is closing)."""

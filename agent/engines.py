@@ -50,7 +50,7 @@ from llmgw.agent.engine_http import EngineHttp
 from llmgw.agent.engine_lifecycle import EngineLifecycle
 from llmgw.agent.engine_probes import EngineProbes
 from llmgw.agent.engine_settings import SupervisorSettings
-from llmgw.agent.engine_shard import Engine, Kill
+from llmgw.agent.engine_shard import Engine, Key, Kill
 from llmgw.agent.engine_sleep import EngineSleep
 from llmgw.agent.engine_templates import EngineTemplate
 from llmgw.agent.loop_lag import LoopLag
@@ -86,6 +86,8 @@ class EngineSupervisor:
         # Set when what a report would say changed (an adapter loaded or unloaded): the
         # agent reports then rather than at its interval, so routing follows at once.
         self.report_soon = asyncio.Event()
+        self._states: dict[Key, tuple[ShardState, bool]] = {}  # as `_news` last saw them
+        self.sleep_wake.turned = self._news
         self._monitor: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -118,7 +120,10 @@ class EngineSupervisor:
         if local_adapters is not None:
             self.local_adapters = local_adapters
         self.lifecycle.converge(assignments, local_weights)
-        self._steer_adapters()  # now, not at the monitor's next tick: a request waits
+        # Now, not at the monitor's next tick: a request waits on each.
+        self.sleep_wake.steer()
+        self._steer_adapters()
+        self._news()
 
     def reports(self) -> list[ReplicaReport]:
         return self.lifecycle.reports()
@@ -186,10 +191,21 @@ class EngineSupervisor:
             await asyncio.gather(*(probes.scrape(e) for e in busy))
         self.sleep_wake.steer()
         self._steer_adapters()
+        self._news()
+
+    def _news(self) -> None:
+        """Report now when an engine's state changed (ready, asleep, awake, exited) or
+        it turned idle: the controller's next step (a switch waits for the awake
+        engine on a card to serve nothing), and a request held for it, wait on that."""
+        states = {key: (eng.state, eng.meter.busy) for key, eng in self.lifecycle.engines.items()}
+        if states != self._states:
+            self._states = states
+            self.report_soon.set()
 
     async def _probe_start(self, eng: Engine, now: float) -> None:
         if await self.probes.started(eng, now):
             self.lifecycle.mark_ready(eng)
+            self._news()
 
     async def _check_ready(self, eng: Engine) -> None:
         kill = await self.probes.check_ready(eng)

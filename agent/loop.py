@@ -49,6 +49,12 @@ class Engines(Protocol):
     async def close(self) -> None: ...
 
 
+class Feed(Protocol):
+    """What the loop runs beside itself: the assignments feed (agent/assignments_feed.py)."""
+
+    async def run(self, stop: asyncio.Event, session: aiohttp.ClientSession) -> None: ...
+
+
 class Enrollment(Protocol):
     """Obtains this node's credential on first contact (agent/enroll.py)."""
 
@@ -133,6 +139,11 @@ class ReportLoop:
         self.build_timeout_s = build_timeout_s
         self._building: asyncio.Future[NodeReport] | None = None
         self._build_started = 0.0
+        # Assignments as they change (agent/assignments_feed.py), beside the reports'.
+        self.feed: Feed | None = None
+        self.applied_at = 0.0  # monotonic: when a reply was last handed to the engines
+        self._applying = asyncio.Lock()
+        self.reported = asyncio.Event()  # a report was taken: the controller knows the node
 
     @property
     def controller(self) -> str:
@@ -209,15 +220,34 @@ class ReportLoop:
             self.token = await self.enrollment.credential(session)
         self.last_report = report
         t0 = time.perf_counter()
+        sent = time.monotonic()
         reply = await self.post(session, report)
         if self.on_sent is not None:
             self.on_sent(time.perf_counter() - t0)
         self.last_success = time.monotonic()
+        self.reported.set()
         if self.last_reply is None or self.last_reply.state != reply.state:
             log.info("controller says node %s is %s", reply.node, reply.state.value)
         self.last_reply = reply
         self.sent += 1
-        if self.engines is not None:
+        await self.apply(reply, unless_applied_since=sent)
+        return reply
+
+    async def apply(self, reply: ReportReply, unless_applied_since: float | None = None) -> None:
+        """Hand a reply's assignments to the engines (a report's, or the feed's).
+
+        A report's reply is not applied when the feed applied one while the report
+        was on its way: which of the two is newer is not known, and the feed's
+        next answer or the next report brings the newest. Otherwise a report's reply
+        is at least as new as anything applied, so the reports alone always bring
+        the engines to the controller's word (a feed that fails, or a controller
+        without it, only loses the speed)."""
+        if self.engines is None:
+            return
+        async with self._applying:
+            if unless_applied_since is not None and self.applied_at > unless_applied_since:
+                return
+            self.applied_at = time.monotonic()
             try:
                 await self.engines.apply(
                     reply.assignments,
@@ -226,7 +256,6 @@ class ReportLoop:
                 )
             except Exception:  # one bad assignment must not stop reporting
                 log.exception("engines could not apply the controller's assignments")
-        return reply
 
     # -- the loop --
 
@@ -235,6 +264,11 @@ class ReportLoop:
         session = session or aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self.ssl_context)
             if self.ssl_context is not None
+            else None
+        )
+        feed = (
+            asyncio.create_task(self.feed.run(stop, session), name="assignments-feed")
+            if self.feed is not None
             else None
         )
         try:
@@ -248,6 +282,10 @@ class ReportLoop:
                         await self._until_stop_or_news(stop)
                 cancel_if_asked()
         finally:
+            if feed is not None:
+                feed.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feed
             if own:
                 await session.close()
 

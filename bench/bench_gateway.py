@@ -463,7 +463,9 @@ async def control_plane(replicas: int) -> None:
     from llmgw.wire import ModelSpec, NodeReport
 
     state = Path(tempfile.mkdtemp(prefix="bench-gw-cp-"))
-    app = create_app(ControllerSettings(state_dir=state, reconcile_interval_s=3600))
+    app = create_app(
+        ControllerSettings(state_dir=state, reconcile_interval_s=3600, reconcile_on_news=False)
+    )
     server = TestServer(app)
     await server.start_server()
     fleet = term_of(app)

@@ -402,6 +402,11 @@ def agent_report() -> Call[Any]:
     return Call("POST", "/v1/agent/report")
 
 
+def agent_assignments(node: str, wait_s: float) -> Call[Any]:
+    """The node's reply once it changes (`If-None-Match` its ETag): 200, or 304."""
+    return Call("GET", f"/v1/agent/assignments/{node}", params={"wait": f"{wait_s:g}"})
+
+
 def enroll() -> Call[Any]:
     return Call("POST", "/v1/agent/enroll")
 

@@ -65,6 +65,7 @@ class Leadership:
         self._loop_task: asyncio.Task[None] | None = None
         self._lease_failing = False
         self._expires_in = 0.0  # the leader's lease, as a follower last read it
+        self._stopped = False
 
     # -- what the API asks ------------------------------------------------------------
 
@@ -103,7 +104,13 @@ class Leadership:
         self._loop_task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """At shutdown: the last saves, then the lease goes, so a follower leads at once."""
+        """At shutdown: the last saves, then the lease goes, so a follower leads at once.
+        The app calls it as its shutdown begins, before it waits for requests under
+        way (a long poll would otherwise keep this controller deciding for up to 30 s
+        with its port closed), and again at its cleanup: twice is once."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -224,8 +231,13 @@ class Leadership:
             return
         self._leading = False
         self.store.epoch = 0
+        if self.leader_url == self.settings.url:
+            self.leader_url = None  # not us; who leads now is read at the next campaign
         for task in self._tasks:
             task.cancel()
+        # Long polls of this term (agents' assignments, gateways' feeds) end now rather
+        # than at their wait: a follower's answer sends them to the new leader.
+        self.term.facts.log.close()
         self.metrics.term = None
         self.metrics.leader.set(0)
         if not quiet:

@@ -192,7 +192,9 @@ def parser() -> argparse.ArgumentParser:
         type=duration_arg,
         default=1.0,
         metavar="DURATION",
-        help="time between reconcile passes (default 1s)",
+        help="time between reconcile passes (default 1s); a pass also runs at once when "
+        "an engine turns ready, asleep or failed, or a gateway holds requests or lets a "
+        "replica go",
     )
     p.add_argument(
         "--idle-timeout",

@@ -28,6 +28,7 @@ change of a kind placement reads, so it needs no counter beside the log.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from llmgw.wire import (
     ReplicaView,
     ReportReply,
     ShardAssignment,
+    ShardState,
 )
 
 # What placement reads: a node's facts, its flag, the cards assigned on it (by
@@ -82,6 +84,10 @@ class Term:
     usage: Usage
     # What the adapter step remembers across passes; the adapters' view reads it too.
     adapter_use: AdapterMemory = field(default_factory=AdapterMemory)
+    # Set when something the loop waits on happened (an engine turned ready, asleep or
+    # failed; a gateway holds requests or let go of a replica): its next pass runs
+    # now, not at its interval (Reconciler.run). A model switch is several such steps.
+    decide_soon: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def begin(
@@ -156,11 +162,22 @@ class Term:
 
     def ingest(self, report: NodeReport, raw: bytes | None = None) -> ReportReply:
         """Take a node's report (`raw`: its body as received) and answer it."""
-        return self.replies.reply(report.node, self.facts.ingest(report, raw))
+        return self.replies.reply(report.node, self._take(report, raw))
 
     def ingest_json(self, report: NodeReport, raw: bytes | None = None) -> bytes:
         """`ingest`, the answer serialised (most are the node's last, kept encoded)."""
-        return self.replies.reply_json(report.node, self.facts.ingest(report, raw))
+        return self.replies.reply_json(report.node, self._take(report, raw))
+
+    def _take(self, report: NodeReport, raw: bytes | None) -> float:
+        before = self._shard_states(report.node)
+        now = self.facts.ingest(report, raw)
+        if self._shard_states(report.node) != before:
+            self.decide_soon.set()
+        return now
+
+    def _shard_states(self, node: str) -> tuple[tuple[str, int, ShardState], ...]:
+        entry = self.facts.nodes.get(node)
+        return tuple((s.replica_id, s.rank, s.state) for s in entry.shards) if entry else ()
 
     # -- reads composed of several views -------------------------------------------------
 

@@ -74,6 +74,7 @@ from llmgw.wire.agent import (
     ReportReply,
     ShardAssignment,
     StorageLocation,
+    reply_version,
 )
 from llmgw.wire.gateway import (
     GATEWAY_IN_FLIGHT_BOUND,
@@ -293,6 +294,7 @@ __all__ = [
     "may_hold_control",
     "node_name",
     "printable",
+    "reply_version",
     "text_field",
     "validate_json",
 ]

@@ -3,6 +3,7 @@ the controller's reply (the shards it should run)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from typing import Annotated, Literal
 
@@ -215,3 +216,9 @@ class ReportReply(Outbound):
     admin_flag: AdminFlag
     state: NodeState
     assignments: list[ShardAssignment] = Field(default_factory=list)
+
+
+def reply_version(body: bytes) -> str:
+    """A reply's version (its ETag on `GET /v1/agent/assignments/NODE`): a digest of
+    its encoded body, so equal replies have equal versions on every controller."""
+    return hashlib.blake2b(body, digest_size=8).hexdigest()

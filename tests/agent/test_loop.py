@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from llmgw.agent.assignments_feed import AssignmentFeed
 from llmgw.agent.fake_gpus import FakeGpus, parse_fake_spec
 from llmgw.agent.loop import ReportLoop, next_delay
 from llmgw.agent.report import ReportBuilder
@@ -26,6 +29,7 @@ from llmgw.wire import (
     ReportReply,
     ShardAssignment,
     ShardState,
+    reply_version,
 )
 
 ASSIGNMENT = ShardAssignment(replica_id="r1", model="m", source="m", engine="fake", gpus=["GPU-x"])
@@ -279,3 +283,94 @@ async def test_a_bug_in_the_engines_report_does_not_kill_the_loop(
     await until(lambda: len(controller.reports) >= 1)
     stop.set()
     await asyncio.wait_for(task, 2)
+
+
+# -- the assignments feed (agent/assignments_feed.py) ---------------------------------------
+
+
+class FeedController(FakeController):
+    """Also answers `GET /v1/agent/assignments/NODE` as the controller does: the reply
+    once it is not the one the agent has, else a 304 after the wait (or at a change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assignments = [ASSIGNMENT]
+        self.changed = asyncio.Event()
+        self.polls = 0
+
+    def body(self, node: str) -> bytes:
+        reply = ReportReply(
+            node=node, admin_flag=AdminFlag.NONE, state=NodeState.READY,
+            assignments=self.assignments,
+        )  # fmt: skip
+        return reply.model_dump_json().encode()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        report = NodeReport.model_validate_json(await request.read())
+        self.reports.append(report)
+        return web.Response(body=self.body(report.node), content_type="application/json")
+
+    async def feed(self, request: web.Request) -> web.Response:
+        self.polls += 1
+        node = request.match_info["node"]
+        have = request.headers.get("If-None-Match", "").strip('"')
+        if reply_version(self.body(node)) == have:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), float(request.query["wait"]))
+            self.changed.clear()
+        body = self.body(node)
+        etag = {"ETag": f'"{reply_version(body)}"'}
+        if reply_version(body) == have:
+            return web.Response(status=304, headers=etag)
+        return web.Response(body=body, content_type="application/json", headers=etag)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/agent/report", self.handle)
+        app.router.add_get("/v1/agent/assignments/{node}", self.feed)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.port = int(self.runner.addresses[0][1])
+
+
+async def test_a_change_of_assignments_reaches_the_engines_between_reports(
+    tmp_path: Path,
+) -> None:
+    controller = FeedController()
+    await controller.start()
+    engines = FakeEngines()
+    loop = ReportLoop(builder(tmp_path, interval=60.0), controller.url, engines=engines)
+    loop.feed = AssignmentFeed(loop, wait_s=5.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        await until(lambda: len(engines.applied) >= 1 and controller.polls >= 1)
+        second = ShardAssignment(
+            replica_id="r2", model="m", source="m", engine="fake", gpus=["GPU-y"]
+        )
+        controller.assignments = [ASSIGNMENT, second]
+        controller.changed.set()
+        await until(lambda: any(second in applied for applied, _ in engines.applied))
+        assert len(controller.reports) == 1  # no report brought it: the next is a minute away
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await controller.stop()
+
+
+async def test_a_reports_reply_never_undoes_what_the_feed_applied_while_it_was_out(
+    tmp_path: Path,
+) -> None:
+    engines = FakeEngines()
+    loop = ReportLoop(builder(tmp_path), "http://127.0.0.1:9", engines=engines)
+    older = ReportReply(node="n1", admin_flag=AdminFlag.NONE, state=NodeState.READY)
+    newer = older.model_copy(update={"assignments": [ASSIGNMENT]})
+    sent = time.monotonic()  # a report goes out
+    await loop.apply(newer)  # the feed brings a change meanwhile
+    await loop.apply(older, unless_applied_since=sent)  # the report's reply, from before
+    assert [a for a, _ in engines.applied] == [[ASSIGNMENT]]
+    await loop.apply(older, unless_applied_since=time.monotonic())  # a later report's: newest
+    assert [a for a, _ in engines.applied] == [[ASSIGNMENT], []]

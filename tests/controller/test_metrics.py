@@ -42,7 +42,13 @@ def settings(tmp_path: Path, **kw: Any) -> ControllerSettings:
         )
     )
     # The test drives reconcile passes itself, so nothing moves between two reads.
-    return ControllerSettings(state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400, **kw)
+    return ControllerSettings(
+        state_dir=tmp_path,
+        tokens=tokens,
+        reconcile_interval_s=86_400,
+        reconcile_on_news=False,
+        **kw,
+    )
 
 
 async def post_report(client: TestClient, body: Any) -> None:

@@ -501,7 +501,9 @@ def pydantic_list(rows: list[NodeRow]) -> bytes:
 
 
 async def play(state_dir: Path, actions: list[tuple[Any, ...]]) -> None:
-    app = create_app(ControllerSettings(state_dir=state_dir, reconcile_interval_s=3600))
+    app = create_app(
+        ControllerSettings(state_dir=state_dir, reconcile_interval_s=3600, reconcile_on_news=False)
+    )
     async with TestServer(app) as server:
         fleet = term_of(app)
         clock = FakeClock(fleet.facts.clock())

@@ -301,3 +301,18 @@ def test_a_crash_looping_engine_backs_off(cluster: Cluster) -> None:
     assert crash["satisfied"] is False and crash["ready"] == 0
     assert crash["last_failure"] and "exited with code 3" in crash["last_failure"]
     assert "simulated failure" in crash["last_failure"]  # the tail of the engine's log
+
+
+def test_an_agent_that_reports_rarely_starts_and_stops_engines_at_once(cluster: Cluster) -> None:
+    """Assignments reach an agent as they change (its long poll of
+    /v1/agent/assignments/NODE), and it reports an engine's new state at once: with
+    reports a minute apart, a model's replica is ready, and its engine gone after the
+    model is deleted, each within seconds. Before, each waited for a report."""
+    c = cluster
+    start_fleet(c, ["n1"], interval=60.0)
+    c.apply([model("m", 1)])
+    [replica] = wait_ready(c, "m", 1, timeout=25)
+    pids = c.engine_pids()[replica["id"]]
+    c.ctl("delete", "model", "m")
+    assert_engines_gone(c, "n1", {replica["id"]}, pids)
+    wait_until(lambda: not c.get("/v1/replicas"), timeout=20, what="the replica gone")

@@ -55,7 +55,9 @@ async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
         )
     )
     # No background reconcile: a placement between two views is not the request's doing.
-    settings = ControllerSettings(state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400)
+    settings = ControllerSettings(
+        state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400, reconcile_on_news=False
+    )
     app = create_app(settings)
     c = await aiohttp_client(app)
     resp = await c.post("/v1/agent/report", json=report_body(), headers=auth(AGENT))

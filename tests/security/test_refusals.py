@@ -31,7 +31,9 @@ async def client(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClient:
         ),
         ((FILE_CRED, FILE_NODE),),
     )
-    settings = ControllerSettings(state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400)
+    settings = ControllerSettings(
+        state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400, reconcile_on_news=False
+    )
     c = await aiohttp_client(create_app(settings))
     resp = await c.post("/v1/agent/report", json=report_body(), headers=auth(AGENT))
     assert resp.status == 200

@@ -75,7 +75,9 @@ async def every_kind(aiohttp_client: ClientFactory, tmp_path: Path) -> TestClien
         ),
         nodes=((NODE, "gpu01"),),
     )
-    settings = ControllerSettings(state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400)
+    settings = ControllerSettings(
+        state_dir=tmp_path, tokens=tokens, reconcile_interval_s=86_400, reconcile_on_news=False
+    )
     return await aiohttp_client(create_app(settings))
 
 

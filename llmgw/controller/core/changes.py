@@ -89,6 +89,7 @@ class ChangeLog:
         self._latest: dict[ChangeKind, dict[str, int]] = {kind: {} for kind in ChangeKind}
         self._newest: dict[ChangeKind, int] = dict.fromkeys(ChangeKind, 0)  # by kind, any key
         self._changed: asyncio.Event | None = None  # made by the first waiter
+        self.closed = False  # its term ended: long polls on it end at once
 
     def append(self, kind: ChangeKind, key: str) -> int:
         self.revision += 1
@@ -138,11 +139,20 @@ class ChangeLog:
             for i, (kind, key) in enumerate(zip(reversed(kinds), reversed(keys), strict=True))
         ]
 
+    def close(self) -> None:
+        """The term this log is of ended (stepped down, stopping): every wait ends now,
+        and its answer is a follower's 503 (the front middleware's check)."""
+        self.closed = True
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
     async def wait_changed(self, after_revision: int, timeout_s: float) -> int:
-        """Return the revision once it is past `after_revision`, or after `timeout_s`."""
+        """Return the revision once it is past `after_revision`, or after `timeout_s`
+        (at once once the log is closed)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.revision <= after_revision:
+        while self.revision <= after_revision and not self.closed:
             left = deadline - loop.time()
             if left <= 0:
                 break

@@ -35,6 +35,10 @@ class ControllerSettings:
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
     reconcile_interval_s: float = 1.0
+    # A pass also runs as soon as something the loop waits on happened (an engine
+    # ready, asleep or failed; held requests; a gateway letting go): `Term.decide_soon`.
+    # Off only where a test drives every pass itself.
+    reconcile_on_news: bool = True
     # A replica marked stopping is stopped once every live gateway has let go of
     # it, or after this long, whichever is first (endpoints.py).
     stop_grace_s: float = 60.0

@@ -51,6 +51,7 @@ def create_app(settings: ControllerSettings) -> web.Application:
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(_fleet_ctx)
+    app.on_shutdown.append(_step_down)
     if settings.metrics_listen:
         app.cleanup_ctx.append(_metrics_site_ctx)
     return app
@@ -71,6 +72,14 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await lead.stop()
     store.close()
+
+
+async def _step_down(app: web.Application) -> None:
+    """As shutdown begins (the port closed, requests under way not yet waited for): stop
+    leading, so no decision is taken unheard and long polls end at once."""
+    lead = app.get(LEADERSHIP)
+    if lead is not None:
+        await lead.stop()
 
 
 async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:

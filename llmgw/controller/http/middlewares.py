@@ -63,8 +63,11 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
     return resp
 
 
-# What a node credential may do: report as its node (and say who it is).
-NODE_CREDENTIAL_ROUTES = frozenset({"POST /v1/agent/report", "GET /v1/whoami"})
+# What a node credential may do: report as its node, follow its assignments (the
+# handlers check it is its node), and say who it is.
+NODE_CREDENTIAL_ROUTES = frozenset(
+    {"POST /v1/agent/report", "GET /v1/agent/assignments/{name}", "GET /v1/whoami"}
+)
 
 
 def auth_middleware(

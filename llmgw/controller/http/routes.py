@@ -40,6 +40,7 @@ from llmgw.controller.http.handlers.models import (
     undo_rollout,
 )
 from llmgw.controller.http.handlers.nodes import (
+    agent_assignments,
     agent_report,
     cordon,
     drain,
@@ -63,6 +64,7 @@ from llmgw.controller.http.keys import Handler
 
 ROUTES: list[tuple[str, str, Handler, frozenset[Role]]] = [
     ("POST", "/v1/agent/report", agent_report, AGENT_ROLES),
+    ("GET", "/v1/agent/assignments/{name}", agent_assignments, AGENT_ROLES),
     ("GET", "/v1/summary", summary, READ_ROLES),
     ("GET", "/v1/nodes", list_nodes, READ_ROLES),
     ("GET", "/v1/nodes/{name}", get_node, READ_ROLES),

@@ -41,6 +41,7 @@ duplicating or losing a replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,8 @@ SLICE_S = 0.002
 # Wall time a pass (in `run`) spends placing before it leaves the rest to the
 # next: a first look at many models, or a big change, is spread over seconds.
 PASS_S = 0.05
+# The least time between passes when they are asked for sooner (`Term.decide_soon`).
+SOON_GAP_S = 0.05
 
 
 def drain_plan(term: Term, nodes: list[str]) -> DrainPlan:
@@ -115,9 +118,17 @@ class Reconciler:
         self.memory = LoopMemory() if memory is None else memory
 
     async def run(self, interval_s: float) -> None:
+        """A pass every `interval_s`, or sooner when the term says something the loop
+        waits on happened (`Term.decide_soon`), at most one a SOON_GAP_S."""
+        soon = self.term.decide_soon
+        if not self.term.facts.settings.reconcile_on_news:
+            soon = asyncio.Event()  # never set
         while True:
+            soon.clear()
             await self.run_pass()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(min(SOON_GAP_S, interval_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(soon.wait(), max(0.0, interval_s - SOON_GAP_S))
 
     async def run_pass(self) -> None:
         """One pass, letting the event loop run between its slices."""

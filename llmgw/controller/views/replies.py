@@ -3,14 +3,23 @@
 Most replies repeat the node's last one word for word, so `Replies` keeps each
 node's last reply, encoded, until the log says the node's facts, admin flag or
 assignments changed (follow.py).
+
+An agent also long-polls its reply (`GET /v1/agent/assignments`): a change of its
+assignments reaches it at once, not at its next report (a wake waited up to two
+report intervals, 5 s each by default). Each waiting agent waits on its own node's
+event, set as the log says its reply changed; one task follows the log for all of
+them while any waits, so a change wakes only the agents it concerns.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from llmgw.controller.core.changes import Change, ChangeKind
 from llmgw.controller.state.facts import Facts
 from llmgw.controller.views.follow import Follower
-from llmgw.wire import ModelSpec, ReplicaState, ReportReply, ShardAssignment
+from llmgw.wire import ModelSpec, ReplicaState, ReportReply, ShardAssignment, reply_version
 
 
 def rendezvous_port(replica_id: str) -> int:
@@ -84,6 +93,9 @@ class Replies(Follower):
     def __init__(self, facts: Facts) -> None:
         super().__init__(facts)
         self._last: dict[str, bytes] = {}
+        self._waiting: dict[str, asyncio.Event] = {}  # node -> set when its reply changed
+        self._waiters = 0
+        self._pump: asyncio.Task[None] | None = None
 
     def reply(self, node: str, now: float) -> ReportReply:
         """The answer to the report `node` just sent (`Facts.ingest` took it at `now`)."""
@@ -97,14 +109,66 @@ class Replies(Follower):
             body = self._last[node] = reply(self._facts, node, now).model_dump_json().encode()
         return body
 
+    async def changed_reply(self, node: str, have: str, wait_s: float) -> tuple[str, bytes]:
+        """(version, reply) of `node`, once its version is not `have` or after `wait_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            entry = self._facts.nodes.get(node)
+            if entry is not None and entry.received_at is not None:
+                body = self.reply_json(node, self._facts.clock())
+                version = reply_version(body)
+            else:
+                # Not heard from this term (a restart, a takeover): its address, and so
+                # its assignments' leader addresses, are not known yet, and an answer
+                # now would restart its engines. Its report answers it meanwhile.
+                body, version = b"", have
+            left = deadline - loop.time()
+            if version != have or left <= 0 or self._facts.log.closed:
+                return version, body  # (closed: the front middleware answers 503)
+            event = self._waiting.setdefault(node, asyncio.Event())
+            self._waiters += 1
+            self._ensure_pump()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+            finally:
+                self._waiters -= 1
+                if not self._waiters:
+                    self._waiting.clear()
+
+    def _ensure_pump(self) -> None:
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.create_task(self._follow(), name="replies-follow")
+
+    async def _follow(self) -> None:
+        """While agents wait: catch up with the log as it moves (which sets their events)."""
+        revision = self._facts.revision
+        while self._waiters:
+            revision = await self._facts.wait_changed(revision, 5.0)
+            if self._facts.log.closed:
+                for node in list(self._waiting):
+                    self._wake(node)
+                return
+            self.catch_up(self._facts.clock())
+
     def changed(self, change: Change, now: float) -> None:
         self._last.pop(change.key, None)
+        self._wake(change.key)
 
     def removed(self, change: Change, now: float) -> None:
         self._last.pop(change.key, None)
+        self._wake(change.key)
 
     def resync(self, revision: int, now: float) -> None:
         self._last.clear()
+        for node in list(self._waiting):
+            self._wake(node)
+
+    def _wake(self, node: str) -> None:
+        event = self._waiting.pop(node, None)
+        if event is not None:
+            event.set()
 
     def holds(self, key: str) -> bool:
         return key in self._last

@@ -36,9 +36,12 @@ async def gateway_status(request: web.Request) -> web.Response:
     body = await parse_body(
         request, GatewayStatus, limit=term_of(request.app).gateways.status_bytes()
     )
-    took = term_of(request.app).gateways.report(body, by=who(request))
+    term = term_of(request.app)
+    took = term.gateways.report(body, by=who(request))
+    if body.held or body.released:  # a wake, or a stop, waits on the loop's next pass
+        term.decide_soon.set()
     if body.keys_used:
-        term_of(request.app).client_keys.used(body.keys_used)
+        term.client_keys.used(body.keys_used)
     return json_model(GatewayStatusReply(full=not took))
 
 

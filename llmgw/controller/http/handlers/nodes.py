@@ -13,11 +13,12 @@ from llmgw.controller.core.admin_flags import BY_LLMGW
 from llmgw.controller.core.auth import Identity
 from llmgw.controller.http.adapter_views import adapter_views
 from llmgw.controller.http.authorize import report_refusal
-from llmgw.controller.http.keys import METRICS, REFUSALS, term_of
+from llmgw.controller.http.keys import LEADERSHIP, METRICS, REFUSALS, term_of
 from llmgw.controller.http.web_io import json_model, node_param, parse_body, who
 from llmgw.controller.loop.reconcile import drain_plan as plan_drain
 from llmgw.controller.state.facts import Facts
-from llmgw.errors import BadRequest, Conflict, NotRevocable, PermissionDenied
+from llmgw.controller.views.endpoints import MAX_WAIT_S
+from llmgw.errors import BadRequest, Conflict, NotRevocable, NotTheLeader, PermissionDenied
 from llmgw.wire import (
     AdminFlag,
     DrainPlanRequest,
@@ -54,6 +55,31 @@ async def agent_report(request: web.Request) -> web.Response:
     finally:
         request.app[METRICS].reports.observe(time.perf_counter() - started, outcome)
     return web.Response(body=body, content_type="application/json")
+
+
+async def agent_assignments(request: web.Request) -> web.Response:
+    """A node's reply (flag, state, assignments) once it is not the one the agent has
+    (`If-None-Match`), waiting up to `?wait=S`; 304 if it is still that one."""
+    node = node_param(request)
+    identity: Identity = request["identity"]
+    if identity.node is not None and identity.node != node:
+        raise PermissionDenied(f"this credential speaks for node {identity.node!r}, not {node!r}")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    term = term_of(request.app)
+    term.facts.require(node)  # 404 for a node that never reported
+    have = request.headers.get("If-None-Match", "").strip('"')
+    version, body = await term.replies.changed_reply(node, have, wait)
+    if term_of(request.app) is not term:  # stepped down and led again meanwhile
+        raise NotTheLeader(request.app[LEADERSHIP].leader_url)
+    headers = {"ETag": f'"{version}"'}
+    if version == have:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 async def summary(request: web.Request) -> web.Response:
