@@ -446,10 +446,16 @@ class Follower:
                 load = await self.smg.load()
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
                 load = None  # SMG is down: nothing is in flight through it
-            if load is not None:
-                for url, rid in by_url.items():
-                    in_flight[rid] = load.in_flight.get(url, 0)
-                    requests[rid] = load.requests.get(url, 0)
+            sent, sent_requests = self.explainer.sent, self.explainer.sent_requests
+            for url, rid in by_url.items():
+                # Through SMG, and held requests sent on by the explainer (past SMG's count).
+                ours, ours_in_all = sent.get(url, 0), sent_requests.get(url, 0)
+                if load is not None:
+                    ours += load.in_flight.get(url, 0)
+                    ours_in_all += load.requests.get(url, 0)
+                if load is not None or ours_in_all:
+                    in_flight[rid] = ours
+                    requests[rid] = ours_in_all
             released = await self._released()
             body: dict[str, object] = {
                 "name": self.name,
