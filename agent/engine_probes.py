@@ -11,6 +11,7 @@ own readings on the engine (health_failures, tracker, progress, start_watch, met
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from enum import StrEnum
@@ -197,11 +198,13 @@ class EngineProbes:
         headers = self.http.headers(eng)
         metrics_url = url(eng, eng.template.metrics_path)
         sample = await scrape(session, metrics_url, timeout_s=timeout_s, headers=headers)
-        held = None
         if sample is not None and eng.template.load_path is not None:
+            # Idleness, in flight and the hung rule all read it: a stopped engine core
+            # leaves its gauges at 0 while its server holds requests.
             load_url = url(eng, eng.template.load_path)
             held = await server_load(session, load_url, timeout_s=timeout_s, headers=headers)
+            sample = dataclasses.replace(sample, server_load=held)
         if sample is not None and eng.state is ShardState.READY:
             eng.tracker.observe(sample)
             eng.meter.observe(sample)
-            eng.progress.observe(sample, held)
+            eng.progress.observe(sample)

@@ -44,7 +44,8 @@ agent's and the gateway's `/health` and `/metrics` probes out of its access log
 is where the engine's HTTP server counts the requests it holds (vLLM's `/load`, which
 the built-in template turns on): a vLLM whose engine core is stopped keeps its
 `/metrics` gauges at their last values, often 0, so only that count shows the
-requests waiting in it.
+requests waiting in it: the agent reports the higher of the two as in flight, and a
+request held there keeps the engine from reading as idle (and counts for the hung rule).
 
 `api_key_env` names the environment variable that gives the engine its replica's
 key (`VLLM_API_KEY` by default: vLLM, and the fake engine, then answer their API
@@ -149,8 +150,9 @@ class EngineTemplate(BaseModel):
     probes: Literal["quiet", "logged"] = "quiet"
     quiet_probes_args: Command | None = None  # the engine's option to not log the probes
     # Where the engine's HTTP server says how many requests it holds (vLLM's /load,
-    # {"server_load": N}, with --enable-server-load-tracking): work the hung rule sees
-    # when a stopped engine core no longer updates its gauges.
+    # {"server_load": N}, with --enable-server-load-tracking): in flight, idleness and
+    # the hung rule read it, since a stopped engine core no longer updates its gauges.
+    # None: the /metrics gauges alone (vLLM without the option answers 0 here).
     load_path: UrlPath | None = None
     sleep: SleepMode | None = None  # None: this engine cannot sleep
     # Where the engine reads its replica's key (None: it cannot take one so).

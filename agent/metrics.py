@@ -81,6 +81,16 @@ class EngineSample:
     latency_buckets: Mapping[float, float] = field(default_factory=dict)
     # The same for the time-to-first-token histogram.
     ttft_buckets: Mapping[float, float] = field(default_factory=dict)
+    # Requests the engine's HTTP server holds (vLLM's `/load`), where its template
+    # reads it; None: not read. A stopped engine core keeps its gauges at their last
+    # values (often 0), so only this count sees the requests waiting in it.
+    server_load: int | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the engine: its gauges (running and queued) or its server's
+        count, whichever is higher."""
+        return max(int(sum(self.gauges.values())), self.server_load or 0)
 
 
 def parse_engine_metrics(text: str) -> EngineSample | None:
@@ -133,7 +143,7 @@ class IdleTracker:
     def observe(self, sample: EngineSample) -> bool:
         """Record a good scrape; returns whether it showed activity."""
         now = self._clock()
-        active = any(v > 0 for v in sample.gauges.values())
+        active = sample.in_flight > 0
         counters = dict(sample.counters)
         if self._baseline is None:
             # First reading: start the clock now, whatever the counters say. Never

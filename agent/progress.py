@@ -5,9 +5,9 @@ nothing (a stopped or wedged EngineCore process): health alone cannot see a hang
 The engine's own counters can: a hung engine has requests running or waiting
 and its token counters stand still. Its gauges alone do not say so: a stopped
 core stops updating them, so a request that arrives after it stopped is never
-counted there; the HTTP server's own count (vLLM's /load) is, and is passed in
-as `held`. A busy engine is the opposite case: its
-`/health` may answer slowly, but its counters move. Pure, like `IdleTracker`:
+counted there; the HTTP server's own count (vLLM's /load) is, and comes in the
+sample (`EngineSample.in_flight` takes the higher of the two). A busy engine is
+the opposite case: its `/health` may answer slowly, but its counters move. Pure, like `IdleTracker`:
 feed it the samples of successive scrapes, ask how long it has been stalled.
 """
 
@@ -25,20 +25,10 @@ TOKENS = (
     "sglang:prompt_tokens_total",
     "sglang:generation_tokens_total",
 )
-WORK = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-)
 
 
 def tokens(sample: EngineSample) -> float:
     return sum(sample.counters.get(n, 0.0) for n in TOKENS)
-
-
-def work(sample: EngineSample) -> int:
-    return int(sum(sample.gauges.get(n, 0.0) for n in WORK))
 
 
 class ProgressWatch:
@@ -51,10 +41,10 @@ class ProgressWatch:
         self.work = 0  # requests running or waiting at the last scrape
         self.moved_at: float | None = None  # when the token counters last moved
 
-    def observe(self, sample: EngineSample, held: int | None = None) -> None:
-        """One scrape; `held`: requests the engine's HTTP server holds, when it says."""
+    def observe(self, sample: EngineSample) -> None:
+        """One scrape (with the server's count of what it holds, where read)."""
         now = self._clock()
-        count, self.work = tokens(sample), max(work(sample), held or 0)
+        count, self.work = tokens(sample), sample.in_flight
         moved = self._tokens is not None and count != self._tokens  # a fall is a restart
         self._tokens = count
         if moved:

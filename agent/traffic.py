@@ -94,7 +94,7 @@ class TrafficMeter:
     @property
     def busy(self) -> bool:
         """The last scrape saw requests in it (running or queued)."""
-        return bool(self._samples) and sum(self._samples[-1][1].gauges.values()) > 0
+        return bool(self._samples) and self._samples[-1][1].in_flight > 0
 
     def traffic(self) -> EngineTraffic | None:
         """The figures, or None before two scrapes have been seen."""
@@ -110,7 +110,7 @@ class TrafficMeter:
         p50 = median(first, last)
         return EngineTraffic(
             requests_per_s=round(max(0.0, served) / span, 3),
-            in_flight=int(sum(last.gauges.values())),  # the gauges kept: running and queued
+            in_flight=last.in_flight,  # running and queued, or the server's count (`/load`)
             p50_latency_s=None if p50 is None else round(p50[0], 4),
             p50_upper_bound=p50 is not None and p50[1],
             p50_metric=None if p50 is None else p50[2],

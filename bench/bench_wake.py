@@ -134,6 +134,7 @@ def main() -> None:
     p.add_argument("--wake-seconds", type=float, default=1.0)
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-wake-"))
+    print(f"logs in {root}", flush=True)
     fleets = [Fleet(root, "feed", []), Fleet(root, "reports", ["--assignments-wait", "0"])]
     try:
         for f in fleets:

@@ -141,8 +141,10 @@ class ReplicasTable(FittedTable):
         )
 
 
-class HistoryTable(KeyedTable):
+class HistoryTable(FittedTable):
     BORDER_TITLE = "Cordon / drain history"
+    # Every column stays; a long reason is cut at the pane's edge (`ctl node` has it whole).
+    FILL = "reason"
 
     def on_mount(self) -> None:
         for key, title in (
@@ -158,6 +160,7 @@ class HistoryTable(KeyedTable):
         # keyed by position from the oldest so keys stay stable as events arrive.
         n = len(events)
         self.sync({str(n - i): self._row_cells(e) for i, e in enumerate(events)})
+        self.fit()  # a longer reason may not fit any more
 
     @staticmethod
     def _row_cells(e: AdminEvent) -> tuple[Text, ...]:

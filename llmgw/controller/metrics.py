@@ -256,7 +256,7 @@ class FleetCollector(Collector):
         )
         in_flight = GaugeMetricFamily(
             "llmgw_model_autoscaler_in_flight",
-            "Requests in flight as the autoscaler reads them (averaged over its window).",
+            "Requests in flight as the autoscaler reads them (averaged over its scale-up window).",
             labels=["model"],
         )
         for v in fleet.model_views():

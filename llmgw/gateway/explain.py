@@ -14,8 +14,11 @@ A model asleep at zero replicas (its reason's kind is `asleep`) is not
 answered at once: its requests are held (at most `MAX_HELD` per model), counted
 in the gateway's status so that the controller wakes it, and each is sent to a
 replica of the model as soon as one serves, its answer streamed back as it
-comes; the client sees latency, not an error. Past the wake timeout, or when
-the model turns out unplaceable, a held request gets the 503 and the reason.
+comes; the client sees latency, not an error. Sent on, it is counted as that
+replica's in flight (`sent`), no longer held: the engine counts it from then on,
+and the controller takes the gateways' figure or the engines', not both. Past
+the wake timeout, or when the model turns out unplaceable, a held request gets
+the 503 and the reason.
 A held request whose client leaves is dropped at once: no longer counted, never sent.
 
 LoRA adapters (issue 33) are routed here too. SMG takes one model per worker URL
@@ -68,7 +71,12 @@ class Explainer:
         self.reasons: dict[str, tuple[str, Unserved | None]] = {}
         self.port = 0
         self.wake_timeout_s = wake_timeout_s
-        self.held: Counter[str] = Counter()  # model -> requests held now
+        self.held: Counter[str] = Counter()  # model -> requests held now (waiting)
+        # A held request sent on to a woken replica is that replica's in flight, no longer
+        # held: engine URL -> such requests in flight, and sent in all (the status adds
+        # them to the replica's, as SMG's own; they do not pass through SMG's count).
+        self.sent: Counter[str] = Counter()
+        self.sent_requests: Counter[str] = Counter()
         self._on_hold = on_hold  # told when a request is first held (the status goes early)
         self._serving: dict[str, list[str]] = {}  # model -> URLs of engines serving it
         self._keys: dict[str, str] = {}  # engine URL -> the key it asks for
@@ -110,6 +118,9 @@ class Explainer:
         """Where each model is served now: held requests go there."""
         if serving != self._serving:
             self._serving = {m: list(urls) for m, urls in serving.items()}
+            live = {u for urls in serving.values() for u in urls} | set(self.sent)
+            for gone in self.sent_requests.keys() - live:  # bounded by the engines serving
+                del self.sent_requests[gone]
             self._tell()
 
     def set_keys(self, keys: Mapping[str, str]) -> None:
@@ -182,6 +193,7 @@ class Explainer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wake_timeout_s
         self.held[model] += 1
+        holding = True
         if self.held[model] == 1 and self._on_hold is not None:
             self._on_hold()
         try:
@@ -189,7 +201,18 @@ class Explainer:
                 urls = self._serving.get(model)
                 if urls:
                     url = urls[next(self._turn) % len(urls)]
-                    answer = await self._forward(request, model, url, body)
+                    # Sent on: the replica's in flight from now (the engine counts it
+                    # too), no longer held, so that the model's figure counts it once.
+                    self._unhold(model)
+                    holding = False
+                    self.sent[url] += 1
+                    self.sent_requests[url] += 1
+                    try:
+                        answer = await self._forward(request, model, url, body)
+                    finally:
+                        self.sent[url] -= 1
+                        if not self.sent[url]:
+                            del self.sent[url]
                     assert answer is not None  # only `not_there` answers None
                     return answer
                 _, why = self.reasons.get(slug(model), (model, None))
@@ -209,9 +232,8 @@ class Explainer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(news.wait(), left)
         finally:
-            self.held[model] -= 1
-            if not self.held[model]:
-                del self.held[model]
+            if holding:
+                self._unhold(model)
 
     async def _route_adapter(self, request: web.Request, name: str) -> web.StreamResponse:
         """Send a request for adapter `name` to a replica holding it, holding it

@@ -50,6 +50,7 @@ CARRY_TIMEOUT_S = 30.0
 # or its API (measured with smg 1.13, fake and vLLM engines alike): a removal waits that
 # long as a matter of course, and only past this bound is it a failure.
 REMOVE_TIMEOUT_S = 20.0
+RELEASE_WAIT_S = 2.0  # for SMG to list a removed worker draining, before the status says so
 EVICT_EVERY_S = 1.0  # how often SMG's workers are checked for ones llmgw did not add
 # How often the metered counts go to the controller, and so how late a gateway hears
 # what the others spent against a limit (gateway/limits.py: the overshoot bound).
@@ -337,6 +338,15 @@ class Follower:
         ):
             self.routed = cursor
             self.nudge.set()  # an apply that declared a model waits on it
+        # SMG routes nothing more to a removed worker once it lists it draining (within
+        # a few tenths of a second; gone about 5 s later): the status says the stopping
+        # ones released then (`_released`), for their stop, a sleep or a switch waits
+        # on it, rather than at its next second.
+        if leaving and await self._until(
+            lambda w: not any(w.get(u) for u in leaving) or self._more_to_add(serving),
+            RELEASE_WAIT_S,
+        ):
+            self.nudge.set()
         if not await self._until(
             lambda w: not w.keys() - serving.keys() or self._more_to_add(serving),
             REMOVE_TIMEOUT_S,
@@ -408,9 +418,12 @@ class Follower:
     # -- status ---------------------------------------------------------------------------------
 
     async def _released(self) -> list[str]:
-        """Replicas the feed says are stopping whose workers SMG no longer lists (nor
-        the wanted set): this gateway routes nothing more to them, whatever else it is
-        still applying. None while SMG does not answer."""
+        """Replicas the feed says are stopping whose workers SMG no longer routes to
+        (it lists them draining, or no longer lists them) and the wanted set no longer
+        has: this gateway sends nothing more to them, whatever else it is still
+        applying. None while SMG does not answer. (Measured with smg 1.13: a removed
+        worker is listed draining 0.15 s after the change and gets no new request from
+        then on; it leaves the list about 5 s later, which a stop waited for.)"""
         stopping = {e.url: rid for rid, e in self.endpoints.items() if e.state == "stopping"}
         if not stopping:
             return []
@@ -419,7 +432,7 @@ class Follower:
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
             return []
         return sorted(
-            rid for url, rid in stopping.items() if url not in listed and url not in self.written
+            rid for url, rid in stopping.items() if not listed.get(url) and url not in self.written
         )
 
     async def _status(self, http: aiohttp.ClientSession) -> None:
@@ -436,10 +449,16 @@ class Follower:
                 load = await self.smg.load()
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
                 load = None  # SMG is down: nothing is in flight through it
-            if load is not None:
-                for url, rid in by_url.items():
-                    in_flight[rid] = load.in_flight.get(url, 0)
-                    requests[rid] = load.requests.get(url, 0)
+            sent, sent_requests = self.explainer.sent, self.explainer.sent_requests
+            for url, rid in by_url.items():
+                # Through SMG, and held requests sent on by the explainer (past SMG's count).
+                ours, ours_in_all = sent.get(url, 0), sent_requests.get(url, 0)
+                if load is not None:
+                    ours += load.in_flight.get(url, 0)
+                    ours_in_all += load.requests.get(url, 0)
+                if load is not None or ours_in_all:
+                    in_flight[rid] = ours
+                    requests[rid] = ours_in_all
             released = await self._released()
             body: dict[str, object] = {
                 "name": self.name,

@@ -15,10 +15,11 @@ class Clock:
         return self.now
 
 
-def sample(tokens: float, running: float = 0.0) -> EngineSample:
+def sample(tokens: float, running: float = 0.0, held: int | None = None) -> EngineSample:
     return EngineSample(
         gauges={"vllm:num_requests_running": running},
         counters={"vllm:generation_tokens_total": tokens},
+        server_load=held,
     )
 
 
@@ -26,9 +27,9 @@ def test_requests_only_the_server_counts_are_work() -> None:
     # A stopped vLLM engine core: its gauges stay 0, its HTTP server holds a request.
     clock = Clock()
     watch = ProgressWatch(clock)
-    watch.observe(sample(100), held=1)
+    watch.observe(sample(100, held=1))
     clock.now = 20
-    watch.observe(sample(100), held=1)
+    watch.observe(sample(100, held=1))
     assert watch.work == 1 and watch.stalled_s() == 20
 
 
@@ -37,11 +38,11 @@ def test_no_work_or_moving_tokens_is_not_stalled() -> None:
     watch = ProgressWatch(clock)
     watch.observe(sample(100))  # an engine that does not say what it holds, idle
     clock.now = 20
-    watch.observe(sample(100), held=None)
+    watch.observe(sample(100, held=None))
     assert watch.stalled_s() == 0
     watch.observe(sample(100, running=2))
     clock.now = 30
-    watch.observe(sample(140, running=2), held=2)  # busy and producing
+    watch.observe(sample(140, running=2, held=2))  # busy and producing
     assert watch.stalled_s() == 0 and watch.moved_since(25)
 
 

@@ -97,3 +97,20 @@ def test_the_fake_engines_metrics_body_reads_as_vllms() -> None:
     # From the fine time-to-first-token histogram, not e2e's first bucket (0.15 s before).
     assert t.p50_metric == "ttft" and not t.p50_upper_bound
     assert t.p50_latency_s is not None and 0.02 < t.p50_latency_s <= 0.04
+
+
+def test_in_flight_counts_what_only_the_server_holds() -> None:
+    # A stopped engine core: gauges at 0, the server's `/load` says 2 held.
+    clock = Clock()
+    meter = TrafficMeter(clock, window_s=30)
+    meter.observe(sample(10))
+    clock.t += 5
+    stopped = EngineSample(
+        gauges={"vllm:num_requests_running": 0.0},
+        counters={"vllm:request_success_total": 10},
+        server_load=2,
+    )
+    meter.observe(stopped)
+    t = meter.traffic()
+    assert t is not None and t.in_flight == 2
+    assert meter.busy

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from console_fixtures import LiveController
 from console_pilot import loaded, open_detail
 from textual.geometry import Region
 from textual.widget import Widget
 
 from llmgw.console.app import ConsoleApp
 from llmgw.console.format import short_class
-from llmgw.console.screens.detail import GpusTable, ReplicasTable
+from llmgw.console.screens.detail import GpusTable, HistoryTable, ReplicasTable
 from llmgw.console.widgets.gpus import GpuClassBar
 from llmgw.console.widgets.summary import FabricsTable, UnplaceableList
 
@@ -81,4 +82,22 @@ async def test_the_node_detail_replicas_fit_80_columns(make_app: MakeApp) -> Non
         heading = drawn(table)[0].split()
         assert heading[:3] == ["REPLICA", "MODEL", "STATE"] and heading[-1] == "ERROR", heading
         assert "PORT" not in heading and "RANK" not in heading
+        assert table.virtual_size.width <= table.size.width
+
+
+async def test_the_node_detail_history_fits_80_columns(
+    controller: LiveController, make_app: MakeApp
+) -> None:
+    """Issue 35: the cordon/drain history at 80 columns, as the replicas table: WHEN,
+    ACTION, BY and REASON stay; a long reason is cut at the pane's edge (the whole of
+    it is in `ctl node`), so the table needs no sideways scroll."""
+    why = "RMA: " + "fan tray 2 failing, PSU 1 replaced, BMC firmware to update, " * 3
+    controller.admin("bob", lambda a: a.cordon("gpu-a01", why.strip()))
+    async with make_app().run_test(size=(80, 24)) as pilot:
+        app = await loaded(pilot)
+        await open_detail(pilot, "gpu-a01")
+        table = app.screen.query_one(HistoryTable)
+        lines = drawn(table)
+        assert lines[0].split() == ["WHEN", "ACTION", "BY", "REASON"], lines[0]
+        assert any("RMA: fan tray" in line and "bob" in line for line in lines), lines
         assert table.virtual_size.width <= table.size.width

@@ -16,7 +16,7 @@ from fleet_factories import FakeClock
 from loading_sim import LoadingSim
 from pydantic import ValidationError
 
-from llmgw.controller.core.autoscale import WINDOW_S, Autoscaler
+from llmgw.controller.core.autoscale import DOWN_WINDOW_S, UP_WINDOW_S, Autoscaler
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.present import Meaning, model_words
 from llmgw.wire import EventReason, ModelSpec, ModelView, ReplicaState, ScalingState
@@ -75,14 +75,14 @@ def test_a_rise_during_the_wait_starts_it_again() -> None:
     for _ in range(10):  # quiet: the wait starts
         t += 1.0
         scaler.decide(SPEC, 0.0, 3, t)
-    for _ in range(int(WINDOW_S) + 2):  # load again until the window's mean needs 3
+    for _ in range(int(DOWN_WINDOW_S) + 2):  # load again until the window's mean needs 3
         t += 1.0
         assert scaler.decide(SPEC, 6.0, 3, t).desired == 3
     rise = t
     while t < rise + SPEC.scale_down_after_s:  # quiet again: the wait starts over
         t += 1.0
         assert scaler.decide(SPEC, 0.0, 3, t).desired == 3, t
-    while t < rise + SPEC.scale_down_after_s + WINDOW_S:
+    while t < rise + SPEC.scale_down_after_s + DOWN_WINDOW_S:
         t += 1.0
         last = scaler.decide(SPEC, 0.0, 3, t)
     assert last.desired == 2
@@ -102,6 +102,60 @@ def test_noise_around_a_target_does_not_flap() -> None:
         desired.append(d.desired)
     assert changes <= 1, changes
     assert set(desired) <= {2, 3}
+
+
+def test_a_load_step_is_answered_within_the_short_window() -> None:
+    """Quiet, then 6 in flight (3 replicas' worth at target 2), one sample a second:
+    up within the short window, where one window for both ways took half of 10 s."""
+
+    def seconds_to_three(scaler: Autoscaler) -> float:
+        for t in range(20):
+            scaler.decide(SPEC, 0.0, 1, float(t))
+        for t in range(20, 60):
+            if scaler.decide(SPEC, 6.0, 1, float(t)).desired == 3:
+                return t - 20.0
+        raise AssertionError("never scaled up")
+
+    assert seconds_to_three(Autoscaler()) <= UP_WINDOW_S
+    # The one-window rule (both windows the long one) waited for the mean to pass 4.
+    assert seconds_to_three(Autoscaler(DOWN_WINDOW_S, up_at=1.0)) >= 0.5 * DOWN_WINDOW_S
+
+
+def test_going_down_reads_the_long_window() -> None:
+    # Three replicas busy, then quiet: a few quiet seconds say nothing yet.
+    scaler = Autoscaler()
+    for t in range(20):
+        scaler.decide(SPEC, 6.0, 3, float(t))
+    for t in range(20, 20 + int(UP_WINDOW_S) + 1):
+        d = scaler.decide(SPEC, 0.0, 3, float(t))
+    assert d.in_flight == 0.0  # the short window is quiet already
+    assert d.desired == 3 and "down to" not in d.why  # the long one is not: no wait begun
+
+
+def test_a_burst_may_add_a_replica_and_never_flaps() -> None:
+    """Bursts: two busy seconds in every thirty on a load of 1.5 replicas' worth.
+    The short window may answer the first burst; the long one and the wait keep it
+    from going down and up again."""
+    rng = random.Random(3)
+    spec = SPEC.model_copy(update={"max_replicas": 6})
+    scaler = Autoscaler()
+    ups, went_down, cycles = 0, False, 0
+    for t in range(3600):
+        x = 12.0 if t % 30 < 2 else max(0.0, rng.gauss(3.0, 0.5))
+        d = scaler.decide(spec, x, 2, float(t))
+        ups += d.changed > 0
+        cycles += d.changed > 0 and went_down
+        went_down = went_down or d.changed < 0
+    assert ups == 1 and cycles == 0, (ups, cycles)
+
+
+def test_the_windows_are_checked() -> None:
+    with pytest.raises(ValueError, match="scale-up window"):
+        Autoscaler(up_window_s=20.0, down_window_s=10.0)
+    with pytest.raises(ValueError, match="scale-up window"):
+        Autoscaler(up_window_s=0.0)
+    with pytest.raises(ValueError, match="flap"):
+        Autoscaler(up_at=0.95)
 
 
 def test_a_new_term_starts_at_the_count_it_has() -> None:
@@ -287,7 +341,7 @@ def test_demand_back_before_the_stop_takes_the_replica_back(tmp_path: Path) -> N
             break
     [leaving] = [r for r in sim.fleet.facts.records.values() if r.leaving is not None]
     sim.load["chat"] = 12
-    for _ in range(int(WINDOW_S)):
+    for _ in range(int(DOWN_WINDOW_S)):
         sim.step()
     back = sim.fleet.facts.records[leaving.id]
     assert back.leaving is None and back.state is ReplicaState.READY

@@ -34,3 +34,18 @@ def test_each_source_still_counts_what_only_it_sees() -> None:
     # A stalled engine counts nothing; the gateways still hold its requests.
     assert model_in_flight([ready("r1", 0), ready("r2", None)], {"r1": 2, "r2": 1}) == 3
     assert model_in_flight([], {"gone": 4}) == 0  # only the replicas asked about
+
+
+def test_requests_held_through_a_wake_are_counted_once() -> None:
+    """Issue 35: three clients' requests held while the model woke, then sent on to
+    the woken replica. Whichever source was read last, the figure is at most three."""
+    woken = [ready("r1", 3)]  # the engine's scrape has them
+    # The gateway's status from before the send still says held; the engine's is newer.
+    assert model_in_flight(woken, {}, held=3) == 3  # not 3 + 3
+    # The gateway's status after the send: the replica's in flight, nothing held.
+    assert model_in_flight(woken, {"r1": 3}, held=0) == 3
+    # The engine's scrape not there yet: the gateway's figure alone.
+    assert model_in_flight([ready("r1", 0)], {"r1": 3}) == 3
+    assert model_in_flight([], {}, held=3) == 3  # at zero: held is all there is
+    # Held for a model that also serves: the gateways' whole figure against the engines'.
+    assert model_in_flight([ready("r1", 2)], {"r1": 2}, held=1) == 3

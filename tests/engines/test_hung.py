@@ -102,6 +102,39 @@ async def test_engine_with_work_and_no_tokens_is_hung_though_health_answers(
     }
 
 
+async def test_a_request_a_stopped_core_holds_is_in_flight_not_idle(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    # A vLLM whose engine core is stopped keeps its gauges at 0; its HTTP server's
+    # /load (the template turns it on) still counts the request: in flight, not idle.
+    sup = make_supervisor(templates={"fake": {"hung_after_s": 600.0}})
+    await sup.apply([assignment(engine_args=["--load-seconds", "0", "--stall-after", "0"])], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+    port = only(sup).port
+    await wait_for(lambda: only(sup).traffic is not None, what="scraped twice")
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        stuck = asyncio.create_task(s.post(url, json={"prompt": "hi", "max_tokens": 2}))
+        try:
+            await wait_for_async(lambda: _load(port), 1, "the request held")
+            assert 'vllm:num_requests_running{model_name="org/m"} 0.0' in await _metrics(port)
+
+            def held_in_flight() -> bool:
+                traffic = only(sup).traffic
+                return traffic is not None and traffic.in_flight == 1
+
+            await wait_for(held_in_flight, what="in flight from /load")
+            await asyncio.sleep(1.0)  # ten scrapes of a core that does nothing
+            rep = only(sup)
+            assert rep.traffic is not None and rep.traffic.in_flight == 1
+            assert rep.idle_seconds is not None and rep.idle_seconds < 0.5, rep.idle_seconds
+            assert rep.state is ShardState.READY  # not hung yet: 600 s allowed
+        finally:
+            stuck.cancel()
+            with contextlib.suppress(BaseException):
+                await stuck
+
+
 async def test_idle_engine_is_never_hung(make_supervisor: SupervisorFactory) -> None:
     # No work, no tokens: idle, not hung (the stall only shows with a request in it).
     sup = make_supervisor(templates={"fake": {"hung_after_s": 0.3}})

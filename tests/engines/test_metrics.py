@@ -191,3 +191,23 @@ def test_vanished_counter_returning_is_not_a_rise() -> None:
     clock.t += 10
     assert t.observe(sample(counter=9)) is False
     assert t.idle_seconds() == 20.0
+
+
+def test_requests_only_the_server_holds_are_activity() -> None:
+    # A stopped vLLM engine core: its gauges stay at 0 and its counters still, while
+    # its HTTP server holds a request (`/load`). That request is work, not idleness.
+    clock = Clock()
+    t = IdleTracker(clock)
+    t.observe(sample())
+    clock.t += 100
+    held = EngineSample(gauges={"vllm:num_requests_running": 0.0}, server_load=1)
+    assert held.in_flight == 1
+    assert t.observe(held) is True
+    assert t.idle_seconds() == 0.0
+    # Its server holding nothing and gauges at 0: idle again; not read (None): gauges decide.
+    clock.t += 5
+    assert (
+        t.observe(EngineSample(gauges={"vllm:num_requests_running": 0.0}, server_load=0)) is False
+    )
+    assert t.observe(EngineSample(gauges={"vllm:num_requests_waiting": 2.0})) is True
+    assert EngineSample(gauges={"vllm:num_requests_running": 3.0}, server_load=1).in_flight == 3

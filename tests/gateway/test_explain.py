@@ -6,9 +6,13 @@ never by its words (issue 31 item 3), and a controller that sends the words alon
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from pytest_aiohttp import AiohttpServer
 
+from llmgw.agent.fake_engine import FakeConfig, make_app
 from llmgw.gateway.explain import Explainer
 from llmgw.wire import EndpointsDelta, Unserved, UnservedKind
 
@@ -71,6 +75,45 @@ async def test_the_kind_decides_not_the_words() -> None:
             r = await http.post(f"{url}/v1/chat/completions", json={"model": "m"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unplaceable"
         assert e.held == {}
+    finally:
+        await e.stop()
+
+
+async def test_a_held_request_sent_on_is_the_replicas_in_flight_not_held(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """Issue 35: three requests held through a wake; sent on, each is counted as the
+    woken replica's in flight (the engine counts it too) and no longer as held, so
+    that the controller's figure (the gateways' or the engines', not both) stays 3."""
+    engine = await aiohttp_server(make_app(FakeConfig(model="nap", load_seconds=0, latency_s=1.0)))
+    url_engine = str(engine.make_url("")).rstrip("/")
+    e = Explainer(wake_timeout_s=10)
+    await e.start()
+    try:
+        (url,) = e.set_unserved({"nap": Unserved(kind=ASLEEP, message="woken")})
+        body = {"model": "nap", "prompt": "x", "max_tokens": 1}
+        async with httpx.AsyncClient(timeout=10) as http:
+            asking = [
+                asyncio.create_task(http.post(f"{url}/v1/completions", json=body)) for _ in range(3)
+            ]
+            for _ in range(500):
+                if e.held.get("nap") == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert e.held == {"nap": 3} and e.sent == {}
+            e.set_serving({"nap": [url_engine]})
+            for _ in range(500):
+                if e.sent.get(url_engine) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            # In the engine now (latency 1 s): the replica's, not held; 3 in all, not 6.
+            assert e.held == {} and e.sent == {url_engine: 3}
+            assert e.sent_requests == {url_engine: 3}
+            answers = await asyncio.wait_for(asyncio.gather(*asking), 10)
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert e.held == {} and e.sent == {} and e.sent_requests == {url_engine: 3}
+        e.set_serving({})  # no longer served there: its count is let go
+        assert e.sent_requests == {}
     finally:
         await e.stop()
 

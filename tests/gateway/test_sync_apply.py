@@ -19,7 +19,8 @@ from llmgw.wire import Endpoint, Unserved, UnservedKind
 
 class SlowSmg:
     """Lists an added worker at once and routes to it `route_after_s` later (SMG's
-    registration); drops a removed worker `remove_after_s` after the manifest changes."""
+    registration); lists a removed worker as not routed (SMG's draining) at once and
+    drops it `remove_after_s` after the manifest changes."""
 
     def __init__(self, remove_after_s: float, route_after_s: float = 0.0) -> None:
         self.remove_after_s = remove_after_s
@@ -203,6 +204,27 @@ async def test_a_stopping_replica_is_released_once_smg_drops_it_whatever_else_wa
     applying = asyncio.create_task(f._apply({"http://b:1": "b", "http://b:2": "b"}))
     await asyncio.sleep(0.6)
     assert not applying.done(), "the apply (and the cursor) wait on b:2"
+    assert await f._released() == ["a1"]
+    applying.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await applying
+
+
+async def test_a_stopping_replica_is_released_while_smg_still_lists_it_draining() -> None:
+    """SMG lists a removed worker draining (not routed) at once and drops it about 5 s
+    later; it sends it nothing new from the first, so the status says the replica
+    released then, and is posted at once: a switch waited 5-6 s on the drop."""
+    smg = SlowSmg(remove_after_s=5.0)
+    f = follower(smg)
+    await f._apply({"http://a:1": "a", "http://b:1": "b"})
+    f.endpoints = {
+        "a1": Endpoint(replica_id="a1", model="a", url="http://a:1", node="n", fabric=None,
+                       state="stopping"),
+    }  # fmt: skip
+    f.nudge.clear()
+    applying = asyncio.create_task(f._apply({"http://b:1": "b"}))
+    await asyncio.wait_for(f.nudge.wait(), 1.0)
+    assert "http://a:1" in await smg.workers(), "still listed, draining"
     assert await f._released() == ["a1"]
     applying.cancel()
     with contextlib.suppress(asyncio.CancelledError):

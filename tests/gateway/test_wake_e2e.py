@@ -108,6 +108,39 @@ def test_a_model_at_zero_answers_its_first_request_and_goes_back_to_zero(
     gw.stop()
 
 
+def in_flight(c: Cluster, name: str) -> float:
+    """The autoscaler's in-flight figure for `name` (its short window's mean)."""
+    return next(m["in_flight"] for m in c.get("/v1/models") if m["spec"]["name"] == name)
+
+
+def test_requests_held_through_a_wake_are_counted_once(fleet: Cluster) -> None:
+    """Issue 35 item 5: three clients, each with one request that lasts 4 s, sent to a
+    model asleep at zero. Held, then sent on to the woken replica, whose engine counts
+    them too: the autoscaler's figure never exceeds the three that exist (it read
+    six: the gateway still called them held while the engine counted them)."""
+    c = fleet
+    spec = sleepy("trio")
+    spec["engine_args"] = [*spec["engine_args"], "--latency", "4"]
+    c.apply([{**spec, "target_in_flight": 8}])
+    gw = Gateway(c, name="gw-trio")
+    gw.start()
+    wait_until(lambda: listed(gw, "trio"), timeout=30, what="the sleeping model listed")
+    answers: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: answers.append(ask(gw, "trio"))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    seen: list[float] = []
+    while any(t.is_alive() for t in threads):
+        seen.append(in_flight(c, "trio"))
+        time.sleep(0.1)
+    for t in threads:
+        t.join(timeout=60)
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert max(seen) >= 2, seen  # the figure saw them (held, then in the engine)
+    assert max(seen) <= 3, seen  # and never counted one twice
+    gw.stop()
+
+
 def test_a_model_that_cannot_wake_in_time_gets_a_503_with_the_reason(fleet: Cluster) -> None:
     c = fleet
     c.apply([sleepy("slow", load_seconds="30")])

@@ -13,7 +13,8 @@ start), as the operator guide's "the CPU build" says (docs/operator-guide.md).
    median time to first token (within a bucket; never above the client's);
 4. a drain under load fails no request;
 5. a SIGKILLed engine worker is replaced, and its real cause is shown;
-6. a SIGSTOPped engine core (its /health still 200) is found hung and replaced;
+6. a SIGSTOPped engine core (its /health still 200) holds a request that its /load
+   counts (in flight 1, not idle, though its gauges say 0); it is found hung and replaced;
 7. a LoRA adapter (rank 8, random weights, made here) declared on the model: loaded by
    the controller's word when a request for it comes, answered by that replica under
    its own name through the gateway, listed with its parent, unloaded once idle (the
@@ -488,6 +489,20 @@ def test_6_stopped_engine_core_is_found_hung_and_replaced(walk: Walk) -> None:
     asker = threading.Thread(target=ask, daemon=True)
     asker.start()
     started = time.monotonic()
+    # Its gauges stay at 0 (the core counts nothing), but the API server's /load holds
+    # the request: the agent reports it in flight, and the engine as not idle.
+    node = old["shards"][0]["node"]
+
+    def held_by_the_server() -> dict[str, Any] | None:
+        reports = c.get(f"/v1/nodes/{node}")["replicas"]
+        rep = next((r for r in reports if r["id"] == old["id"]), None)
+        traffic = rep.get("traffic") if rep else None
+        return rep if traffic and traffic["in_flight"] == 1 else None
+
+    rep = wait_until(
+        held_by_the_server, timeout=HUNG_AFTER_S, what="in flight 1 from /load", every=0.2
+    )
+    assert rep["idle_seconds"] is not None and rep["idle_seconds"] <= 10, rep
 
     def failure() -> str | None:
         (m,) = [m for m in c.ctl_json("models") if m["spec"]["name"] == MODEL]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmgw.controller.core.auth import Identity
 from llmgw.controller.http.keys import SETTINGS
+from llmgw.controller.views.endpoints import MAX_WAIT_S
 from llmgw.errors import BadRequest, ClientGone, ServerError, SlowBody, TooLarge
 from llmgw.wire import PATTERN_MESSAGES, node_name, validate_json
 
@@ -107,6 +108,17 @@ def node_param(request: web.Request, key: str = "name") -> str:
         return node_name(request.match_info[key])
     except ValueError as exc:
         raise BadRequest(f"no such node can exist: {exc}") from None
+
+
+def wait_param(request: web.Request) -> float:
+    """A long poll's `?wait=S`: seconds, 0 (no wait) to MAX_WAIT_S."""
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise BadRequest("`wait` must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    return wait
 
 
 def who(request: web.Request) -> str:

@@ -40,13 +40,13 @@ def scale(snap: FleetSnapshot, memory: LoopMemory) -> Plan:
     for name, spec in sorted(snap.models.items()):
         mine = snap.replicas_of(name)
         ready = [s for s in mine.standing if s.state is ReplicaState.READY]
-        in_flight = model_in_flight(ready, gateways)
+        held = snap.held_for(name)  # an adapter's held requests wake its base too
         decision = memory.autoscaler.decide(
             spec,
-            in_flight,
+            model_in_flight(ready, gateways, held),
             len(mine.standing),
             snap.now,
-            held=snap.held_for(name),  # an adapter's held requests wake its base too
+            held=held,
             serving=len(ready),
         )
         before = snap.desired[name]

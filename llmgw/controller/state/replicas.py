@@ -70,20 +70,26 @@ class ReplicaStatus:
         return max(engine or 0, gateways or 0)
 
 
-def model_in_flight(replicas: Iterable[ReplicaStatus], gateway_in_flight: Mapping[str, int]) -> int:
+def model_in_flight(
+    replicas: Iterable[ReplicaStatus], gateway_in_flight: Mapping[str, int], held: int = 0
+) -> int:
     """A model's requests in flight over `replicas`: the engines' sum or the
-    gateways' sum, whichever is higher. Not the sum of each replica's higher
-    count: the engines' counts are scraped at other moments than the gateways',
-    and as requests move between replicas the higher of two readings per replica
-    adds up to more than was ever in flight at once (12.8 in flight read as 16+).
-    Each sum alone is one source's reading of the whole model, so it is at most
-    what was in flight, and the higher one still sees requests only one source
-    sees (sent to an engine directly, or stuck in a stalled engine)."""
+    gateways' sum (`held` included: what the gateways hold for the model while it
+    wakes), whichever is higher. Not the sum of each replica's higher count: the
+    engines' counts are scraped at other moments than the gateways', and as
+    requests move between replicas the higher of two readings per replica adds up
+    to more than was ever in flight at once (12.8 in flight read as 16+). Nor the
+    higher count plus `held`: a held request sent on to a woken replica is in the
+    engine's count from its next scrape, and a gateway status read before the send
+    still says it is held (issue 35: the woken model's figure doubled). Each sum
+    alone is one source's reading of the whole model at one moment, so it is at
+    most what was in flight, and the higher one still sees requests only one
+    source sees (sent to an engine directly, held, or stuck in a stalled engine)."""
     engines = gateways = 0
     for r in replicas:
         engines += r.engine_in_flight or 0
         gateways += gateway_in_flight.get(r.record.id, 0)
-    return max(engines, gateways)
+    return max(engines, gateways + held)
 
 
 def replica_status(

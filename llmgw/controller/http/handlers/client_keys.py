@@ -8,11 +8,10 @@ import time
 from aiohttp import web
 
 from llmgw.controller.http.keys import term_of
-from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
+from llmgw.controller.http.web_io import json_model, json_models, parse_body, wait_param, who
 from llmgw.controller.state.client_keys import view
 from llmgw.controller.state.limits import view as limit_view
-from llmgw.controller.views.endpoints import MAX_WAIT_S
-from llmgw.errors import BadRequest, UnknownClientKey
+from llmgw.errors import UnknownClientKey
 from llmgw.wire import ClientKeyRequest
 
 log = logging.getLogger("llmgw.controller")
@@ -47,12 +46,7 @@ async def revoke_client_key(request: web.Request) -> web.Response:
 
 async def client_keys_feed(request: web.Request) -> web.Response:
     """Every key's digest; `?since=CURSOR&wait=S` long-polls until they change."""
-    try:
-        wait = float(request.query.get("wait", "0"))
-    except ValueError:
-        raise BadRequest("`wait` must be a number of seconds") from None
-    if not 0 <= wait <= MAX_WAIT_S:
-        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    wait = wait_param(request)
     keys = term_of(request.app).client_keys
     if wait:
         await keys.wait_past(request.query.get("since", ""), wait)

@@ -7,9 +7,8 @@ from aiohttp import web
 from llmgw.controller.core import cursors
 from llmgw.controller.core.auth import Identity, Role
 from llmgw.controller.http.keys import term_of
-from llmgw.controller.http.web_io import json_model, json_models, parse_body, who
-from llmgw.controller.views.endpoints import MAX_WAIT_S
-from llmgw.errors import BadRequest, Unavailable
+from llmgw.controller.http.web_io import json_model, json_models, parse_body, wait_param, who
+from llmgw.errors import Unavailable
 from llmgw.wire import GatewayStatus, GatewayStatusReply
 
 
@@ -20,12 +19,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
     if not_yet is not None:
         raise Unavailable(not_yet)
     since = request.query.get("since", "")
-    try:
-        wait = float(request.query.get("wait", "0"))
-    except ValueError:
-        raise BadRequest("`wait` must be a number of seconds") from None
-    if not 0 <= wait <= MAX_WAIT_S:
-        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    wait = wait_param(request)
     after = cursors.parse(since, term.run)
     if wait and after is not None and after >= term.facts.revision:
         await term.facts.wait_changed(after, wait)

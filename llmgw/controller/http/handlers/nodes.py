@@ -14,10 +14,9 @@ from llmgw.controller.core.auth import Identity
 from llmgw.controller.http.adapter_views import adapter_views
 from llmgw.controller.http.authorize import report_refusal
 from llmgw.controller.http.keys import LEADERSHIP, METRICS, REFUSALS, term_of
-from llmgw.controller.http.web_io import json_model, node_param, parse_body, who
+from llmgw.controller.http.web_io import json_model, node_param, parse_body, wait_param, who
 from llmgw.controller.loop.reconcile import drain_plan as plan_drain
 from llmgw.controller.state.facts import Facts
-from llmgw.controller.views.endpoints import MAX_WAIT_S
 from llmgw.errors import BadRequest, Conflict, NotRevocable, NotTheLeader, PermissionDenied
 from llmgw.wire import (
     AdminFlag,
@@ -64,12 +63,7 @@ async def agent_assignments(request: web.Request) -> web.Response:
     identity: Identity = request["identity"]
     if identity.node is not None and identity.node != node:
         raise PermissionDenied(f"this credential speaks for node {identity.node!r}, not {node!r}")
-    try:
-        wait = float(request.query.get("wait", "0"))
-    except ValueError:
-        raise BadRequest("`wait` must be a number of seconds") from None
-    if not 0 <= wait <= MAX_WAIT_S:
-        raise BadRequest(f"`wait` must be between 0 and {MAX_WAIT_S:g} seconds")
+    wait = wait_param(request)
     term = term_of(request.app)
     term.facts.require(node)  # 404 for a node that never reported
     have = request.headers.get("If-None-Match", "").strip('"')
