@@ -61,20 +61,24 @@ async def sync(
     state: AdapterState,
     wanted: Mapping[str, str],
     paths: Mapping[str, str],
+    headers: Mapping[str, str] | None = None,
 ) -> None:
     """Unload what is not wanted, then load what is missing (`wanted`: name -> source;
     `paths`: source -> a local directory holding it, from the storage scan)."""
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     state.forget_failures(wanted)
     if state.loaded is None:
-        async with http.get(f"{base_url}/v1/models", timeout=timeout) as r:
+        async with http.get(f"{base_url}/v1/models", timeout=timeout, headers=headers) as r:
             body = await r.json(content_type=None)
         state.loaded = {
             m["id"] for m in body.get("data", []) if isinstance(m, dict) and m.get("parent")
         }
     for name in sorted(state.loaded - wanted.keys()):
         async with http.post(
-            f"{base_url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=timeout
+            f"{base_url}/v1/unload_lora_adapter",
+            json={"lora_name": name},
+            timeout=timeout,
+            headers=headers,
         ) as r:
             text = await r.text()
         if r.status in (200, 404):  # 404: it holds it no longer
@@ -90,6 +94,7 @@ async def sync(
                 f"{base_url}/v1/load_lora_adapter",
                 json={"lora_name": name, "lora_path": path},
                 timeout=timeout,
+                headers=headers,
             ) as r:
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError) as exc:

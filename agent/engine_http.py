@@ -36,6 +36,13 @@ class EngineHttp:
             self._session = aiohttp.ClientSession()
         return self._session
 
+    @staticmethod
+    def headers(eng: Engine) -> dict[str, str]:
+        """What every request to `eng` carries: its replica's key, which the engine asks
+        for on its API (vLLM's /v1 paths); sent to every path, harmless where unasked."""
+        key = eng.assignment.engine_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def url(self, eng: Engine, path: str) -> str:
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{eng.port}{path}"
@@ -46,7 +53,9 @@ class EngineHttp:
         """POST to the engine; None when it answered 200, else what happened."""
         try:
             timeout = aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)
-            async with self.session.post(self.url(eng, path), json=body, timeout=timeout) as r:
+            async with self.session.post(
+                self.url(eng, path), json=body, timeout=timeout, headers=self.headers(eng)
+            ) as r:
                 if r.status == 200:
                     return None
                 text = printable((await r.text())[:200]) or "nothing"

@@ -180,6 +180,12 @@ class EngineLifecycle:
         log_path = log_dir / f"{_safe_name(a.replica_id)}-{a.rank}.log"
         env = {**os.environ, **self.settings.extra_env, **template_env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpus)  # UUIDs: stable, unlike indices
+        if template.api_key_env is not None:
+            # The replica's key, in its environment only (never argv, never the log
+            # header below); none inherited from the agent's own when it has none.
+            env.pop(template.api_key_env, None)
+            if a.engine_key:
+                env[template.api_key_env] = a.engine_key
         env.update(LLMGW_REPLICA_ID=a.replica_id, LLMGW_RANK=str(a.rank), LLMGW_MODEL=a.model)
         try:
             _rotate(log_path)

@@ -176,7 +176,9 @@ class EngineProbes:
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with self.http.session.get(
-                self.http.url(eng, eng.template.health_path), timeout=timeout
+                self.http.url(eng, eng.template.health_path),
+                timeout=timeout,
+                headers=self.http.headers(eng),
             ) as resp:
                 if resp.status == 200:
                     return None
@@ -193,11 +195,14 @@ class EngineProbes:
         timeout_s = self.settings.health_timeout_s
         session = self.http.session
         url = self.http.url
-        sample = await scrape(session, url(eng, eng.template.metrics_path), timeout_s=timeout_s)
+        headers = self.http.headers(eng)
+        metrics_url = url(eng, eng.template.metrics_path)
+        sample = await scrape(session, metrics_url, timeout_s=timeout_s, headers=headers)
         if sample is not None and eng.template.load_path is not None:
             # Idleness, in flight and the hung rule all read it: a stopped engine core
             # leaves its gauges at 0 while its server holds requests.
-            held = await server_load(session, url(eng, eng.template.load_path), timeout_s=timeout_s)
+            load_url = url(eng, eng.template.load_path)
+            held = await server_load(session, load_url, timeout_s=timeout_s, headers=headers)
             sample = dataclasses.replace(sample, server_load=held)
         if sample is not None and eng.state is ShardState.READY:
             eng.tracker.observe(sample)

@@ -67,7 +67,11 @@ def save_state(path: Path, records: list[EngineRecord]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = StateFile(engines=records).model_dump(mode="json")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    # Mode 0600: the assignments it keeps carry their engines' keys.
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(body, f, indent=1)
         f.flush()
         os.fsync(f.fileno())

@@ -47,6 +47,14 @@ the built-in template turns on): a vLLM whose engine core is stopped keeps its
 requests waiting in it: the agent reports the higher of the two as in flight, and a
 request held there keeps the engine from reading as idle (and counts for the hung rule).
 
+`api_key_env` names the environment variable that gives the engine its replica's
+key (`VLLM_API_KEY` by default: vLLM, and the fake engine, then answer their API
+paths only with `Authorization: Bearer KEY`); the agent sets it, never on the
+command line, never in the log's header, and presents the key on every call it
+makes to the engine. None: the engine takes no key from its environment (SGLang
+reads one only from `--api-key`, a command line any local user can read), so it
+runs without one, and its port serves anyone who reaches it.
+
 `sleep` says whether and how the engine sleeps (vLLM's sleep mode: the built-in `vllm`
 and `fake` templates have it). For a model whose spec asks for sleep, the agent adds
 its `args` to the command and its `env` to the environment, and is the only caller of
@@ -147,6 +155,8 @@ class EngineTemplate(BaseModel):
     # None: the /metrics gauges alone (vLLM without the option answers 0 here).
     load_path: UrlPath | None = None
     sleep: SleepMode | None = None  # None: this engine cannot sleep
+    # Where the engine reads its replica's key (None: it cannot take one so).
+    api_key_env: EnvName | None = "VLLM_API_KEY"
 
     def command_for(self, rank: int, nnodes: int, sleeps: bool = False) -> str:
         """The command of this rank; `sleeps`: the model may sleep, and the engine can."""
@@ -202,9 +212,11 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         load_path="/load",
         sleep=SleepMode(),
     ),
+    # SGLang takes a key only as `--api-key` (argv): it runs keyless (see api_key_env).
     "sglang": EngineTemplate(
         command=_SGLANG + " --tp-size {gpus}",
         leader_command=_SGLANG_MULTI,
+        api_key_env=None,
     ),
     "fake": EngineTemplate(
         command=_FAKE,

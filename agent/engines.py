@@ -243,6 +243,7 @@ class EngineSupervisor:
                 eng.adapters,
                 eng.assignment.adapters,
                 self.local_adapters,
+                headers=self.http.headers(eng),
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("engine %s/%d: adapters: %s", *eng.key, exc)

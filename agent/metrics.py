@@ -176,11 +176,12 @@ async def scrape(
     url: str,
     *,
     timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
 ) -> EngineSample | None:
     """Fetch and parse one engine's /metrics; None on any failure (never raises)."""
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(url, timeout=timeout) as resp:
+        async with session.get(url, timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 return None
             body = await resp.content.read(MAX_METRICS_BYTES + 1)
@@ -198,12 +199,13 @@ async def server_load(
     url: str,
     *,
     timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
 ) -> int | None:
     """The requests an engine's HTTP server holds (vLLM's `/load`: {"server_load": N});
     None on any failure or an answer of another shape (never raises)."""
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(url, timeout=timeout) as resp:
+        async with session.get(url, timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 return None
             raw = await resp.content.read(MAX_LOAD_BYTES + 1)

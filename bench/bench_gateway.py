@@ -298,7 +298,9 @@ async def data_plane(args: argparse.Namespace) -> None:
         await asyncio.sleep(1.5)
         for policy in ("round_robin", "cache_aware", "behind_front"):
             work = Path(tempfile.mkdtemp(prefix=f"bench-gw-{policy}-"))
-            keys = [ApiKey("llmgw-gateway", upstream_key)] if policy == "behind_front" else []
+            # No client keys in SMG behind the front either: the front checks them all
+            # and sends none on, so that SMG gives each engine its own (smg.py).
+            keys: list[ApiKey] = []
             smg = Smg(
                 SmgOptions(
                     host="127.0.0.1",
@@ -308,7 +310,7 @@ async def data_plane(args: argparse.Namespace) -> None:
                     workdir=work,
                 )
             )
-            smg.write_workers(urls)
+            smg.write_workers(dict.fromkeys(urls))
             task = asyncio.create_task(smg.run())
             await smg.started.wait()
             while sum((await smg.workers()).values()) < len(urls):  # noqa: ASYNC110

@@ -200,9 +200,10 @@ class Term:
             facts.settings.idle_after_s,
         )
 
-    def endpoints_since(self, since: str) -> EndpointsDelta:
-        """The endpoint feed after cursor `since` (`GET /v1/endpoints`)."""
-        return endpoints_since(self.facts, self.run, since)
+    def endpoints_since(self, since: str, *, with_keys: bool = True) -> EndpointsDelta:
+        """The endpoint feed after cursor `since` (`GET /v1/endpoints`); engine keys
+        only `with_keys`."""
+        return endpoints_since(self.facts, self.run, since, with_keys=with_keys)
 
     def model_views(self) -> list[ModelView]:
         return model_views.model_views(self.facts)

@@ -1,10 +1,11 @@
 """Which endpoint entries SMG can take: one bad entry is left out, never the others.
 
-SMG reads its worker list from one manifest and refuses the whole file when one
-URL in it is malformed, keeping its last good list: one node reporting a bad
-address would then freeze routing for every model. So each entry is checked
-here first; an entry that fails is left out of the manifest, logged once, and
-reported to the controller in the gateway's status (`rejected`).
+SMG refused a whole discovery manifest for one malformed URL in it (keeping its last
+good list), and refuses a worker registration with one: one node reporting a bad
+address must never freeze routing for every model, nor hold up the others' workers.
+So each entry is checked here first; an entry that fails is left out of SMG's
+workers, logged once, and reported to the controller in the gateway's status
+(`rejected`).
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ class Explainer:
         self.sent_requests: Counter[str] = Counter()
         self._on_hold = on_hold  # told when a request is first held (the status goes early)
         self._serving: dict[str, list[str]] = {}  # model -> URLs of engines serving it
+        self._keys: dict[str, str] = {}  # engine URL -> the key it asks for
         self._news = asyncio.Event()  # set (and replaced) whenever reasons or URLs change
         self._turn = itertools.count()
         self.adapters: dict[str, str] = {}  # declared adapter -> its base
@@ -121,6 +122,11 @@ class Explainer:
             for gone in self.sent_requests.keys() - live:  # bounded by the engines serving
                 del self.sent_requests[gone]
             self._tell()
+
+    def set_keys(self, keys: Mapping[str, str]) -> None:
+        """The key each engine asks for (URL -> key): a held or adapter request sent
+        from here carries its engine's."""
+        self._keys = dict(keys)
 
     def _tell(self) -> None:
         self._news.set()
@@ -300,6 +306,8 @@ class Explainer:
         client, when the engine answers 404 (it does not hold the adapter)."""
         assert self._http is not None
         headers = {h: request.headers[h] for h in FORWARDED if h in request.headers}
+        if (key := self._keys.get(url)) is not None:
+            headers["Authorization"] = f"Bearer {key}"
         target = f"{url}/{request.match_info['tail']}"
         answer: web.StreamResponse | None = None
         try:

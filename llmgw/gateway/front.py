@@ -10,12 +10,12 @@ the public address with this small proxy, and SMG on a loopback port of its own:
   everything else is a 503;
 * with no key anywhere, every request passes on loopback (open mode), and none
   but /health on a public address;
-* otherwise a `/v1/...` request needs a key the keyring knows (else 401, in
-  OpenAI's error format), and any other path passes as it is, for SMG to judge
-  (its control plane wants its admin key; its data plane a key it was given);
-* a key from the controller goes on to SMG as the gateway's own key for SMG
-  (`upstream_key`, which only this process and SMG know); a key from the key file
-  goes on as it is (SMG has it too, and scopes stored responses by it);
+* otherwise every request needs a key the keyring knows (else 401, in OpenAI's
+  error format), but one for SMG's control plane with its key (`control_key`,
+  which only this process and SMG know), which passes for SMG to judge;
+* a request goes on to SMG with no Authorization: SMG then sends the engine it
+  picks that engine's own key (issue 36; a client's header would win over it, so
+  SMG has no client keys and checks none: this front checks them all);
 * a key limited to some models: `GET /v1/models` lists only those, and a request
   for any other model (`model` in a JSON body, or `/v1/models/NAME`) gets the 404
   an undeclared model gets; a POST without a `model` is a 400;
@@ -43,6 +43,7 @@ it comes. What it costs per request is in bench/README.md.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import secrets
@@ -190,7 +191,7 @@ class Front:
         self,
         keyring: Keyring,
         upstream: str,
-        upstream_key: str,
+        control_key: str | None = None,
         *,
         public: bool = False,
         body_timeout_s: float = 1800.0,
@@ -212,7 +213,9 @@ class Front:
         # Declared LoRA adapter -> its base: `GET /v1/models` names it as `parent`, as vLLM.
         self.parents = parents or dict
         self.upstream = upstream.rstrip("/")
-        self._upstream_auth = f"Bearer {upstream_key}"
+        # SMG's control-plane key (None: none passes): the one key that reaches SMG.
+        self._control_auth = None if control_key is None else f"Bearer {control_key}"
+        self._upstream_auth: str | None = None  # what a client's request carries to SMG
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -247,6 +250,11 @@ class Front:
         path = request.path
         if path == "/health":
             return await self._forward(request, request.headers.get("Authorization"))
+        auth = request.headers.get("Authorization", "")
+        if self._control_auth is not None and hmac.compare_digest(
+            auth.encode(), self._control_auth.encode()
+        ):
+            return await self._forward(request, auth)  # SMG's control plane to judge
         keyring = self.keyring
         if not keyring.known and not keyring.has_file_keys:
             return openai_error(
@@ -268,11 +276,8 @@ class Front:
             if request.method == "GET" and path.rstrip("/") == "/v1/models" and self.parents():
                 return await self._models(request, None, self._upstream_auth)
             return await self._forward(request, self._upstream_auth)
-        auth = request.headers.get("Authorization", "")
         grant = keyring.grant(auth[7:]) if auth[:7].lower() == "bearer " else None
         if grant is None:
-            if not path.startswith("/v1/"):
-                return await self._forward(request, auth or None)  # SMG's to judge
             return openai_error(
                 401,
                 "invalid_request_error",
@@ -280,7 +285,7 @@ class Front:
                 "no valid API key: send `Authorization: Bearer KEY` with a key of this "
                 "gateway (llmgw ctl keys create)",
             )
-        upstream_auth = auth if grant.from_file else self._upstream_auth
+        upstream_auth = self._upstream_auth
         if request.method == "POST" and path in METERED:
             return await self._metered(request, grant, upstream_auth)
         if grant.models.every:
@@ -290,7 +295,7 @@ class Front:
         return await self._limited(request, grant, upstream_auth)
 
     async def _limited(
-        self, request: web.Request, grant: Grant, upstream_auth: str
+        self, request: web.Request, grant: Grant, upstream_auth: str | None
     ) -> web.StreamResponse:
         """A request with a key limited to some models."""
         path = request.path.rstrip("/")
@@ -319,7 +324,7 @@ class Front:
         return await self._forward(request, upstream_auth, body)
 
     async def _metered(
-        self, request: web.Request, grant: Grant, upstream_auth: str
+        self, request: web.Request, grant: Grant, upstream_auth: str | None
     ) -> web.StreamResponse:
         """A request whose answer carries `usage`: the key's models checked, the
         tenant's limits, then its tokens counted as its answer passes (metering.py).
@@ -386,12 +391,12 @@ class Front:
             )
 
     async def _models(
-        self, request: web.Request, grant: Grant | None, upstream_auth: str
+        self, request: web.Request, grant: Grant | None, upstream_auth: str | None
     ) -> web.Response:
         """SMG's model list, less what the key does not allow (`grant` None: all), each
         adapter with its `parent`."""
         assert self._http is not None
-        headers = {"Authorization": upstream_auth}
+        headers = {"Authorization": upstream_auth} if upstream_auth else {}
         try:
             async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
                 if up.status != 200:

@@ -18,9 +18,9 @@ from llmgw.common import HelpWithExamples, examples
 from llmgw.controller.core.settings import is_loopback, split_listen
 from llmgw.durations import duration_arg, format_duration
 from llmgw.gateway.explain import WAKE_TIMEOUT_S
-from llmgw.gateway.front import MAX_BODY, Front, new_upstream_key
+from llmgw.gateway.front import MAX_BODY, Front
 from llmgw.gateway.keyring import Keyring
-from llmgw.gateway.keys import ENV_KEY, ApiKey, load_keys
+from llmgw.gateway.keys import ENV_KEY, load_keys
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.metering import Meter
 from llmgw.gateway.sizes import format_size, size_arg
@@ -31,7 +31,6 @@ from llmgw.wire import GATEWAY_IN_FLIGHT_BOUND
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "prefix_hash")
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
-FRONT_TENANT = "llmgw-gateway"  # SMG's tenant for requests with the controller's keys
 
 
 def parser() -> argparse.ArgumentParser:
@@ -106,9 +105,7 @@ def parser() -> argparse.ArgumentParser:
         "requests as demand (default: SMG's own bound, 1024 per core, at least 4096)",
     )
     p.add_argument("--name", default=socket.gethostname(), help="default: the hostname")
-    p.add_argument(
-        "--work-dir", type=Path, help="SMG's worker manifest and log (default: a temp dir)"
-    )
+    p.add_argument("--work-dir", type=Path, help="SMG's log and secrets file (default: a temp dir)")
     p.add_argument("--log-level", default="info", help="default: info")
     return p
 
@@ -228,14 +225,13 @@ def main(argv: list[str]) -> int:
                 tempfile.TemporaryDirectory(prefix="llmgw-gateway-", ignore_cleanup_errors=True)
             )
             workdir = Path(temp)
-        # SMG behind the front (front.py), on a loopback port, with the key the front
-        # passes for the controller's keys beside the file's.
-        upstream_key = new_upstream_key()
+        # SMG behind the front (front.py), on a loopback port, checking no client key
+        # (the front checks them all) so that it sends each engine its own (smg.py).
         options = SmgOptions(
             host="127.0.0.1",
             port=free_loopback_port(),
             policy=args.policy,
-            keys=[*keys, ApiKey(FRONT_TENANT, upstream_key)],
+            keys=[],
             workdir=workdir,
             request_timeout_s=args.request_timeout,
             max_body=args.max_body,
@@ -259,7 +255,7 @@ def main(argv: list[str]) -> int:
         front = Front(
             keyring,
             smg.base,
-            upstream_key,
+            smg.admin_key,
             public=public,
             body_timeout_s=args.request_timeout,
             max_body=args.max_body,

@@ -2,16 +2,24 @@
 
 Facts this relies on (smg 1.13):
 
-* `smg launch --discovery-provider file --discovery-file F` rereads the JSON
-  manifest `{"version": 1, "workers": [{"url": ...}]}` as soon as it changes,
-  and registers or removes workers to match; each worker's model comes from its
-  `/v1/models`. So the gateway owns the worker set through one file.
-* `GET /workers` lists what SMG has registered; with any client key set it
-  needs a control-plane key, which only this process knows (a fresh random
-  one per start). Client keys are SMG tenant keys. Neither is on SMG's command
-  line: SMG runs through `llmgw.gateway.smg_child`, which reads them from a file
-  of mode 0600 in the 0700 work dir. `DELETE /workers/{id}` removes a worker
-  (the gateway removes any it did not put in the manifest).
+* Workers are registered through SMG's API: `POST /workers {"url", "api_key"}`
+  (202; registered in the background, its model read from its `/v1/models` with
+  that key; a second POST of a URL on its way in is a 409) and `DELETE
+  /workers/{id}` (202; gone from `/workers` about 5 s later). Each engine asks
+  for its replica's key (issue 36), which SMG's file discovery manifest cannot
+  carry (it refuses any field but the URL's kind). So `write_workers` sets the
+  wanted set (URL -> key) and `converge` brings SMG to it, at once and every
+  second after (a restarted SMG starts empty and is filled again).
+* SMG sends a worker its key as `Authorization: Bearer KEY` only when the
+  request it forwards carries no Authorization of its own: a client's header
+  wins (checked with smg 1.13: the engine saw the client's key, not its own).
+  So SMG is given no client keys and the front sends it none: the front checks
+  every key itself (front.py), and SMG's data plane answers only on its loopback
+  port. `GET /workers` and the rest of its control plane need the control-plane
+  key, which only this process knows (a fresh random one per start), kept off
+  SMG's command line: SMG runs through `llmgw.gateway.smg_child`, which reads it
+  from a file of mode 0600 in the 0700 work dir. The gateway removes any worker
+  it did not add.
 * SMG colours its log whether or not it writes to a terminal: its output goes
   through a pipe here, and smg.log gets it without ANSI escapes.
 * Prometheus metrics are served on `--prometheus-host/--prometheus-port`,
@@ -23,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -32,7 +39,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +49,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.gateway.front import MAX_BODY
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.smg_child import SECRETS_ENV, write_secrets
-from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT
+from llmgw.wire import GATEWAY_IN_FLIGHT_DEFAULT, printable
 
 log = logging.getLogger("llmgw.gateway.smg")
 
 BACKOFF_START_S = 0.5
 BACKOFF_CAP_S = 10.0
-OURS_FOR_S = 120.0  # a URL left the manifest this recently: SMG may still list it
+OURS_FOR_S = 120.0  # a URL left the wanted set this recently: SMG may still list it
+CONVERGE_EVERY_S = 1.0  # SMG's workers compared with the wanted set at least this often
+# A worker asked for and not listed yet is asked again after this long (SMG drops a
+# registration that fails: an engine not answering yet).
+ASK_AGAIN_S = 3.0
+# One asked to leave and still listed this long after is asked again. Not sooner: SMG
+# keeps a removed worker about 5 s (its drain settle) while what it sent there ends,
+# and a second DELETE in that time drops it at once (measured, smg 1.13: 1.0 s after
+# the first with a second at 1 s, 5.0 s with one).
+LEAVE_AGAIN_S = 30.0
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -63,7 +79,7 @@ class SmgOptions:
     host: str
     port: int
     policy: str
-    keys: list[ApiKey]
+    keys: list[ApiKey]  # SMG's own client keys: none behind the front (see above)
     workdir: Path
     # SMG's one bound on a request, reading its body included (it has no bound of
     # its own for a body it buffers): a slow body is a 408 after this long.
@@ -102,7 +118,6 @@ class Smg:
 
     def __init__(self, options: SmgOptions) -> None:
         self.options = options
-        self.manifest = options.workdir / "workers.json"
         self.secrets = options.workdir / "smg-secrets.json"
         self.admin_key = secrets.token_urlsafe(24)
         self.metrics_port = free_loopback_port()
@@ -110,8 +125,14 @@ class Smg:
         self.started = asyncio.Event()  # set while a child answers
         self.runs = 0
         self._session: aiohttp.ClientSession | None = None
-        self._urls: list[str] = []
-        self._ours: dict[str, float] = {}  # URL -> when it left the manifest (inf: in it)
+        self._wanted: dict[str, str | None] = {}  # URL -> its engine key (None: none)
+        self._ours: dict[str, float] = {}  # URL -> when it left the wanted set (inf: in it)
+        # This SMG run's requests: URL -> (the key it was added with, when asked); URL ->
+        # when its removal was asked. Both forgotten when SMG restarts.
+        self._asked: dict[str, tuple[str | None, float]] = {}
+        self._leaving: dict[str, float] = {}
+        self._refused: set[str] = set()  # URLs SMG refused to register (said once each)
+        self._converge_now = asyncio.Event()
 
     @property
     def base(self) -> str:
@@ -132,12 +153,6 @@ class Smg:
             str(o.port),
             "--policy",
             o.policy,
-            "--discovery-provider",
-            "file",
-            "--discovery-file",
-            str(self.manifest),
-            "--discovery-check-interval-secs",
-            "1",
             "--prometheus-host",
             "127.0.0.1",
             "--prometheus-port",
@@ -172,32 +187,98 @@ class Smg:
         )
 
     def ours(self, url: str) -> bool:
-        """Whether this gateway put `url` in the manifest (now or lately)."""
+        """Whether this gateway wants `url` as a worker (now or lately)."""
         return url in self._ours
 
-    def write_workers(self, urls: Iterable[str]) -> None:
-        """Replace the manifest atomically: SMG never reads half a file."""
+    @property
+    def wanted(self) -> Mapping[str, str | None]:
+        return self._wanted
+
+    def write_workers(self, workers: Mapping[str, str | None]) -> None:
+        """The workers SMG should have, URL -> the key its engine asks for (None:
+        none, as an explainer); `converge` makes it so, beginning now."""
         now = time.monotonic()
-        new = sorted(set(urls))
-        for u in set(self._urls) - set(new):
+        for u in self._wanted.keys() - workers.keys():
             self._ours[u] = now
-        self._ours.update((u, math.inf) for u in new)
+        self._ours.update((u, math.inf) for u in workers)
         self._ours = {u: t for u, t in self._ours.items() if now - t < OURS_FOR_S}
-        self._urls = new
-        body = {"version": 1, "workers": [{"url": u} for u in self._urls]}
-        tmp = self.manifest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body, indent=1))
-        os.replace(tmp, self.manifest)
+        self._wanted = dict(workers)
+        self._converge_now.set()
+
+    async def converge(self) -> None:
+        """One pass: add each wanted worker SMG does not list (with its key), remove
+        each of ours it lists that is not wanted, or was added with another key (a
+        replaced replica's engine on the same address and port)."""
+        listed = await self.registered()
+        by_url = {w.url: w for w in listed}
+        now = time.monotonic()
+        for url, key in list(self._wanted.items()):
+            asked = self._asked.get(url)
+            present = by_url.get(url)
+            if present is not None:
+                if asked is None or asked[0] != key:  # not ours as it is: in again anew
+                    await self._leave(present, now)
+                continue
+            if asked is not None and asked[0] == key and now - asked[1] < ASK_AGAIN_S:
+                continue  # on its way in
+            self._leaving.pop(url, None)
+            # Noted before it is sent: an answer lost after SMG took it must not make
+            # the worker look like someone else's (and be removed) on the next pass.
+            self._asked[url] = (key, now)
+            try:
+                await self._add(url, key)
+            except aiohttp.ClientResponseError as exc:
+                if exc.status >= 500:
+                    raise
+                # Refused for itself (entries.py checks URLs first): the others go on;
+                # asked again after ASK_AGAIN_S, said once.
+                if url not in self._refused:
+                    self._refused.add(url)
+                    log.warning("SMG refused worker %s: %s", printable(url), exc.message)
+        for w in listed:
+            if w.url not in self._wanted and w.url in self._ours:
+                await self._leave(w, now)
+        self._leaving = {u: t for u, t in self._leaving.items() if u in by_url}
+        self._refused &= self._wanted.keys()
+
+    async def _add(self, url: str, key: str | None) -> None:
+        body: dict[str, str] = {"url": url}
+        if key is not None:
+            body["api_key"] = key
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        async with self._http().post(f"{self.base}/workers", json=body, headers=headers) as r:
+            if r.status != 409:  # 409: its registration is under way already
+                r.raise_for_status()
+
+    async def _leave(self, worker: Worker, now: float) -> None:
+        if now - self._leaving.get(worker.url, -math.inf) < LEAVE_AGAIN_S:
+            return
+        self._leaving[worker.url] = now
+        self._asked.pop(worker.url, None)
+        await self.remove(worker.id)
+
+    async def _converging(self) -> None:
+        """Converge whenever the wanted set changes, and each second: what a pass
+        could not do (SMG busy, restarting) is done by a later one."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._converge_now.wait(), CONVERGE_EVERY_S)
+            self._converge_now.clear()
+            if not self.started.is_set():
+                continue
+            try:
+                await self.converge()
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                log.debug("bringing SMG's workers to the wanted set: %s", exc)
 
     async def run(self) -> None:
         """Keep SMG running: restart with backoff, one log line per outage."""
         self.options.workdir.mkdir(parents=True, exist_ok=True)
         self.options.workdir.chmod(0o700)  # the secrets file lives here
         self.write_secrets()
-        if not self.manifest.exists():
-            self.write_workers([])
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
         backoff = BACKOFF_START_S
+        converging = asyncio.create_task(self._converging())
         try:
             while True:
                 log_path = self.options.workdir / "smg.log"
@@ -219,6 +300,8 @@ class Smg:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(copier, 2)
                 self.started.clear()
+                self._asked.clear()  # a new SMG starts with no workers
+                self._leaving.clear()
                 if time.monotonic() - t0 > 30:
                     backoff = BACKOFF_START_S  # it ran well: a new outage
                 log.warning(
@@ -230,6 +313,9 @@ class Smg:
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_CAP_S, backoff * 2)
         finally:
+            converging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await converging
             await self.stop()
             await self._session.close()
 
@@ -238,6 +324,7 @@ class Smg:
         while not self.started.is_set() and not exited.done():
             if await self._answers():
                 self.started.set()
+                self._converge_now.set()
                 if self.runs > 1:
                     log.warning("SMG is back (start %d)", self.runs)
                 break

@@ -46,8 +46,8 @@ ADD_TIMEOUT_S = 5.0  # a new worker SMG cannot reach yet must not hold up the re
 # until it routes to the model's new ones (a registration slow on a busy host), up to
 # this bound, past which the model would wait on a worker SMG may never reach.
 CARRY_TIMEOUT_S = 30.0
-# SMG drops a removed worker from /workers 5.2-6.3 s after the manifest changes
-# (measured with smg 1.13, fake and vLLM engines alike): a removal waits that
+# SMG drops a removed worker from /workers 5-6.3 s after it is asked to, by its manifest
+# or its API (measured with smg 1.13, fake and vLLM engines alike): a removal waits that
 # long as a matter of course, and only past this bound is it a failure.
 REMOVE_TIMEOUT_S = 20.0
 RELEASE_WAIT_S = 2.0  # for SMG to list a removed worker draining, before the status says so
@@ -107,7 +107,7 @@ class Follower:
         self.declared: set[str] = set()
         self.cursor = ""  # the latest answer's
         self.model_of: dict[str, str] = {}  # worker URL -> its model, for those in SMG
-        self.written: set[str] = set()  # the worker URLs of the manifest last written
+        self.written: set[str] = set()  # the worker URLs SMG was last told to have
         self.applied = ""  # the latest SMG has been seen to follow
         # The latest whose new workers SMG routes to, removals maybe pending (>= applied):
         # a model declared then is answered by its explainer, never SMG's 404.
@@ -179,6 +179,7 @@ class Follower:
                 for adapter in e.adapters:  # routed by the explainer, by name
                     serving.setdefault(adapter, []).append(e.url)
         self.explainer.set_serving(serving)
+        self.explainer.set_keys({e.url: e.engine_key for e in self.usable if e.engine_key})
 
     async def _poll_keys(self, http: aiohttp.ClientSession) -> None:
         """Follow the controller's client keys: every key's digest, long-polled, so a
@@ -300,7 +301,7 @@ class Follower:
         self.model_of.update(serving)
         current = await self.smg.workers()
         adding = serving.keys() - current.keys()
-        # Workers in the manifest that leave now (not those left earlier, which SMG
+        # Workers SMG was told to have that leave now (not those left earlier, which SMG
         # may still list: they stay out).
         leaving = (current.keys() & self.written) - serving.keys()
         if adding and leaving:
@@ -351,13 +352,15 @@ class Follower:
             REMOVE_TIMEOUT_S,
         ):
             raise TimeoutError(
-                f"SMG still lists removed workers {REMOVE_TIMEOUT_S:g} s after the manifest changed"
+                f"SMG still lists removed workers {REMOVE_TIMEOUT_S:g} s after they were removed"
             )
         return not self._more_to_add(serving)
 
     def _write(self, urls: Iterable[str]) -> None:
+        """SMG's wanted workers: each engine with its replica's key (explainers: none)."""
         self.written = set(urls)
-        self.smg.write_workers(self.written)
+        keys = {e.url: e.engine_key for e in self.endpoints.values()}
+        self.smg.write_workers({u: keys.get(u) for u in self.written})
 
     def _more_to_add(self, written: dict[str, str]) -> bool:
         """Whether a change since `written` adds workers (so it is worth writing now)."""
@@ -387,7 +390,7 @@ class Follower:
     # -- workers llmgw did not put there -------------------------------------------------
 
     async def _evict_loop(self) -> None:
-        """Remove from SMG any worker this gateway did not put in its manifest: only the
+        """Remove from SMG any worker this gateway did not add: only the
         controller's endpoints serve through it (one added with a leaked admin key
         would take a share of every model's requests)."""
         asked: dict[str, float] = {}  # URL -> when its removal was last asked
@@ -416,7 +419,7 @@ class Follower:
 
     async def _released(self) -> list[str]:
         """Replicas the feed says are stopping whose workers SMG no longer routes to
-        (it lists them draining, or no longer lists them) and the manifest no longer
+        (it lists them draining, or no longer lists them) and the wanted set no longer
         has: this gateway sends nothing more to them, whatever else it is still
         applying. None while SMG does not answer. (Measured with smg 1.13: a removed
         worker is listed draining 0.15 s after the change and gets no new request from

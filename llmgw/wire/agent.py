@@ -203,6 +203,10 @@ class ShardAssignment(Outbound):
     # The spec says `auto`: the agent picks the level from its host memory and the
     # weights (llmgw.agent.sleep_level); `sleep_level` is then 2, what an older agent uses.
     sleep_auto: bool = False
+    # The key the engine asks for on its API (`VLLM_API_KEY` in its environment, never
+    # its command line) and the agent presents; None: its replica has none (placed
+    # before keys). Out of repr, so that no log of an assignment shows it.
+    engine_key: str | None = Field(default=None, repr=False)
 
     def started_as(self) -> ShardAssignment:
         """What restarts the engine when it changes: neither its sleep nor its adapters."""

@@ -120,6 +120,12 @@ class Endpoint(Outbound):
     fabric: str | None
     state: Literal["serving", "stopping"]
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters it holds, routable
+    # The key its engine asks for, sent to gateway tokens only (`keyless` for every
+    # other reader): the URL alone serves nothing. None: a replica placed before keys.
+    engine_key: str | None = Field(default=None, repr=False)
+
+    def keyless(self) -> Endpoint:
+        return self if self.engine_key is None else self.model_copy(update={"engine_key": None})
 
 
 class UnservedKind(StrEnum):

@@ -129,3 +129,21 @@ async def test_an_engine_without_lora_says_so(
     async with aiohttp.ClientSession() as http:
         await sync(http, url, state, {"a": str(tmp_path / "a")}, {})
     assert state.failures["a"] == (400, "LoRA is not enabled. Use --enable-lora to enable LoRA.")
+
+
+async def test_adapters_are_loaded_with_the_engine_key(
+    aiohttp_server: AiohttpServer, tmp_path: Path
+) -> None:
+    """An engine that asks for its replica's key (issue 36): the agent's /v1 calls carry
+    it; without it the engine refuses them."""
+    server = await aiohttp_server(make_app(replace(LORA, api_keys=("k-1",))))
+    url = str(server.make_url("")).rstrip("/")
+    write_adapter(tmp_path / "acme" / "a")
+    paths = local_adapters([scan(tmp_path)])
+    async with aiohttp.ClientSession() as http:
+        keyless = AdapterState()
+        await sync(http, url, keyless, {"a": "acme/a"}, paths)
+        assert not keyless.loaded and keyless.failures["a"][0] == 401
+        state = AdapterState()
+        await sync(http, url, state, {"a": "acme/a"}, paths, {"Authorization": "Bearer k-1"})
+        assert state.loaded == {"a"} and state.failures == {}

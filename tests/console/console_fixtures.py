@@ -120,10 +120,15 @@ class Faults(httpx.AsyncBaseTransport):
 class _CountedIds:
     def __init__(self) -> None:
         self.n = 0
+        self.keys = 0
 
     def token_hex(self, nbytes: int) -> str:
         self.n += 1
         return f"{self.n:0{nbytes * 2}x}"
+
+    def token_urlsafe(self, nbytes: int) -> str:  # a replica's engine key: ids unmoved
+        self.keys += 1
+        return f"engine-key-{self.keys}"
 
 
 class LiveController:

@@ -375,3 +375,51 @@ async def test_a_busy_engine_is_scraped_each_tick_until_it_is_seen_empty(
         lambda: (t := only(sup).traffic) is not None and t.in_flight == 0, what="seen empty"
     )
     assert not eng.meter.busy
+
+
+async def test_an_engine_asks_for_its_replicas_key_which_only_its_environment_holds(
+    make_supervisor: SupervisorFactory, state_dir: Path
+) -> None:
+    """Issue 36 item 1: the key is in the engine's environment (VLLM_API_KEY), never on
+    its command line nor in its log; the engine refuses its API without it; the agent
+    presents it, also after a restart (the state file, mode 0600, keeps it)."""
+    key = "ek-0123456789abcdef"
+    a = assignment(engine_key=key)
+    first = make_supervisor()
+    await first.apply([a], {})
+    pid = pid_of(first)
+    assert f"VLLM_API_KEY={key}".encode() in proc_file(pid, "environ").split(b"\0")
+    assert key.encode() not in proc_file(pid, "cmdline")
+    await wait_for(lambda: state_of(first) is ShardState.READY, what="ready")
+    port = only(first).port
+    async with aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{port}/v1/models"
+        assert (await http.get(url)).status == 401
+        assert (await http.get(url, headers={"Authorization": "Bearer wrong"})).status == 401
+        assert (await http.get(url, headers={"Authorization": f"Bearer {key}"})).status == 200
+    assert key not in (state_dir / "logs" / "r1-0.log").read_text()
+    assert (state_dir / "engines.json").stat().st_mode & 0o777 == 0o600
+    await first.close()
+    second = make_supervisor()  # adopts it, key and all
+    assert pid_of(second) == pid
+    (eng,) = second.lifecycle.engines.values()
+    assert eng.assignment.engine_key == key
+    await second.apply([a], {})
+    assert pid_of(second) == pid  # the same assignment, key and all: not restarted
+    await wait_for(lambda: only(second).idle_seconds is not None, what="scrape after adoption")
+
+
+async def test_an_engine_that_exits_0_unasked_is_failed_with_the_cause_it_printed(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    """vLLM exits 0 after its engine core dies (issue 36, loose ends): an exit nobody
+    asked for is a failure whatever its code, and the cause is what it printed."""
+    sup = make_supervisor()
+    args = ["--load-seconds", "0", "--fail-after", "0.8", "--exit-code", "0"]
+    await sup.apply([assignment(engine_args=args)], {})
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready first")
+    await wait_for(lambda: state_of(sup) is ShardState.FAILED, what="failed")
+    rep = only(sup)
+    assert rep.exit_code == 0 and rep.error is not None
+    first = rep.error.splitlines()[0]
+    assert first.startswith("engine exited with code 0: ") and "simulated failure" in first

@@ -12,9 +12,14 @@ reclaim test needs a fleet its models fill, and has its own."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.procs import Cluster, wait_until
@@ -171,3 +176,73 @@ def test_the_in_flight_figure_stays_within_the_clients_in_flight(
     assert load.failures == [], "\n".join(load.failures[:10]) + "\n" + gw.logs()
     assert max(figures) <= clients, figures
     print(f"in flight with {clients} clients: {min(figures)}..{max(figures)}")
+
+
+def _proc_files(name: str) -> list[bytes]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                out.append((entry / name).read_bytes())
+    return out
+
+
+def test_an_engine_serves_only_with_its_replicas_key(fleet: tuple[Cluster, Gateway]) -> None:
+    """Issue 36 item 1, with real processes: an engine's port refuses a request without
+    its replica's key (401), and such requests are no demand: a flood of 30 at a time
+    for 6 s scales nothing (it scaled 1 -> 3 in 6 s before). The gateway serves the
+    same request; the key is on no command line, and /v1/replicas shows the URL
+    without it. A rollout replaces the replica: its new engine refuses the old key."""
+    c, gw = fleet
+    spec = {**model("guarded"), "max_replicas": 3, "target_in_flight": 2}
+    c.apply([spec])
+    gw.wait_serving("guarded")
+    (rep,) = live(c, "guarded")
+    (ep,) = [e for e in c.get("/v1/endpoints")["endpoints"] if e["model"] == "guarded"]
+    url, key = ep["url"], ep["engine_key"]  # open mode (no tokens): the feed says it
+    assert rep["url"] == url and key and key not in json.dumps(c.get("/v1/replicas"))
+    chat = {"model": "guarded", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    def flood(auth: dict[str, str]) -> list[int]:
+        with ThreadPoolExecutor(30) as pool:
+            return list(
+                pool.map(
+                    lambda _: (
+                        httpx.post(
+                            f"{url}/v1/chat/completions", json=chat, headers=auth, timeout=10
+                        ).status_code
+                    ),
+                    range(30),
+                )
+            )
+
+    until = time.monotonic() + 6
+    while time.monotonic() < until:
+        assert set(flood({})) == {401}
+    assert set(flood({"Authorization": "Bearer wrong"})) == {401}
+    view = chat_view(c, "guarded")
+    assert view["desired"] == 1 and len(live(c, "guarded")) == 1, view
+    assert "ScaledUp" not in c.ctl("events", "--for", "model/guarded")
+    # Through the gateway (SMG gives the engine its key), and with the key itself.
+    assert httpx.post(f"{gw.url}/v1/chat/completions", json=chat, timeout=10).status_code == 200
+    own = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat, headers=own).status_code == 200
+    # In the engine's environment only: on no command line of any process.
+    assert not [x for x in _proc_files("cmdline") if key.encode() in x]
+    environs = [x for x in _proc_files("environ") if f"LLMGW_REPLICA_ID={rep['id']}".encode() in x]
+    assert environs and all(f"VLLM_API_KEY={key}".encode() in x for x in environs)
+    # A rollout replaces it: the new replica's engine has a key of its own.
+    c.apply([{**spec, "engine_args": [*spec["engine_args"], "--seed", "7"]}])
+    wait_until(
+        lambda: (
+            [r["id"] for r in live(c, "guarded") if r["state"] == "ready"] not in ([], [rep["id"]])
+            and len(live(c, "guarded")) == 1
+        ),
+        timeout=60,
+        what="the rollout's replica alone",
+    )
+    (new,) = [e for e in c.get("/v1/endpoints")["endpoints"] if e["model"] == "guarded"]
+    assert new["replica_id"] != rep["id"] and new["engine_key"] != key
+    old_key = httpx.post(f"{new['url']}/v1/chat/completions", json=chat, headers=own)
+    assert old_key.status_code == 401
+    gw.wait_serving("guarded")

@@ -192,10 +192,17 @@ def successes(engine_url: str) -> float:
 
 
 def gw_workers(gw: Gateway) -> list[str]:
-    manifest = gw.work / "workers.json"
-    if not manifest.exists():
+    """The workers SMG lists, as the gateway registered them (read with SMG's
+    control-plane key, from the gateway's secrets file)."""
+    secrets = gw.work / "smg-secrets.json"
+    if not secrets.exists():
         return []
-    return [w["url"] for w in json.loads(manifest.read_text())["workers"]]
+    admin = json.loads(secrets.read_text())["control_plane_api_keys"][0].rsplit(":", 1)[1]
+    try:
+        r = httpx.get(f"{gw.url}/workers", headers={"Authorization": f"Bearer {admin}"}, timeout=5)
+    except httpx.HTTPError:
+        return []
+    return sorted(w["url"] for w in r.json().get("workers", [])) if r.status_code == 200 else []
 
 
 def test_forced_drain_fails_only_requests_on_the_forced_replica(cluster: Cluster) -> None:

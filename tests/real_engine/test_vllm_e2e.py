@@ -266,6 +266,14 @@ def test_1_replica_turns_ready_on_a_pinned_core(walk: Walk) -> None:
     on = {name: os.sched_getaffinity(pid) for name, pid in {**pids, "leader": leader}.items()}
     assert on == dict.fromkeys(on, core), on
     walk.gw.wait_serving(MODEL)
+    # Its replica's key (issue 36): in its environment, on no command line; vLLM itself
+    # refuses its API without it, and serves the gateway, which SMG gives it to.
+    (ep,) = walk.c.get("/v1/endpoints")["endpoints"]
+    key = ep["engine_key"]
+    assert environ_of(leader)["VLLM_API_KEY"] == key and key.encode() not in b"".join(argv)
+    assert httpx.get(f"{ep['url']}/v1/models", timeout=10).status_code == 401
+    own = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{ep['url']}/v1/models", headers=own, timeout=10).status_code == 200
 
 
 @pytest.mark.timeout(120)
@@ -304,6 +312,7 @@ class Measured:
     only: a second thread's turn for the interpreter lock would be timed too."""
 
     url: str
+    headers: dict[str, str] = field(default_factory=dict)  # the engine's key
     ttft: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -314,7 +323,9 @@ class Measured:
             while time.monotonic() < deadline:
                 sent = time.monotonic()
                 first = None
-                with http.stream("POST", f"{self.url}/v1/completions", json=body) as s:
+                with http.stream(
+                    "POST", f"{self.url}/v1/completions", json=body, headers=self.headers
+                ) as s:
                     for line in s.iter_lines():
                         if first is None and line.startswith("data: "):
                             first = time.monotonic() - sent
@@ -334,7 +345,12 @@ def test_3_ctl_status_shows_the_traffic_the_client_measured(walk: Walk) -> None:
     serving = walk.ready_replica()
     assert serving is not None and serving["url"], serving
     before = ttft_buckets(serving["url"])
-    client = Measured(serving["url"])
+    (key,) = [
+        e["engine_key"]
+        for e in walk.c.get("/v1/endpoints")["endpoints"]
+        if e["url"] == serving["url"]
+    ]
+    client = Measured(serving["url"], {"Authorization": f"Bearer {key}"})
     started = time.monotonic()
     client.run_for(25)
     elapsed = time.monotonic() - started
@@ -505,9 +521,12 @@ def test_6_stopped_engine_core_is_found_hung_and_replaced(walk: Walk) -> None:
     print(f"timings (s): {walk.timings}")
 
 
-def engine_models(url: str) -> dict[str, str | None]:
-    """What the engine itself lists: id -> parent (None for the base)."""
-    return {m["id"]: m.get("parent") for m in httpx.get(f"{url}/v1/models").json()["data"]}
+def engine_models(c: Cluster, url: str) -> dict[str, str | None]:
+    """What the engine itself lists: id -> parent (None for the base). Asked with its
+    replica's key (the endpoint feed gives it in open mode): it refuses /v1 without."""
+    (key,) = [e["engine_key"] for e in c.get("/v1/endpoints")["endpoints"] if e["url"] == url]
+    listed = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    return {m["id"]: m.get("parent") for m in listed.json()["data"]}
 
 
 @pytest.mark.timeout(START_S + 240)
@@ -558,10 +577,10 @@ def test_7_a_lora_adapter_loaded_by_demand_routed_by_name_and_unloaded(walk: Wal
     }
     assert listed.get(ADAPTER) == MODEL, listed
     url = walk.ready_replica()["url"]  # type: ignore[index]
-    assert engine_models(url) == {MODEL: None, ADAPTER: MODEL}
+    assert engine_models(c, url) == {MODEL: None, ADAPTER: MODEL}
     # Idle: unloaded, the engine's one slot free again.
     wait_until(
-        lambda: engine_models(url) == {MODEL: None},
+        lambda: engine_models(c, url) == {MODEL: None},
         timeout=ADAPTER_IDLE_S + 60,
         what="the idle adapter unloaded",
         diagnose=walk.logs,

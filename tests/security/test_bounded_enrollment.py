@@ -27,7 +27,7 @@ MakeClient = Callable[..., Awaitable[TestClient]]
 MODEL = {
     "name": "m",
     "source": "org/m",
-    "engine_args": ["--api-key", "s3cret"],
+    "engine_args": ["--hf-token", "s3cret"],
     "min_replicas": 2,
     "gpus_per_shard": 8,
 }

@@ -18,7 +18,7 @@ from llmgw.gateway.keys import ApiKey
 from llmgw.tenant_keys import digest
 from llmgw.wire import ClientKeyEntry
 
-UPSTREAM_KEY = "front-to-smg-key"
+CONTROL_KEY = "smg-admin-key"  # SMG's control-plane key, which only the gateway knows
 LIMITED, EVERY, FILED = "sk-llmgw-lim-1", "sk-llmgw-all-1", "sk-file-key-1"
 
 
@@ -49,7 +49,7 @@ async def smg() -> AsyncIterator[TestServer]:
 
 
 async def start(smg: TestServer, keyring: Keyring, *, public: bool = False) -> tuple[Front, str]:
-    front = Front(keyring, str(smg.make_url("")), UPSTREAM_KEY, public=public)
+    front = Front(keyring, str(smg.make_url("")), CONTROL_KEY, public=public)
     port = aiohttp.test_utils.unused_port()
     await front.start("127.0.0.1", port)
     return front, f"http://127.0.0.1:{port}"
@@ -78,24 +78,36 @@ async def call(
         return r.status, json.loads(text) if text else None, r.headers.copy()
 
 
-async def test_keys_pass_as_the_gateways_own_and_file_keys_as_they_are(smg: TestServer) -> None:
+async def test_no_client_key_passes_to_smg_which_gives_each_engine_its_own(
+    smg: TestServer,
+) -> None:
+    """Issue 36: SMG sends an engine its own key only when the request it forwards
+    carries no Authorization (a client's header wins), so none reaches SMG but SMG's
+    control-plane key, on a request for its control plane."""
     front, url = await start(smg, ring(file=True))
     try:
         chat = {"model": "chat", "messages": []}
         status, got, headers = await call(url, "POST", "/v1/chat/completions", EVERY, chat)
-        assert status == 200 and got["auth"] == f"Bearer {UPSTREAM_KEY}"
+        assert status == 200 and got["auth"] is None
         assert json.loads(got["body"]) == chat and headers["x-smg"] == "yes"
         assert got["length"] == str(len(got["body"])), "the body and its length pass whole"
         status, got, _ = await call(url, "POST", "/v1/chat/completions", FILED, chat)
-        assert status == 200 and got["auth"] == f"Bearer {FILED}"
+        assert status == 200 and got["auth"] is None
         for key in (None, "sk-llmgw-wrong", LIMITED + "x"):
             status, got, _ = await call(url, "POST", "/v1/chat/completions", key, chat)
             assert status == 401 and got["error"]["code"] == "invalid_api_key", key
-        # /health, and paths outside /v1 (SMG's control plane) are SMG's to judge.
+        # /health, and SMG's control plane with its key, are SMG's to judge; any other
+        # path needs a client key (SMG's data plane checks none), and carries none on.
         status, got, _ = await call(url, "GET", "/health")
         assert status == 200 and got["auth"] is None
-        status, got, _ = await call(url, "GET", "/workers", "smg-admin-key")
-        assert status == 200 and got["auth"] == "Bearer smg-admin-key"
+        status, got, _ = await call(url, "GET", "/workers", CONTROL_KEY)
+        assert status == 200 and got["auth"] == f"Bearer {CONTROL_KEY}"
+        for key in (None, "sk-llmgw-wrong"):
+            for path in ("/workers", "/generate", "/rerank", "/invocations"):
+                status, got, _ = await call(url, "POST", path, key, {"model": "chat"})
+                assert status == 401 and got["error"]["code"] == "invalid_api_key", (key, path)
+        status, got, _ = await call(url, "POST", "/generate", EVERY, {"model": "chat"})
+        assert status == 200 and got["auth"] is None
     finally:
         await front.stop()
 
@@ -144,7 +156,7 @@ async def test_before_the_keys_are_known_and_with_none(smg: TestServer) -> None:
         assert (await call(url, "GET", "/health"))[0] == 200
         keyring.set_controller_keys([])  # none anywhere: open, on loopback
         status, got, _ = await call(url, "POST", "/v1/completions", None, {"model": "m"})
-        assert status == 200 and got["auth"] == f"Bearer {UPSTREAM_KEY}"
+        assert status == 200 and got["auth"] is None
         public.keyring.set_controller_keys([])  # ... and refused on a public address
         status, got, _ = await call(public_url, "POST", "/v1/completions", None, {"model": "m"})
         assert status == 401 and "no client keys" in got["error"]["message"]

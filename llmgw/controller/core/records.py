@@ -102,6 +102,10 @@ class ReplicaRecord:
     # How it started (warm: its weights were on its nodes; cold: not), decided at
     # placement; None for a replica placed before it was kept.
     start: StartKind | None = None
+    # The key its engines ask for (`VLLM_API_KEY`): made with the replica, so a
+    # replacement (a new id) has a new one; only its agent and the gateways are told
+    # it. None: placed before keys (its engines ask for none). Kept out of repr.
+    engine_key: str | None = field(default=None, repr=False)
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from llmgw.scheduler import Placement, place_many
 from llmgw.wire import EventReason, ReplicaState, StartKind
 
 __all__ = [
+    "new_engine_key",
     "new_replica_id",
     "place_stand_ins",
     "placed_words",
@@ -32,6 +33,11 @@ def new_replica_id(model: str) -> str:
     return f"{stem}-{secrets.token_hex(3)}"
 
 
+def new_engine_key() -> str:
+    """A replica's engine key: 32 random bytes, URL-safe (an HTTP header value)."""
+    return secrets.token_urlsafe(32)
+
+
 def record_from(
     placement: Placement, created_at: float, revision: int, replaces: str | None = None
 ) -> ReplicaRecord:
@@ -44,6 +50,7 @@ def record_from(
         replaces=replaces,
         revision=revision,
         start=StartKind.WARM if placement.weights_local else StartKind.COLD,
+        engine_key=new_engine_key(),
     )
 
 

@@ -92,6 +92,7 @@ def replica_row(rec: ReplicaRecord) -> tuple[object, ...]:
         rec.reclaimed_for,
         rec.asleep_since,
         None if rec.start is None else rec.start.value,
+        rec.engine_key,
     )
 
 
@@ -117,6 +118,7 @@ def replica_from_row(r: Row) -> ReplicaRecord:
         reclaimed_for=r["reclaimed_for"],
         asleep_since=r["asleep_since"],
         start=None if r["start_kind"] is None else StartKind(r["start_kind"]),
+        engine_key=r["engine_key"],
     )
 
 

@@ -183,5 +183,11 @@ MIGRATIONS: list[list[Step]] = [
         " level INTEGER NOT NULL DEFAULT 0, count BIGINT NOT NULL DEFAULT 0,"
         " last_s DOUBLE PRECISION, last_at DOUBLE PRECISION, PRIMARY KEY (model, kind, level))",
     ],
+    # 15 (issue 36): each replica's engine key, made at placement, which its agent
+    # gives its engines (VLLM_API_KEY) and the gateways present; NULL for a replica
+    # placed before, whose engines run without one until it is replaced.
+    [
+        AddColumn("replicas", "engine_key", "TEXT"),
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

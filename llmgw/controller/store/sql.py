@@ -96,14 +96,15 @@ _REVISION_ADD = (
 _REVISIONS_TRIM = "DELETE FROM model_revisions WHERE model = ? AND revision <= ?"
 _REPLICA_UPSERT = (
     "INSERT INTO replicas(id, model, state, shards, created_at, error, replaces, revision,"
-    " leaving, leave_reason, reclaimed_for, asleep_since, start_kind)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " leaving, leave_reason, reclaimed_for, asleep_since, start_kind, engine_key)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
     " model=excluded.model, state=excluded.state, shards=excluded.shards,"
     " created_at=excluded.created_at, error=excluded.error, replaces=excluded.replaces,"
     " revision=excluded.revision, leaving=excluded.leaving,"
     " leave_reason=excluded.leave_reason, reclaimed_for=excluded.reclaimed_for,"
-    " asleep_since=excluded.asleep_since, start_kind=excluded.start_kind"
+    " asleep_since=excluded.asleep_since, start_kind=excluded.start_kind,"
+    " engine_key=excluded.engine_key"
 )
 # A start that reached ready: counted, and how long it took kept as the last.
 _START_COUNT = (

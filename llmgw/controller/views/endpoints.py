@@ -100,6 +100,7 @@ def endpoint_of(fleet: Facts, rec: ReplicaRecord, now: float) -> Endpoint | None
         node=leader,
         fabric=fabrics[0] if fabrics else None,
         state="stopping" if rec.id in fleet.stopping else "serving",
+        engine_key=rec.engine_key,
     )
 
 
@@ -130,8 +131,12 @@ class _FeedChanges:
         self.ids = None
 
 
-def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
-    """The endpoints that changed after cursor `since` of this term's `run`."""
+def endpoints_since(
+    fleet: Facts, run: str, since: str, *, with_keys: bool = True
+) -> EndpointsDelta:
+    """The endpoints that changed after cursor `since` of this term's `run`; each with
+    its engine key only `with_keys` (a gateway's token: every other reader gets URLs
+    that serve nothing without it)."""
     after = cursors.parse(since, run)
     now = fleet.clock()
     fleet.advance_time(now)
@@ -146,7 +151,7 @@ def endpoints_since(fleet: Facts, run: str, since: str) -> EndpointsDelta:
         rec = records.get(rid)
         ep = None if rec is None else endpoint_of(fleet, rec, now)
         if ep is not None:
-            endpoints.append(ep)
+            endpoints.append(ep if with_keys else ep.keyless())
         elif changed is not None:
             removed.append(rid)
     return EndpointsDelta.build(

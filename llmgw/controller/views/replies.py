@@ -71,6 +71,7 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
                     adapters=adapters_for(facts, rec.id) if shard.rank == 0 else {},
                     sleep_auto=rec.asleep_since is not None and spec.sleep_level == "auto",
+                    engine_key=rec.engine_key,
                 )
             )
     return out

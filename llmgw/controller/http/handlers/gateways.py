@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.controller.core import cursors
+from llmgw.controller.core.auth import Identity, Role
 from llmgw.controller.http.keys import term_of
 from llmgw.controller.http.web_io import json_model, json_models, parse_body, wait_param, who
 from llmgw.errors import Unavailable
@@ -22,7 +23,14 @@ async def list_endpoints(request: web.Request) -> web.Response:
     after = cursors.parse(since, term.run)
     if wait and after is not None and after >= term.facts.revision:
         await term.facts.wait_changed(after, wait)
-    return json_model(term.endpoints_since(since))
+    return json_model(term.endpoints_since(since, with_keys=holds_engine_keys(request)))
+
+
+def holds_engine_keys(request: web.Request) -> bool:
+    """Whether this reader is told engine keys: a gateway's token, or anyone in open
+    mode (no tokens: loopback only, where every caller is trusted alike)."""
+    identity: Identity = request["identity"]
+    return identity.role is None or identity.role is Role.GATEWAY
 
 
 async def gateway_status(request: web.Request) -> web.Response:

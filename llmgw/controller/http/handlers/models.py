@@ -40,6 +40,13 @@ async def put_models(request: web.Request) -> web.Response:
     dupes = sorted({n for n in everything if everything.count(n) > 1})
     if dupes:
         raise BadRequest(f"model and adapter names must be unique; repeated: {', '.join(dupes)}")
+    for m in body.models:
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in m.engine_args):
+            raise BadRequest(
+                f"model {m.name}: engine_args must not give --api-key: each replica's engines "
+                "get a key of their own (VLLM_API_KEY, which --api-key would override, on a "
+                "command line every local user can read); the gateways and the agent hold it"
+            )
     term = term_of(request.app)
     facts = term.facts
     # Adapters are checked against what the models will be, before anything is written.
