@@ -41,7 +41,15 @@ def tokens(shared: bool = False) -> Tokens:
 @pytest.fixture
 def make_client(aiohttp_client: ClientFactory, tmp_path: Path) -> MakeClient:
     async def make(shared: bool = False) -> TestClient:
-        app = create_app(ControllerSettings(state_dir=tmp_path, tokens=tokens(shared)))
+        # The tests put replicas in by hand (of no declared model): no pass may run
+        # between their reads, at its interval or on a report's news.
+        settings = ControllerSettings(
+            state_dir=tmp_path,
+            tokens=tokens(shared),
+            reconcile_interval_s=86_400,
+            reconcile_on_news=False,
+        )
+        app = create_app(settings)
         return await aiohttp_client(app)
 
     return make

@@ -51,6 +51,10 @@ from llmgw.wire import (
 log = logging.getLogger("llmgw.controller")
 
 LIVE_S = 10.0  # a gateway that reported this recently must let go before a stop
+# A term this young has not heard its gateways yet (they post a status every second):
+# no gateway is not yet "no gateway", and a stop waits (a takeover that finished a
+# drain 0.3 s in stopped the original before the gateway moved off it).
+FIRST_STATUS_S = 2.5
 # The longest an apply that declares a model waits for the live gateways to route it
 # (about one SMG registration, under a second; well inside ctl's 10 s read timeout).
 CATCH_UP_S = 5.0
@@ -626,6 +630,7 @@ class GateView:
     held: Mapping[str, int] = field(default_factory=dict)  # per model asleep (and adapter)
     adapter_in_flight: Mapping[str, int] = field(default_factory=dict)  # via the gateways
     adapter_requests: Mapping[str, int] = field(default_factory=dict)  # forwarded in all
+    unheard: bool = False  # the term is younger than FIRST_STATUS_S and no gateway is live
 
     def applied_by_all(self, revision: int) -> bool:
         """Whether every live gateway has applied `revision` (True with none live)."""
@@ -640,7 +645,7 @@ class GateView:
             mark = self.stopping.get(rid)
             revision, marked_at = mark if mark is not None else (None, self.now)
             if (
-                not self.live
+                (not self.live and not self.unheard)
                 or self.now - marked_at >= self.grace_s
                 or (mark is not None and all(g.let_go(rid, revision, force) for g in self.live))
             ):
@@ -659,15 +664,16 @@ class StopGate:
         """The gate as a value, for the reconcile loop to decide on: `GateView.lets_go`
         answers as `ready_to_stop` would, without marking anything."""
         gateways = self.gateways
+        live = tuple(
+            LiveGateway(g.applied(gateways.run), MappingProxyType(dict(g.in_flight)), g.released)
+            for g in gateways.live(now)
+        )
+        young = now - self.facts.liveness.started_at < FIRST_STATUS_S
         return GateView(
             now=now,
             grace_s=self.facts.settings.stop_grace_s,
-            live=tuple(
-                LiveGateway(
-                    g.applied(gateways.run), MappingProxyType(dict(g.in_flight)), g.released
-                )
-                for g in gateways.live(now)
-            ),
+            live=live,
+            unheard=young and not live,
             stopping=dict(self.facts.stopping),
             in_flight=gateways.in_flight(now),
             held=gateways.held(now),
