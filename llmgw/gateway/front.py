@@ -200,8 +200,11 @@ class Front:
         meter: Meter | None = None,
         limiter: Limiter | None = None,
         parents: Callable[[], Mapping[str, str]] | None = None,
+        on_answered: Callable[[], None] | None = None,
     ) -> None:
         self.keyring = keyring
+        # Told when an answer through SMG has ended: a replica may have just gone idle.
+        self.on_answered = on_answered
         self.public = public  # not loopback: open mode refused
         # SMG's --request-timeout: the bound on a body this proxy reads itself (one
         # it passes on, SMG reads and bounds).
@@ -522,6 +525,9 @@ class Front:
                 "the gateway's router is not answering: retry shortly",
                 **{"Retry-After": NOT_READY_RETRY_S},
             )
+        finally:
+            if answer is not None and self.on_answered is not None:
+                self.on_answered()
 
     def _no_worker(self, model: str, path: str, request_id: str | None) -> web.Response:
         """For SMG's 404 "no worker available for model": OpenAI's 404 for a model

@@ -263,6 +263,7 @@ def main(argv: list[str]) -> int:
             meter=meter,
             limiter=limiter,
             parents=lambda: follower.adapters,
+            on_answered=follower.answered,
         )
         auth = (
             f"{len(keys)} client key(s) from the file, and the controller's"

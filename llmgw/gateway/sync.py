@@ -41,6 +41,10 @@ log = logging.getLogger("llmgw.gateway")
 
 POLL_WAIT_S = 10.0
 STATUS_EVERY_S = 1.0
+# A status sent early (a request held, an answer ended while others are held) goes this
+# long after the news: SMG counts an answer's request done as it drops the answer's body,
+# just after the front sees its end; and a burst of answers makes one status, not many.
+EARLY_STATUS_DELAY_S = 0.03
 ADD_TIMEOUT_S = 5.0  # a new worker SMG cannot reach yet must not hold up the rest
 # ... unless the workers leaving are the only ones SMG routes a model to: they stay
 # until it routes to the model's new ones (a registration slow on a busy host), up to
@@ -417,6 +421,13 @@ class Follower:
 
     # -- status ---------------------------------------------------------------------------------
 
+    def answered(self) -> None:
+        """An answer through SMG ended (the front's hook). While requests are held, a
+        model switch waits for the replica that answered to read idle at the controller:
+        the status goes now, not at its next second."""
+        if self.explainer.held:
+            self.nudge.set()
+
     async def _released(self) -> list[str]:
         """Replicas the feed says are stopping whose workers SMG no longer routes to
         (it lists them draining, or no longer lists them) and the wanted set no longer
@@ -440,6 +451,8 @@ class Follower:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.nudge.wait(), STATUS_EVERY_S)
+            if self.nudge.is_set():
+                await asyncio.sleep(EARLY_STATUS_DELAY_S)
             self.nudge.clear()
             cursor = self.applied  # in flight is read after it was applied
             by_url = {e.url: rid for rid, e in self.endpoints.items()}

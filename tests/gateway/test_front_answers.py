@@ -217,3 +217,22 @@ async def test_what_never_reached_smg_is_sent_again_once_it_is_back() -> None:
     finally:
         await runner.cleanup()
         await front.stop()
+
+
+async def test_the_front_says_when_an_answer_through_smg_has_ended(smg: TestServer) -> None:
+    """The hook the status follows (a replica may have just gone idle): called once per
+    answer SMG gave, after its end, and not for what the front refused itself."""
+    ended: list[float] = []
+    loop = asyncio.get_running_loop()
+    front, url = await start(str(smg.make_url("")), on_answered=lambda: ended.append(loop.time()))
+    try:
+        answer = await client(url).chat.completions.create(**chat("served"))  # type: ignore[call-overload]
+        assert answer.choices[0].message.content == "ok"
+        assert len(ended) == 1
+        await client(url).chat.completions.create(**chat("late"))  # type: ignore[call-overload]
+        assert len(ended) == 2, "the 404s SMG gave before were sent again, not answered"
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/v1/chat/completions", json=chat("served"))
+        assert r.status_code == 401 and len(ended) == 2, "refused by the front: no answer of SMG's"
+    finally:
+        await front.stop()

@@ -229,3 +229,16 @@ async def test_a_stopping_replica_is_released_while_smg_still_lists_it_draining(
     applying.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await applying
+
+
+async def test_an_answer_ending_while_requests_are_held_posts_the_status_now() -> None:
+    """A switch waits for the awake model's replica to read idle at the controller: an
+    answer's end posts the status at once while something is held, not a second later;
+    with nothing held it waits for the second, as before."""
+    f = follower(SlowSmg(remove_after_s=5.0))
+    f.nudge.clear()
+    f.answered()
+    assert not f.nudge.is_set(), "nothing held: no early status"
+    f.explainer.held["b"] += 1
+    f.answered()
+    assert f.nudge.is_set()
