@@ -150,3 +150,79 @@ def test_many_adapters_on_a_few_replicas_under_skewed_traffic(
         f"{dict(most_held)}; cold requests {min(cold_s):.1f}-{max(cold_s):.1f}s"
     )
     gw.stop()
+
+
+def test_a_drained_holder_hands_its_adapter_over_before_it_stops(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 33 item 2: the only replica holding an adapter is drained under the
+    adapter's traffic. It stays in routing until another replica of the base has the
+    adapter loaded, and only then stops: the events say so in that order, and no
+    request fails (without the hand-over, the holder stopped first and requests
+    failed or waited for the load)."""
+    c = cluster
+    storage = tmp_path / "adapters"
+    write_adapter(storage / "acme" / "sql", base="org/base")
+    c.start_controller(*CONTROLLER_ARGS, "--adapter-idle-after", "600s")
+    for node in NODES:
+        c.start_agent(node, gpus="2xH100-80GB", extra=["--storage", str(storage)])
+    wait_cluster_ready(c, NODES)
+    spec = {**base(), "min_replicas": 2}
+    args = spec["engine_args"]
+    # Slower than a stand-in's start (0.3 s): the holder must wait for the other load.
+    args[args.index("--lora-load-seconds") + 1] = "3"
+    c.apply([spec, {"name": "sql", "base": "base", "source": "acme/sql"}])
+    wait_until(
+        lambda: sum(r["state"] == "ready" for r in c.get("/v1/replicas")) == 2,
+        timeout=30,
+        what="2 ready replicas of the base",
+        diagnose=c.logs,
+    )
+    gw = Gateway(c)
+    gw.start()
+    wait_until(lambda: parent_of(gw, "sql") == "base", timeout=30, what="adapter listed")
+    answers: list[tuple[str, int, str]] = []
+    ask(gw, "sql", answers)
+    (holder,) = holders(c)["sql"]
+    node = next(r for r in c.get("/v1/replicas") if r["id"] == holder)["shards"][0]["node"]
+
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            ask(gw, "sql", answers)
+
+    clients = [threading.Thread(target=client)]  # under the target: it does not spread
+    for t in clients:
+        t.start()
+    try:
+        c.ctl("drain", node, "--reason", "maintenance")
+        wait_until(
+            lambda: holder not in {r["id"] for r in c.get("/v1/replicas")},
+            timeout=60,
+            what=f"{holder} stopped",
+            diagnose=c.logs,
+        )
+        before = len(answers)
+        wait_until(lambda: len(answers) >= before + 4, timeout=20, what="answers after it")
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=60)
+    gw.stop()
+
+    wrong = [a for a in answers if a[1] != 200 or a[2] != "sql"]
+    assert not wrong, wrong[:5]
+    said = [(e["reason"], e["message"]) for e in c.get("/v1/events")["events"]]
+
+    def first(reason: str, words: str) -> int:
+        return next(i for i, (r, m) in enumerate(said) if r == reason and words in m)
+
+    loaded = first("AdapterLoaded", "loaded on replica ")
+    loaded_elsewhere = next(
+        i for i, (r, m) in enumerate(said) if r == "AdapterLoaded" and holder not in m
+    )
+    moved = first("Moved", f"{holder} stopped")
+    assert loaded < loaded_elsewhere < moved, said
+    handing = first("HandingOverAdapters", holder)  # its stand-in served first: it waited
+    assert loaded < handing < loaded_elsewhere, said
