@@ -59,7 +59,6 @@ from llmgw.wire import (
     ReplicaView,
     ReportReply,
     ShardAssignment,
-    ShardState,
 )
 
 # What placement reads: a node's facts, its flag, the cards assigned on it (by
@@ -169,15 +168,10 @@ class Term:
         return self.replies.reply_json(report.node, self._take(report, raw))
 
     def _take(self, report: NodeReport, raw: bytes | None) -> float:
-        before = self._shard_states(report.node)
-        now = self.facts.ingest(report, raw)
-        if self._shard_states(report.node) != before:
+        now, engines_moved = self.facts.ingest(report, raw)
+        if engines_moved:
             self.decide_soon.set()
         return now
-
-    def _shard_states(self, node: str) -> tuple[tuple[str, int, ShardState], ...]:
-        entry = self.facts.nodes.get(node)
-        return tuple((s.replica_id, s.rank, s.state) for s in entry.shards) if entry else ()
 
     # -- reads composed of several views -------------------------------------------------
 

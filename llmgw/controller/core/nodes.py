@@ -216,6 +216,7 @@ def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, 
 class Changed(NamedTuple):
     facts: bool  # what the node's row or placement reads (its digest)
     listening: bool  # where its engines listen (the endpoint feed's URLs)
+    engines: bool  # an engine came, went, or changed state (news for the loop)
 
 
 @dataclass
@@ -241,7 +242,7 @@ class NodeEntry:
     shards: tuple[ShardDigest, ...] = ()
     # (replica id, port, failed) of each rank 0 here: with the address, where the
     # endpoint feed's URLs point.
-    ports: tuple[tuple[str, int | None, bool, tuple[str, ...]], ...] = ()
+    ports: tuple[tuple[str, int | None, bool, frozenset[str]], ...] = ()
     interval_s: float = 5.0
 
     def update(self, report: NodeReport, raw: bytes, received_at: float) -> Changed:
@@ -257,18 +258,21 @@ class NodeEntry:
             self.cards, self.faults = digest.cards, digest.faults
             self.address, self.gpu_error = digest.address, digest.gpu_error
         self.raw, self.received_at = raw, received_at
-        self.shards = digest_shards(report, received_at)
+        before, shards = self.shards, digest_shards(report, received_at)
+        self.shards = shards
+        engines = len(shards) != len(before) or any(
+            a.state is not b.state or a.replica_id != b.replica_id or a.rank != b.rank
+            for a, b in zip(shards, before, strict=True)
+        )
         # Adapters too: a loaded one joins the endpoint feed (routing) at once.
         ports = tuple(
-            (r.id, r.port, r.state is _FAILED, tuple(sorted(r.adapters)))
-            for r in report.replicas
-            if r.rank == 0
+            (s.replica_id, s.port, s.state is _FAILED, s.adapters) for s in shards if s.rank == 0
         )
         if ports != self.ports:
             self.ports = ports
             moved = True
         self.interval_s = report.interval_s
-        return Changed(facts, moved)
+        return Changed(facts, moved, engines)
 
     @property
     def report(self) -> NodeReport | None:

@@ -204,9 +204,10 @@ class Facts:
 
     # -- agent reports and liveness -----------------------------------------------------------
 
-    def ingest(self, report: NodeReport, raw: bytes | None = None) -> float:
+    def ingest(self, report: NodeReport, raw: bytes | None = None) -> tuple[float, bool]:
         """Take a node's report (`raw`: the body as received, kept for the detail
-        view); returns the moment it was taken."""
+        view); returns the moment it was taken, and whether one of its engines came,
+        went or changed state (news the loop acts on at once)."""
         now = self.clock()
         node = report.node
         entry = self._entries.get(node)
@@ -228,7 +229,7 @@ class Facts:
             self.log.append(ChangeKind.NODE, node)
         self.liveness.watch((entry,))
         self.advance_time(now)
-        return now
+        return now, moved.engines
 
     def advance_time(self, now: float | None = None) -> None:
         """Nodes whose grace ran out since the last look turn unreachable: a NODE change.
