@@ -1,12 +1,13 @@
 """Fixtures every test directory may use, and how the suite is spread over cores.
 
-The suite runs on two workers (`-n 2 --dist loadgroup` in pyproject.toml). A test
-goes to whichever worker is free, except where a module keeps something for all
-its tests (a module-scoped fixture: a cluster, a tmux server) or walks one cluster
-through steps in order (the real-engine test): such a module is one group, run
-whole by one worker, so its fixture is built once. Longest first: the real-engine
-walk, then the modules of real processes (`slow`), then the rest, so that the last
-tests to be handed out are short ones and both workers finish together.
+The suite runs on four workers (`-n 4 --dist loadgroup` in pyproject.toml), twice the
+cores: most tests wait on real processes rather than compute. A test goes to whichever
+worker is free, except where a module keeps something for all its tests (a
+module-scoped fixture: a cluster, a tmux server) or walks one cluster through steps in
+order (the real-engine test): such a module is one group, run whole by one worker, so
+its fixture is built once. Longest first: the real-engine walk, then the modules of
+real processes (`slow`), then the rest, so that the last tests to be handed out are
+short ones and the workers finish together.
 """
 
 from __future__ import annotations

@@ -224,7 +224,9 @@ async def test_the_front_says_when_an_answer_through_smg_has_ended(smg: TestServ
     answer SMG gave, after its end, and not for what the front refused itself."""
     ended: list[float] = []
     loop = asyncio.get_running_loop()
-    front, url = await start(str(smg.make_url("")), on_answered=lambda: ended.append(loop.time()))
+    front, url = await start(
+        str(smg.make_url("")), declared={"late"}, on_answered=lambda: ended.append(loop.time())
+    )
     try:
         answer = await client(url).chat.completions.create(**chat("served"))  # type: ignore[call-overload]
         assert answer.choices[0].message.content == "ok"
