@@ -87,6 +87,12 @@ class EngineLifecycle:
         desired = {(a.replica_id, a.rank): a for a in assignments}
         for key, eng in list(self.engines.items()):
             want = desired.get(key)
+            if want is not None and want.leader_address is None:
+                # A controller that has not heard from the leader's node yet (a fresh
+                # term) knows no address for it: not a new leader, not a restart.
+                want = desired[key] = want.model_copy(
+                    update={"leader_address": eng.assignment.leader_address}
+                )
             if want is not None and want.started_as() == eng.assignment.started_as():
                 eng.assignment = want  # its sleep or adapters changed: the monitor acts on it
                 continue

@@ -5,6 +5,7 @@ stopping and exits of real processes: test_supervisor.py.)"""
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,37 @@ def test_one_lifecycle_per_state_dir_until_it_lets_go(
     first.release()
     first.release()  # twice is once
     lifecycles.append(EngineLifecycle(settings))
+
+
+def test_a_followers_engine_outlives_a_reply_that_knows_no_leader_address(
+    settings: SupervisorSettings, lifecycles: list[EngineLifecycle]
+) -> None:
+    """A new controller (a restart, a takeover) answers a follower node that reports
+    before its leader's node with no address for the leader: the follower's engine
+    keeps running (it restarted, once per failover, before). A different leader
+    node is still a restart."""
+    stand_in = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the rank 1
+    try:
+        _keeps_its_engine(settings, lifecycles, stand_in.pid)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+def _keeps_its_engine(
+    settings: SupervisorSettings, lifecycles: list[EngineLifecycle], pid: int
+) -> None:
+    me = ref_for(pid)
+    assert me is not None
+    running = assignment("multi", rank=1, nnodes=2, leader_node="g1", leader_address="10.0.0.9")
+    save_state(settings.state_path, [record(running, me.pid, me.start_ticks, me.boot_id, "ready")])
+    life = EngineLifecycle(settings)
+    lifecycles.append(life)
+    unknown = running.model_copy(update={"leader_address": None})
+    life.converge([unknown], {})
+    eng = life.engines[("multi", 1)]
+    assert eng.state is ShardState.READY and eng.ref is not None, "kept, not stopped"
+    assert eng.assignment.leader_address == "10.0.0.9", "the address it joined, kept"
+    moved = running.model_copy(update={"leader_node": "g2", "leader_address": None})
+    life.converge([moved], {})
+    assert life.engines[("multi", 1)].state is ShardState.STOPPING
