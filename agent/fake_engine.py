@@ -73,6 +73,8 @@ from llmgw.agent.fake_lora import LoraConfig, LoraError, LoraState
 class FakeConfig:
     model: str = "fake-model"
     load_seconds: float = 2.0
+    # A test's hold on the load: loading goes on, past load_seconds, until this exists.
+    loaded_after: Path | None = None
     latency_s: float = 0.05  # how long one request "runs": its first token, nothing cached
     cached_latency_s: float | None = None  # first token with the whole prompt cached (latency/10)
     token_interval_s: float = 0.0  # between streamed tokens after the first
@@ -232,7 +234,10 @@ class EngineState:
 
     @property
     def loaded(self) -> bool:
-        return time.monotonic() >= self.ready_at
+        if time.monotonic() < self.ready_at:
+            return False
+        after = self.config.loaded_after
+        return after is None or after.exists()
 
     @property
     def hung(self) -> bool:
@@ -843,6 +848,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--load-seconds", type=float, default=2.0, help="time /health answers 503")
     p.add_argument(
+        "--loaded-after",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a test's hold: still loading, past --load-seconds, until PATH exists",
+    )
+    p.add_argument(
         "--load-chatter",
         type=float,
         default=None,
@@ -948,6 +960,7 @@ async def _run(args: argparse.Namespace) -> int:
     config = FakeConfig(
         model=args.model,
         load_seconds=args.load_seconds,
+        loaded_after=args.loaded_after,
         latency_s=args.latency,
         cached_latency_s=args.cached_latency,
         token_interval_s=args.token_interval,

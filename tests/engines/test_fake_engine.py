@@ -7,6 +7,7 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,18 @@ async def test_health_503_while_loading(aiohttp_client: AiohttpClient) -> None:
     assert resp.status == 503
     resp = await client.post("/v1/completions", json={"prompt": "x"})
     assert resp.status == 503
+
+
+async def test_a_load_held_until_a_file_exists(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    """`--loaded-after PATH`: a test holds the load past `--load-seconds` until it
+    creates PATH (a wake that must not finish before the test's clients are gone)."""
+    gate = tmp_path / "go"
+    client = await aiohttp_client(make_app(FakeConfig(load_seconds=0, loaded_after=gate)))
+    assert (await client.get("/health")).status == 503
+    gate.touch()
+    assert (await client.get("/health")).status == 200
 
 
 async def test_serves_models_completions_and_vllm_metrics(aiohttp_client: AiohttpClient) -> None:

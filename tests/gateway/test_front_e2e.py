@@ -149,8 +149,10 @@ def test_held_requests_whose_clients_left_are_dropped(cluster: Cluster) -> None:
     c.start_agent("gpu1", gpus="2xH100-80GB")
     wait_cluster_ready(c, ["gpu1"])
     spec = model("nap", min_replicas=0)
-    args = list(spec["engine_args"])
-    args[args.index("--load-seconds") + 1] = "3"
+    # The engine loads until the clients have left: a wake that finished first (a busy
+    # machine taking seconds to hold 1,000) would rightly serve clients still there.
+    loaded = c.root / "nap-may-load"
+    args = [*spec["engine_args"], "--loaded-after", str(loaded)]
     c.apply([{**spec, "engine_args": args, "max_replicas": 1, "scale_down_after_s": 600}])
     gw = Gateway(c, "--wake-timeout", "100s")
     # Under systemd's default soft limit a gateway that kept it ran out of descriptors
@@ -185,6 +187,7 @@ def test_held_requests_whose_clients_left_are_dropped(cluster: Cluster) -> None:
 
     asyncio.run(give_up())
     wait_until(lambda: held() == 0, timeout=20, what="nothing held once the clients left")
+    loaded.touch()
     (replica,) = wait_until(
         lambda: [r for r in c.get("/v1/replicas") if r["model"] == "nap" and r.get("url")] or None,
         timeout=60,
