@@ -13,7 +13,8 @@ is, in proportion between; vLLM's counters `vllm:prefix_cache_queries_total`
 and `vllm:prefix_cache_hits_total` count prompt tokens looked up and found. Tests and the demo run it where
 there are no GPUs. Knobs for the unhappy paths: `--fail-after` exits with
 `--exit-code`, `--ignore-sigterm` makes the agent escalate to SIGKILL,
-`--hang-after` keeps the process up but `/health` failing; `--stall-after`
+`--hang-after` keeps the process up but `/health` failing; `--loaded-after PATH` keeps
+it loading until a test creates PATH; `--stall-after`
 stops generating while `/health` and `/metrics` still answer, as a vLLM whose
 EngineCore is stopped does (its gauges no longer count the requests that arrive; only
 `/load`, with `--enable-server-load-tracking`, does); `--health-delay` answers `/health` slowly (a busy
@@ -231,13 +232,17 @@ class EngineState:
     server_load: int = 0  # requests the HTTP server holds (vLLM's /load), stalled ones too
     sleep: SleepState = field(default_factory=lambda: SleepState())
     loras: LoraState | None = None  # set by make_app
+    held_by: Path | None = None  # `--loaded-after`'s file until it is seen (then None)
 
     @property
     def loaded(self) -> bool:
         if time.monotonic() < self.ready_at:
             return False
-        after = self.config.loaded_after
-        return after is None or after.exists()
+        if self.held_by is not None:  # read on every request: the file is looked for
+            if not self.held_by.exists():  # only until it is there
+                return False
+            self.held_by = None
+        return True
 
     @property
     def hung(self) -> bool:
@@ -806,6 +811,7 @@ def make_app(config: FakeConfig, quiet_paths: frozenset[str] = frozenset()) -> w
         ready_at=time.monotonic() + config.load_seconds,
         cache=PrefixCache(config.cache_blocks),
         loras=LoraState(config.lora, config.model),
+        held_by=config.loaded_after,
     )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

@@ -153,25 +153,24 @@ def test_one_lifecycle_per_state_dir_until_it_lets_go(
     lifecycles.append(EngineLifecycle(settings))
 
 
+@pytest.fixture
+def stand_in() -> Iterator[int]:
+    """A live process of its own (a session leader: a stop signals only it) standing in
+    for an engine left running; its pid."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
 def test_a_followers_engine_outlives_a_reply_that_knows_no_leader_address(
-    settings: SupervisorSettings, lifecycles: list[EngineLifecycle]
+    settings: SupervisorSettings, lifecycles: list[EngineLifecycle], stand_in: int
 ) -> None:
     """A new controller (a restart, a takeover) answers a follower node that reports
     before its leader's node with no address for the leader: the follower's engine
     keeps running (it restarted, once per failover, before). A different leader
     node is still a restart."""
-    stand_in = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the rank 1
-    try:
-        _keeps_its_engine(settings, lifecycles, stand_in.pid)
-    finally:
-        stand_in.kill()
-        stand_in.wait()
-
-
-def _keeps_its_engine(
-    settings: SupervisorSettings, lifecycles: list[EngineLifecycle], pid: int
-) -> None:
-    me = ref_for(pid)
+    me = ref_for(stand_in)
     assert me is not None
     running = assignment("multi", rank=1, nnodes=2, leader_node="g1", leader_address="10.0.0.9")
     save_state(settings.state_path, [record(running, me.pid, me.start_ticks, me.boot_id, "ready")])

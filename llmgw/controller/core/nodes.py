@@ -240,8 +240,8 @@ class NodeEntry:
     address: str | None = None
     gpu_error: str | None = None
     shards: tuple[ShardDigest, ...] = ()
-    # (replica id, port, failed) of each rank 0 here: with the address, where the
-    # endpoint feed's URLs point.
+    # (replica id, port, failed, adapters loaded) of each rank 0 here: with the address,
+    # where the endpoint feed's URLs point and what each serves.
     ports: tuple[tuple[str, int | None, bool, frozenset[str]], ...] = ()
     interval_s: float = 5.0
 
