@@ -1,12 +1,13 @@
 """LoRA adapters end to end (issue 33): a real controller, two agents with fake cards
 and fake engines that load adapters as vLLM does, the gateway with its SMG child.
 
-Eight adapters on one base of four replicas that each hold at most two
-(`--max-cpu-loras 2`), under skewed traffic: one hot adapter asked by many clients
-at once, the others now and then. Every request is answered by its adapter's name;
-no engine is ever asked for an adapter it does not hold (their access logs show no
-404); the hot adapter spreads over several replicas; no replica holds more than its
-two; the cold ones are unloaded once idle."""
+The issue's scale: a hundred adapters on one base of four replicas that each hold at
+most eight (`--max-cpu-loras 8`), so the adapters must take turns in 32 slots, under
+skewed traffic: one hot adapter asked by many clients at once, the others once each.
+Every request is answered by its adapter's name; no engine is ever asked for an
+adapter it does not hold (their access logs show no 404); the hot adapter spreads
+over several replicas; no replica holds more than its eight; the cold ones are
+unloaded once idle."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ from tests.gateway.gwprocs import CONTROLLER_ARGS, ENGINE_ARGS, Gateway, wait_cl
 pytestmark = pytest.mark.slow
 
 NODES = ["gpu1", "gpu2"]
-ADAPTERS = [f"lora{i}" for i in range(8)]
+ADAPTERS = [f"lora{i}" for i in range(100)]
 HOT = "lora0"
-SLOTS = 2
+SLOTS = 8
 
 
 def base() -> dict[str, Any]:
-    args = [*ENGINE_ARGS, "--enable-lora", "--max-loras", "4", "--max-cpu-loras", str(SLOTS)]
+    args = [*ENGINE_ARGS, "--enable-lora", "--max-loras", "8", "--max-cpu-loras", str(SLOTS)]
     args += ["--lora-load-seconds", "0.2"]
     args[args.index("--token-interval") + 1] = "0.05"
     return {
