@@ -441,6 +441,58 @@ def test_with_no_room_elsewhere_the_wake_waits_for_the_busy_one() -> None:
     assert plan.removed == [] and plan.put == [] and plan.events == []
 
 
+def test_a_busy_replica_of_a_lower_priority_switches_out_for_a_higher_one() -> None:
+    """Issue 32 item 4: a switch is the normal path when the awake model has nothing in
+    flight or a lower priority; its requests in flight finish first (the stop handshake)."""
+    urgent = SLEEPY.model_copy(update={"priority": 10})
+    snap = replace(switch_fleet(ShardState.READY, b_in_flight=2), nodes={"n2": free_node()})
+    gate = replace(snap.gate, live=(LiveGateway(None, {}),))
+    snap = replace(snap, models={"chat": urgent, "other": OTHER}, gate=gate)
+
+    plan = sleep_and_wake(snap)
+
+    [going] = plan.put  # not placed afresh elsewhere: the card is its in seconds
+    assert (going.id, going.state, going.asleep_since) == ("b", ReplicaState.SLEEPING, None)
+    assert plan.removed == []
+    [event] = plan.events
+    assert event.reason is EventReason.SLEPT
+    assert "priority 10 over 0" in event.message and "2 request(s) in flight" in event.message
+
+
+def test_one_switched_out_for_a_higher_priority_is_not_taken_back_by_its_own_requests() -> None:
+    urgent = SLEEPY.model_copy(update={"priority": 10})
+    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
+    b = on_card(replica("b", ReplicaState.SLEEPING, model="other"))  # falling asleep
+    gate = GateView(
+        now=NOW,
+        grace_s=math.inf,
+        live=(LiveGateway(None, {}),),
+        held={"chat": 1, "other": 3},
+        in_flight={"b": 1},
+    )
+    shards = {"a": shard(a, ShardState.SLEEPING), "b": shard(b, ShardState.READY, 0.0)}
+    snap = reported([a, b], shards, [urgent, OTHER], gate=gate)
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.put == [] and plan.removed == []  # b keeps falling asleep; a waits for it
+
+    # At equal priority a held request takes it back, as a scale-down taken back.
+    snap = replace(snap, models={"chat": SLEEPY, "other": OTHER})
+    plan = sleep_and_wake(snap)
+    assert [(r.id, r.state) for r in plan.put] == [("b", ReplicaState.READY)]
+
+
+def test_a_higher_priority_busy_replica_is_not_switched_out_for_a_lower_one() -> None:
+    low = SLEEPY.model_copy(update={"priority": -1})
+    snap = switch_fleet(ShardState.READY, b_in_flight=2)
+    snap = replace(snap, models={"chat": low, "other": OTHER})
+
+    plan = sleep_and_wake(snap)
+
+    assert plan.removed == [] and plan.put == [] and plan.events == []  # a waits
+
+
 def test_a_model_that_does_not_sleep_makes_way_only_above_what_it_should_have() -> None:
     at_min = PLAIN_OTHER.model_copy(update={"min_replicas": 1})
     snap = replace(switch_fleet(ShardState.READY, other=at_min), nodes={"n2": free_node()})

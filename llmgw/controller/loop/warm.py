@@ -142,7 +142,13 @@ def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplic
     # Not told to sleep yet: back in routing at once, as a scale-down taken back.
     # Told: woken once its engines say they sleep (one still on its way to sleep would
     # read ready from its last report, and be routed to while it falls asleep).
-    going = [s for s in mine.standing if _falling_asleep(s) and not _touched(plan, s)]
+    # Not one switched out for a higher-priority model's wake on its cards: taken back,
+    # it would undo the switch (its requests wait, as the other's did).
+    going = [
+        s
+        for s in mine.standing
+        if _falling_asleep(s) and not _touched(plan, s) and not _yielding(snap, plan, spec, s)
+    ]
     asleep = [
         s
         for s in mine.standing
@@ -187,6 +193,18 @@ def _touched(plan: Planner, s: ReplicaStatus) -> bool:
     return plan.records.get(s.record.id) is not s.record
 
 
+def _yielding(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: ReplicaStatus) -> bool:
+    """Whether a sleeping replica on `s`'s cards waits to wake for requests of a model
+    of higher priority than `spec`: `s` goes to sleep for it."""
+    return any(
+        o.state is ReplicaState.SLEEPING
+        and (other := snap.models.get(o.model)) is not None
+        and other.priority > spec.priority
+        and snap.held_for(o.model) > 0
+        for o in _sharing(snap, plan, s.record)
+    )
+
+
 class _Room(enum.Enum):
     FREE = "free"  # no awake engine on its cards: it wakes now
     SWITCHING = "switching"  # awake ones there go to sleep (or stop) first
@@ -200,7 +218,8 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
     two awake would not fit. Awake ones there that serve nothing and whose model has
     no request held switch out (sleep, or stop for a model that does not sleep, never
     below its minimum) and it wakes once they sleep: two models alternating on one card
-    each wait one sleep and one wake. Busy ones stay, and it makes way: stopped (it is
+    each wait one sleep and one wake. So do busy ones of a model of lower priority,
+    once what they serve is done. Other busy ones stay, and it makes way: stopped (it is
     out of routing and asleep), its model's requests go to a replica placed afresh,
     when one fits elsewhere; else it waits for them to serve nothing."""
     rec = s.record
@@ -214,7 +233,7 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
     switching = [
         o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
     ]
-    switchable = [o for o in others if o not in switching and _switchable(snap, o)]
+    switchable = [o for o in others if o not in switching and _switchable(snap, o, spec)]
     if len(switching) + len(switchable) < len(others):
         busy = sorted({o.model for o in others if o not in switching and o not in switchable})
         placed = _placed_elsewhere(snap, plan, spec, rec)
@@ -234,7 +253,7 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
         plan.event(f"model/{spec.name}", EventReason.PLACED, placed_words([placed]))
         return _Room.NONE
     for other in switchable:
-        _switch_out(snap, plan, other, spec.name)
+        _switch_out(snap, plan, other, spec)
     return _Room.SWITCHING
 
 
@@ -276,16 +295,21 @@ def _asleep(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
     )
 
 
-def _switchable(snap: FleetSnapshot, rec: ReplicaRecord) -> bool:
-    """An awake replica that may make way on its cards: ready, serving nothing, its
-    model with no request held, not a stand-in, and (for a model that does not
-    sleep) above its minimum."""
+def _switchable(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec | None = None) -> bool:
+    """An awake replica that may make way on its cards: ready, not a stand-in, (for a
+    model that does not sleep) above its minimum, and serving nothing with its model's
+    requests not held, unless its model's priority is below `waking`'s: then what it
+    serves finishes first, out of routing (the stop handshake), and its model's new
+    requests wait for a card as the other's did."""
     status = snap.statuses.get(rec.id)
     spec = snap.models.get(rec.model)
     if status is None or spec is None or rec.state is not ReplicaState.READY:
         return False
-    held = snap.held_for(rec.model)
-    if held or status.in_flight(snap.gateway_in_flight) or rec.replaces is not None:
+    if rec.replaces is not None:
+        return False
+    outranked = waking is not None and spec.priority < waking.priority
+    busy = snap.held_for(rec.model) or status.in_flight(snap.gateway_in_flight)
+    if busy and not outranked:
         return False
     if _can_sleep(snap, spec, status):
         return True
@@ -297,11 +321,17 @@ def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> b
     return spec.sleeps and snap.up_to_date(status.record) and status.sleep_error is None
 
 
-def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: str) -> None:
+def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: ModelSpec) -> None:
     """Make way for `waking`'s sleeping replica: asleep (through the stop handshake,
     as `_sleep`) or, for a model that does not sleep, out of routing to stop."""
     spec, status = snap.models[rec.model], snap.statuses[rec.id]
-    why = f"switch: its cards are wanted by {waking}, whose requests wait"
+    why = f"switch: its cards are wanted by {waking.name}, whose requests wait"
+    busy = status.in_flight(snap.gateway_in_flight) or 0
+    if spec.priority < waking.priority and (busy or snap.held_for(rec.model)):
+        why += (
+            f"; priority {waking.priority} over {spec.priority}, its {busy} request(s) in "
+            "flight finish first"
+        )
     if _can_sleep(snap, spec, status):
         let_go = stoppable(snap, plan, [rec.id])
         asleep_since = snap.wall if let_go else None
@@ -394,7 +424,7 @@ def _room_for(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, claimed: set[
         return None
     rec = idle[0]
     claimed.add(rec.id)
-    _switch_out(snap, plan, rec, spec.name)
+    _switch_out(snap, plan, rec, spec)
     return f"waits for room: {rec.model} ({rec.id}) goes to sleep"
 
 
