@@ -23,6 +23,11 @@ Then the sleep fleet's figures as ratios of the stop fleet's, measured in this r
 
     .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
         [--rate 1] [--load-seconds 30] [--wake-seconds 1] [--idle 10] [--zipf 1.0]
+        [--priority-top N]
+
+`--priority-top N` gives the N most popular models priority 1 in both fleets (the
+rest 0), and prints the asleep-model TTFT of each group: at a switch, an awake model
+of lower priority makes way even while busy.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class Watch:
     starts (a replica id not seen before)."""
 
     state: dict[str, str] = field(default_factory=dict)  # model -> its replica's state
-    awake_s: Counter[str] = field(default_factory=Counter)
+    awake_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     wakes: int = 0
     starts: int = 0
     counting: bool = False
@@ -80,7 +85,12 @@ class Watch:
 
 
 def fleet_specs(
-    names: list[str], mode: str, load_s: float, wake_s: float, idle: float
+    names: list[str],
+    mode: str,
+    load_s: float,
+    wake_s: float,
+    idle: float,
+    urgent: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     out = []
     for name in names:
@@ -89,6 +99,8 @@ def fleet_specs(
         args[args.index("--load-seconds") + 1] = str(load_s)
         args += ["--wake-seconds", str(wake_s)]
         spec = {**spec, "engine_args": args, "max_replicas": 1}
+        if name in urgent:
+            spec["priority"] = 1
         if mode == "sleep":
             spec |= {"sleep_after_s": idle, "sleep_level": 1}
         else:
@@ -228,11 +240,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def summary(f: Fleet, minutes: float, names: list[str]) -> dict[str, float]:
+def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) -> dict[str, float]:
     a = f.answers
     ok = [x for x in a if x.status == 200]
     cold = "asleep" if f.mode == "sleep" else "none"
     waited = [x.ttft for x in ok if x.found == cold and x.ttft is not None]
+    first = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model in urgent]
+    rest = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model not in urgent]
     every = [x.ttft for x in ok if x.ttft is not None]
     awake = [f.watch.awake_s.get(n, 0.0) for n in names]
     return {
@@ -243,6 +257,11 @@ def summary(f: Fleet, minutes: float, names: list[str]) -> dict[str, float]:
         "found_cold": sum(1 for x in a if x.found == cold),
         "ttft_cold_p50": pct(waited, 0.5),
         "ttft_cold_p99": pct(waited, 0.99),
+        "found_cold_urgent": len(first),
+        "ttft_cold_urgent_p50": pct(first, 0.5),
+        "ttft_cold_urgent_p99": pct(first, 0.99),
+        "ttft_cold_rest_p50": pct(rest, 0.5),
+        "ttft_cold_rest_p99": pct(rest, 0.99),
         "ttft_p50": pct(every, 0.5),
         "ttft_p99": pct(every, 0.99),
         "wakes_per_min": f.watch.wakes / minutes,
@@ -253,8 +272,17 @@ def summary(f: Fleet, minutes: float, names: list[str]) -> dict[str, float]:
     }
 
 
-def show(rows: dict[str, dict[str, float]], per_card: int, cards: int, wake_s: float) -> None:
+def show(
+    rows: dict[str, dict[str, float]], per_card: int, cards: int, wake_s: float, urgent: int
+) -> None:
     s, o = rows["sleep"], rows["stop"]
+    by_priority = [
+        (f"  of the {urgent} at priority 1", "found_cold_urgent", "{:.0f}"),
+        ("    their TTFT p50 (s)", "ttft_cold_urgent_p50", "{:.2f}"),
+        ("    their TTFT p99 (s)", "ttft_cold_urgent_p99", "{:.2f}"),
+        ("  the rest's TTFT p50 (s)", "ttft_cold_rest_p50", "{:.2f}"),
+        ("  the rest's TTFT p99 (s)", "ttft_cold_rest_p99", "{:.2f}"),
+    ]
     lines = [
         ("requests sent", "sent", "{:.0f}"),
         ("answered (200)", "answered", "{:.0f}"),
@@ -263,6 +291,7 @@ def show(rows: dict[str, dict[str, float]], per_card: int, cards: int, wake_s: f
         ("found their model asleep / at zero", "found_cold", "{:.0f}"),
         ("  their TTFT p50 (s)", "ttft_cold_p50", "{:.2f}"),
         ("  their TTFT p99 (s)", "ttft_cold_p99", "{:.2f}"),
+        *(by_priority if urgent else []),
         ("TTFT of all answered, p50 (s)", "ttft_p50", "{:.2f}"),
         ("TTFT of all answered, p99 (s)", "ttft_p99", "{:.2f}"),
         ("wakes per minute", "wakes_per_min", "{:.1f}"),
@@ -289,6 +318,7 @@ def run(args: argparse.Namespace, per_card: int) -> None:
     rng = random.Random(args.seed)
     popularity = names[:]
     rng.shuffle(popularity)
+    urgent = frozenset(popularity[: args.priority_top])
     weights = [1 / (rank + 1) ** args.zipf for rank in range(len(names))]
     schedule, at = [], 0.0
     while True:
@@ -302,14 +332,18 @@ def run(args: argparse.Namespace, per_card: int) -> None:
             for mode in ("sleep", "stop"):
                 fleets.append(Fleet(Path(tmp), mode, args.cards))
             for f in fleets:
-                f.start(fleet_specs(names, f.mode, args.load_seconds, args.wake_seconds, args.idle))
+                f.start(
+                    fleet_specs(
+                        names, f.mode, args.load_seconds, args.wake_seconds, args.idle, urgent
+                    )
+                )
             took = asyncio.run(warm_up(fleets, names, args.tokens))
             print(f"warm-up: every model answered once in both fleets in {took:.0f} s")
             # Let the warm-up's replicas go idle, then asleep (or stopped), first.
             time.sleep(args.idle + 5)
             asyncio.run(window(fleets, schedule, args.tokens))
-            rows = {f.mode: summary(f, args.minutes, names) for f in fleets}
-            show(rows, per_card, args.cards, args.wake_seconds)
+            rows = {f.mode: summary(f, args.minutes, names, urgent) for f in fleets}
+            show(rows, per_card, args.cards, args.wake_seconds, len(urgent))
             per_model = defaultdict(list)
             for f in fleets:
                 for x in f.answers:
@@ -343,6 +377,12 @@ def main() -> int:
     p.add_argument("--zipf", type=float, default=1.0, help="popularity exponent s")
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--seed", type=int, default=32)
+    p.add_argument(
+        "--priority-top",
+        type=int,
+        default=0,
+        help="the N most popular models get priority 1 (a busy lower one makes way for them)",
+    )
     p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
     args = p.parse_args()
     raise_open_files()
