@@ -19,7 +19,7 @@ from test_api import ADMIN, AGENT, ClientFactory, auth, tokens
 from test_steps import replica, snapshot
 
 from llmgw.controller.core.adapter_specs import adapter_slots, check_adapters
-from llmgw.controller.core.adapter_use import AdapterMemory
+from llmgw.controller.core.adapter_use import PATIENCE_S, AdapterMemory
 from llmgw.controller.core.nodes import ShardDigest
 from llmgw.controller.core.records import AdapterHold, ReplicaRecord
 from llmgw.controller.core.settings import ControllerSettings
@@ -337,11 +337,34 @@ def test_room_is_made_from_the_least_asked_for_not_only_the_least_recent() -> No
     decides first."""
     holds = {"r1": {"hot": AdapterHold(1.0), "walked": AdapterHold(1.0)}}
     memory = AdapterMemory(
-        last_used={"hot": NOW - 1, "walked": NOW - 0.5}, rate={"hot": 3.0, "walked": 0.2}
+        last_used={"hot": NOW - 1, "walked": NOW - 0.5},
+        rate={"hot": 3.0, "walked": 0.2, "next": 0.3},  # next: held a pass or two
     )
     specs = [adapter("hot"), adapter("walked"), adapter("next")]
     plan = plan_adapters(fleet([R1], specs, holds=holds, held={"next": 1}), memory)
     assert _acts(plan, ReleaseAdapter) == [("r1", "walked")]
+
+
+def test_a_cold_adapter_pushes_out_one_asked_for_more_only_once_it_has_waited() -> None:
+    """Read at the gateways' grain a hot adapter has nothing in flight between two
+    requests; pushed out for a cold one just asked for, its many clients would wait
+    instead (bench_adapters: 7-9 s). The cold one waits for a colder slot, at most
+    `PATIENCE_S`, then takes the least asked for."""
+    holds = {"r1": {"hot": AdapterHold(1.0), "hotter": AdapterHold(1.0)}}  # its 2 slots
+    memory = AdapterMemory(
+        last_used={"hot": NOW - 0.2, "hotter": NOW - 0.1}, rate={"hot": 3.0, "hotter": 5.0}
+    )
+    specs = [adapter("hot"), adapter("hotter"), adapter("cold")]
+    snap = replace(fleet([R1], specs, holds=holds, held={"cold": 1}), now=NOW)
+    plan = plan_adapters(snap, memory)
+    assert _acts(plan, ReleaseAdapter) == [] and _acts(plan, HoldAdapter) == []
+    assert memory.waited("cold", NOW) == 0.0
+    later = replace(snap, now=NOW + PATIENCE_S)
+    plan = plan_adapters(later, memory)
+    assert _acts(plan, ReleaseAdapter) == [("r1", "hot")]
+    # Nothing held any more: the wait is forgotten.
+    plan_adapters(replace(fleet([R1], specs, holds=holds), now=NOW + 4), memory)
+    assert memory.waited("cold", NOW + 4) == 0.0
 
 
 # -- a holder that must stop hands its adapters over first -----------------------------------

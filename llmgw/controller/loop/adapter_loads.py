@@ -6,8 +6,9 @@ adapters (issue 33), within the base's `--max-cpu-loras`.
   base's spec, up to every ready replica of the base.
 - Room: a replica holds at most its base's slots, counting adapters on their way
   out. A full replica makes room by letting go of an adapter with nothing in flight,
-  the least asked for lately first, then the least recently used; the new one is told
-  once that slot is free (a pass or two later).
+  the least asked for lately first, then the least recently used, and one asked for
+  more than the new one only once the new one has waited `PATIENCE_S`; the new one is
+  told once that slot is free (a pass or two later).
 - Idle: an adapter nothing asked for `adapter_idle_s` leaves every replica.
 - Leaving is a handshake, as a replica's stop is: out of routing first (the feed),
   unloaded once every live gateway has applied that (or the stop grace passed).
@@ -27,7 +28,7 @@ import math
 from collections.abc import Mapping
 
 from llmgw.controller.core.adapter_specs import adapter_slots
-from llmgw.controller.core.adapter_use import FAILED_BACKOFF_S, AdapterMemory
+from llmgw.controller.core.adapter_use import FAILED_BACKOFF_S, PATIENCE_S, AdapterMemory
 from llmgw.controller.core.records import AdapterHold
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.plans import (
@@ -52,7 +53,9 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
     in_flight = dict(gate.adapter_in_flight) if gate else {}
     held_at_gateways = {n: c for n, c in (gate.held if gate else {}).items() if n in snap.adapters}
     busy = {n: in_flight.get(n, 0) + held_at_gateways.get(n, 0) for n in snap.adapters}
-    memory.observe(now, snap.adapters, busy, gate.adapter_requests if gate else {})
+    memory.observe(
+        now, snap.adapters, busy, gate.adapter_requests if gate else {}, held_at_gateways
+    )
     holds = {rid: dict(held) for rid, held in snap.adapter_holds.items()}
 
     def forget(rid: str, name: str) -> None:
@@ -180,14 +183,15 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
                 holds.setdefault(rid, {})[name] = AdapterHold(now)
                 have += 1
                 continue
-            victim = _least_recently_used(candidates, holds, busy, memory, now)
+            victim = _victim(name, candidates, holds, busy, memory, now)
             if victim is not None:
                 release(*victim)
             break
     return p.plan()
 
 
-def _least_recently_used(
+def _victim(
+    wanting: str,
     candidates: list[str],
     holds: Mapping[str, Mapping[str, AdapterHold]],
     busy: Mapping[str, int],
@@ -195,14 +199,23 @@ def _least_recently_used(
     now: float,
 ) -> tuple[str, str] | None:
     """The routed adapter with nothing in flight to let go of on one of `candidates`, to
-    make room: the least asked for lately, then the one used longest ago. (Recency
-    alone, read at the gateways' one-second grain, let one client walking through cold
-    adapters push out one asking a hot adapter without pause, as a scan does an LRU.)"""
+    make room for `wanting`: the least asked for lately, then the one used longest ago.
+    (Recency alone, read at the gateways' one-second grain, let one client walking
+    through cold adapters push out one asking a hot adapter without pause, as a scan
+    does an LRU.) One asked for more than `wanting` is let go of only once `wanting`
+    has waited `PATIENCE_S`: "nothing in flight", read at that grain, catches a hot
+    adapter between two requests, and pushing it out for a cold one only moves the
+    wait to the hot one's many clients (seen in bench_adapters: a hot adapter pushed
+    out while the walker's last three could not be yet, being just loaded)."""
+    patient = memory.waited(wanting, now) >= PATIENCE_S
+    wanted = memory.rate.get(wanting, 0.0)
     best: tuple[float, float, str, str] | None = None
     for rid in candidates:
         for name, hold in holds.get(rid, {}).items():
             # Nothing in flight, and in long enough to have been asked: no ping-pong.
             if hold.leaving is not None or busy.get(name) or now - hold.told_at < MIN_HELD_S:
+                continue
+            if not patient and memory.rate.get(name, 0.0) > wanted:
                 continue
             idle = memory.idle_for(name, now)
             key = (memory.rate.get(name, 0.0), -(math.inf if idle is None else idle), rid, name)
