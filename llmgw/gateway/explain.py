@@ -89,6 +89,13 @@ class Explainer:
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
+    def adapters_in_flight_at(self) -> dict[str, set[str]]:
+        """Engine URL -> the adapters it has requests from here in flight for."""
+        out: dict[str, set[str]] = {}
+        for name, url in self._flight:
+            out.setdefault(url, set()).add(name)
+        return out
+
     def url_for(self, model: str) -> str:
         return f"http://127.0.0.1:{self.port}/u/{slug(model)}"
 

@@ -455,6 +455,7 @@ class Follower:
                 await asyncio.sleep(EARLY_STATUS_DELAY_S)
             self.nudge.clear()
             cursor = self.applied  # in flight is read after it was applied
+            adapters_at = self.cursor  # the explainer routes adapters by it already
             by_url = {e.url: rid for rid, e in self.endpoints.items()}
             in_flight: dict[str, int] = {}
             requests: dict[str, int] = {}
@@ -488,6 +489,13 @@ class Follower:
             if self.explainer.adapter_requests:  # the same
                 body["adapter_in_flight"] = dict(self.explainer.adapter_in_flight)
                 body["adapter_requests"] = dict(self.explainer.adapter_requests)
+                if adapters_at != cursor:
+                    body["adapters_at"] = adapters_at
+                busy = self.explainer.adapters_in_flight_at()
+                if busy:
+                    body["adapter_busy"] = {
+                        by_url[url]: sorted(names) for url, names in busy.items() if url in by_url
+                    }
             if self.routed != cursor:  # the same (only while removals are pending)
                 body["routed"] = self.routed
             used = self.keyring.take_used() if self.keyring is not None else {}

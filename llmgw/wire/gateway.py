@@ -258,6 +258,16 @@ class GatewayStatus(Inbound):
     adapter_requests: dict[ModelName, Annotated[int, Field(ge=0, le=2**62)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # Adapters are routed by its explainer, which takes each feed change as it comes,
+    # not after SMG (whose removals take seconds): the cursor its adapter routing
+    # follows (sent only when later than `cursor`), and the adapters each replica has
+    # requests in flight for now (sent only when there are). An adapter leaving a
+    # replica is unloaded once every gateway's routing follows that and none has a
+    # request for it there in flight.
+    adapters_at: Annotated[str, StringConstraints(max_length=80)] = ""
+    adapter_busy: dict[
+        GatewayReplicaId, Annotated[list[ModelName], Field(min_length=1, max_length=4096)]
+    ] = Field(default_factory=dict, max_length=100_000)
     # Client keys used since the last status (key id -> unix time, the gateway's clock).
     keys_used: dict[ClientKeyId, Annotated[float, Field(ge=0, le=1e11)]] = Field(
         default_factory=dict, max_length=10_000

@@ -278,6 +278,26 @@ def test_idle_adapters_leave_through_the_gateways_then_unload() -> None:
     assert event.reason is EventReason.ADAPTER_UNLOADED and "unused for 301s" in event.message
 
 
+def test_an_unload_waits_for_the_gateways_adapter_routing_not_for_smg() -> None:
+    """Gateways route adapters through their explainer, which follows each change as it
+    comes: an unload waits for that cursor (`adapters_at`) and for no request for it
+    there in flight, not for SMG's seconds-long removal of some other worker (which
+    held every unload, and the slots with them, 6-8 s in bench_adapters)."""
+    memory = AdapterMemory(last_used={"a": NOW - 301})
+    leaving = {"r1": {"a": AdapterHold(1.0, (7, NOW))}}
+
+    def drops(gateway: LiveGateway) -> list[tuple[str, str]]:
+        snap = fleet([R1], [adapter("a")], holds=leaving, live=(gateway,))
+        return _acts(plan_adapters(snap, memory), DropAdapter)
+
+    assert drops(LiveGateway(5, {})) == []  # SMG behind, routing not said: waits
+    assert drops(LiveGateway(5, {}, adapters_follow=7)) == [("r1", "a")]
+    busy = frozenset({("r1", "a")})
+    assert drops(LiveGateway(5, {}, adapters_follow=7, adapter_busy=busy)) == []
+    elsewhere = frozenset({("r2", "a"), ("r1", "b")})
+    assert drops(LiveGateway(7, {}, adapter_busy=elsewhere)) == [("r1", "a")]
+
+
 def test_a_load_seen_is_an_event_once_and_a_refused_one_backs_off() -> None:
     memory = AdapterMemory()
     holds = {"r1": {"a": AdapterHold(NOW - 0.5)}, "r2": {"b": AdapterHold(NOW)}}

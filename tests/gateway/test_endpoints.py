@@ -161,6 +161,37 @@ def test_a_drain_waits_for_the_replicas_release_not_another_models_change(
     assert sim.gateways.seen["gw-a"].released == frozenset(), "the log removed it"
 
 
+def test_a_status_says_where_its_adapter_routing_is_and_what_it_has_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The gateway's explainer routes adapters by the feed as it comes, ahead of SMG:
+    the gate reads that cursor (`adapters_at`) and the (replica, adapter) pairs with
+    requests in flight; pairs of replicas that do not exist are not kept."""
+    sim = Sim(tmp_path)
+    sim.fleet.facts.put_models([MODEL])
+    sim.step()
+    sim.step()
+    (ep,) = sim.fleet.endpoints_since("").endpoints
+    slow = sim.fleet.endpoints_since("").cursor
+    sim.step()  # a later revision
+    later = sim.fleet.endpoints_since("").cursor
+    status = GatewayStatus(
+        name="gw-a",
+        cursor=slow,
+        adapters_at=later,
+        adapter_busy={ep.replica_id: ["sql"], "gone": ["sql"]},
+    )
+    sim.gateways.report(status)
+    (live,) = sim.fleet.stop_gate.view(sim.clock()).live
+    assert live.adapters_follow is not None and live.applied is not None
+    assert live.adapters_follow >= live.applied
+    assert live.adapter_busy == {(ep.replica_id, "sql")}
+    # One that says nothing of them: its applied cursor stands for both, nothing busy.
+    sim.gateways.report(GatewayStatus(name="gw-a", cursor=slow))
+    (live,) = sim.fleet.stop_gate.view(sim.clock()).live
+    assert live.adapters_follow == live.applied and live.adapter_busy == frozenset()
+
+
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=5.0)
     sim.fleet.facts.put_models([MODEL])

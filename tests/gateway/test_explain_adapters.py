@@ -69,6 +69,32 @@ async def test_requests_go_only_where_the_adapter_is_held_and_spread(
         await e.stop()
 
 
+async def test_the_adapters_in_flight_at_each_engine_are_known_while_they_run(
+    aiohttp_server: AiohttpServer, tmp_path: Path
+) -> None:
+    """What the status says busy (`adapter_busy`): an unload there waits for it."""
+    holder = await _engine(aiohttp_server, tmp_path, ["sql"])
+    e = Explainer(wake_timeout_s=5)
+    await e.start()
+    try:
+        (url,) = e.set_adapters({"sql": "base"})
+        e.set_serving({"sql": [holder]})
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "sql", "prompt": "x", "max_tokens": 1}
+            running = asyncio.gather(
+                *(http.post(f"{url}/v1/completions", json=body) for _ in range(2))
+            )
+            for _ in range(100):
+                if e.adapters_in_flight_at():
+                    break
+                await asyncio.sleep(0.01)
+            assert e.adapters_in_flight_at() == {holder: {"sql"}}
+            assert all(a.status_code == 200 for a in await running)
+        assert e.adapters_in_flight_at() == {}
+    finally:
+        await e.stop()
+
+
 async def test_held_until_a_replica_holds_it_then_served(
     aiohttp_server: AiohttpServer, tmp_path: Path
 ) -> None:

@@ -11,7 +11,8 @@ adapters (issue 33), within the base's `--max-cpu-loras`.
   told once that slot is free (a pass or two later).
 - Idle: an adapter nothing asked for `adapter_idle_s` leaves every replica.
 - Leaving is a handshake, as a replica's stop is: out of routing first (the feed),
-  unloaded once every live gateway has applied that (or the stop grace passed).
+  unloaded once every live gateway's routing follows that and none has a request for
+  it there in flight (`GateView.adapter_let_go`), or the stop grace passed.
 - A replica that drains, is rolled out or must stop otherwise no longer counts as a
   holder, so another is told to load before it goes; it keeps serving, in routing,
   until that load is seen (`placing.stoppable`, `Decisions.handing_over`).
@@ -88,7 +89,11 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
                 continue
             if hold.leaving is not None:
                 revision, at = hold.leaving
-                if gate is None or gate.applied_by_all(revision) or now - at >= gate.grace_s:
+                if (
+                    gate is None
+                    or gate.adapter_let_go(rid, name, revision)
+                    or now - at >= gate.grace_s
+                ):
                     p.add(DropAdapter(rid, name))
                     forget(rid, name)
                     memory.announced.discard((rid, name))

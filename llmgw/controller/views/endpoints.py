@@ -326,11 +326,18 @@ class GatewaySeen:
     # next status's changes apply to, with `requests`.
     said_in_flight: dict[str, int] = field(default_factory=dict)
     taken: tuple[str, int] | None = None  # (stream, seq) its changes may build on
+    adapters_at: str = ""  # a later cursor its adapter routing follows ("": `cursor`)
+    adapter_busy: frozenset[tuple[str, str]] = frozenset()  # (replica, adapter) in flight
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
         another term (one posted before a takeover means nothing now)."""
         return _revision(self.cursor, run)
+
+    def adapters_follow(self, run: str) -> int | None:
+        """The revision its adapter routing follows (its explainer's, ahead of SMG)."""
+        known = [r for r in (self.applied(run), _revision(self.adapters_at, run)) if r is not None]
+        return max(known, default=None)
 
     def routes(self, run: str) -> int | None:
         """The revision whose new workers (a new model's explainer) SMG routes to."""
@@ -416,6 +423,7 @@ class Gateways(Follower):
                 g.requests.pop(key, None)
                 g.rejected.pop(key, None)
                 g.released -= {key}
+                g.adapter_busy = frozenset(b for b in g.adapter_busy if b[0] != key)
 
     def resync(self, revision: int, now: float) -> None:
         records, models = self._facts.records, self._facts.models
@@ -426,6 +434,7 @@ class Gateways(Follower):
             for model in [m for m in g.held if m not in models]:
                 del g.held[model]
             g.released = frozenset(r for r in g.released if r in records)
+            g.adapter_busy = frozenset(b for b in g.adapter_busy if b[0] in records)
 
     def holds(self, key: str) -> bool:
         return any(
@@ -434,6 +443,7 @@ class Gateways(Follower):
             or key in g.rejected
             or key in g.held
             or key in g.released
+            or any(rid == key for rid, _ in g.adapter_busy)
             for g in self.seen.values()
         )
 
@@ -512,6 +522,13 @@ class Gateways(Follower):
             (status.stream, status.seq)
             if figures is not None and status.stream and status.seq
             else None,
+            status.adapters_at,
+            frozenset(
+                (rid, name)
+                for rid, names in status.adapter_busy.items()
+                if rid in records
+                for name in names
+            ),
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -605,6 +622,17 @@ class LiveGateway(NamedTuple):
     applied: int | None  # the revision it applied in this term (None: none)
     in_flight: Mapping[str, int]  # its requests in flight per replica
     released: frozenset[str] = frozenset()  # stopping replicas its SMG no longer routes to
+    adapters_follow: int | None = None  # the revision its adapter routing follows
+    adapter_busy: frozenset[tuple[str, str]] = frozenset()  # (replica, adapter) in flight
+
+    def lets_adapter_go(self, rid: str, name: str, revision: int) -> bool:
+        """It routes `name` to `rid` no more (out at `revision`) and has no request for
+        it there in flight. Its explainer routes adapters, so that is its own cursor,
+        not SMG's: a removal SMG takes seconds over does not hold an unload."""
+        follows = max(
+            (r for r in (self.applied, self.adapters_follow) if r is not None), default=None
+        )
+        return follows is not None and follows >= revision and (rid, name) not in self.adapter_busy
 
     def let_go(self, rid: str, revision: int | None, force: bool) -> bool:
         """It routes nothing more to `rid` (marked stopping at `revision`) and has
@@ -632,9 +660,10 @@ class GateView:
     adapter_requests: Mapping[str, int] = field(default_factory=dict)  # forwarded in all
     unheard: bool = False  # the term is younger than FIRST_STATUS_S and no gateway is live
 
-    def applied_by_all(self, revision: int) -> bool:
-        """Whether every live gateway has applied `revision` (True with none live)."""
-        return all(g.applied is not None and g.applied >= revision for g in self.live)
+    def adapter_let_go(self, rid: str, name: str, revision: int) -> bool:
+        """Whether every live gateway has let go of adapter `name` on replica `rid`,
+        routed elsewhere since `revision` (True with none live)."""
+        return all(g.lets_adapter_go(rid, name, revision) for g in self.live)
 
     def lets_go(self, ids: Iterable[str], *, force: bool = False) -> list[str]:
         """Of replicas that must stop, those the gateways have let go of. One not
@@ -665,7 +694,13 @@ class StopGate:
         answers as `ready_to_stop` would, without marking anything."""
         gateways = self.gateways
         live = tuple(
-            LiveGateway(g.applied(gateways.run), MappingProxyType(dict(g.in_flight)), g.released)
+            LiveGateway(
+                g.applied(gateways.run),
+                MappingProxyType(dict(g.in_flight)),
+                g.released,
+                g.adapters_follow(gateways.run),
+                g.adapter_busy,
+            )
             for g in gateways.live(now)
         )
         young = now - self.facts.liveness.started_at < FIRST_STATUS_S
