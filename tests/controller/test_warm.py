@@ -483,6 +483,28 @@ def test_one_switched_out_for_a_higher_priority_is_not_taken_back_by_its_own_req
     assert [(r.id, r.state) for r in plan.put] == [("b", ReplicaState.READY)]
 
 
+def test_of_two_asleep_on_one_card_with_requests_held_the_higher_priority_wakes() -> None:
+    """Whichever pass order: the lower one woken first would be switched out for the
+    higher one as soon as it served, pass after pass (seen in bench_density with
+    `--priority-top`: two replicas flipping 300 times, neither serving)."""
+    low = SLEEPY.model_copy(update={"name": "a-low", "source": "org/low"})
+    high = SLEEPY.model_copy(update={"name": "z-high", "source": "org/high", "priority": 1})
+    lo = on_card(replica("lo", ReplicaState.SLEEPING, model="a-low", asleep_since=900.0))
+    hi = on_card(replica("hi", ReplicaState.SLEEPING, model="z-high", asleep_since=900.0))
+    gate = GateView(
+        now=NOW,
+        grace_s=math.inf,
+        live=(LiveGateway(None, {}),),
+        held={"a-low": 1, "z-high": 1},
+    )
+    shards = {"lo": shard(lo, ShardState.SLEEPING), "hi": shard(hi, ShardState.SLEEPING)}
+    snap = reported([lo, hi], shards, [low, high], gate=gate)
+
+    plan = sleep_and_wake(snap)
+
+    assert [(r.id, r.state) for r in plan.put] == [("hi", ReplicaState.WAKING)]
+
+
 def test_a_higher_priority_busy_replica_is_not_switched_out_for_a_lower_one() -> None:
     low = SLEEPY.model_copy(update={"priority": -1})
     snap = switch_fleet(ShardState.READY, b_in_flight=2)

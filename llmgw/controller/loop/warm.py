@@ -142,13 +142,7 @@ def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplic
     # Not told to sleep yet: back in routing at once, as a scale-down taken back.
     # Told: woken once its engines say they sleep (one still on its way to sleep would
     # read ready from its last report, and be routed to while it falls asleep).
-    # Not one switched out for a higher-priority model's wake on its cards: taken back,
-    # it would undo the switch (its requests wait, as the other's did).
-    going = [
-        s
-        for s in mine.standing
-        if _falling_asleep(s) and not _touched(plan, s) and not _yielding(snap, plan, spec, s)
-    ]
+    going = [s for s in mine.standing if _falling_asleep(s) and not _touched(plan, s)]
     asleep = [
         s
         for s in mine.standing
@@ -157,7 +151,14 @@ def _wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, mine: ModelReplic
         and s.asleep
         and not _touched(plan, s)
     ]
-    candidates = [*going, *sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))]
+    # Not one whose cards a higher-priority model's sleeping replica waits to wake on:
+    # woken (or taken back), it would be switched out again for it at once, pass after
+    # pass, and neither would serve; its requests wait, as the other's did.
+    candidates = [
+        s
+        for s in [*going, *sorted(asleep, key=lambda s: (s.record.created_at, s.record.id))]
+        if not _yielding(snap, plan, spec, s)
+    ]
     count = min(len(candidates), _wanted_awake(snap, spec, awake) - len(awake))
     if count <= 0:
         return any(s.state is ReplicaState.WAKING for s in awake)
