@@ -292,6 +292,19 @@ class EngineLifecycle:
         log.info("engine %s/%d ready on port %s", *eng.key, eng.port)
         self.save()
 
+    def mark_sleeping(self, eng: Engine, level: int | None) -> None:
+        """Asleep at `level`, as its engine answered (None: a multi-node worker, which
+        its leader's engine sleeps: nothing asked of it, nothing saved)."""
+        eng.state = ShardState.SLEEPING
+        if level is not None:
+            eng.slept_level = level
+            log.info("engine %s/%d asleep at level %d", *eng.key, level)
+            self.save()
+
+    def mark_waking(self, eng: Engine) -> None:
+        """Being woken (asked to, or woken again after a sleep that kept its memory)."""
+        eng.state = ShardState.WAKING
+
     def begin_stop(self, eng: Engine) -> None:
         eng.state = ShardState.STOPPING
         eng.stop_deadline = time.monotonic() + self.settings.grace_s

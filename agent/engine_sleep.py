@@ -1,4 +1,6 @@
 """Sleep and wake: bring each engine to what its assignment asks, one turn at a time.
+The engine's state is the lifecycle's to write (`mark_sleeping`, `mark_waking`,
+`mark_ready`, `kill_failed`); this module decides when and asks the engine.
 
 ready --assignment asks for sleep, POST /sleep answered 200--> sleeping
 ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)-->
@@ -63,7 +65,7 @@ class EngineSleep:
             elif eng.state is ShardState.SLEEPING and not asleep_wanted:
                 if self._awake_beside(eng):
                     continue  # it wakes once they sleep or stop
-                eng.state = ShardState.WAKING
+                self.lifecycle.mark_waking(eng)
                 eng.turning = asyncio.create_task(self._wake(eng))
             else:
                 continue
@@ -109,7 +111,7 @@ class EngineSleep:
             )
             return
         if not eng.serves_http:  # a multi-node worker: its leader's engine sleeps it
-            eng.state = ShardState.SLEEPING
+            self.lifecycle.mark_sleeping(eng, None)
             return
         if a.sleep_auto:
             level = await self._auto_level(eng)
@@ -121,15 +123,13 @@ class EngineSleep:
             kept = await self._memory_kept(eng, awake, mode.min_freed)
             if eng.state is not ShardState.READY:
                 return
-            eng.slept_level = level
             if kept is not None:  # awake again and whole: nothing goes on its cards
+                eng.slept_level = level
                 self._cannot_sleep(eng, SleepFailure.MEMORY_KEPT, kept)
-                eng.state = ShardState.WAKING
+                self.lifecycle.mark_waking(eng)
                 await self._wake(eng)
                 return
-            eng.state = ShardState.SLEEPING
-            log.info("engine %s/%d asleep at level %d", *eng.key, level)
-            self.lifecycle.save()
+            self.lifecycle.mark_sleeping(eng, level)
         elif answer.status == 404:
             self._cannot_sleep(
                 eng,

@@ -17,7 +17,8 @@ window's figures exclude that warm-up.
 
 Printed per fleet: requests answered, refused (503) and failed; time to first token
 of the requests that found their model asleep (sleep fleet) or at zero (stop fleet),
-and of all requests; wakes and engine starts per minute; card-seconds awake per model
+split by whether another model's replica was awake on its card when sent (a wake then
+waits for it to make way), and of all requests; wakes and engine starts per minute; card-seconds awake per model
 (ready, starting, waking or draining, from the replicas polled every half second).
 Then the sleep fleet's figures as ratios of the stop fleet's, measured in this run.
 
@@ -68,6 +69,7 @@ class Answer:
     status: int  # HTTP status; 0: the connection failed
     ttft: float | None  # seconds to the first token (None: no token)
     code: str | None = None  # the error's code, if any
+    beside: bool = False  # another model's replica awake on its card when sent
 
 
 @dataclass
@@ -82,6 +84,8 @@ class Watch:
     starts: int = 0
     counting: bool = False
     seen: dict[str, str] = field(default_factory=dict)  # replica id -> state last poll
+    cards: dict[str, set[str]] = field(default_factory=dict)  # model -> its replica's cards
+    awake_on: dict[str, set[str]] = field(default_factory=dict)  # card -> models awake there
 
 
 def fleet_specs(
@@ -139,8 +143,15 @@ class Fleet:
             now = time.monotonic()
             dt, last = now - last, now
             state = {}
+            cards: dict[str, set[str]] = {}
+            awake_on: dict[str, set[str]] = defaultdict(set)
             for r in replicas:
                 state[r["model"]] = r["state"]
+                mine = {g for s in r["shards"] for g in s["gpus"]}
+                cards[r["model"]] = mine
+                if r["state"] in AWAKE:
+                    for g in mine:
+                        awake_on[g].add(r["model"])
                 before = w.seen.get(r["id"])
                 if w.counting:
                     if before is None:
@@ -150,7 +161,7 @@ class Fleet:
                     if r["state"] in AWAKE:
                         w.awake_s[r["model"]] += dt * sum(len(s["gpus"]) for s in r["shards"])
             w.seen = {r["id"]: r["state"] for r in replicas}
-            w.state = state
+            w.state, w.cards, w.awake_on = state, cards, awake_on
 
     def found(self, name: str) -> str:
         s = self.watch.state.get(name)
@@ -159,6 +170,12 @@ class Fleet:
         if s == "sleeping":
             return "asleep"
         return "awake" if s == "ready" else "moving"
+
+    def beside(self, name: str) -> bool:
+        """Whether another model's replica is awake on `name`'s cards (as last polled):
+        a wake there waits for it to make way."""
+        w = self.watch
+        return any(w.awake_on.get(g, set()) - {name} for g in w.cards.get(name, ()))
 
     def close(self) -> None:
         self._stop.set()
@@ -170,7 +187,7 @@ class Fleet:
 async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, tokens: int) -> Answer:
     assert fleet.gw is not None
     sent = time.monotonic()
-    found = fleet.found(name)
+    found, beside = fleet.found(name), fleet.beside(name)
     body = {
         "model": name,
         "messages": [{"role": "user", "content": "hi"}],
@@ -185,13 +202,13 @@ async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, token
                 code = None
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     code = json.loads(raw)["error"]["code"]
-                return Answer(sent - t0, name, found, r.status_code, None, code)
+                return Answer(sent - t0, name, found, r.status_code, None, code, beside)
             async for line in r.aiter_lines():
                 if ttft is None and line.startswith("data:") and '"content"' in line:
                     ttft = time.monotonic() - sent
-            return Answer(sent - t0, name, found, 200, ttft)
+            return Answer(sent - t0, name, found, 200, ttft, None, beside)
     except httpx.HTTPError as exc:
-        return Answer(sent - t0, name, found, 0, None, type(exc).__name__)
+        return Answer(sent - t0, name, found, 0, None, type(exc).__name__, beside)
 
 
 async def warm_up(fleets: list[Fleet], names: list[str], tokens: int) -> float:
@@ -245,6 +262,8 @@ def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) 
     ok = [x for x in a if x.status == 200]
     cold = "asleep" if f.mode == "sleep" else "none"
     waited = [x.ttft for x in ok if x.found == cold and x.ttft is not None]
+    alone = [x.ttft for x in ok if x.found == cold and x.ttft is not None and not x.beside]
+    crowded = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.beside]
     first = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model in urgent]
     rest = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model not in urgent]
     every = [x.ttft for x in ok if x.ttft is not None]
@@ -257,6 +276,12 @@ def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) 
         "found_cold": sum(1 for x in a if x.found == cold),
         "ttft_cold_p50": pct(waited, 0.5),
         "ttft_cold_p99": pct(waited, 0.99),
+        "found_cold_alone": len(alone),
+        "ttft_cold_alone_p50": pct(alone, 0.5),
+        "ttft_cold_alone_p99": pct(alone, 0.99),
+        "found_cold_crowded": len(crowded),
+        "ttft_cold_crowded_p50": pct(crowded, 0.5),
+        "ttft_cold_crowded_p99": pct(crowded, 0.99),
         "found_cold_urgent": len(first),
         "ttft_cold_urgent_p50": pct(first, 0.5),
         "ttft_cold_urgent_p99": pct(first, 0.99),
@@ -291,6 +316,12 @@ def show(
         ("found their model asleep / at zero", "found_cold", "{:.0f}"),
         ("  their TTFT p50 (s)", "ttft_cold_p50", "{:.2f}"),
         ("  their TTFT p99 (s)", "ttft_cold_p99", "{:.2f}"),
+        ("  with their card free when sent", "found_cold_alone", "{:.0f}"),
+        ("    their TTFT p50 (s)", "ttft_cold_alone_p50", "{:.2f}"),
+        ("    their TTFT p99 (s)", "ttft_cold_alone_p99", "{:.2f}"),
+        ("  with another model awake on it", "found_cold_crowded", "{:.0f}"),
+        ("    their TTFT p50 (s)", "ttft_cold_crowded_p50", "{:.2f}"),
+        ("    their TTFT p99 (s)", "ttft_cold_crowded_p99", "{:.2f}"),
         *(by_priority if urgent else []),
         ("TTFT of all answered, p50 (s)", "ttft_p50", "{:.2f}"),
         ("TTFT of all answered, p99 (s)", "ttft_p99", "{:.2f}"),

@@ -296,6 +296,33 @@ def test_the_engine_supervisors_parts_import_only_down() -> None:
     assert found == [], "imports against the supervisor's layers:\n" + "\n".join(found)
 
 
+def _engine_state_writes(path: Path) -> list[int]:
+    """Lines of `path` that assign an engine's `state` (`X.state = ...`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and target.attr == "state"
+    ]
+
+
+def test_only_the_lifecycle_writes_an_engines_state() -> None:
+    """One owner per piece of state (issue 31): sleep, wake, probes and adapters ask
+    `EngineLifecycle` (mark_ready, mark_sleeping, mark_waking, begin_stop, kill_failed)."""
+    agent = ROOT / "agent"
+    found = [
+        f"{_rel(path)}:{line}"
+        for path in sorted(agent.glob("engine*.py"))
+        if path.name != "engine_lifecycle.py"
+        for line in _engine_state_writes(path)
+    ]
+    assert found == [], "an engine's state written outside engine_lifecycle.py:\n" + "\n".join(
+        found
+    )
+    assert _engine_state_writes(agent / "engine_lifecycle.py"), "the finder finds its writes"
+
+
 # -- private state -------------------------------------------------------------------
 
 
