@@ -505,6 +505,47 @@ def test_of_two_asleep_on_one_card_with_requests_held_the_higher_priority_wakes(
     assert [(r.id, r.state) for r in plan.put] == [("hi", ReplicaState.WAKING)]
 
 
+def _engines_follow(records: dict[str, ReplicaRecord], engines: dict[str, ShardState]) -> None:
+    """One agent round: each engine does what its record asks, and a woken replica's
+    record reads ready once its engine does (`outcomes.record_transitions`)."""
+    for rid, rec in records.items():
+        if rec.state is ReplicaState.WAKING and engines[rid] is ShardState.READY:
+            records[rid] = replace(rec, state=ReplicaState.READY)
+        elif rec.state is ReplicaState.WAKING:
+            engines[rid] = ShardState.READY
+        elif rec.state is ReplicaState.SLEEPING and rec.asleep_since is not None:
+            engines[rid] = ShardState.SLEEPING
+
+
+def test_two_models_on_one_card_with_requests_held_settle_by_priority_over_passes() -> None:
+    """Pass after pass, engines following: the higher-priority model wakes and stays
+    awake while its requests come; the lower one waits, never flipping in between."""
+    low = SLEEPY.model_copy(update={"name": "a-low", "source": "org/low"})
+    high = SLEEPY.model_copy(update={"name": "z-high", "source": "org/high", "priority": 1})
+    records = {
+        "lo": on_card(replica("lo", ReplicaState.SLEEPING, model="a-low", asleep_since=900.0)),
+        "hi": on_card(replica("hi", ReplicaState.SLEEPING, model="z-high", asleep_since=900.0)),
+    }
+    engines = {"lo": ShardState.SLEEPING, "hi": ShardState.SLEEPING}
+    woke: Counter[str] = Counter()
+    for _ in range(8):
+        gate = GateView(
+            now=NOW,
+            grace_s=math.inf,
+            held={"a-low": 1}
+            | ({} if records["hi"].state is ReplicaState.READY else {"z-high": 1}),
+            in_flight={"hi": 1} if records["hi"].state is ReplicaState.READY else {},
+        )
+        shards = {rid: shard(rec, engines[rid], 0.0) for rid, rec in records.items()}
+        plan = sleep_and_wake(reported(records.values(), shards, [low, high], gate=gate))
+        woke.update(e.obj for e in plan.events if e.reason is EventReason.WOKE)
+        records.update({r.id: r for r in plan.put})
+        _engines_follow(records, engines)
+    assert records["hi"].state is ReplicaState.READY and engines["hi"] is ShardState.READY
+    assert records["lo"].state is ReplicaState.SLEEPING and engines["lo"] is ShardState.SLEEPING
+    assert woke == {"replica/hi": 1}, woke
+
+
 def test_a_higher_priority_busy_replica_is_not_switched_out_for_a_lower_one() -> None:
     low = SLEEPY.model_copy(update={"priority": -1})
     snap = switch_fleet(ShardState.READY, b_in_flight=2)
