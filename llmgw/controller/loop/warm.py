@@ -241,11 +241,8 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
         o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
     ]
     switchable = [o for o in others if o not in switching and _switchable(snap, o, spec)]
-    blocked = [o for o in others if o not in switching and o not in switchable]
-    if blocked and all(_makes_way_soon(snap, o, spec) for o in blocked):
-        return _Room.WAITING  # seconds: never an engine start elsewhere for that
-    if blocked:
-        busy = sorted({o.model for o in blocked})
+    if len(switching) + len(switchable) < len(others):
+        busy = sorted({o.model for o in others if o not in switching and o not in switchable})
         placed = _placed_elsewhere(snap, plan, spec, rec)
         if placed is None:
             return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
@@ -321,35 +318,14 @@ def _switchable(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec | Non
     busy = snap.held_for(rec.model) or status.in_flight(snap.gateway_in_flight)
     if busy and not outranked:
         return False
-    if waking is not None and _outranking_and_recent(snap, spec, status, waking):
-        return False
+    if waking is not None and spec.priority > waking.priority:
+        grace = min(spec.sleep_after_s or OUTRANKING_IDLE_S, OUTRANKING_IDLE_S)
+        if status.idle_since is not None and snap.now - status.idle_since < grace:
+            return False
     if _can_sleep(snap, spec, status):
         return True
     keep = max(spec.min_replicas, snap.desired.get(rec.model, 0))
     return len(snap.replicas_of(rec.model).standing) > keep
-
-
-def _outranking_and_recent(
-    snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus, waking: ModelSpec
-) -> bool:
-    """Of a higher priority than `waking` and asked something under
-    `OUTRANKING_IDLE_S` ago (or its `sleep_after_s`, if shorter): it makes way soon."""
-    if spec.priority <= waking.priority or status.idle_since is None:
-        return False
-    grace = min(spec.sleep_after_s or OUTRANKING_IDLE_S, OUTRANKING_IDLE_S)
-    return snap.now - status.idle_since < grace
-
-
-def _makes_way_soon(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec) -> bool:
-    """Idle, and held back from a switch only by `_outranking_and_recent`."""
-    status, spec = snap.statuses.get(rec.id), snap.models.get(rec.model)
-    return (
-        status is not None
-        and spec is not None
-        and not snap.held_for(rec.model)
-        and not status.in_flight(snap.gateway_in_flight)
-        and _outranking_and_recent(snap, spec, status, waking)
-    )
 
 
 def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> bool:
