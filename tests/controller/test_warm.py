@@ -27,7 +27,7 @@ from llmgw.controller.loop.outcomes import record_transitions
 from llmgw.controller.loop.placing import record_from
 from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan, Scaling, Started
 from llmgw.controller.loop.rolling import roll
-from llmgw.controller.loop.warm import OUTRANKING_IDLE_S, sleep_and_wake
+from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.replies import sleep_level
@@ -544,26 +544,6 @@ def test_two_models_on_one_card_with_requests_held_settle_by_priority_over_passe
     assert records["hi"].state is ReplicaState.READY and engines["hi"] is ShardState.READY
     assert records["lo"].state is ReplicaState.SLEEPING and engines["lo"] is ShardState.SLEEPING
     assert woke == {"replica/hi": 1}, woke
-
-
-def test_an_idle_higher_priority_replica_makes_way_for_a_lower_one_only_once_idle_a_while() -> None:
-    """Not between two of its requests (to be switched back at the next one): after
-    `OUTRANKING_IDLE_S` (or its own sleep_after_s, if shorter) without a request."""
-    low = SLEEPY.model_copy(update={"priority": -1})
-    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
-    b = on_card(replica("b", model="other"))
-    gate = GateView(now=NOW, grace_s=math.inf, live=(), held={"chat": 1})
-
-    def plan_with_b_idle_for(idle: float, other: ModelSpec = OTHER) -> Plan:
-        shards = {"a": shard(a, ShardState.SLEEPING), "b": shard(b, ShardState.READY, idle)}
-        return sleep_and_wake(reported([a, b], shards, [low, other], gate=gate))
-
-    assert plan_with_b_idle_for(OUTRANKING_IDLE_S - 1).put == []  # a waits
-    [asleep] = plan_with_b_idle_for(OUTRANKING_IDLE_S).put
-    assert (asleep.id, asleep.state) == ("b", ReplicaState.SLEEPING)
-    quick = OTHER.model_copy(update={"sleep_after_s": 2.0})
-    [asleep] = plan_with_b_idle_for(2.0, quick).put
-    assert asleep.id == "b"
 
 
 def test_a_higher_priority_busy_replica_is_not_switched_out_for_a_lower_one() -> None:

@@ -40,11 +40,6 @@ from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
 __all__ = ["sleep_and_wake"]
 
 _AWAKE = (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.WAKING)
-# A replica of a higher priority than the model waking on its cards makes way only once
-# nothing has asked it anything for this long (or its `sleep_after_s`, if shorter): a
-# popular high-priority model is not put to sleep between two of its requests for a
-# lower one's, to be switched back a moment later (bench_density, tenth session).
-OUTRANKING_IDLE_S = 5.0
 
 
 def sleep_and_wake(snap: FleetSnapshot) -> Plan:
@@ -225,8 +220,7 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
     no request held switch out (sleep, or stop for a model that does not sleep, never
     below its minimum) and it wakes once they sleep: two models alternating on one card
     each wait one sleep and one wake. So do busy ones of a model of lower priority,
-    once what they serve is done; idle ones of a higher priority only once idle for
-    `OUTRANKING_IDLE_S`. Other busy ones stay, and it makes way: stopped (it is
+    once what they serve is done. Other busy ones stay, and it makes way: stopped (it is
     out of routing and asleep), its model's requests go to a replica placed afresh,
     when one fits elsewhere; else it waits for them to serve nothing."""
     rec = s.record
@@ -318,10 +312,6 @@ def _switchable(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec | Non
     busy = snap.held_for(rec.model) or status.in_flight(snap.gateway_in_flight)
     if busy and not outranked:
         return False
-    if waking is not None and spec.priority > waking.priority:
-        grace = min(spec.sleep_after_s or OUTRANKING_IDLE_S, OUTRANKING_IDLE_S)
-        if status.idle_since is not None and snap.now - status.idle_since < grace:
-            return False
     if _can_sleep(snap, spec, status):
         return True
     keep = max(spec.min_replicas, snap.desired.get(rec.model, 0))
