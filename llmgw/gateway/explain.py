@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -72,6 +73,7 @@ class Explainer:
         self.port = 0
         self.wake_timeout_s = wake_timeout_s
         self.held: Counter[str] = Counter()  # model -> requests held now (waiting)
+        self._held_since: dict[str, float] = {}  # model -> since when some are (monotonic)
         # A held request sent on to a woken replica is that replica's in flight, no longer
         # held: engine URL -> such requests in flight, and sent in all (the status adds
         # them to the replica's, as SMG's own; they do not pass through SMG's count).
@@ -199,10 +201,8 @@ class Explainer:
         body = await request.read()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wake_timeout_s
-        self.held[model] += 1
+        self._take_hold(model)
         holding = True
-        if self.held[model] == 1 and self._on_hold is not None:
-            self._on_hold()
         try:
             while True:
                 urls = self._serving.get(model)
@@ -280,10 +280,8 @@ class Explainer:
                 if not holding:
                     if self.held[name] >= MAX_HELD:
                         return self._answer(name, _waking(f"{MAX_HELD} requests are held already"))
-                    self.held[name] += 1
+                    self._take_hold(name)
                     holding = True
-                    if self.held[name] == 1 and self._on_hold is not None:
-                        self._on_hold()
                 news, left = self._news, deadline - loop.time()
                 if left <= 0:
                     base = self.adapters.get(name, "its base")
@@ -301,10 +299,23 @@ class Explainer:
             if holding:
                 self._unhold(name)
 
+    def _take_hold(self, name: str) -> None:
+        self.held[name] += 1
+        if self.held[name] == 1:
+            self._held_since[name] = time.monotonic()
+            if self._on_hold is not None:
+                self._on_hold()
+
     def _unhold(self, name: str) -> None:
         self.held[name] -= 1
         if not self.held[name]:
             del self.held[name]
+            self._held_since.pop(name, None)
+
+    def held_ages(self) -> dict[str, float]:
+        """Per model (or adapter) with requests held: seconds since none was not held."""
+        now = time.monotonic()
+        return {name: round(now - since, 1) for name, since in self._held_since.items()}
 
     async def _forward(
         self, request: web.Request, model: str, url: str, body: bytes, not_there: bool = False

@@ -484,6 +484,7 @@ class Follower:
                 body["rejected"] = dict(self.entries.rejected)
             if self.explainer.held:  # the same
                 body["held"] = dict(self.explainer.held)
+                body["held_age"] = self.explainer.held_ages()
             if released:  # the same
                 body["released"] = released
             if self.explainer.adapter_requests:  # the same

@@ -248,6 +248,10 @@ class GatewayStatus(Inbound):
     held: dict[ModelName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=dict, max_length=10_000
     )
+    # How long each of those has had requests held, in seconds (sent with `held`).
+    held_age: dict[ModelName, Annotated[float, Field(ge=0, le=1e7)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
     # Its concurrency bound (`llmgw gateway --max-in-flight`, SMG's admission limit):
     # the controller counts at most this many of its requests in flight and held.
     max_in_flight: Annotated[int, Field(ge=1, le=GATEWAY_IN_FLIGHT_BOUND)] | None = None

@@ -27,7 +27,7 @@ from llmgw.controller.loop.outcomes import record_transitions
 from llmgw.controller.loop.placing import record_from
 from llmgw.controller.loop.plans import MakingRoom, MarkDrained, Plan, Scaling, Started
 from llmgw.controller.loop.rolling import roll
-from llmgw.controller.loop.warm import sleep_and_wake
+from llmgw.controller.loop.warm import OUTRANKING_IDLE_S, sleep_and_wake
 from llmgw.controller.state.replicas import answering, replica_status
 from llmgw.controller.views.endpoints import GateView, LiveGateway
 from llmgw.controller.views.replies import sleep_level
@@ -544,6 +544,34 @@ def test_two_models_on_one_card_with_requests_held_settle_by_priority_over_passe
     assert records["hi"].state is ReplicaState.READY and engines["hi"] is ShardState.READY
     assert records["lo"].state is ReplicaState.SLEEPING and engines["lo"] is ShardState.SLEEPING
     assert woke == {"replica/hi": 1}, woke
+
+
+def test_an_idle_higher_priority_replica_makes_way_once_idle_or_waited_for_a_while() -> None:
+    """Not between two of its requests (to be switched back at the next one): once
+    idle `OUTRANKING_IDLE_S` (or its own sleep_after_s, if shorter), or once the lower
+    one's requests have waited that long, which bounds their wait."""
+    low = SLEEPY.model_copy(update={"priority": -1})
+    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
+    b = on_card(replica("b", model="other"))
+
+    def plan_for(idle: float, waited: float = 0.0, other: ModelSpec = OTHER) -> Plan:
+        gate = GateView(
+            now=NOW, grace_s=math.inf, live=(), held={"chat": 1}, held_age={"chat": waited}
+        )
+        shards = {"a": shard(a, ShardState.SLEEPING), "b": shard(b, ShardState.READY, idle)}
+        return sleep_and_wake(reported([a, b], shards, [low, other], gate=gate))
+
+    assert plan_for(idle=1.0).put == []  # a waits
+    assert [r.id for r in plan_for(idle=OUTRANKING_IDLE_S).put] == ["b"]
+    assert [r.id for r in plan_for(idle=1.0, waited=OUTRANKING_IDLE_S).put] == ["b"]
+    quick = OTHER.model_copy(update={"sleep_after_s": 2.0})
+    assert [r.id for r in plan_for(idle=2.0, other=quick).put] == ["b"]
+    # With a card nobody holds: seconds of wait, not an engine start there.
+    gate = GateView(now=NOW, grace_s=math.inf, live=(), held={"chat": 1})
+    shards = {"a": shard(a, ShardState.SLEEPING), "b": shard(b, ShardState.READY, 1.0)}
+    snap = replace(reported([a, b], shards, [low, OTHER], gate=gate), nodes={"n2": free_node()})
+    waits = sleep_and_wake(snap)
+    assert waits.put == [] and waits.removed == []
 
 
 def test_a_higher_priority_busy_replica_is_not_switched_out_for_a_lower_one() -> None:

@@ -192,6 +192,20 @@ def test_a_status_says_where_its_adapter_routing_is_and_what_it_has_in_flight(
     assert live.adapters_follow == live.applied and live.adapter_busy == frozenset()
 
 
+def test_how_long_requests_have_been_held_reaches_the_loop(tmp_path: Path) -> None:
+    """`held_age`: the longest over the live gateways, aged by the time since each said
+    it; only for models it says it holds requests for."""
+    sim = Sim(tmp_path)
+    sim.fleet.facts.put_models([MODEL])
+    sim.gateways.report(
+        GatewayStatus(name="gw-a", held={"llama": 2}, held_age={"llama": 3.0, "ghost": 9.0})
+    )
+    sim.gateways.report(GatewayStatus(name="gw-b", held={"llama": 1}, held_age={"llama": 1.0}))
+    sim.clock.advance(0.5)
+    gate = sim.fleet.stop_gate.view(sim.clock())
+    assert gate.held_age == {"llama": 3.5}
+
+
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:
     sim = Sim(tmp_path, stop_grace_s=5.0)
     sim.fleet.facts.put_models([MODEL])

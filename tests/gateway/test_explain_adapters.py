@@ -95,6 +95,30 @@ async def test_the_adapters_in_flight_at_each_engine_are_known_while_they_run(
         await e.stop()
 
 
+async def test_how_long_requests_have_been_held_is_known_per_model(
+    aiohttp_server: AiohttpServer, tmp_path: Path
+) -> None:
+    """The status's `held_age`: since when some request for it has been waiting."""
+    e = Explainer(wake_timeout_s=5)
+    await e.start()
+    try:
+        (url,) = e.set_adapters({"sql": "base"})
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "sql", "prompt": "x", "max_tokens": 1}
+            waiting = asyncio.ensure_future(http.post(f"{url}/v1/completions", json=body))
+            for _ in range(100):
+                if e.held:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.25)
+            assert set(e.held_ages()) == {"sql"} and e.held_ages()["sql"] >= 0.2
+            e.set_serving({"sql": [await _engine(aiohttp_server, tmp_path, ["sql"])]})
+            assert (await waiting).status_code == 200
+        assert e.held_ages() == {}
+    finally:
+        await e.stop()
+
+
 async def test_held_until_a_replica_holds_it_then_served(
     aiohttp_server: AiohttpServer, tmp_path: Path
 ) -> None:

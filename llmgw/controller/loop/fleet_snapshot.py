@@ -157,6 +157,19 @@ class FleetSnapshot:
         an adapter's request needs an awake replica of its base as much as the base's own."""
         return self._held_by_base.get(model, 0)
 
+    def held_age(self, model: str) -> float:
+        """How long requests for `model` (its adapters' included) have been held at a
+        gateway, in seconds (0: none are)."""
+        if self.gate is None:
+            return 0.0
+        ages = [
+            age
+            for name, age in self.gate.held_age.items()
+            if name == model
+            or ((adapter := self.adapters.get(name)) is not None and adapter.base == model)
+        ]
+        return max(ages, default=0.0)
+
     @cached_property
     def _held_by_base(self) -> Mapping[str, int]:
         """Held requests per model, an adapter's counted for its base (once a snapshot:

@@ -40,6 +40,12 @@ from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
 __all__ = ["sleep_and_wake"]
 
 _AWAKE = (ReplicaState.READY, ReplicaState.STARTING, ReplicaState.WAKING)
+# An idle replica of a higher priority than the model waking on its cards makes way
+# once nothing has asked it anything for this long (or its `sleep_after_s`, if
+# shorter), or once the other's requests have waited this long: a popular model is not
+# put to sleep between two of its requests, and the other's wait stays bounded (without
+# the bound, bench_density's neighbours of a model asked every 4 s waited up to 85 s).
+OUTRANKING_IDLE_S = 5.0
 
 
 def sleep_and_wake(snap: FleetSnapshot) -> Plan:
@@ -220,7 +226,8 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
     no request held switch out (sleep, or stop for a model that does not sleep, never
     below its minimum) and it wakes once they sleep: two models alternating on one card
     each wait one sleep and one wake. So do busy ones of a model of lower priority,
-    once what they serve is done. Other busy ones stay, and it makes way: stopped (it is
+    once what they serve is done, and idle ones of a higher priority once idle or
+    waited for `OUTRANKING_IDLE_S`. Other busy ones stay, and it makes way: stopped (it is
     out of routing and asleep), its model's requests go to a replica placed afresh,
     when one fits elsewhere; else it waits for them to serve nothing."""
     rec = s.record
@@ -235,8 +242,11 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
         o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
     ]
     switchable = [o for o in others if o not in switching and _switchable(snap, o, spec)]
-    if len(switching) + len(switchable) < len(others):
-        busy = sorted({o.model for o in others if o not in switching and o not in switchable})
+    blocked = [o for o in others if o not in switching and o not in switchable]
+    if blocked and all(_makes_way_soon(snap, o, spec) for o in blocked):
+        return _Room.WAITING  # seconds: never an engine start elsewhere for that
+    if blocked:
+        busy = sorted({o.model for o in blocked})
         placed = _placed_elsewhere(snap, plan, spec, rec)
         if placed is None:
             return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
@@ -312,10 +322,37 @@ def _switchable(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec | Non
     busy = snap.held_for(rec.model) or status.in_flight(snap.gateway_in_flight)
     if busy and not outranked:
         return False
+    if waking is not None and _outranks_for_now(snap, spec, status, waking):
+        return False
     if _can_sleep(snap, spec, status):
         return True
     keep = max(spec.min_replicas, snap.desired.get(rec.model, 0))
     return len(snap.replicas_of(rec.model).standing) > keep
+
+
+def _outranks_for_now(
+    snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus, waking: ModelSpec
+) -> bool:
+    """Of a higher priority than `waking`, asked something under `OUTRANKING_IDLE_S`
+    ago (or its `sleep_after_s`, if shorter), while `waking`'s requests have waited
+    less than that: it makes way in seconds, not now."""
+    if spec.priority <= waking.priority or status.idle_since is None:
+        return False
+    grace = min(spec.sleep_after_s or OUTRANKING_IDLE_S, OUTRANKING_IDLE_S)
+    recent = snap.now - status.idle_since < grace
+    return recent and snap.held_age(waking.name) < OUTRANKING_IDLE_S
+
+
+def _makes_way_soon(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec) -> bool:
+    """Idle, and held back from a switch only by `_outranks_for_now`."""
+    status, spec = snap.statuses.get(rec.id), snap.models.get(rec.model)
+    return (
+        status is not None
+        and spec is not None
+        and not snap.held_for(rec.model)
+        and not status.in_flight(snap.gateway_in_flight)
+        and _outranks_for_now(snap, spec, status, waking)
+    )
 
 
 def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> bool:

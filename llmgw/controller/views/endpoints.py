@@ -328,6 +328,7 @@ class GatewaySeen:
     taken: tuple[str, int] | None = None  # (stream, seq) its changes may build on
     adapters_at: str = ""  # a later cursor its adapter routing follows ("": `cursor`)
     adapter_busy: frozenset[tuple[str, str]] = frozenset()  # (replica, adapter) in flight
+    held_age: dict[str, float] = field(default_factory=dict)  # model -> s it has held some
 
     def applied(self, run: str) -> int | None:
         """The revision it has applied, in the term of `run`; None for a cursor of
@@ -417,6 +418,7 @@ class Gateways(Follower):
         for g in self.seen.values():
             if change.kind is ChangeKind.MODEL:
                 g.held.pop(key, None)
+                g.held_age.pop(key, None)
             else:
                 g.in_flight.pop(key, None)
                 g.said_in_flight.pop(key, None)
@@ -433,6 +435,7 @@ class Gateways(Follower):
                     del by_replica[rid]
             for model in [m for m in g.held if m not in models]:
                 del g.held[model]
+            g.held_age = {m: t for m, t in g.held_age.items() if m in g.held}
             g.released = frozenset(r for r in g.released if r in records)
             g.adapter_busy = frozenset(b for b in g.adapter_busy if b[0] in records)
 
@@ -529,6 +532,7 @@ class Gateways(Follower):
                 if rid in records
                 for name in names
             ),
+            {m: t for m, t in status.held_age.items() if m in held},
         )
         self._heard.set()
         self._heard = asyncio.Event()
@@ -586,6 +590,15 @@ class Gateways(Follower):
         for g in self.live(now):
             for model, n in g.held.items():
                 out[model] = out.get(model, 0) + n
+        return out
+
+    def held_age(self, now: float) -> dict[str, float]:
+        """Per model with requests held: the longest any live gateway has held some,
+        as of its last status."""
+        out: dict[str, float] = {}
+        for g in self.live(now):
+            for model, seconds in g.held_age.items():
+                out[model] = max(out.get(model, 0.0), seconds + (now - g.at))
         return out
 
     def adapter_traffic(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
@@ -656,6 +669,7 @@ class GateView:
     stopping: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)  # summed over live gateways
     held: Mapping[str, int] = field(default_factory=dict)  # per model asleep (and adapter)
+    held_age: Mapping[str, float] = field(default_factory=dict)  # seconds some have been held
     adapter_in_flight: Mapping[str, int] = field(default_factory=dict)  # via the gateways
     adapter_requests: Mapping[str, int] = field(default_factory=dict)  # forwarded in all
     unheard: bool = False  # the term is younger than FIRST_STATUS_S and no gateway is live
@@ -712,6 +726,7 @@ class StopGate:
             stopping=dict(self.facts.stopping),
             in_flight=gateways.in_flight(now),
             held=gateways.held(now),
+            held_age=gateways.held_age(now),
             adapter_in_flight=gateways.adapter_traffic(now)[0],
             adapter_requests=gateways.adapter_traffic(now)[1],
         )
