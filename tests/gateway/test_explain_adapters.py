@@ -6,9 +6,11 @@ engine that let go of it (404) is not asked again for that request."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from pytest_aiohttp import AiohttpServer
 
 from llmgw.agent.fake_engine import FakeConfig, make_app
@@ -33,6 +35,14 @@ async def _engine(server_factory: AiohttpServer, tmp_path: Path, loaded: list[st
             body = {"lora_name": name, "lora_path": str(write_adapter(tmp_path / name))}
             assert (await http.post(f"{url}/v1/load_lora_adapter", json=body)).status_code == 200
     return url
+
+
+async def _soon(condition: Callable[[], object]) -> None:
+    """Wait up to a second for `condition()` to be true."""
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def test_requests_go_only_where_the_adapter_is_held_and_spread(
@@ -69,54 +79,45 @@ async def test_requests_go_only_where_the_adapter_is_held_and_spread(
         await e.stop()
 
 
-async def test_the_adapters_in_flight_at_each_engine_are_known_while_they_run(
-    aiohttp_server: AiohttpServer, tmp_path: Path
-) -> None:
-    """What the status says busy (`adapter_busy`): an unload there waits for it."""
-    holder = await _engine(aiohttp_server, tmp_path, ["sql"])
+@pytest.fixture
+async def explainer() -> AsyncIterator[Explainer]:
     e = Explainer(wake_timeout_s=5)
     await e.start()
-    try:
-        (url,) = e.set_adapters({"sql": "base"})
-        e.set_serving({"sql": [holder]})
-        async with httpx.AsyncClient(timeout=10) as http:
-            body = {"model": "sql", "prompt": "x", "max_tokens": 1}
-            running = asyncio.gather(
-                *(http.post(f"{url}/v1/completions", json=body) for _ in range(2))
-            )
-            for _ in range(100):
-                if e.adapters_in_flight_at():
-                    break
-                await asyncio.sleep(0.01)
-            assert e.adapters_in_flight_at() == {holder: {"sql"}}
-            assert all(a.status_code == 200 for a in await running)
-        assert e.adapters_in_flight_at() == {}
-    finally:
-        await e.stop()
+    yield e
+    await e.stop()
+
+
+async def test_the_adapters_in_flight_at_each_engine_are_known_while_they_run(
+    explainer: Explainer, aiohttp_server: AiohttpServer, tmp_path: Path
+) -> None:
+    """What the status says busy (`adapter_busy`): an unload there waits for it."""
+    e, holder = explainer, await _engine(aiohttp_server, tmp_path, ["sql"])
+    (url,) = e.set_adapters({"sql": "base"})
+    e.set_serving({"sql": [holder]})
+    async with httpx.AsyncClient(timeout=10) as http:
+        body = {"model": "sql", "prompt": "x", "max_tokens": 1}
+        running = asyncio.gather(*(http.post(f"{url}/v1/completions", json=body) for _ in range(2)))
+        await _soon(e.adapters_in_flight_at)
+        assert e.adapters_in_flight_at() == {holder: {"sql"}}
+        assert all(a.status_code == 200 for a in await running)
+    assert e.adapters_in_flight_at() == {}
 
 
 async def test_how_long_requests_have_been_held_is_known_per_model(
-    aiohttp_server: AiohttpServer, tmp_path: Path
+    explainer: Explainer, aiohttp_server: AiohttpServer, tmp_path: Path
 ) -> None:
     """The status's `held_age`: since when some request for it has been waiting."""
-    e = Explainer(wake_timeout_s=5)
-    await e.start()
-    try:
-        (url,) = e.set_adapters({"sql": "base"})
-        async with httpx.AsyncClient(timeout=10) as http:
-            body = {"model": "sql", "prompt": "x", "max_tokens": 1}
-            waiting = asyncio.ensure_future(http.post(f"{url}/v1/completions", json=body))
-            for _ in range(100):
-                if e.held:
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.25)
-            assert set(e.held_ages()) == {"sql"} and e.held_ages()["sql"] >= 0.2
-            e.set_serving({"sql": [await _engine(aiohttp_server, tmp_path, ["sql"])]})
-            assert (await waiting).status_code == 200
-        assert e.held_ages() == {}
-    finally:
-        await e.stop()
+    e = explainer
+    (url,) = e.set_adapters({"sql": "base"})
+    async with httpx.AsyncClient(timeout=10) as http:
+        body = {"model": "sql", "prompt": "x", "max_tokens": 1}
+        waiting = asyncio.ensure_future(http.post(f"{url}/v1/completions", json=body))
+        await _soon(lambda: e.held)
+        await asyncio.sleep(0.25)
+        assert set(e.held_ages()) == {"sql"} and e.held_ages()["sql"] >= 0.2
+        e.set_serving({"sql": [await _engine(aiohttp_server, tmp_path, ["sql"])]})
+        assert (await waiting).status_code == 200
+    assert e.held_ages() == {}
 
 
 async def test_held_until_a_replica_holds_it_then_served(
