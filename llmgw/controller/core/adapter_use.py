@@ -31,7 +31,6 @@ class AdapterMemory:
     # reports holding is adopted (a restart or takeover kept it loaded), but not these.
     dropped: set[tuple[str, str]] = field(default_factory=set)
     rate: dict[str, float] = field(default_factory=dict)  # smoothed requests per pass
-    held_since: dict[str, float] = field(default_factory=dict)  # requests held at gateways
 
     def observe(
         self,
@@ -39,9 +38,7 @@ class AdapterMemory:
         declared: Mapping[str, object],
         busy: Mapping[str, int],
         requests: Mapping[str, int],
-        held: Mapping[str, int],
     ) -> None:
-        self.held_since = {n: self.held_since.get(n, now) for n, c in held.items() if c}
         for name in declared:
             seen = requests.get(name, 0)
             new = max(0, seen - self.requests.get(name, seen))
@@ -58,11 +55,6 @@ class AdapterMemory:
             del self.requests[gone]
             self.rate.pop(gone, None)
         self.failed = {k: t for k, t in self.failed.items() if now - t < FAILED_BACKOFF_S}
-
-    def waited(self, name: str, now: float) -> float:
-        """How long requests for `name` have been held at the gateways (0: none are)."""
-        since = self.held_since.get(name)
-        return 0.0 if since is None else now - since
 
     def idle_for(self, name: str, now: float) -> float | None:
         used = self.last_used.get(name)

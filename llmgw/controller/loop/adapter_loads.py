@@ -54,9 +54,7 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
     in_flight = dict(gate.adapter_in_flight) if gate else {}
     held_at_gateways = {n: c for n, c in (gate.held if gate else {}).items() if n in snap.adapters}
     busy = {n: in_flight.get(n, 0) + held_at_gateways.get(n, 0) for n in snap.adapters}
-    memory.observe(
-        now, snap.adapters, busy, gate.adapter_requests if gate else {}, held_at_gateways
-    )
+    memory.observe(now, snap.adapters, busy, gate.adapter_requests if gate else {})
     holds = {rid: dict(held) for rid, held in snap.adapter_holds.items()}
 
     def forget(rid: str, name: str) -> None:
@@ -188,7 +186,7 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
                 holds.setdefault(rid, {})[name] = AdapterHold(now)
                 have += 1
                 continue
-            victim = _victim(name, candidates, holds, busy, memory, now)
+            victim = _victim(name, snap.held_age(name), candidates, holds, busy, memory, now)
             if victim is not None:
                 release(*victim)
             break
@@ -197,6 +195,7 @@ def plan_adapters(snap: FleetSnapshot, memory: AdapterMemory) -> Plan:
 
 def _victim(
     wanting: str,
+    waited: float,
     candidates: list[str],
     holds: Mapping[str, Mapping[str, AdapterHold]],
     busy: Mapping[str, int],
@@ -204,7 +203,8 @@ def _victim(
     now: float,
 ) -> tuple[str, str] | None:
     """The routed adapter with nothing in flight to let go of on one of `candidates`, to
-    make room for `wanting`: the least asked for lately, then the one used longest ago.
+    make room for `wanting` (its requests held for `waited` seconds): the least asked
+    for lately, then the one used longest ago.
     (Recency alone, read at the gateways' one-second grain, let one client walking
     through cold adapters push out one asking a hot adapter without pause, as a scan
     does an LRU.) One asked for more than `wanting` is let go of only once `wanting`
@@ -212,7 +212,7 @@ def _victim(
     adapter between two requests, and pushing it out for a cold one only moves the
     wait to the hot one's many clients (seen in bench_adapters: a hot adapter pushed
     out while the walker's last three could not be yet, being just loaded)."""
-    patient = memory.waited(wanting, now) >= PATIENCE_S
+    patient = waited >= PATIENCE_S
     wanted = memory.rate.get(wanting, 0.0)
     best: tuple[float, float, str, str] | None = None
     for rid in candidates:
