@@ -157,18 +157,20 @@ class FleetSnapshot:
         an adapter's request needs an awake replica of its base as much as the base's own."""
         return self._held_by_base.get(model, 0)
 
-    def held_age(self, model: str) -> float:
-        """How long requests for `model` (its adapters' included) have been held at a
-        gateway, in seconds (0: none are)."""
-        if self.gate is None:
-            return 0.0
-        ages = [
-            age
-            for name, age in self.gate.held_age.items()
-            if name == model
-            or ((adapter := self.adapters.get(name)) is not None and adapter.base == model)
-        ]
-        return max(ages, default=0.0)
+    def held_age(self, name: str) -> float:
+        """How long requests for model or adapter `name` have been held at a gateway, in
+        seconds (0: none are); a model's counts its adapters' too."""
+        return self._held_ages.get(name, 0.0)
+
+    @cached_property
+    def _held_ages(self) -> Mapping[str, float]:
+        """`held_age` of every name held, once a snapshot (steps ask per replica)."""
+        out = dict(self.gate.held_age) if self.gate is not None else {}
+        for name, age in list(out.items()):
+            adapter = self.adapters.get(name)
+            if adapter is not None:
+                out[adapter.base] = max(out.get(adapter.base, 0.0), age)
+        return out
 
     @cached_property
     def _held_by_base(self) -> Mapping[str, int]:

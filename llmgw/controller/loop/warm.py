@@ -319,8 +319,7 @@ def _switchable(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec | Non
     if rec.replaces is not None:
         return False
     outranked = waking is not None and spec.priority < waking.priority
-    busy = snap.held_for(rec.model) or status.in_flight(snap.gateway_in_flight)
-    if busy and not outranked:
+    if _busy(snap, status) and not outranked:
         return False
     if waking is not None and _outranks_for_now(snap, spec, status, waking):
         return False
@@ -346,13 +345,14 @@ def _outranks_for_now(
 def _makes_way_soon(snap: FleetSnapshot, rec: ReplicaRecord, waking: ModelSpec) -> bool:
     """Idle, and held back from a switch only by `_outranks_for_now`."""
     status, spec = snap.statuses.get(rec.id), snap.models.get(rec.model)
-    return (
-        status is not None
-        and spec is not None
-        and not snap.held_for(rec.model)
-        and not status.in_flight(snap.gateway_in_flight)
-        and _outranks_for_now(snap, spec, status, waking)
-    )
+    if status is None or spec is None or _busy(snap, status):
+        return False
+    return _outranks_for_now(snap, spec, status, waking)
+
+
+def _busy(snap: FleetSnapshot, status: ReplicaStatus) -> int:
+    """Requests it serves, or its model's held at the gateways (0: serving nothing)."""
+    return (status.in_flight(snap.gateway_in_flight) or 0) + snap.held_for(status.record.model)
 
 
 def _can_sleep(snap: FleetSnapshot, spec: ModelSpec, status: ReplicaStatus) -> bool:
@@ -364,8 +364,8 @@ def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: 
     as `_sleep`) or, for a model that does not sleep, out of routing to stop."""
     spec, status = snap.models[rec.model], snap.statuses[rec.id]
     why = f"switch: its cards are wanted by {waking.name}, whose requests wait"
-    busy = status.in_flight(snap.gateway_in_flight) or 0
-    if spec.priority < waking.priority and (busy or snap.held_for(rec.model)):
+    if spec.priority < waking.priority and _busy(snap, status):
+        busy = status.in_flight(snap.gateway_in_flight) or 0
         why += (
             f"; priority {waking.priority} over {spec.priority}, its {busy} request(s) in "
             "flight finish first"

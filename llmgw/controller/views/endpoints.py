@@ -337,13 +337,11 @@ class GatewaySeen:
 
     def adapters_follow(self, run: str) -> int | None:
         """The revision its adapter routing follows (its explainer's, ahead of SMG)."""
-        known = [r for r in (self.applied(run), _revision(self.adapters_at, run)) if r is not None]
-        return max(known, default=None)
+        return _latest(self.applied(run), _revision(self.adapters_at, run))
 
     def routes(self, run: str) -> int | None:
         """The revision whose new workers (a new model's explainer) SMG routes to."""
-        known = [r for r in (self.applied(run), _revision(self.routed, run)) if r is not None]
-        return max(known, default=None)
+        return _latest(self.applied(run), _revision(self.routed, run))
 
 
 def clamp(
@@ -383,6 +381,11 @@ def _figures(
     in_flight.update((rid, n) for rid, n in status.in_flight.items() if rid in records)
     requests.update((rid, n) for rid, n in status.requests.items() if rid in records)
     return in_flight, requests
+
+
+def _latest(*revisions: int | None) -> int | None:
+    """The latest of the revisions known (None: none is)."""
+    return max((r for r in revisions if r is not None), default=None)
 
 
 def _revision(cursor: str, run: str) -> int | None:
@@ -642,9 +645,7 @@ class LiveGateway(NamedTuple):
         """It routes `name` to `rid` no more (out at `revision`) and has no request for
         it there in flight. Its explainer routes adapters, so that is its own cursor,
         not SMG's: a removal SMG takes seconds over does not hold an unload."""
-        follows = max(
-            (r for r in (self.applied, self.adapters_follow) if r is not None), default=None
-        )
+        follows = _latest(self.applied, self.adapters_follow)
         return follows is not None and follows >= revision and (rid, name) not in self.adapter_busy
 
     def let_go(self, rid: str, revision: int | None, force: bool) -> bool:
