@@ -19,12 +19,12 @@ from test_api import ADMIN, AGENT, ClientFactory, auth, tokens
 from test_steps import replica, snapshot
 
 from llmgw.controller.core.adapter_specs import adapter_slots, check_adapters
-from llmgw.controller.core.adapter_use import PATIENCE_S, AdapterMemory
+from llmgw.controller.core.adapter_use import AdapterMemory
 from llmgw.controller.core.nodes import ShardDigest
 from llmgw.controller.core.records import AdapterHold, ReplicaRecord
 from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
-from llmgw.controller.loop.adapter_loads import plan_adapters
+from llmgw.controller.loop.adapter_loads import PATIENCE_S, plan_adapters
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.placing import stoppable
 from llmgw.controller.loop.plans import (

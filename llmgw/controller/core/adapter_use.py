@@ -10,10 +10,6 @@ from dataclasses import dataclass, field
 
 FAILED_BACKOFF_S = 60.0  # a load refused on a replica is not tried there again before
 RATE_KEEP = 0.9  # per pass: a request rate smoothed over about ten passes
-# Held this long, an adapter takes a slot from one asked for more than it (see
-# `adapter_loads._victim`): a cold adapter does not push out a hot one between two of
-# its requests, nor wait behind hot ones for good.
-PATIENCE_S = 3.0
 
 
 @dataclass

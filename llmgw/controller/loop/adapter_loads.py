@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 
 from llmgw.controller.core.adapter_specs import adapter_slots
-from llmgw.controller.core.adapter_use import FAILED_BACKOFF_S, PATIENCE_S, AdapterMemory
+from llmgw.controller.core.adapter_use import FAILED_BACKOFF_S, AdapterMemory
 from llmgw.controller.core.records import AdapterHold
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot
 from llmgw.controller.loop.plans import (
@@ -44,6 +44,10 @@ from llmgw.wire import EventReason, ReplicaState
 
 _SERVING = (ReplicaState.READY, ReplicaState.DRAINING)
 MIN_HELD_S = 3.0  # an adapter is not pushed out sooner after it was told to load
+# Its requests held this long (the gateways' `held_age`), an adapter takes a slot from
+# one asked for more than it: it does not push out a hot one between two of its
+# requests, nor wait behind hot ones for good (`_victim`).
+PATIENCE_S = 3.0
 HANDING_OVER_KEPT_S = 10.0  # a replica's wait to stop, not asked again for this long, is over
 
 
