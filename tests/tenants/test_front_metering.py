@@ -65,8 +65,21 @@ def counts(front: Front) -> dict[tuple[str, str], tuple[int, int, int, int, int]
     }
 
 
+_opened: list[openai.AsyncOpenAI] = []
+
+
 def client(url: str, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=10)
+    made = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=10)
+    _opened.append(made)
+    return made
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    """Each test's clients closed in its own loop (see tests/gateway/test_front_answers.py)."""
+    yield
+    while _opened:
+        await _opened.pop().close()
 
 
 async def test_whole_and_streamed_answers_are_metered_as_the_engine_counted(
