@@ -148,68 +148,91 @@ def has_room(used_mib: int | None, total_mib: int) -> bool:
 
 
 def digest_report(report: NodeReport) -> NodeDigest:
-    """Reduce a report to what the controller reads of it (one pass over the cards)."""
+    """Reduce a report to what the controller reads of it (one pass over the cards).
+    Runs on every report: empty parts are skipped rather than walked (a frozenset or
+    tuple built from a generator costs about a microsecond even when it is empty)."""
     per_class: dict[str, list[int]] = {}  # class -> [total, used, unhealthy, unknown]
     cards, faults, idle_unknown, roomy = [], [], [], []
+    entirely_free = True
     for gpu in report.gpus:
-        cls, health = gpu.gpu_class, gpu.health
+        cls, health, in_use = gpu.gpu_class, gpu.health, gpu.in_use
         counts = per_class.get(cls)
         if counts is None:
             counts = per_class[cls] = [0, 0, 0, 0]
         counts[0] += 1
-        cards.append((gpu.uuid, cls, health is _HEALTHY and not gpu.in_use))
+        free = health is _HEALTHY and not in_use
+        cards.append((gpu.uuid, cls, free))
+        if free:
+            continue
+        entirely_free = False
         if health is _UNHEALTHY:
             counts[2] += 1
             faults.append(CardFault(gpu.uuid, gpu.index, gpu.health_reason or "unhealthy"))
-        elif gpu.in_use:
+        elif in_use:
             counts[1] += 1
             if health is _HEALTHY and has_room(gpu.memory_used_mib, gpu.memory_total_mib):
                 roomy.append(gpu.uuid)
         elif health is _UNKNOWN:
             counts[3] += 1
             idle_unknown.append(gpu.uuid)
-    copies = frozenset(
-        (m.name, loc.scope, (loc.mount_source or loc.path) if loc.scope is _SHARED else "")
-        for loc in report.storage
-        for m in loc.models
-    )
+    storage = report.storage
+    copies: set[tuple[str, StorageScope, str]] = set()
+    for loc in storage:
+        scope = loc.scope
+        where = (loc.mount_source or loc.path) if scope is _SHARED else ""
+        copies.update([(m.name, scope, where) for m in loc.models])
     return NodeDigest(
         tuple(sorted((k, CardCounts(*v)) for k, v in per_class.items())),
-        bool(cards) and all(ok for _, _, ok in cards),
+        bool(cards) and entirely_free,
         frozenset([c[0] for c in copies]),
-        copies,
-        tuple(sorted(set(report.fabrics))),
-        frozenset(report.engines or ()),
+        frozenset(copies),
+        _fabrics(report.fabrics),
+        frozenset(report.engines) if report.engines else _NONE,
         tuple(cards),
-        frozenset(idle_unknown),
+        frozenset(idle_unknown) if idle_unknown else _NONE,
         tuple(faults),
         report.address,
         report.gpu_error,
-        frozenset(a.name for loc in report.storage for a in loc.adapters),
-        frozenset(roomy),
+        frozenset([a.name for loc in storage for a in loc.adapters])
+        if any(loc.adapters for loc in storage)
+        else _NONE,
+        frozenset(roomy) if roomy else _NONE,
     )
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _fabrics(fabrics: list[str]) -> tuple[str, ...]:
+    if len(fabrics) < 2:
+        return tuple(fabrics)
+    return tuple(sorted(set(fabrics)))
 
 
 def digest_shards(report: NodeReport, received_at: float) -> tuple[ShardDigest, ...]:
     """The engines a node runs, with idleness turned into a moment on our clock."""
     return tuple(
-        ShardDigest(
-            r.id,
-            r.rank,
-            r.state,
-            None if r.idle_seconds is None else received_at - r.idle_seconds,
-            r.error,
-            r.port,
-            r.traffic,
-            r.sleep_error,
-            frozenset(r.adapters),
-            tuple((f.name, f.status, f.message) for f in r.adapter_failures),
-            r.sleep_failure,
-            None
-            if r.last_wake_s is None or r.last_wake_level is None
-            else (r.last_wake_level, r.last_wake_s),
-        )
-        for r in report.replicas
+        [
+            ShardDigest(
+                r.id,
+                r.rank,
+                r.state,
+                None if r.idle_seconds is None else received_at - r.idle_seconds,
+                r.error,
+                r.port,
+                r.traffic,
+                r.sleep_error,
+                frozenset(r.adapters) if r.adapters else _NONE,
+                tuple([(f.name, f.status, f.message) for f in r.adapter_failures])
+                if r.adapter_failures
+                else (),
+                r.sleep_failure,
+                None
+                if r.last_wake_s is None or r.last_wake_level is None
+                else (r.last_wake_level, r.last_wake_s),
+            )
+            for r in report.replicas
+        ]
     )
 
 
@@ -266,7 +289,7 @@ class NodeEntry:
         )
         # Adapters too: a loaded one joins the endpoint feed (routing) at once.
         ports = tuple(
-            (s.replica_id, s.port, s.state is _FAILED, s.adapters) for s in shards if s.rank == 0
+            [(s.replica_id, s.port, s.state is _FAILED, s.adapters) for s in shards if s.rank == 0]
         )
         if ports != self.ports:
             self.ports = ports
