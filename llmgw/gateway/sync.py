@@ -33,6 +33,7 @@ from llmgw.gateway.keyring import Keyring
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.metering import Meter
 from llmgw.gateway.smg import Smg
+from llmgw.gateway.status_fields import OFFER_AGAIN_S, StatusFields
 from llmgw.gateway.status_figures import StatusFigures
 from llmgw.leader import Endpoints, aiohttp_request, split_urls
 from llmgw.wire import ClientKeysFeed, Endpoint, EndpointsDelta, Unserved, UsageAnswer, printable
@@ -100,6 +101,7 @@ class Follower:
         self.smg = smg
         self.nudge = asyncio.Event()  # post the status now: a model was just woken
         self.figures = StatusFigures()  # in flight and requests per replica: whole or changes
+        self.fields = StatusFields()  # optional fields an older controller refused
         self.explainer = Explainer(wake_timeout_s, on_hold=self.nudge.set, max_body=max_body)
         self.entries = Entries()  # which endpoints SMG can take; the rest reported
         self.endpoints: dict[str, Endpoint] = {}
@@ -502,10 +504,22 @@ class Follower:
             used = self.keyring.take_used() if self.keyring is not None else {}
             if used:  # the same
                 body["keys_used"] = used
+            self.fields.strip(body, time.monotonic())
             try:
                 _, status, answer = await aiohttp_request(
                     http, self.controllers, "POST", "/v1/gateways/status", json=body
                 )
+                dropped = self.fields.take_refusal(status, answer, body, time.monotonic())
+                if dropped:
+                    log.warning(
+                        "the controller does not take %s in a gateway's status (it is older "
+                        "than this gateway: upgrade controllers first); sent without, and "
+                        "offered again in %g s",
+                        ", ".join(dropped),
+                        OFFER_AGAIN_S,
+                    )
+                    self.nudge.set()  # the status again at once, without them
+                    continue
                 if status >= 400:
                     raise RuntimeError(f"{status}: {error_message(answer, str(status))}")
             except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import threading
@@ -19,7 +20,12 @@ from typing import Any
 
 import httpx
 from aiohttp import web
+from pydantic import ValidationError, create_model
 
+from llmgw.controller.http.web_io import answer, refusal_words, validation_detail
+from llmgw.errors import BadRequest
+from llmgw.wire import GatewayStatus, validate_json
+from llmgw.wire.rules import Inbound
 from tests.e2e.procs import free_port, wait_until
 
 
@@ -127,7 +133,11 @@ class FakeController:
         self.endpoints: list[dict[str, Any]] = []
         self.unserved: dict[str, str] = {}
         self.revision = 1
-        self.statuses: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []  # taken
+        # As a controller older than these fields of a gateway's status: it refuses
+        # a status with any of them, as unknown.
+        self.unknown_fields: frozenset[str] = frozenset()
+        self.refused: list[dict[str, Any]] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -151,7 +161,12 @@ class FakeController:
         return web.json_response(body)
 
     async def _status(self, request: web.Request) -> web.Response:
-        self.statuses.append(await request.json())
+        raw = await request.read()
+        status, body = older_controller_answer(raw, self.unknown_fields)
+        if status != 200:
+            self.refused.append(json.loads(raw))
+            return web.Response(status=status, body=body, content_type="application/json")
+        self.statuses.append(json.loads(raw))
         return web.Response(status=204)
 
     def _run(self) -> None:
@@ -174,6 +189,28 @@ class FakeController:
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def older_controller_answer(raw: bytes, unknown: frozenset[str]) -> tuple[int, bytes]:
+    """What a controller that does not know the fields `unknown` of a gateway's status
+    answers to `raw`: the real controller's validation and refusal (llmgw.controller.http),
+    on the status model without those fields. (200, b"") when it takes it."""
+    if not unknown:
+        return 200, b""
+    fields: Any = {
+        name: (info.annotation, info)
+        for name, info in GatewayStatus.model_fields.items()
+        if name not in unknown
+    }
+    older = create_model("OlderGatewayStatus", __base__=Inbound, **fields)
+    try:
+        validate_json(older, raw)
+    except ValidationError as exc:
+        detail = validation_detail(exc)
+        refusal = answer(BadRequest(refusal_words(detail), detail))
+        assert isinstance(refusal.body, bytes)
+        return refusal.status, refusal.body
+    return 200, b""
 
 
 def endpoint(rid: str, model: str, url: str, state: str = "serving") -> dict[str, Any]:

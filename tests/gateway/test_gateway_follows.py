@@ -119,3 +119,37 @@ def test_one_bad_entry_is_left_out_and_reported(cluster: Cluster, bad_url: str) 
     finally:
         fake.stop()
         _stop(eng, signal.SIGKILL, timeout=5)
+
+
+def test_a_controller_older_than_the_gateway_still_gets_its_status(cluster: Cluster) -> None:
+    """A controller that does not know some optional fields of a gateway's status (it
+    refuses unknown fields) still gets the status, without them: before, it refused
+    every status, and the gateway's counts never reached it."""
+    c = cluster
+    fake = FakeController().start()
+    fake.unknown_fields = frozenset({"max_in_flight", "rejected"})
+    port = free_port()
+    eng = engine("chat", port, c.env())
+    try:
+        wait_engine(port)
+        fake.set(
+            [
+                endpoint("bad-1", "other", "http://a/b:1"),
+                endpoint("good-1", "chat", f"http://127.0.0.1:{port}"),
+            ]
+        )
+        gw = Gateway(c, controller=fake.url)
+        gw.start()
+        gw.wait_serving("chat")
+        assert ask(gw, "chat").status_code == 200
+        wait_until(
+            lambda: len(fake.statuses) >= 3, timeout=10, what="statuses taken", diagnose=gw.logs
+        )
+        assert fake.refused, "the first status had both fields"
+        assert all(not s.keys() & fake.unknown_fields for s in fake.statuses)
+        assert fake.statuses[-1]["in_flight"] is not None and fake.statuses[-1]["cursor"]
+        log = gw.log.read_text()
+        assert log.count("does not take max_in_flight, rejected") == 1, log
+    finally:
+        fake.stop()
+        _stop(eng, signal.SIGKILL, timeout=5)
