@@ -175,16 +175,21 @@ def digest_report(report: NodeReport) -> NodeDigest:
         elif health is _UNKNOWN:
             counts[3] += 1
             idle_unknown.append(gpu.uuid)
-    storage = report.storage
     copies: set[tuple[str, StorageScope, str]] = set()
-    for loc in storage:
+    models: set[str] = set()
+    adapters: list[str] = []
+    for loc in report.storage:
         scope = loc.scope
         where = (loc.mount_source or loc.path) if scope is _SHARED else ""
-        copies.update([(m.name, scope, where) for m in loc.models])
+        names = [m.name for m in loc.models]
+        models.update(names)
+        copies.update([(name, scope, where) for name in names])
+        if loc.adapters:
+            adapters += [a.name for a in loc.adapters]
     return NodeDigest(
-        tuple(sorted((k, CardCounts(*v)) for k, v in per_class.items())),
+        tuple(sorted([(k, CardCounts(*v)) for k, v in per_class.items()])),
         bool(cards) and entirely_free,
-        frozenset([c[0] for c in copies]),
+        frozenset(models),
         frozenset(copies),
         _fabrics(report.fabrics),
         frozenset(report.engines) if report.engines else _NONE,
@@ -193,9 +198,7 @@ def digest_report(report: NodeReport) -> NodeDigest:
         tuple(faults),
         report.address,
         report.gpu_error,
-        frozenset([a.name for loc in storage for a in loc.adapters])
-        if any(loc.adapters for loc in storage)
-        else _NONE,
+        frozenset(adapters) if adapters else _NONE,
         frozenset(roomy) if roomy else _NONE,
     )
 
