@@ -24,7 +24,12 @@ Then the sleep fleet's figures as ratios of the stop fleet's, measured in this r
 
     .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
         [--rate 1] [--load-seconds 30] [--wake-seconds 1] [--idle 10] [--zipf 1.0]
-        [--priority-top N]
+        [--priority-top N] [--placement together|by-popularity]
+
+`--placement by-popularity` warms up the most popular `--cards` models first, then the
+next, each round once the last has gone asleep: the most popular models each have a card
+of their own (what a placement that knew popularity would do), where `together` (every
+model at once) leaves it to chance.
 
 `--priority-top N` gives the N most popular models priority 1 in both fleets (the
 rest 0), and prints the asleep-model TTFT of each group: at a switch, an awake model
@@ -211,8 +216,17 @@ async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, token
         return Answer(sent - t0, name, found, 0, None, type(exc).__name__, beside)
 
 
+def sleep_cards(fleet: Fleet) -> dict[str, list[str]]:
+    """Card -> the models whose replica holds it (as last polled)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name, gpus in fleet.watch.cards.items():
+        for g in gpus:
+            out[g].append(name)
+    return out
+
+
 async def warm_up(fleets: list[Fleet], names: list[str], tokens: int) -> float:
-    """Every model asked once in each fleet (again after a 503) until answered."""
+    """Every model in `names` asked once in each fleet (again after a 503) until answered."""
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=len(names) * 2 + 10)
     async with httpx.AsyncClient(timeout=400, limits=limits) as http:
@@ -368,10 +382,39 @@ def run(args: argparse.Namespace, per_card: int) -> None:
                         names, f.mode, args.load_seconds, args.wake_seconds, args.idle, urgent
                     )
                 )
-            took = asyncio.run(warm_up(fleets, names, args.tokens))
-            print(f"warm-up: every model answered once in both fleets in {took:.0f} s")
-            # Let the warm-up's replicas go idle, then asleep (or stopped), first.
-            time.sleep(args.idle + 5)
+            # --placement together: every model asked at once, so the cards each lands on
+            # are the placement's, whatever their popularity. by-popularity: a round per
+            # `--cards` models, the most popular first, each after the last round's have
+            # gone asleep (or stopped): the most popular `--cards` each land on an empty
+            # card, and no two of them share one (what a placement that knew popularity
+            # would do).
+            if args.placement == "together":
+                rounds = [names]
+            else:
+                rounds = [
+                    popularity[i : i + args.cards] for i in range(0, len(popularity), args.cards)
+                ]
+            took = 0.0
+            for batch in rounds:
+                took += asyncio.run(warm_up(fleets, batch, args.tokens))
+                # Let the warm-up's replicas go idle, then asleep (or stopped), first.
+                time.sleep(args.idle + 5)
+            print(
+                f"warm-up ({args.placement}): every model answered once in both fleets "
+                f"in {took:.0f} s"
+            )
+            if args.placement == "by-popularity":
+                cards = sleep_cards(fleets[0])
+                print(
+                    "cards (most popular first): "
+                    + "; ".join(
+                        " ".join(
+                            f"{m} (#{popularity.index(m) + 1})"
+                            for m in sorted(cards.get(c, []), key=popularity.index)
+                        )
+                        for c in sorted(cards, key=lambda c: min(map(popularity.index, cards[c])))
+                    )
+                )
             asyncio.run(window(fleets, schedule, args.tokens))
             rows = {f.mode: summary(f, args.minutes, names, urgent) for f in fleets}
             show(rows, per_card, args.cards, args.wake_seconds, len(urgent))
@@ -413,6 +456,12 @@ def main() -> int:
         type=int,
         default=0,
         help="the N most popular models get priority 1 (a busy lower one makes way for them)",
+    )
+    p.add_argument(
+        "--placement",
+        choices=["together", "by-popularity"],
+        default="together",
+        help="the warm-up: every model at once, or the most popular first, a card each",
     )
     p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
     args = p.parse_args()
