@@ -242,8 +242,11 @@ def _model_words(m: Any) -> tuple[str, Meaning]:
     if not m.satisfied:
         return f"short: {short_words(m.unplaceable_reason, m.starting)}", Meaning.BROKEN
     waking, sleeping = getattr(m, "waking", 0), getattr(m, "sleeping", 0)
+    held = held_words(getattr(m, "held", 0), getattr(m, "held_s", None))
     if waking:
-        return f"waking: {waking} asleep replica(s) woken for its requests", Meaning.ATTENTION
+        return f"waking: {waking} asleep replica(s) woken for its requests{held}", Meaning.ATTENTION
+    if sleeping and m.ready == 0 and held:  # its wake waits (for its card, as a rule)
+        return f"asleep: {sleeping} replica(s) sleeping{held}, waiting to wake", Meaning.ATTENTION
     if sleeping and m.ready == 0:
         return f"asleep: {sleeping} replica(s) sleeping, woken by a request", Meaning.MUTED
     if all_on_one_node(m):
@@ -262,6 +265,14 @@ def _model_words(m: Any) -> tuple[str, Meaning]:
             return f"scaling down {m.ready} -> {desired}: {scaling}", Meaning.FINE
         return f"satisfied: {scaling}", Meaning.FINE
     return "satisfied", Meaning.FINE
+
+
+def held_words(held: int, held_s: float | None) -> str:
+    """`; 3 request(s) held for 2.4s`: what the gateways hold for a model that has no
+    replica awake to take them (empty when none)."""
+    if not held:
+        return ""
+    return f"; {held} request(s) held" + (f" for {held_s:.1f}s" if held_s is not None else "")
 
 
 def adapter_words(a: Any, *, failure: bool = True) -> tuple[str, Meaning]:

@@ -200,7 +200,10 @@ class Term:
         return endpoints_since(self.facts, self.run, since, with_keys=with_keys)
 
     def model_views(self) -> list[ModelView]:
-        return model_views.model_views(self.facts)
+        now = self.facts.clock()
+        return model_views.model_views(
+            self.facts, self.gateways.held(now), self.gateways.held_age(now)
+        )
 
     def replica_views(self) -> list[ReplicaView]:
         return model_views.replica_views(self.facts)

@@ -482,6 +482,10 @@ class ModelView(Outbound):
     # They count for `satisfied`: a request wakes one in seconds.
     sleeping: int = 0
     waking: int = 0
+    # Requests the live gateways hold for it (no replica awake to take them: it wakes,
+    # or waits for a card), and how long the longest-held has waited, in seconds.
+    held: int = 0
+    held_s: float | None = None
     # Replicas counted in their last known state, their nodes not heard from since this
     # controller began to lead, and the most seconds that lasts (ReplicaView.unconfirmed_s).
     unconfirmed: int = 0

@@ -11,6 +11,7 @@ import pytest
 from llmgw.controller.loop.reconcile import Reconciler
 from llmgw.controller.term import Term
 from llmgw.controller.views.endpoints import Gateways
+from llmgw.present import Meaning, model_words
 from llmgw.wire import AdminFlag, FleetSummary, GatewayStatus, ModelSpec, Unserved, UnservedKind
 from tests.controller.fleet_factories import FakeClock, make_fleet, report
 
@@ -204,6 +205,25 @@ def test_how_long_requests_have_been_held_reaches_the_loop(tmp_path: Path) -> No
     sim.clock.advance(0.5)
     gate = sim.fleet.stop_gate.view(sim.clock())
     assert gate.held_age == {"llama": 3.5}
+
+
+def test_a_models_view_says_what_the_gateways_hold_for_it_and_how_long(tmp_path: Path) -> None:
+    """`ctl models` and the console: requests held for a model (it has no replica awake
+    to take them), summed over the live gateways, and the longest wait."""
+    sim = Sim(tmp_path)
+    sim.fleet.facts.put_models([MODEL])
+    sim.gateways.report(GatewayStatus(name="gw-a", held={"llama": 2}, held_age={"llama": 3.0}))
+    sim.gateways.report(GatewayStatus(name="gw-b", held={"llama": 1}, held_age={"llama": 1.0}))
+    sim.clock.advance(0.5)
+    [view] = sim.fleet.model_views()
+    assert (view.held, view.held_s) == (3, 3.5)
+    words, meaning = model_words(view.model_copy(update={"ready": 0, "sleeping": 1}))
+    assert words == "asleep: 1 replica(s) sleeping; 3 request(s) held for 3.5s, waiting to wake"
+    assert meaning is Meaning.ATTENTION, "not the quiet grey of a model asleep with no one waiting"
+    sim.gateways.report(GatewayStatus(name="gw-a"))
+    sim.gateways.report(GatewayStatus(name="gw-b"))
+    [view] = sim.fleet.model_views()
+    assert (view.held, view.held_s) == (0, None)
 
 
 def test_stop_grace_bounds_the_wait_and_no_gateway_means_no_wait(tmp_path: Path) -> None:

@@ -123,7 +123,12 @@ def leave_words(
     return reclaimed_words(spec.name, spec.priority)
 
 
-def model_views(facts: Facts) -> list[ModelView]:
+def model_views(
+    facts: Facts, held: Mapping[str, int] | None = None, held_age: Mapping[str, float] | None = None
+) -> list[ModelView]:
+    """Every model's view; `held`, `held_age`: the live gateways' requests held per
+    model and how long (`Gateways.held`, `Gateways.held_age`)."""
+    held, held_age = held or {}, held_age or {}
     now = facts.clock()
     reasons = unplaceable_reasons(facts)
     statuses = replica_statuses(facts)
@@ -196,6 +201,8 @@ def model_views(facts: Facts) -> list[ModelView]:
                 scaling_state=autoscaled.state if autoscaled is not None else None,
                 sleeping=mine[ReplicaState.SLEEPING],
                 waking=mine[ReplicaState.WAKING],
+                held=held.get(name, 0),
+                held_s=round(held_age[name], 1) if held.get(name) and name in held_age else None,
                 unconfirmed=unconfirmed[name],
                 unconfirmed_s=round(max(0.0, unconfirmed_until[name] - now), 1)
                 if name in unconfirmed_until
