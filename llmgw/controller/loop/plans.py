@@ -36,6 +36,7 @@ __all__ = [
     "HoldAdapter",
     "MakingRoom",
     "MarkDrained",
+    "MoveSettled",
     "Plan",
     "Planner",
     "Put",
@@ -45,6 +46,7 @@ __all__ = [
     "Scaling",
     "Started",
     "Stopping",
+    "Switched",
     "Unplaceable",
 ]
 
@@ -183,6 +185,23 @@ class DropAdapter:
 
 
 @dataclass(frozen=True)
+class Switched:
+    """The warm tier put `out`'s replica on `card` to sleep for `woken`'s (a switch)."""
+
+    card: tuple[str, str]  # (node, GPU uuid)
+    out: str
+    woken: str
+
+
+@dataclass(frozen=True)
+class MoveSettled:
+    """A replica of `model` moved to a quieter card, or its move was called off: it
+    is not moved again for a while (`core.contention.WINDOW_S`)."""
+
+    model: str
+
+
+@dataclass(frozen=True)
 class Cordon:
     """A node cordoned by llmgw (a failed card)."""
 
@@ -211,6 +230,8 @@ Action = (
     | HoldAdapter
     | ReleaseAdapter
     | DropAdapter
+    | Switched
+    | MoveSettled
 )
 
 
