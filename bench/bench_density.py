@@ -119,11 +119,10 @@ def fleet_specs(
 
 
 class Fleet:
-    def __init__(self, root: Path, mode: str, cards: int, spread: bool = True) -> None:
+    def __init__(self, root: Path, mode: str, cards: int) -> None:
         self.mode = mode
         self.c = Cluster(root / mode)
-        more = [] if spread else ["--no-spread"]
-        self.c.start_controller("--reconcile-interval", "0.5", "--stop-grace", "20", *more)
+        self.c.start_controller("--reconcile-interval", "0.5", "--stop-grace", "20")
         self.c.start_agent("gpu1", gpus=f"{cards}xH100-80GB", interval=0.5)
         wait_cluster_ready(self.c, ["gpu1"])
         self.gw: Gateway | None = None
@@ -376,7 +375,7 @@ def run(args: argparse.Namespace, per_card: int) -> None:
         fleets: list[Fleet] = []
         try:
             for mode in ("sleep", "stop"):
-                fleets.append(Fleet(Path(tmp), mode, args.cards, args.spread))
+                fleets.append(Fleet(Path(tmp), mode, args.cards))
             for f in fleets:
                 f.start(
                     fleet_specs(
@@ -463,12 +462,6 @@ def main() -> int:
         choices=["together", "by-popularity"],
         default="together",
         help="the warm-up: every model at once, or the most popular first, a card each",
-    )
-    p.add_argument(
-        "--no-spread",
-        dest="spread",
-        action="store_false",
-        help="the controllers never move a sleeping replica (llmgw controller --no-spread)",
     )
     p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
     args = p.parse_args()

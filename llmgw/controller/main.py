@@ -166,13 +166,6 @@ def parser() -> argparse.ArgumentParser:
         help="how long a LoRA adapter nothing asked for stays loaded (default 5m)",
     )
     p.add_argument(
-        "--no-spread",
-        dest="spread",
-        action="store_false",
-        help="never move a sleeping replica off a card where models keep switching "
-        "(each move is an engine start on another card)",
-    )
-    p.add_argument(
         "--no-cordon-on-gpu-fault",
         dest="cordon_on_gpu_fault",
         action="store_false",
@@ -321,7 +314,6 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         idle_after_s=args.idle_after,
         adapter_idle_s=args.adapter_idle_after,
         cordon_on_gpu_fault=args.cordon_on_gpu_fault,
-        spread=args.spread,
         backoff_base_s=args.backoff_base,
         backoff_cap_s=args.backoff_cap,
         reconcile_interval_s=args.reconcile_interval,

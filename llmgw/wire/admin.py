@@ -270,9 +270,6 @@ class EventReason(StrEnum):
     # A sleeping replica whose cards hold a busy awake engine: stopped, and its
     # model's requests served by a replica placed afresh (a cold or warm start)
     NO_ROOM_TO_WAKE = "NoRoomToWake"
-    # A move of a sleeping replica off a card where models kept switching, given up:
-    # requests came that its stand-in's start would have held up (`loop.spread`)
-    MOVE_CALLED_OFF = "MoveCalledOff"
 
 
 class EventView(Outbound):

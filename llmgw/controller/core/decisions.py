@@ -17,7 +17,6 @@ from types import MappingProxyType
 
 from llmgw.controller.core.autoscale import Decision
 from llmgw.controller.core.changes import ChangeKind, ChangeLog
-from llmgw.controller.core.contention import Contention
 from llmgw.wire import EventReason, RolloutState
 
 Note = tuple[RolloutState, str]
@@ -37,9 +36,6 @@ class Decisions:
         # replica -> (since, last asked): it must stop, and stays in routing until the
         # adapters only it holds load on another replica of its base (`loop.placing`).
         self._handing_over: dict[str, tuple[float, float]] = {}
-        # The warm tier's switches per card lately, and the models moved off busy cards
-        # (`loop.spread`): read by the loop only, so not in the change log.
-        self.contention = Contention()
 
     @property
     def unplaceable(self) -> Mapping[str, str]:

@@ -31,9 +31,6 @@ class ControllerSettings:
     adapter_idle_s: float = 300.0
     # A fatal card fault cordons its node (by llmgw); replicas on the card move either way.
     cordon_on_gpu_fault: bool = True
-    # The warm tier moves a sleeping replica off a card where models keep switching each
-    # other out (`loop.spread`); off: replicas stay where they were placed.
-    spread: bool = True
     # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0

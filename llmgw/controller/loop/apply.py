@@ -27,7 +27,6 @@ from llmgw.controller.loop.plans import (
     HoldAdapter,
     MakingRoom,
     MarkDrained,
-    MoveSettled,
     Plan,
     Put,
     ReleaseAdapter,
@@ -36,7 +35,6 @@ from llmgw.controller.loop.plans import (
     Scaling,
     Started,
     Stopping,
-    Switched,
     Unplaceable,
 )
 from llmgw.controller.state.facts import Facts
@@ -77,8 +75,6 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         placement_reasons=dict(facts.decisions.unplaceable),
         making_room=dict(facts.decisions.making_room),
         handing_over=dict(facts.decisions.handing_over),
-        switches=facts.decisions.contention.recent(now),
-        moved_lately=facts.decisions.contention.moved_lately(now),
         capacity_version=term.capacity_version,
         revision=facts.revision,
         gate=None if gate is None else gate.view(now),
@@ -132,7 +128,3 @@ def apply(facts: Facts, plan: Plan) -> None:
                 facts.loras.release(rid, name)
             case DropAdapter(rid, name):
                 facts.loras.drop(rid, name)
-            case Switched(card, out, woken):
-                facts.decisions.contention.switched(card, out, woken, facts.clock())
-            case MoveSettled(model):
-                facts.decisions.contention.moved(model, facts.clock())

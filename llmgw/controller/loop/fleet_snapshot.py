@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from llmgw.controller.core.admin_flags import NO_ADMIN
-from llmgw.controller.core.contention import Card, Switch
 from llmgw.controller.core.decisions import Note
 from llmgw.controller.core.nodes import Faults, NodeEntry, node_state
 from llmgw.controller.core.records import AdapterHold, Backoff, ReplicaRecord, gpus_on
@@ -139,9 +138,6 @@ class FleetSnapshot:
     making_room: Mapping[str, str] = field(default_factory=dict)  # `Decisions.making_room`
     # `Decisions.handing_over`: replica -> (since, last asked)
     handing_over: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    # `Decisions.contention`: each card's switches lately; models moved lately.
-    switches: Mapping[Card, tuple[Switch, ...]] = field(default_factory=dict)
-    moved_lately: frozenset[str] = frozenset()
 
     # -- replicas -----------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ __all__ = [
     "HoldAdapter",
     "MakingRoom",
     "MarkDrained",
-    "MoveSettled",
     "Plan",
     "Planner",
     "Put",
@@ -46,7 +45,6 @@ __all__ = [
     "Scaling",
     "Started",
     "Stopping",
-    "Switched",
     "Unplaceable",
 ]
 
@@ -185,23 +183,6 @@ class DropAdapter:
 
 
 @dataclass(frozen=True)
-class Switched:
-    """The warm tier put `out`'s replica on `card` to sleep for `woken`'s (a switch)."""
-
-    card: tuple[str, str]  # (node, GPU uuid)
-    out: str
-    woken: str
-
-
-@dataclass(frozen=True)
-class MoveSettled:
-    """A replica of `model` moved to a quieter card, or its move was called off: it
-    is not moved again for a while (`core.contention.WINDOW_S`)."""
-
-    model: str
-
-
-@dataclass(frozen=True)
 class Cordon:
     """A node cordoned by llmgw (a failed card)."""
 
@@ -230,8 +211,6 @@ Action = (
     | HoldAdapter
     | ReleaseAdapter
     | DropAdapter
-    | Switched
-    | MoveSettled
 )
 
 

@@ -58,7 +58,6 @@ from llmgw.controller.loop.picture import snapshot
 from llmgw.controller.loop.plans import Plan
 from llmgw.controller.loop.rolling import roll
 from llmgw.controller.loop.shortfalls import Limits, fill_shortfalls
-from llmgw.controller.loop.spread import spread
 from llmgw.controller.loop.warm import sleep_and_wake
 from llmgw.controller.store import StoreUnavailable
 from llmgw.controller.term import Term
@@ -175,7 +174,6 @@ class Reconciler:
         snap = self._apply(snap, replace_faulted(snap, memory))
         snap = self._apply(snap, roll(snap))
         snap = self._apply(snap, scale(snap, memory))
-        snap = self._apply(snap, spread(snap))
         snap = self._apply(snap, sleep_and_wake(snap))
         snap = self._apply(snap, plan_adapters(snap, term.adapter_use))
         self._apply(snap, reclaim(snap, memory))

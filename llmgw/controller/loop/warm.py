@@ -32,7 +32,7 @@ from llmgw.controller.core.records import LeaveReason, ReplicaRecord
 from llmgw.controller.loop.faults import fault_under
 from llmgw.controller.loop.fleet_snapshot import FleetSnapshot, ModelReplicas
 from llmgw.controller.loop.placing import placed_words, record_from, stoppable
-from llmgw.controller.loop.plans import MakingRoom, Plan, Planner, Switched
+from llmgw.controller.loop.plans import MakingRoom, Plan, Planner
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.scheduler import Placement, place
 from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
@@ -364,9 +364,6 @@ def _switch_out(snap: FleetSnapshot, plan: Planner, rec: ReplicaRecord, waking: 
     as `_sleep`) or, for a model that does not sleep, out of routing to stop."""
     spec, status = snap.models[rec.model], snap.statuses[rec.id]
     why = f"switch: its cards are wanted by {waking.name}, whose requests wait"
-    for shard in rec.shards:  # for the spread step: which cards keep switching
-        for gpu in shard.gpus:
-            plan.add(Switched((shard.node, gpu), rec.model, waking.name))
     if spec.priority < waking.priority and _busy(snap, status):
         busy = status.in_flight(snap.gateway_in_flight) or 0
         why += (
