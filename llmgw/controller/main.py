@@ -178,7 +178,7 @@ def parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="DURATION",
         help="how long a model with a failed replica waits before the next placement; "
-        "doubles with each failure (default 5s)",
+        "doubles with each failure until one of its replicas has been ready 60s (default 5s)",
     )
     p.add_argument(
         "--backoff-cap",

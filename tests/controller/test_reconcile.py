@@ -206,6 +206,9 @@ def test_backoff_clears_once_a_replica_is_ready(tmp_path: Path, clock: FakeClock
     for _ in range(30):
         sim.step()
     assert [s for _, s, _ in sim.replicas()] == [ReplicaState.READY]
+    assert "llama" in sim.fleet.facts.backoffs, "ready, but not for backoff_reset_s yet"
+    clock.advance(sim.fleet.facts.settings.backoff_reset_s)
+    sim.step()
     assert "llama" not in sim.fleet.facts.backoffs
 
 

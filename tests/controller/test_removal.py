@@ -36,6 +36,7 @@ TRACES: dict[str, Callable[[Term], object]] = {
     "replica record": lambda t: REPLICA in t.facts.records,
     "stopping mark": lambda t: REPLICA in t.facts.stopping,
     "gateway activity": lambda t: REPLICA in t.facts.gateway_activity,
+    "ready since": lambda t: REPLICA in t.facts.ready_since,
     "retiring model": lambda t: "m" in t.facts.retiring,
     "change log index": lambda t: [k for k in ChangeKind if t.facts.log.latest(k, NODE)],
     "replica statuses": lambda t: REPLICA in t.replica_statuses(),

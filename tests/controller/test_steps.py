@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def test_which_replicas_count_for_a_model_is_said_once() -> None:
     assert ids(sets.live) == ["a", "b", "c", "d"]
 
 
-def test_a_replica_whose_shards_are_ready_becomes_ready_and_clears_its_backoff() -> None:
+def test_a_replica_whose_shards_are_ready_becomes_ready() -> None:
     starting = replica("a", ReplicaState.STARTING)
     snap = snapshot(
         [starting],
@@ -131,8 +132,22 @@ def test_a_replica_whose_shards_are_ready_becomes_ready_and_clears_its_backoff()
     plan = record_transitions(snap)
 
     assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.READY)]
-    assert plan.of(ClearBackoff) == [ClearBackoff("chat")]
+    assert plan.of(ClearBackoff) == [], "not at its first ready: it may die just after"
     assert plan.removed == []
+
+
+def test_a_backoff_ends_once_a_replica_has_been_ready_a_while() -> None:
+    """An engine that dies just after it turned ready (at its first request; a crash
+    loop whose health check answered for a moment) keeps backing off: before, its first
+    ready cleared the backoff, and each crash started it over at its base (seen as a
+    placement 1 s after the one before, not 4 s, in test_a_crash_looping_engine_backs_off
+    on a loaded machine)."""
+    ready = replica("a", ReplicaState.READY)
+    backoffs = {"chat": Backoff("chat", 3, 2_000.0, "crashed")}
+    reset_s = SETTINGS.backoff_reset_s
+    for since, cleared in ((100.0 - reset_s + 1, []), (100.0 - reset_s, [ClearBackoff("chat")])):
+        snap = replace(snapshot([ready], backoffs=backoffs), ready_since={"a": since})
+        assert record_transitions(snap).of(ClearBackoff) == cleared
 
 
 def test_a_failed_replica_is_removed_and_its_model_backs_off() -> None:

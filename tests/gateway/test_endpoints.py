@@ -217,7 +217,8 @@ def test_a_models_view_says_what_the_gateways_hold_for_it_and_how_long(tmp_path:
     sim.clock.advance(0.5)
     [view] = sim.fleet.model_views()
     assert (view.held, view.held_s) == (3, 3.5)
-    words, meaning = model_words(view.model_copy(update={"ready": 0, "sleeping": 1}))
+    asleep = view.model_copy(update={"ready": 0, "sleeping": 1, "satisfied": True})
+    words, meaning = model_words(asleep)
     assert words == "asleep: 1 replica(s) sleeping; 3 request(s) held for 3.5s, waiting to wake"
     assert meaning is Meaning.ATTENTION, "not the quiet grey of a model asleep with no one waiting"
     sim.gateways.report(GatewayStatus(name="gw-a"))

@@ -34,6 +34,9 @@ class ControllerSettings:
     # A model whose replicas keep failing waits base * 2^(failures-1), up to cap.
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
+    # ...and it ends once one of its replicas has been ready this long: an engine that
+    # dies just after it turned ready (at its first request, say) still backs off.
+    backoff_reset_s: float = 60.0
     reconcile_interval_s: float = 1.0
     # A pass also runs as soon as something the loop waits on happened (an engine
     # ready, asleep or failed; held requests; a gateway letting go): `Term.decide_soon`.

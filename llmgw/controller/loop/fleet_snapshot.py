@@ -138,6 +138,7 @@ class FleetSnapshot:
     making_room: Mapping[str, str] = field(default_factory=dict)  # `Decisions.making_room`
     # `Decisions.handing_over`: replica -> (since, last asked)
     handing_over: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    ready_since: Mapping[str, float] = field(default_factory=dict)  # `Facts.ready_since`
 
     # -- replicas -----------------------------------------------------------------------
 

@@ -35,11 +35,29 @@ log = logging.getLogger("llmgw.reconcile")
 STALL_MESSAGE_MAX = 4096
 
 
+def _steady(snap: FleetSnapshot) -> list[str]:
+    """Models backing off with a replica ready for `backoff_reset_s`: their backoff ends.
+    Not at a replica's first ready: one that dies just after (at its first request, or
+    a crash loop whose engine answers its health check for a moment) would otherwise
+    start the backoff over at its base each time."""
+    reset_s = snap.settings.backoff_reset_s
+    return [
+        model
+        for model in snap.backoffs
+        if any(
+            s.state is ReplicaState.READY
+            and snap.now - snap.ready_since.get(s.record.id, snap.now) >= reset_s
+            for s in snap.replicas_of(model).standing
+        )
+    ]
+
+
 def record_transitions(snap: FleetSnapshot) -> Plan:
     """A replica whose shards are all ready (started, or woken) becomes ready; one whose engine
     failed is removed, and its model backs off exponentially (so a crash-looping
-    engine cannot cause a placement storm), unless its card failed under it. A
-    failed replica of a rollout's new revision stalls the rollout."""
+    engine cannot cause a placement storm), unless its card failed under it, until one
+    of its replicas has been ready a while (`_steady`). A failed replica of a rollout's
+    new revision stalls the rollout."""
     plan = Planner(snap.records)
     notes = dict(snap.rollout_notes)  # as this plan leaves them
     arrived = [
@@ -52,9 +70,9 @@ def record_transitions(snap: FleetSnapshot) -> Plan:
     plan.put(became_ready)
     for s in arrived:
         _count_start(snap, plan, s)
+    for model in _steady(snap):
+        plan.add(ClearBackoff(model))
     for rec in became_ready:
-        if rec.model in snap.backoffs:
-            plan.add(ClearBackoff(rec.model))
         note = notes.get(rec.model)
         if note is not None and note[0] is RolloutState.STALLED and snap.up_to_date(rec):
             notes.pop(rec.model)  # the new revision serves after all

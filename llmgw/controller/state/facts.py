@@ -99,6 +99,12 @@ class Facts:
         self._stopping: dict[str, tuple[int, float]] = {}
         # Replica id -> when a gateway last saw a request for it (monotonic).
         self._gateway_activity: dict[str, float] = {}
+        # Replica id -> since when it has been ready (monotonic; those ready at the
+        # term's start: from then). Its model's backoff ends once one has been ready a
+        # while (`ControllerSettings.backoff_reset_s`), not at its first ready.
+        self._ready_since: dict[str, float] = {
+            rid: clock() for rid, rec in self._records.items() if rec.state is ReplicaState.READY
+        }
         # Specs of deleted models whose replicas are still stopping (the handshake).
         self._retiring: dict[str, ModelSpec] = {}
         self._by_node: dict[str, list[ReplicaRecord]] = {}
@@ -120,6 +126,7 @@ class Facts:
     backoffs: ReadOnly[Backoff] = ReadOnly("_backoffs")
     stopping: ReadOnly[tuple[int, float]] = ReadOnly("_stopping")
     gateway_activity: ReadOnly[float] = ReadOnly("_gateway_activity")
+    ready_since: ReadOnly[float] = ReadOnly("_ready_since")
     retiring: ReadOnly[ModelSpec] = ReadOnly("_retiring")  # deleted, replicas still stopping
 
     @property
@@ -456,6 +463,9 @@ class Facts:
             self._records[rec.id] = rec
             if rec.state is ReplicaState.READY:
                 self._stopping.pop(rec.id, None)  # a cancelled drain: back in routing
+                self._ready_since.setdefault(rec.id, self.clock())
+            else:
+                self._ready_since.pop(rec.id, None)
             self.log.append(ChangeKind.REPLICA, rec.id)
         self._replicas_moved(touched)
 
@@ -474,6 +484,7 @@ class Facts:
             touched.update(self._records.pop(i).nodes)
             self._stopping.pop(i, None)
             self._gateway_activity.pop(i, None)
+            self._ready_since.pop(i, None)
             self.loras.replica_gone(i)
             self.log.append(ChangeKind.REPLICA, i)
         live = {r.model for r in self._records.values()}
