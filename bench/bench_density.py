@@ -24,7 +24,7 @@ Then the sleep fleet's figures as ratios of the stop fleet's, measured in this r
 
     .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
         [--rate 1] [--load-seconds 30] [--wake-seconds 1] [--idle 10] [--zipf 1.0]
-        [--priority-top N] [--placement together|by-popularity]
+        [--priority-top N] [--placement together|by-popularity] [--sleep-only]
 
 `--placement by-popularity` warms up the most popular `--cards` models first, then the
 next, each round once the last has gone asleep: the most popular models each have a card
@@ -314,7 +314,8 @@ def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) 
 def show(
     rows: dict[str, dict[str, float]], per_card: int, cards: int, wake_s: float, urgent: int
 ) -> None:
-    s, o = rows["sleep"], rows["stop"]
+    s = rows["sleep"]
+    o = rows.get("stop") or dict.fromkeys(s, float("nan"))  # --sleep-only
     by_priority = [
         (f"  of the {urgent} at priority 1", "found_cold_urgent", "{:.0f}"),
         ("    their TTFT p50 (s)", "ttft_cold_urgent_p50", "{:.2f}"),
@@ -374,7 +375,7 @@ def run(args: argparse.Namespace, per_card: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
         fleets: list[Fleet] = []
         try:
-            for mode in ("sleep", "stop"):
+            for mode in ("sleep",) if args.sleep_only else ("sleep", "stop"):
                 fleets.append(Fleet(Path(tmp), mode, args.cards))
             for f in fleets:
                 f.start(
@@ -462,6 +463,11 @@ def main() -> int:
         choices=["together", "by-popularity"],
         default="together",
         help="the warm-up: every model at once, or the most popular first, a card each",
+    )
+    p.add_argument(
+        "--sleep-only",
+        action="store_true",
+        help="run the sleep fleet alone (no stop fleet beside it): what the machine's load adds",
     )
     p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
     args = p.parse_args()
