@@ -62,7 +62,7 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         backoffs=dict(facts.backoffs),
         records=records,
         statuses=model_views.replica_statuses(facts, last_known=False),
-        ready_since=facts.ready_since,
+        ready_since=dict(facts.ready_since),
         outdated=frozenset(rid for rid, rec in records.items() if not facts.up_to_date(rec)),
         nodes=dict(facts.nodes),
         admin=dict(facts.admin),
