@@ -62,7 +62,9 @@ def take_snapshot(term: Term, gate: StopGate | None) -> FleetSnapshot:
         backoffs=dict(facts.backoffs),
         records=records,
         statuses=model_views.replica_statuses(facts, last_known=False),
-        ready_since=dict(facts.ready_since),
+        # Read only for models backing off (`outcomes._steady`): not copied every
+        # snapshot of a pass for a fleet where none does.
+        ready_since=dict(facts.ready_since) if facts.backoffs else {},
         outdated=frozenset(rid for rid, rec in records.items() if not facts.up_to_date(rec)),
         nodes=dict(facts.nodes),
         admin=dict(facts.admin),

@@ -202,7 +202,7 @@ def model_views(
                 sleeping=mine[ReplicaState.SLEEPING],
                 waking=mine[ReplicaState.WAKING],
                 held=held.get(name, 0),
-                held_s=round(held_age[name], 1) if held.get(name) and name in held_age else None,
+                held_s=round(held_age[name], 1) if name in held_age else None,
                 unconfirmed=unconfirmed[name],
                 unconfirmed_s=round(max(0.0, unconfirmed_until[name] - now), 1)
                 if name in unconfirmed_until
