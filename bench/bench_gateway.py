@@ -26,10 +26,12 @@ Control plane: the time from a replica turning ready, or being marked
 stopping, to a long-polling gateway receiving the change, at 2,000 replicas
 (an in-process controller app over real HTTP).
 
-    python bench/bench_gateway.py [--engines 4] [--seconds 4] [--rate 40]
+    python bench/bench_gateway.py [--engines 4] [--seconds 4] [--rate 40] [--rounds 3]
 
-The front's added latency is its p50 less `round_robin`'s, SMG alone, in the same run;
-its throughput at saturation is given as a ratio to `round_robin`'s.
+Every mode runs once a round, in an order turned each round, for `--rounds` rounds.
+The front's added latency is its p50 less `round_robin`'s, SMG alone, in the same
+round; its throughput at saturation a ratio to `round_robin`'s in the same round;
+each printed as the median over the rounds with their range in brackets.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -173,6 +176,53 @@ async def run_load(
         "ttft99": pct(ttft, 99) * 1e3,
         "failed": failed,
     }
+
+
+@dataclasses.dataclass
+class Round:
+    """One mode's run in one round: its load figures, the front's CPU seconds, and the
+    engines' routing figures."""
+
+    figures: dict[str, float]
+    cpu: float
+    routing: str
+
+
+def spread(xs: list[float], fmt: str) -> str:
+    """The median of per-round figures, with their range when there are several."""
+    mid = format(statistics.median(xs), fmt)
+    if len(xs) < 2:
+        return mid
+    return f"{mid} [{format(min(xs), fmt)}..{format(max(xs), fmt)}]"
+
+
+def mode_line(mode: str, rounds: dict[str, list[Round]], seconds: float) -> str:
+    """One mode's figures: medians over the rounds, and what it adds over the mode it
+    stands on, paired round by round. round_robin routes as the direct client does, so
+    the difference is SMG's own cost; a front's is its p50 less round_robin's (the
+    same SMG policy behind it) in the same round, its throughput a ratio to it."""
+    mine = rounds[mode]
+
+    def median(name: str) -> float:
+        return statistics.median(r.figures[name] for r in mine)
+
+    added = ""
+    under = "direct" if mode == "round_robin" else "round_robin" if mode.startswith("front") else ""
+    if under:
+        pairs = list(zip(mine, rounds[under], strict=True))
+        added = (
+            f"  +p50 {spread([a.figures['p50'] - b.figures['p50'] for a, b in pairs], '.2f')} ms"
+        )
+    if mode.startswith("front"):
+        added += f" over SMG  {spread([a.figures['rps'] / b.figures['rps'] for a, b in pairs], '.2f')}x SMG's req/s"
+        per = [r.cpu / (r.figures["rps"] * seconds) * 1e6 for r in mine if r.figures["rps"]]
+        added += f"  front CPU {spread(per, '.0f')} us/req" if per else ""
+    failed = sum(int(r.figures["failed"]) for r in mine)
+    return (
+        f"{mode:13} {median('rps'):7.1f} req/s  p50 {median('p50'):6.1f} ms  p99 {median('p99'):6.1f} ms"
+        f"  ttft p50 {median('ttft50'):5.1f} p99 {median('ttft99'):5.1f} ms"
+        f"  {mine[-1].routing}  failed {failed}{added}"
+    )
 
 
 def start_engines(n: int, cache_blocks: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
@@ -340,34 +390,23 @@ async def data_plane(args: argparse.Namespace) -> None:
             f" cache {cache_blocks} blocks/engine; {args.seconds:g}s per run\n"
         )
         for label, rate in ((f"fixed {args.rate:g} req/s", args.rate), ("saturation", None)):
-            print(f"## {label}")
-            base = smg_p50 = None
-            smg_rps = 1.0
-            for seed, (mode, targets, headers) in enumerate(modes):
-                await reset_caches(urls)  # every mode starts cold
-                before = await engine_totals(urls)
-                cpu0 = cpu_s(proc_of.get(mode))
-                r = await run_load(targets, prompts, args.seconds, rate, seed, headers)
-                cpu = cpu_s(proc_of.get(mode)) - cpu0
-                after = await engine_totals(urls)
-                # Added latency: round_robin routes as the direct client does, so
-                # the difference is the gateway's own cost; the front's is its p50
-                # less round_robin's (the same SMG policy behind it).
-                added = ""
-                if mode == "round_robin" and base:
-                    added = f"  +p50 {r['p50'] - base:5.2f} ms"
-                    smg_p50, smg_rps = r["p50"], r["rps"]
-                elif mode.startswith("front") and smg_p50:
-                    added = f"  +p50 {r['p50'] - smg_p50:5.2f} ms over SMG"
-                    added += f"  {r['rps'] / smg_rps:4.2f}x SMG's req/s"
-                    done = r["rps"] * args.seconds
-                    added += f"  front CPU {cpu / done * 1e6:4.0f} us/req" if done else ""
-                base = r["p50"] if base is None else base
-                print(
-                    f"{mode:13} {r['rps']:7.1f} req/s  p50 {r['p50']:6.1f} ms  p99 {r['p99']:6.1f} ms"
-                    f"  ttft p50 {r['ttft50']:5.1f} p99 {r['ttft99']:5.1f} ms"
-                    f"  {routing_figures(before, after)}  failed {r['failed']}{added}"
-                )
+            print(f"## {label}, {args.rounds} round(s)")
+            rounds: dict[str, list[Round]] = {mode: [] for mode, _, _ in modes}
+            for n in range(args.rounds):
+                # Each round runs every mode once, the order turned by one each round so
+                # that no mode always comes first on a box whose load drifts.
+                turned = modes[n % len(modes) :] + modes[: n % len(modes)]
+                for mode, targets, headers in turned:
+                    await reset_caches(urls)  # every mode starts cold
+                    before = await engine_totals(urls)
+                    cpu0 = cpu_s(proc_of.get(mode))
+                    seed = [m for m, _, _ in modes].index(mode) + 100 * n
+                    r = await run_load(targets, prompts, args.seconds, rate, seed, headers)
+                    cpu = cpu_s(proc_of.get(mode)) - cpu0
+                    after = await engine_totals(urls)
+                    rounds[mode].append(Round(r, cpu, routing_figures(before, after)))
+            for mode, _, _ in modes:
+                print(mode_line(mode, rounds, args.seconds))
             print()
     finally:
         for front in fronts:
@@ -556,6 +595,12 @@ def main() -> None:
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rate", type=float, default=40.0)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every mode this many times, interleaved; figures are medians over rounds",
+    )
     p.add_argument("--replicas", type=int, default=2000)
     p.add_argument(
         "--baseline-src",

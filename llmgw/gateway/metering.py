@@ -30,6 +30,7 @@ from typing import Any
 STREAMED = frozenset({"/v1/chat/completions", "/v1/completions"})
 METERED = STREAMED | {"/v1/embeddings"}
 _USAGE = b'"usage"'
+_FLAT = b',"usage":{'
 _ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
 _SEP = b"\n\n"
 # A count in a usage object (read by pattern: a chunk's JSON is not parsed).
@@ -65,20 +66,21 @@ def ask_usage(body: bytes, parsed: dict[str, Any]) -> tuple[bytes, Keep]:
     return json.dumps({**parsed, "stream_options": asked}).encode(), keep
 
 
-def _usage_span(event: bytes) -> tuple[int, int, dict[str, Any] | None]:
-    """Where the `"usage"` member of a JSON chunk starts and ends (start of the key,
-    just past the value), and its value; (-1, -1, None) without one."""
+def _usage_span(event: bytes) -> tuple[int, int, int]:
+    """Where the `"usage"` member of a JSON chunk starts (the key), where its object
+    value starts, and just past the value's end; the value's start is -1 for a null,
+    and all three are -1 without a usage member or one that cannot be read."""
     key = event.rfind(_USAGE)
     if key < 0:
-        return -1, -1, None
+        return -1, -1, -1
     i = key + len(_USAGE)
     n = len(event)
     while i < n and event[i] in b" \t:":
         i += 1
     if event.startswith(b"null", i):
-        return key, i + 4, None
+        return key, -1, i + 4
     if i >= n or event[i] != ord("{"):
-        return -1, -1, None
+        return -1, -1, -1
     # Numbers and nested objects only, no strings: each `{` inside asks one more `}`.
     j = event.find(b"}", i)
     inner = event.find(b"{", i + 1, j)
@@ -86,15 +88,18 @@ def _usage_span(event: bytes) -> tuple[int, int, dict[str, Any] | None]:
         j = event.find(b"}", j + 1)
         inner = event.find(b"{", inner + 1, j)
     if j < 0:
-        return -1, -1, None
-    prompt = _PROMPT.search(event, i, j)
-    completion = _COMPLETION.search(event, i, j)
-    found = {}
-    if prompt is not None:
-        found["prompt_tokens"] = int(prompt[1])
-    if completion is not None:
-        found["completion_tokens"] = int(completion[1])
-    return key, j + 1, found
+        return -1, -1, -1
+    return key, i, j + 1
+
+
+def _counts(usage: bytes) -> tuple[int, int]:
+    """(prompt, completion) from a usage object's bytes (read by pattern)."""
+    prompt = _PROMPT.search(usage)
+    completion = _COMPLETION.search(usage)
+    return (
+        0 if prompt is None else int(prompt[1]),
+        0 if completion is None else int(completion[1]),
+    )
 
 
 def _without(event: bytes, key: int, end: int) -> bytes:
@@ -108,23 +113,21 @@ def _without(event: bytes, key: int, end: int) -> bytes:
     return event[:key] + after
 
 
-def _count(usage: dict[str, Any], name: str) -> int:
-    value = usage.get(name)
-    return value if type(value) is int and value >= 0 else 0
-
-
 class StreamTap:
-    """An SSE answer passing through: the usage read, what the client did not ask
-    for cut out. `feed` each piece as it comes, send what it returns."""
+    """An SSE answer passing through: the usage kept, what the client did not ask
+    for cut out. `feed` each piece as it comes, send what it returns.
 
-    __slots__ = ("_choices", "_keep", "_rest", "error", "final", "prompt")
+    Every chunk carries the usage so far, so each is only cut and its usage object
+    kept as bytes; the counts are read once, from the last ones (`tokens`)."""
+
+    __slots__ = ("_final", "_keep", "_last", "_rest", "_usage", "error")
 
     def __init__(self, keep: Keep) -> None:
         self._keep = keep
         self._rest = b""
-        self.prompt = 0
-        self._choices: dict[int, int] = {}  # choice -> its tokens so far (continuous)
-        self.final: tuple[int, int] | None = None  # (prompt, completion): the last chunk's
+        self._usage: dict[int, bytes] = {}  # choice -> its last usage object (continuous)
+        self._last = b""  # the last usage object of any choice, for the prompt's count
+        self._final: bytes | None = None  # the closing chunk's usage object
         self.error = False  # an error event came
 
     def feed(self, piece: bytes) -> bytes:
@@ -152,38 +155,50 @@ class StreamTap:
         return rest
 
     def _event(self, event: bytes) -> bytes | None:
-        key, end, usage = _usage_span(event)
-        if key < 0:
-            return event
-        final = b'"choices":[]' in event or b'"choices": []' in event
-        if usage is not None:
+        # vLLM's shape, compact with `usage` last and flat: `…,"usage":{…}}`.
+        key = event.rfind(_FLAT)
+        if key >= 0 and event.endswith(b"}}") and event.find(b"{", key + len(_FLAT)) < 0:
+            start, end = key + len(_FLAT) - 1, len(event) - 1
+            cut = event[:key] + b"}"
+        else:
+            key, start, end = _usage_span(event)
+            if key < 0:
+                return event
+            cut = b""
+        choices = event.find(b'"choices":')
+        final = choices >= 0 and event[choices + 10 : choices + 13].lstrip()[:2] == b"[]"
+        if start >= 0:
+            usage = event[start:end]
             if final:
-                self.final = (_count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+                self._final = usage
             else:
-                self.prompt = _count(usage, "prompt_tokens")
-                self._choices[_choice_of(event)] = _count(usage, "completion_tokens")
+                self._usage[_choice_of(event, choices)] = self._last = usage
         if self._keep is Keep.ALL or (final and self._keep is Keep.FINAL):
             return event
         if final:
             return None  # the usage chunk the client did not ask for
-        return _without(event, key, end)
+        return cut or _without(event, key, end)
 
     @property
     def tokens(self) -> tuple[int, int]:
         """(prompt, completion): the closing chunk's, else the last ones sent."""
-        if self.final is not None:
-            return self.final
-        return self.prompt, sum(self._choices.values())
+        if self._final is not None:
+            return _counts(self._final)
+        prompt = _counts(self._last)[0]
+        return prompt, sum(_counts(u)[1] for u in self._usage.values())
 
 
-def _choice_of(event: bytes) -> int:
-    """The choice a chunk belongs to (vLLM's continuous usage counts per choice)."""
-    at = event.find(b'"index":')
+def _choice_of(event: bytes, after: int) -> int:
+    """The choice a chunk belongs to (vLLM's continuous usage counts per choice):
+    the first `index` after `after` (where its `choices` begin)."""
+    at = event.find(b'"index":', max(after, 0))
     if at < 0:
         return 0
-    digits = event[at + 8 : at + 20].lstrip()
+    at += 8
+    if event[at : at + 1] == b" ":
+        at = len(event) - len(event[at:].lstrip())
     n = 0
-    for c in digits:
+    for c in event[at : at + 12]:
         if not 48 <= c <= 57:
             break
         n = n * 10 + c - 48
@@ -192,10 +207,10 @@ def _choice_of(event: bytes) -> int:
 
 def usage_of(body: bytes) -> tuple[int, int] | None:
     """(prompt, completion) from a whole answer's `usage`; None without one."""
-    _, _, usage = _usage_span(body)
-    if usage is None:
+    _, start, end = _usage_span(body)
+    if start < 0:
         return None
-    return _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
+    return _counts(body[start:end])
 
 
 @dataclass(slots=True)

@@ -101,6 +101,13 @@ def test_a_stream_cut_short_counts_what_was_sent() -> None:
         for index in (0, 1):
             n_choices.feed(chunk(" x", used(4, i + 1), index))
     assert n_choices.tokens == (4, 6)  # vLLM counts per choice: the choices' sum
+    spaced = StreamTap(Keep.NONE)
+    for index in (0, 1, 12):
+        spaced.feed(
+            b'data: {"choices": [{"index": %d, "delta": {}}], "usage": {"prompt_tokens": 4, '
+            b'"completion_tokens": 2}}\n\n' % index
+        )
+    assert spaced.tokens == (4, 6)
 
 
 def test_other_shapes_of_usage_are_cut_out_or_passed_whole() -> None:
