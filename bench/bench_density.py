@@ -18,8 +18,11 @@ window's figures exclude that warm-up.
 Printed per fleet: requests answered, refused (503) and failed; time to first token
 of the requests that found their model asleep (sleep fleet) or at zero (stop fleet),
 split by whether another model's replica was awake on its card when sent (a wake then
-waits for it to make way), and of all requests; wakes and engine starts per minute; card-seconds awake per model
-(ready, starting, waking or draining, from the replicas polled every half second).
+waits for it to make way), and of all requests; the card-free ones over wake + 1 s by
+what they waited for (their replica put to sleep just before, another model woken on
+the card first, or neither: the wake's own path); wakes and engine starts per minute;
+card-seconds awake per model (ready, starting, waking or draining, from the replicas
+polled every half second).
 Then the sleep fleet's figures as ratios of the stop fleet's, measured in this run.
 
     .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
@@ -63,6 +66,7 @@ from tests.gateway.gwprocs import Gateway, model, wait_cluster_ready
 
 AWAKE = ("ready", "starting", "waking", "draining")
 POLL_S = 0.5
+JUST_ASLEEP_S = 3.0  # a replica polled asleep this briefly may still be falling asleep
 WARM_UP_LIMIT_S = 1800.0  # the stop fleet places one model per card per round
 
 
@@ -75,6 +79,8 @@ class Answer:
     ttft: float | None  # seconds to the first token (None: no token)
     code: str | None = None  # the error's code, if any
     beside: bool = False  # another model's replica awake on its card when sent
+    asleep_for: float | None = None  # how long it had been polled asleep when sent
+    woke_beside: bool = False  # another model's replica polled awake on its card while it waited
 
 
 @dataclass
@@ -91,6 +97,9 @@ class Watch:
     seen: dict[str, str] = field(default_factory=dict)  # replica id -> state last poll
     cards: dict[str, set[str]] = field(default_factory=dict)  # model -> its replica's cards
     awake_on: dict[str, set[str]] = field(default_factory=dict)  # card -> models awake there
+    since: dict[str, float] = field(default_factory=dict)  # model -> when its state began
+    # (when polled, card -> models awake there): what happened on a card while a request waited
+    history: list[tuple[float, dict[str, set[str]]]] = field(default_factory=list)
 
 
 def fleet_specs(
@@ -166,7 +175,10 @@ class Fleet:
                     if r["state"] in AWAKE:
                         w.awake_s[r["model"]] += dt * sum(len(s["gpus"]) for s in r["shards"])
             w.seen = {r["id"]: r["state"] for r in replicas}
+            w.since = {m: w.since[m] if w.state.get(m) == s else now for m, s in state.items()}
             w.state, w.cards, w.awake_on = state, cards, awake_on
+            if w.counting:
+                w.history.append((now, awake_on))
 
     def found(self, name: str) -> str:
         s = self.watch.state.get(name)
@@ -182,6 +194,21 @@ class Fleet:
         w = self.watch
         return any(w.awake_on.get(g, set()) - {name} for g in w.cards.get(name, ()))
 
+    def asleep_for(self, name: str, now: float) -> float | None:
+        """How long `name`'s replica has been polled asleep (None: it is not)."""
+        if self.watch.state.get(name) != "sleeping":
+            return None
+        return now - self.watch.since.get(name, now)
+
+    def woke_beside(self, name: str, sent: float, until: float) -> bool:
+        """Whether another model's replica was polled awake on `name`'s cards between
+        `sent` and `until` (monotonic): its wake then waited for that one."""
+        cards = self.watch.cards.get(name, ())
+        return any(
+            sent <= t <= until and any(on.get(g, set()) - {name} for g in cards)
+            for t, on in self.watch.history
+        )
+
     def close(self) -> None:
         self._stop.set()
         if self.gw is not None:
@@ -193,6 +220,7 @@ async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, token
     assert fleet.gw is not None
     sent = time.monotonic()
     found, beside = fleet.found(name), fleet.beside(name)
+    asleep_for = fleet.asleep_for(name, sent)
     body = {
         "model": name,
         "messages": [{"role": "user", "content": "hi"}],
@@ -211,7 +239,8 @@ async def ask(http: httpx.AsyncClient, fleet: Fleet, name: str, t0: float, token
             async for line in r.aiter_lines():
                 if ttft is None and line.startswith("data:") and '"content"' in line:
                     ttft = time.monotonic() - sent
-            return Answer(sent - t0, name, found, 200, ttft, None, beside)
+            woke_beside = ttft is not None and fleet.woke_beside(name, sent, sent + ttft)
+            return Answer(sent - t0, name, found, 200, ttft, None, beside, asleep_for, woke_beside)
     except httpx.HTTPError as exc:
         return Answer(sent - t0, name, found, 0, None, type(exc).__name__, beside)
 
@@ -271,7 +300,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) -> dict[str, float]:
+def summary(
+    f: Fleet, minutes: float, names: list[str], urgent: frozenset[str], target_s: float
+) -> dict[str, float]:
     a = f.answers
     ok = [x for x in a if x.status == 200]
     cold = "asleep" if f.mode == "sleep" else "none"
@@ -281,6 +312,12 @@ def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) 
     first = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model in urgent]
     rest = [x.ttft for x in ok if x.found == cold and x.ttft is not None and x.model not in urgent]
     every = [x.ttft for x in ok if x.ttft is not None]
+    # The card-free requests over the target, by what they waited for: a replica put
+    # to sleep just before (its sleep ends before the wake begins), another model
+    # woken on the card first (a switch), or neither (the wake's own path).
+    late = [x for x in ok if x.found == cold and not x.beside and (x.ttft or 0) > target_s]
+    just = [x for x in late if x.asleep_for is not None and x.asleep_for < JUST_ASLEEP_S]
+    switched = [x for x in late if x not in just and x.woke_beside]
     awake = [f.watch.awake_s.get(n, 0.0) for n in names]
     return {
         "sent": len(a),
@@ -301,6 +338,10 @@ def summary(f: Fleet, minutes: float, names: list[str], urgent: frozenset[str]) 
         "ttft_cold_urgent_p99": pct(first, 0.99),
         "ttft_cold_rest_p50": pct(rest, 0.5),
         "ttft_cold_rest_p99": pct(rest, 0.99),
+        "late_alone": len(late),
+        "late_just_asleep": len(just),
+        "late_switched": len(switched),
+        "late_neither": len(late) - len(just) - len(switched),
         "ttft_p50": pct(every, 0.5),
         "ttft_p99": pct(every, 0.99),
         "wakes_per_min": f.watch.wakes / minutes,
@@ -334,6 +375,10 @@ def show(
         ("  with their card free when sent", "found_cold_alone", "{:.0f}"),
         ("    their TTFT p50 (s)", "ttft_cold_alone_p50", "{:.2f}"),
         ("    their TTFT p99 (s)", "ttft_cold_alone_p99", "{:.2f}"),
+        ("    of them over wake + 1 s", "late_alone", "{:.0f}"),
+        (f"      put to sleep < {JUST_ASLEEP_S:g} s before", "late_just_asleep", "{:.0f}"),
+        ("      another model woke there first", "late_switched", "{:.0f}"),
+        ("      neither (the wake's own path)", "late_neither", "{:.0f}"),
         ("  with another model awake on it", "found_cold_crowded", "{:.0f}"),
         ("    their TTFT p50 (s)", "ttft_cold_crowded_p50", "{:.2f}"),
         ("    their TTFT p99 (s)", "ttft_cold_crowded_p99", "{:.2f}"),
@@ -417,7 +462,8 @@ def run(args: argparse.Namespace, per_card: int) -> None:
                     )
                 )
             asyncio.run(window(fleets, schedule, args.tokens))
-            rows = {f.mode: summary(f, args.minutes, names, urgent) for f in fleets}
+            target = args.wake_seconds + 1
+            rows = {f.mode: summary(f, args.minutes, names, urgent, target) for f in fleets}
             show(rows, per_card, args.cards, args.wake_seconds, len(urgent))
             per_model = defaultdict(list)
             for f in fleets:

@@ -223,9 +223,11 @@ class Front:
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> None:
-        # No total timeout: SMG ends a request at --request-timeout.
+        # No total timeout: SMG ends a request at --request-timeout. No cookie jar: a
+        # cookie one client's answer set would go on every other client's requests.
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),

@@ -27,15 +27,19 @@ async def fake_smg(request: web.Request) -> web.StreamResponse:
         data = [{"id": m, "object": "model"} for m in ("llama-8b", "chat", "llama-70b")]
         return web.json_response({"object": "list", "data": data})
     body = await request.read()
-    return web.json_response(
+    answer = web.json_response(
         {
             "path": request.path,
             "auth": request.headers.get("Authorization"),
             "body": body.decode(),
             "length": request.headers.get("Content-Length"),
+            "cookie": request.headers.get("Cookie"),
         },
         headers={"x-smg": "yes"},
     )
+    if request.query.get("set_cookie"):
+        answer.set_cookie("session", request.query["set_cookie"])
+    return answer
 
 
 @pytest.fixture
@@ -173,3 +177,25 @@ async def test_before_the_keys_are_known_and_with_none(smg: TestServer) -> None:
     finally:
         await front.stop()
         await public.stop()
+
+
+async def test_a_cookie_an_answer_sets_reaches_its_client_and_no_other_request(
+    smg: TestServer,
+) -> None:
+    """The front's client to SMG is shared by every client: a cookie kept there would
+    go on with other clients' requests (aiohttp's jar takes none from an IP address,
+    so SMG is named here as a host would be)."""
+    front = Front(ring(), f"http://localhost:{smg.port}", CONTROL_KEY)
+    port = aiohttp.test_utils.unused_port()
+    await front.start("127.0.0.1", port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        chat = {"model": "chat", "messages": []}
+        _, got, headers = await call(
+            url, "POST", "/v1/chat/completions?set_cookie=acme", EVERY, chat
+        )
+        assert got["cookie"] is None and "session=acme" in headers["Set-Cookie"]
+        _, got, _ = await call(url, "POST", "/v1/chat/completions", EVERY, chat)
+        assert got["cookie"] is None
+    finally:
+        await front.stop()
