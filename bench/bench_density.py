@@ -20,8 +20,9 @@ of the requests that found their model asleep (sleep fleet) or at zero (stop fle
 split by whether another model's replica was awake on its card when sent (a wake then
 waits for it to make way), and of all requests; the card-free ones over wake + 1 s by
 what they waited for (their replica put to sleep just before, another model woken on
-the card first, or neither: the wake's own path); wakes and engine starts per minute;
-card-seconds awake per model (ready, starting, waking or draining, from the replicas
+the card first, or neither: the wake's own path); wakes, switches (a model awake on a
+card another was awake on under 5 s before; the busiest pairs listed) and engine
+starts per minute; card-seconds awake per model (ready, starting, waking or draining, from the replicas
 polled every half second).
 Then the sleep fleet's figures as ratios of the stop fleet's, measured in this run.
 
@@ -66,6 +67,7 @@ from tests.gateway.gwprocs import Gateway, model, wait_cluster_ready
 
 AWAKE = ("ready", "starting", "waking", "draining")
 POLL_S = 0.5
+SWITCH_GAP_S = 5.0  # one model awake on a card this soon after another: a switch
 JUST_ASLEEP_S = 3.0  # a replica polled asleep this briefly may still be falling asleep
 WARM_UP_LIMIT_S = 1800.0  # the stop fleet places one model per card per round
 
@@ -92,6 +94,9 @@ class Watch:
     state: dict[str, str] = field(default_factory=dict)  # model -> its replica's state
     awake_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     wakes: int = 0
+    # (from, to) -> switches: another model awake on a card within SWITCH_GAP_S before
+    switches: Counter[tuple[str, str]] = field(default_factory=Counter)
+    last_awake: dict[str, tuple[str, float]] = field(default_factory=dict)  # card -> (model, when)
     starts: int = 0
     counting: bool = False
     seen: dict[str, str] = field(default_factory=dict)  # replica id -> state last poll
@@ -179,6 +184,14 @@ class Fleet:
             w.state, w.cards, w.awake_on = state, cards, awake_on
             if w.counting:
                 w.history.append((now, awake_on))
+                for g, models in awake_on.items():
+                    if len(models) != 1:
+                        continue  # two at once: the poll caught a hand-over midway
+                    (m,) = models
+                    was = w.last_awake.get(g)
+                    if was is not None and was[0] != m and now - was[1] <= SWITCH_GAP_S:
+                        w.switches[(was[0], m)] += 1
+                    w.last_awake[g] = (m, now)
 
     def found(self, name: str) -> str:
         s = self.watch.state.get(name)
@@ -345,6 +358,7 @@ def summary(
         "ttft_p50": pct(every, 0.5),
         "ttft_p99": pct(every, 0.99),
         "wakes_per_min": f.watch.wakes / minutes,
+        "switches_per_min": sum(f.watch.switches.values()) / minutes,
         "starts_per_min": f.watch.starts / minutes,
         "awake_s_mean": statistics.fmean(awake),
         "awake_s_max": max(awake),
@@ -386,6 +400,7 @@ def show(
         ("TTFT of all answered, p50 (s)", "ttft_p50", "{:.2f}"),
         ("TTFT of all answered, p99 (s)", "ttft_p99", "{:.2f}"),
         ("wakes per minute", "wakes_per_min", "{:.1f}"),
+        ("  switches per minute (another model just awake there)", "switches_per_min", "{:.1f}"),
         ("engine starts per minute", "starts_per_min", "{:.1f}"),
         ("card-seconds awake per model, mean", "awake_s_mean", "{:.0f}"),
         ("card-seconds awake per model, max", "awake_s_max", "{:.0f}"),
@@ -472,6 +487,13 @@ def run(args: argparse.Namespace, per_card: int) -> None:
                         per_model[f.mode].append((x.found, x.status, x.code))
             for mode, bad in per_model.items():
                 print(f"{mode}: not answered (found, status, code): {dict(Counter(bad))}")
+            pairs = fleets[0].watch.switches
+            if pairs:  # both ways of a pair together: which neighbours trade a card most
+                both = Counter({tuple(sorted(k)): pairs[k] + pairs[k[::-1]] for k in pairs})
+                print(
+                    "sleep fleet, switches by pair (both ways): "
+                    + ", ".join(f"{a}<->{b} {n}" for (a, b), n in both.most_common(8))
+                )
             if args.keep:
                 for f in fleets:
                     (args.keep / f"events-{f.mode}-{per_card}.txt").write_text(

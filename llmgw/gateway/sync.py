@@ -299,9 +299,10 @@ class Follower:
 
     async def _apply(self, serving: dict[str, str], cursor: str = "") -> bool:
         """Make SMG's workers `serving` (URL -> model), adding before removing: True
-        once SMG routes to each new worker and lists none removed; False when a change
-        that adds workers came first (it is applied at once, not after the removals:
-        SMG takes 5-6 s to drop one, and a new model must not wait for that).
+        once SMG routes to each new worker and lists none removed; False when another
+        change came first (it is applied at once, not after the removals: SMG takes
+        5-6 s to drop one, and neither a new model nor another leaving replica must
+        wait for that).
         `cursor` (the feed's, for `serving`) is `routed` once SMG routes to the new
         workers."""
         self.model_of.update(serving)
@@ -353,14 +354,17 @@ class Follower:
             RELEASE_WAIT_S,
         ):
             self.nudge.set()
+        # Any change ends this wait, a removal too: a replica going to sleep on another
+        # card a second after this one must leave routing now, not once SMG has dropped
+        # this one's worker 5 s later (its switch waited for that).
         if not await self._until(
-            lambda w: not w.keys() - serving.keys() or self._more_to_add(serving),
+            lambda w: not w.keys() - serving.keys() or self._more_to_apply(serving),
             REMOVE_TIMEOUT_S,
         ):
             raise TimeoutError(
                 f"SMG still lists removed workers {REMOVE_TIMEOUT_S:g} s after they were removed"
             )
-        return not self._more_to_add(serving)
+        return not self._more_to_apply(serving)
 
     def _write(self, urls: Iterable[str]) -> None:
         """SMG's wanted workers: each engine with its replica's key (explainers: none)."""
@@ -371,6 +375,10 @@ class Follower:
     def _more_to_add(self, written: dict[str, str]) -> bool:
         """Whether a change since `written` adds workers (so it is worth writing now)."""
         return self.changed.is_set() and bool(self._wanted().keys() - written.keys())
+
+    def _more_to_apply(self, written: dict[str, str]) -> bool:
+        """Whether a change since `written` adds or removes workers."""
+        return self.changed.is_set() and self._wanted().keys() != written.keys()
 
     def alone(self, workers: dict[str, bool], serving: dict[str, str]) -> set[str]:
         """Models still served that SMG routes only through workers now leaving

@@ -231,6 +231,36 @@ async def test_a_stopping_replica_is_released_while_smg_still_lists_it_draining(
         await applying
 
 
+async def test_a_second_replica_leaves_routing_while_the_first_one_s_worker_is_dropped() -> None:
+    """Two replicas go to sleep a second apart (two switches, on two cards): SMG drops
+    the first's worker about 5 s after it is asked to, and the second's leaves routing
+    at once, not after that, its release posted then."""
+    smg = SlowSmg(remove_after_s=5.0)
+    f = follower(smg)
+    f.explainer.port = 9
+    await f._apply({"http://a:1": "a", "http://b:1": "b", "http://c:1": "c"})
+    first = asyncio.create_task(f._apply({"http://b:1": "b", "http://c:1": "c"}))
+    await asyncio.sleep(0.3)
+    f.usable = [Endpoint(replica_id="c1", model="c", url="http://c:1", node="n", fabric=None,
+                         state="serving")]  # fmt: skip
+    f.endpoints = {
+        "b1": Endpoint(replica_id="b1", model="b", url="http://b:1", node="n", fabric=None,
+                       state="stopping"),
+    }  # fmt: skip
+    f.changed.set()
+    assert await asyncio.wait_for(first, 1.0) is False, "given up for the change, not done"
+    f.nudge.clear()
+    began = time.monotonic()
+    second = asyncio.create_task(f._apply(f.serving()))
+    await asyncio.wait_for(f.nudge.wait(), 1.0)
+    assert await f._released() == ["b1"]
+    assert smg.manifests[-1] == {"http://c:1"} and time.monotonic() - began < 1.0
+    assert {"http://a:1", "http://b:1"} <= (await smg.workers()).keys(), "both still draining"
+    second.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await second
+
+
 async def test_an_answer_ending_while_requests_are_held_posts_the_status_now() -> None:
     """A switch waits for the awake model's replica to read idle at the controller: an
     answer's end posts the status at once while something is held, not a second later;
