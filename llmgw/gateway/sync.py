@@ -354,9 +354,10 @@ class Follower:
             RELEASE_WAIT_S,
         ):
             self.nudge.set()
-        # Any change ends this wait, a removal too: a replica going to sleep on another
-        # card a second after this one must leave routing now, not once SMG has dropped
-        # this one's worker 5 s later (its switch waited for that).
+        # Any change ends this wait, a removal too: another replica leaving routing a
+        # second after this one (going to sleep or stopping while its model's others
+        # serve, so no explainer is added for it) must leave now, not once SMG has
+        # dropped this one's worker 5 s later.
         if not await self._until(
             lambda w: not w.keys() - serving.keys() or self._more_to_apply(serving),
             REMOVE_TIMEOUT_S,

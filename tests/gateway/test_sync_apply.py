@@ -232,9 +232,10 @@ async def test_a_stopping_replica_is_released_while_smg_still_lists_it_draining(
 
 
 async def test_a_second_replica_leaves_routing_while_the_first_one_s_worker_is_dropped() -> None:
-    """Two replicas go to sleep a second apart (two switches, on two cards): SMG drops
-    the first's worker about 5 s after it is asked to, and the second's leaves routing
-    at once, not after that, its release posted then."""
+    """Two replicas leave routing a second apart, each of a model that others still
+    serve (so no explainer is added): SMG drops the first's worker about 5 s after it
+    is asked to, and the second's leaves routing at once, not after that, its release
+    posted then."""
     smg = SlowSmg(remove_after_s=5.0)
     f = follower(smg)
     f.explainer.port = 9
