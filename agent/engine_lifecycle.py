@@ -304,6 +304,7 @@ class EngineLifecycle:
     def mark_waking(self, eng: Engine) -> None:
         """Being woken (asked to, or woken again after a sleep that kept its memory)."""
         eng.state = ShardState.WAKING
+        log.info("engine %s/%d waking", *eng.key)
 
     def begin_stop(self, eng: Engine) -> None:
         eng.state = ShardState.STOPPING

@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -133,15 +134,19 @@ def fleet_specs(
 
 
 class Fleet:
-    def __init__(self, root: Path, mode: str, cards: int) -> None:
+    def __init__(self, root: Path, mode: str, cards: int, trace: bool = False) -> None:
         self.mode = mode
         self.c = Cluster(root / mode)
-        self.c.start_controller("--reconcile-interval", "0.5", "--stop-grace", "20")
+        # trace (--keep): every event in the controller's log as it is taken, to be read
+        # beside the agent's sleeps and wakes and the answers (the store folds repeats).
+        debug = ["--log-level", "debug"] if trace else []
+        self.c.start_controller("--reconcile-interval", "0.5", "--stop-grace", "20", *debug)
         self.c.start_agent("gpu1", gpus=f"{cards}xH100-80GB", interval=0.5)
         wait_cluster_ready(self.c, ["gpu1"])
         self.gw: Gateway | None = None
         self.watch = Watch()
         self.answers: list[Answer] = []
+        self.t0_wall = 0.0  # when the window began (unix time)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
 
@@ -288,6 +293,7 @@ async def window(fleets: list[Fleet], schedule: list[tuple[float, str]], tokens:
     t0 = time.monotonic()
     for f in fleets:
         f.watch.counting = True
+        f.t0_wall = time.time()  # the answers' `sent` is from here, the logs' time is wall
     limits = httpx.Limits(max_connections=4000)
     async with httpx.AsyncClient(timeout=400, limits=limits) as http:
         tasks = []
@@ -400,7 +406,7 @@ def show(
         ("TTFT of all answered, p50 (s)", "ttft_p50", "{:.2f}"),
         ("TTFT of all answered, p99 (s)", "ttft_p99", "{:.2f}"),
         ("wakes per minute", "wakes_per_min", "{:.1f}"),
-        ("  switches per minute (another model just awake there)", "switches_per_min", "{:.1f}"),
+        ("  switches per minute", "switches_per_min", "{:.1f}"),
         ("engine starts per minute", "starts_per_min", "{:.1f}"),
         ("card-seconds awake per model, mean", "awake_s_mean", "{:.0f}"),
         ("card-seconds awake per model, max", "awake_s_max", "{:.0f}"),
@@ -436,7 +442,7 @@ def run(args: argparse.Namespace, per_card: int) -> None:
         fleets: list[Fleet] = []
         try:
             for mode in ("sleep",) if args.sleep_only else ("sleep", "stop"):
-                fleets.append(Fleet(Path(tmp), mode, args.cards))
+                fleets.append(Fleet(Path(tmp), mode, args.cards, trace=args.keep is not None))
             for f in fleets:
                 f.start(
                     fleet_specs(
@@ -503,6 +509,9 @@ def run(args: argparse.Namespace, per_card: int) -> None:
                     (args.keep / f"answers-{f.mode}-{per_card}.json").write_text(
                         json.dumps(rows_out)
                     )
+                    (args.keep / f"window-{f.mode}-{per_card}.txt").write_text(f"{f.t0_wall}\n")
+                    for log in f.c.root.glob("*.log"):  # controller, agent, gateway
+                        shutil.copy(log, args.keep / f"{f.mode}-{per_card}-{log.name}")
         finally:
             for f in fleets:
                 f.close()
@@ -537,7 +546,12 @@ def main() -> int:
         action="store_true",
         help="run the sleep fleet alone (no stop fleet beside it): what the machine's load adds",
     )
-    p.add_argument("--keep", type=Path, help="write each fleet's events and answers here")
+    p.add_argument(
+        "--keep",
+        type=Path,
+        help="write each fleet's events, answers, window start and logs here (the "
+        "controller then logs every event at debug)",
+    )
     args = p.parse_args()
     raise_open_files()
     for per_card in args.per_card:

@@ -12,6 +12,7 @@ Others read through read-only mappings and the lookups below.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +50,8 @@ from llmgw.wire import (
     ReplicaState,
     StartKind,
 )
+
+log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
@@ -273,8 +276,10 @@ class Facts:
         self.flush_events()
 
     def event(self, obj: str, reason: EventReason, message: str) -> None:
-        """Record a decision the controller took by itself (`llmgw.controller.state.events`)."""
+        """Record a decision the controller took by itself (`llmgw.controller.state.events`);
+        logged too at debug, each one as it is taken (the store folds repeats)."""
         self._events.add(self.wall(), obj, reason, message)
+        log.debug("event %s %s: %s", reason.value, obj, message)
 
     def events(self, after: int = 0, obj: str | None = None) -> EventList:
         found = self._events.since(after, obj)
