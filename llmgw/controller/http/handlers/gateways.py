@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 
 from llmgw.controller.core import cursors
@@ -10,6 +12,8 @@ from llmgw.controller.http.keys import term_of
 from llmgw.controller.http.web_io import json_model, json_models, parse_body, wait_param, who
 from llmgw.errors import Unavailable
 from llmgw.wire import GatewayStatus, GatewayStatusReply
+
+log = logging.getLogger(__name__)
 
 
 async def list_endpoints(request: web.Request) -> web.Response:
@@ -40,6 +44,12 @@ async def gateway_status(request: web.Request) -> web.Response:
     )
     term = term_of(request.app)
     took = term.gateways.report(body, by=who(request))
+    if log.isEnabledFor(logging.DEBUG):  # what a wake or a switch waited on, when traced
+        busy = {r: n for r, n in body.in_flight.items() if n}
+        log.debug(
+            "gateway %s status: in flight %s (of %d), held %s, released %s",
+            body.name, busy, len(body.in_flight), body.held, body.released,
+        )  # fmt: skip
     if body.held or body.released:  # a wake, or a stop, waits on the loop's next pass
         term.decide_soon.set()
     if body.keys_used:
