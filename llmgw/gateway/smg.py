@@ -65,7 +65,6 @@ ASK_AGAIN_S = 3.0
 # and a second DELETE in that time drops it at once (measured, smg 1.13: 1.0 s after
 # the first with a second at 1 s, 5.0 s with one).
 LEAVE_AGAIN_S = 30.0
-DROP_SETTLE_S = 0.2  # a worker dropped at once (`_back`) is added anew this soon after
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -132,7 +131,6 @@ class Smg:
         # when its removal was asked. Both forgotten when SMG restarts.
         self._asked: dict[str, tuple[str | None, float]] = {}
         self._leaving: dict[str, float] = {}
-        self._dropping: dict[str, float] = {}  # URL wanted back -> when its drop was asked
         self._refused: set[str] = set()  # URLs SMG refused to register (said once each)
         self._converge_now = asyncio.Event()
 
@@ -219,10 +217,7 @@ class Smg:
             present = by_url.get(url)
             if present is not None:
                 if asked is None or asked[0] != key:  # not ours as it is: in again anew
-                    if url in self._leaving and asked is None:
-                        await self._back(present, now)
-                    else:
-                        await self._leave(present, now)
+                    await self._leave(present, now)
                 continue
             if asked is not None and asked[0] == key and now - asked[1] < ASK_AGAIN_S:
                 continue  # on its way in
@@ -244,7 +239,6 @@ class Smg:
             if w.url not in self._wanted and w.url in self._ours:
                 await self._leave(w, now)
         self._leaving = {u: t for u, t in self._leaving.items() if u in by_url}
-        self._dropping = {u: t for u, t in self._dropping.items() if u in by_url}
         self._refused &= self._wanted.keys()
 
     async def _add(self, url: str, key: str | None) -> None:
@@ -255,26 +249,6 @@ class Smg:
         async with self._http().post(f"{self.base}/workers", json=body, headers=headers) as r:
             if r.status != 409:  # 409: its registration is under way already
                 r.raise_for_status()
-
-    async def _back(self, worker: Worker, now: float) -> None:
-        """A worker wanted again while SMG drains it out (a replica asleep and woken
-        within 5 s): SMG routes nothing to a worker it drains, and lists it, so it was
-        added anew only once SMG had dropped it; its model had no route for those
-        seconds (a request waited in the front, and `bench_density`'s answers with
-        it). A second DELETE drops it at once (smg 1.13), and the next pass adds it
-        anew; sent only while SMG has nothing in flight there (what it sent before
-        ends first), at most once per ASK_AGAIN_S."""
-        if now - self._dropping.get(worker.url, -math.inf) < ASK_AGAIN_S:
-            return
-        try:
-            busy = (await self.load()).in_flight.get(worker.url, 0)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return  # its drain ends by itself
-        if busy:
-            return
-        self._dropping[worker.url] = now
-        await self.remove(worker.id)
-        asyncio.get_running_loop().call_later(DROP_SETTLE_S, self._converge_now.set)
 
     async def _leave(self, worker: Worker, now: float) -> None:
         if now - self._leaving.get(worker.url, -math.inf) < LEAVE_AGAIN_S:
@@ -328,7 +302,6 @@ class Smg:
                 self.started.clear()
                 self._asked.clear()  # a new SMG starts with no workers
                 self._leaving.clear()
-                self._dropping.clear()
                 if time.monotonic() - t0 > 30:
                     backoff = BACKOFF_START_S  # it ran well: a new outage
                 log.warning(

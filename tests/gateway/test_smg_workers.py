@@ -16,7 +16,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from llmgw.gateway import smg as smg_module
-from llmgw.gateway.smg import Smg, SmgOptions, WorkerLoad
+from llmgw.gateway.smg import Smg, SmgOptions
 from llmgw.gateway.sync import Follower
 from llmgw.wire import Endpoint
 
@@ -32,7 +32,6 @@ class FakeSmg:
         self.deletes: list[str] = []
         self.auth: set[str] = set()
         self.settle = False  # keep a removed worker listed (SMG's drain settle)
-        self.draining: set[str] = set()  # ids removed once and still listed
         self._ids = itertools.count(1)
 
     def app(self) -> web.Application:
@@ -59,10 +58,8 @@ class FakeSmg:
     async def remove(self, request: web.Request) -> web.Response:
         wid = request.match_info["id"]
         self.deletes.append(self.workers[wid]["url"])
-        if not self.settle or wid in self.draining:  # a second DELETE drops it at once
+        if not self.settle:
             del self.workers[wid]
-        else:
-            self.draining.add(wid)
         return web.json_response({"status": "accepted"}, status=202)
 
 
@@ -177,38 +174,6 @@ async def test_a_worker_settling_out_is_not_asked_to_leave_again(
     for _ in range(3):
         await smg.converge()
     assert api.deletes == ["http://10.0.0.1:8000"]
-
-
-@pytest.mark.parametrize("in_flight", [0, 1])
-async def test_a_worker_wanted_back_while_it_drains_is_dropped_and_added_anew(
-    fake: tuple[FakeSmg, Smg], monkeypatch: pytest.MonkeyPatch, in_flight: int
-) -> None:
-    """A replica asleep and woken within SMG's 5-s drain: SMG takes no worker under
-    its URL until the old one is gone, so its model had no route meanwhile. A second
-    DELETE drops it at once and it is added anew; not while SMG still has requests in
-    flight there (they end first, as the drain is for)."""
-    monkeypatch.setattr(smg_module, "LEAVE_AGAIN_S", 30.0)
-    api, smg = fake
-    url = "http://10.0.0.1:8000"
-
-    async def load() -> WorkerLoad:
-        return WorkerLoad({url: in_flight}, {})
-
-    monkeypatch.setattr(smg, "load", load)
-    smg.write_workers({url: "key-a"})
-    await smg.converge()
-    api.settle = True
-    smg.write_workers({})
-    await smg.converge()
-    assert [w["url"] for w in api.workers.values()] == [url], "draining, still listed"
-    smg.write_workers({url: "key-a"})
-    await smg.converge()
-    await smg.converge()
-    if in_flight:
-        assert api.deletes == [url] and len(api.posts) == 1, "its drain runs its course"
-        return
-    assert api.deletes == [url, url] and [p["url"] for p in api.posts] == [url, url]
-    assert [w["url"] for w in api.workers.values()] == [url]
 
 
 async def test_a_worker_smg_refuses_holds_up_no_other(fake: tuple[FakeSmg, Smg]) -> None:
