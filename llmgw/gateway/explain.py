@@ -71,6 +71,8 @@ class Explainer:
         # slug -> (model, why it is unserved; None: served again, SMG not told yet)
         self.reasons: dict[str, tuple[str, Unserved | None]] = {}
         self.port = 0
+        self._urls: dict[str, str] = {}  # model or adapter -> its worker URL now (url_for)
+        self._spells = 0  # URLs given so far: each new one is told apart by it
         self.wake_timeout_s = wake_timeout_s
         self.held: Counter[str] = Counter()  # model -> requests held now (waiting)
         self._held_since: dict[str, float] = {}  # model -> since when some are (monotonic)
@@ -99,7 +101,17 @@ class Explainer:
         return out
 
     def url_for(self, model: str) -> str:
-        return f"http://127.0.0.1:{self.port}/u/{slug(model)}"
+        """The worker URL that answers for `model` while it is unserved (or an
+        adapter). Each spell unserved gets a URL of its own (`/u/SLUG/GEN`): SMG keeps
+        a removed worker's URL about 5 s while it drains and takes no new worker under
+        it meanwhile, so a model asleep again within seconds of waking had no worker
+        to route to, and its requests waited in the front, unseen (not held, so
+        nothing woke it)."""
+        url = self._urls.get(model)
+        if url is None:
+            self._spells += 1
+            url = self._urls[model] = f"http://127.0.0.1:{self.port}/u/{slug(model)}/{self._spells}"
+        return url
 
     def set_unserved(self, unserved: Mapping[str, Unserved]) -> dict[str, str]:
         """Take the controller's word on unserved models; the workers to register
@@ -109,6 +121,8 @@ class Explainer:
         for s, (m, _) in self.reasons.items():
             if m not in unserved:
                 self.reasons[s] = (m, None)
+        for m in [m for m in self._urls if m not in unserved and m not in self.adapters]:
+            del self._urls[m]  # its next spell unserved gets a new URL
         self.reasons.update({slug(m): (m, why) for m, why in unserved.items()})
         self._tell()
         return {self.url_for(m): m for m in unserved}
@@ -146,9 +160,10 @@ class Explainer:
 
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_body)
-        app.router.add_get("/u/{slug}/health", self._health)
-        app.router.add_get("/u/{slug}/v1/models", self._models)
-        app.router.add_post("/u/{slug}/{tail:.*}", self._unavailable)
+        # `{spell}`: which of the model's URLs (`url_for`); any of them answers for it.
+        app.router.add_get("/u/{slug}/{spell}/health", self._health)
+        app.router.add_get("/u/{slug}/{spell}/v1/models", self._models)
+        app.router.add_post("/u/{slug}/{spell}/{tail:.*}", self._unavailable)
         # A held request whose client left is dropped at once, never counted or sent:
         # the client closing its connection closes the front's and then SMG's to here
         # (each cancels its handler), and this handler is cancelled with it.

@@ -64,6 +64,30 @@ async def test_the_503_says_what_holds_the_model(
         await e.stop()
 
 
+async def test_a_model_unserved_again_gets_a_worker_url_of_its_own() -> None:
+    """SMG keeps a removed worker's URL about 5 s while it drains and takes no new
+    worker under it meanwhile: a model asleep again within seconds of waking would have
+    had no worker, its requests waiting in the front where nothing counts them (so
+    nothing woke it; bench_density's slowest requests). Each spell unserved has its
+    own URL; one the model keeps while unserved; the old one still answers for it."""
+    e = Explainer()
+    await e.start()
+    try:
+        asleep = Unserved(kind=UnservedKind.NOT_READY, message="1 replica waking")
+        (first,) = e.set_unserved({"m": asleep})
+        assert e.set_unserved({"m": asleep, "n": asleep}).keys() >= {first}, "kept"
+        e.set_unserved({"n": asleep})  # m served
+        (again,) = e.set_unserved({"m": asleep}).keys() - {e.url_for("n")}
+        assert again != first and e.owns(again) and e.owns(first)
+        async with httpx.AsyncClient() as http:
+            for url in (first, again):
+                r = await http.post(f"{url}/v1/chat/completions", json={"model": "m"})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
+                assert (await http.get(f"{url}/v1/models")).json()["data"][0]["id"] == "m"
+    finally:
+        await e.stop()
+
+
 async def test_the_kind_decides_not_the_words() -> None:
     """A model whose message happens to read like another kind's is answered by its
     kind: "asleep: ..." as the words of a model that cannot be placed is no wake."""
