@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
+import itertools
 import json
 import random
 import shutil
@@ -221,10 +223,13 @@ class Fleet:
     def woke_beside(self, name: str, sent: float, until: float) -> bool:
         """Whether another model's replica was polled awake on `name`'s cards between
         `sent` and `until` (monotonic): its wake then waited for that one."""
-        cards = self.watch.cards.get(name, ())
+        cards, history = self.watch.cards.get(name, ()), self.watch.history
+        first = bisect.bisect_left(history, sent, key=lambda h: h[0])  # polled in order
         return any(
-            sent <= t <= until and any(on.get(g, set()) - {name} for g in cards)
-            for t, on in self.watch.history
+            any(on.get(g, set()) - {name} for g in cards)
+            for t, on in itertools.takewhile(
+                lambda h: h[0] <= until, itertools.islice(history, first, None)
+            )
         )
 
     def close(self) -> None:

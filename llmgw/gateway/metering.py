@@ -157,14 +157,13 @@ class StreamTap:
     def _event(self, event: bytes) -> bytes | None:
         # vLLM's shape, compact with `usage` last and flat: `…,"usage":{…}}`.
         key = event.rfind(_FLAT)
-        if key >= 0 and event.endswith(b"}}") and event.find(b"{", key + len(_FLAT)) < 0:
+        flat = key >= 0 and event.endswith(b"}}") and event.find(b"{", key + len(_FLAT)) < 0
+        if flat:
             start, end = key + len(_FLAT) - 1, len(event) - 1
-            cut = event[:key] + b"}"
         else:
             key, start, end = _usage_span(event)
             if key < 0:
                 return event
-            cut = b""
         choices = event.find(b'"choices":')
         final = choices >= 0 and event[choices + 10 : choices + 13].lstrip()[:2] == b"[]"
         if start >= 0:
@@ -177,7 +176,7 @@ class StreamTap:
             return event
         if final:
             return None  # the usage chunk the client did not ask for
-        return cut or _without(event, key, end)
+        return event[:key] + b"}" if flat else _without(event, key, end)
 
     @property
     def tokens(self) -> tuple[int, int]:
