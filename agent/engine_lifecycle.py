@@ -175,7 +175,7 @@ class EngineLifecycle:
             # engine_args are separate argv words already: appended as they are, never split.
             sleeps = a.sleep_mode and a.engine not in self.no_sleep_mode
             command = template.command_for(a.rank, a.nnodes, sleeps=sleeps)
-            argv = [*render(command, values), *a.engine_args]
+            argv = [*render(command, values), *a.engine_args, *_memory_share(template, a)]
             template_env = render_env(template, values, sleeps=sleeps)
             if "--enable-lora" in a.engine_args:  # adapters are loaded at run time
                 template_env = {**engine_adapters.RUNTIME_ENV, **template_env}
@@ -454,6 +454,19 @@ class EngineLifecycle:
                 eng.error = exit_reason("exited while the agent was not running", log_path)
                 self.engines[key] = eng
         self.save()
+
+
+def _memory_share(template: EngineTemplate, a: ShardAssignment) -> list[str]:
+    """The engine's option for its share of each card (last: it wins over engine_args)."""
+    if a.gpu_memory_share is None:
+        return []
+    if template.memory_share_arg is None:
+        raise TemplateError(
+            f"the model asks for gpu_memory_share {a.gpu_memory_share:g}, and template "
+            f"{a.engine!r} has no memory_share_arg to give it to the engine: set one "
+            "(vLLM: --gpu-memory-utilization), or leave gpu_memory_share out"
+        )
+    return [template.memory_share_arg, f"{a.gpu_memory_share:g}"]
 
 
 def _safe_name(text: str) -> str:

@@ -7,7 +7,7 @@ ready --it cannot sleep (no sleep mode in its template, /sleep 404 or refused)--
     ready, with the reason in its reports (`sleep_error`): never tried again
 ready --/sleep answered 200 but its processes still hold the memory on a card
     (llmgw.agent.sleep_check)--> waking --> ready, reported as above (`memory_kept`)
-sleeping --assignment awake, no other engine awake on its cards--> waking
+sleeping --assignment awake, no awake engine on its cards it does not fit beside--> waking
     --POST /wake_up answered 200--> ready
 waking --the wake failed--> failed (killed)
 """
@@ -25,7 +25,7 @@ from llmgw.agent.engine_lifecycle import EngineLifecycle
 from llmgw.agent.engine_shard import Engine, Kill, KillReason
 from llmgw.agent.metrics import IdleTracker
 from llmgw.agent.sleep_check import CardMemory, held_by_group, judge, judgeable
-from llmgw.wire import ShardState, SleepFailure
+from llmgw.wire import ShardState, SleepFailure, fit_together
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +81,21 @@ class EngineSleep:
         return eng.turning is not None and not eng.turning.done()
 
     def _awake_beside(self, eng: Engine) -> bool:
-        """Another engine awake (or starting, waking, stopping) on a card of `eng`: two
-        awake engines do not fit on a shared card (issue 32). The controller wakes a
-        sleeping replica only once the others there sleep; this holds whatever it says,
-        across a controller's crash or restart, on the node that runs both."""
-        cards = set(eng.assignment.gpus)
+        """Another engine awake (or starting, waking, stopping) on a card of `eng` that
+        it does not fit beside (`wire.fit_together`: each says its share of the card and
+        they add up to at most 1; issue 32). The controller wakes a sleeping replica only
+        once there is room; this holds whatever it says, across a controller's crash or
+        restart, on the node that runs them."""
+        on_card: dict[str, list[float | None]] = {
+            card: [eng.assignment.gpu_memory_share] for card in eng.assignment.gpus
+        }
         for other in self.lifecycle.engines.values():
             if other is eng or other.state in (ShardState.SLEEPING, ShardState.FAILED):
                 continue
-            if cards.intersection(other.assignment.gpus):
-                return True
-        return False
+            for card in other.assignment.gpus:
+                if card in on_card:
+                    on_card[card].append(other.assignment.gpu_memory_share)
+        return not all(fit_together(shares) for shares in on_card.values())
 
     async def _sleep(self, eng: Engine) -> None:
         a, mode = eng.assignment, eng.template.sleep if eng.template else None

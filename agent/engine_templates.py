@@ -61,6 +61,11 @@ its `args` to the command and its `env` to the environment, and is the only call
 its endpoints: `sleep_path?level=N`, `wake_path`, and after a level-2 wake (the
 weights were dropped) `reload_path` with vLLM's `{"method": "reload_weights"}` and
 `reset_cache_path`. A template without it never sleeps: the model stops instead.
+
+`memory_share_arg` is the engine's option for the share of each card's memory it takes
+(`--gpu-memory-utilization` for vLLM and the fake engine, `--mem-fraction-static` for
+SGLang): a model whose spec sets `gpu_memory_share` gets it with that value, after its
+`engine_args`, so the engines the agent lets be awake on one card fit there together.
 """
 
 from __future__ import annotations
@@ -155,6 +160,11 @@ class EngineTemplate(BaseModel):
     # None: the /metrics gauges alone (vLLM without the option answers 0 here).
     load_path: UrlPath | None = None
     sleep: SleepMode | None = None  # None: this engine cannot sleep
+    # The engine's option for the share of a card's memory it takes, given a model's
+    # `gpu_memory_share` as its value (None: it has none, and such a model cannot start).
+    memory_share_arg: (
+        Annotated[str, StringConstraints(pattern=r"^--?[A-Za-z0-9][\w.-]*$")] | None
+    ) = None
     # Where the engine reads its replica's key (None: it cannot take one so).
     api_key_env: EnvName | None = "VLLM_API_KEY"
 
@@ -211,12 +221,14 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         quiet_probes_args=_QUIET_PROBES,
         load_path="/load",
         sleep=SleepMode(),
+        memory_share_arg="--gpu-memory-utilization",
     ),
     # SGLang takes a key only as `--api-key` (argv): it runs keyless (see api_key_env).
     "sglang": EngineTemplate(
         command=_SGLANG + " --tp-size {gpus}",
         leader_command=_SGLANG_MULTI,
         api_key_env=None,
+        memory_share_arg="--mem-fraction-static",
     ),
     "fake": EngineTemplate(
         command=_FAKE,
@@ -224,6 +236,7 @@ BUILTIN_TEMPLATES: Mapping[str, EngineTemplate] = {
         quiet_probes_args=_QUIET_PROBES,
         load_path="/load",
         sleep=SleepMode(),
+        memory_share_arg="--gpu-memory-utilization",
     ),
 }
 

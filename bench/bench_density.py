@@ -28,12 +28,17 @@ Then the sleep fleet's figures as ratios of the stop fleet's, measured in this r
 
     .venv/bin/python bench/bench_density.py [--cards 8] [--per-card 3] [--minutes 10]
         [--rate 1] [--load-seconds 30] [--wake-seconds 1] [--idle 10] [--zipf 1.0]
-        [--priority-top N] [--placement together|by-popularity] [--sleep-only]
+        [--priority-top N] [--placement together|by-popularity] [--sleep-only] [--share F]
 
 `--placement by-popularity` warms up the most popular `--cards` models first, then the
 next, each round once the last has gone asleep: the most popular models each have a card
 of their own (what a placement that knew popularity would do), where `together` (every
 model at once) leaves it to chance.
+
+`--share F` gives every model `gpu_memory_share: F`: a sleeping model wakes beside the
+awake ones on its card while the shares add up to at most 1 (0.45: two awake a card), and
+a switch puts to sleep only as many as make room. A request "beside" another awake model
+then need not wait for it.
 
 `--priority-top N` gives the N most popular models priority 1 in both fleets (the
 rest 0), and prints the asleep-model TTFT of each group: at a switch, an awake model
@@ -117,6 +122,7 @@ def fleet_specs(
     wake_s: float,
     idle: float,
     urgent: frozenset[str] = frozenset(),
+    share: float | None = None,
 ) -> list[dict[str, Any]]:
     out = []
     for name in names:
@@ -127,6 +133,8 @@ def fleet_specs(
         spec = {**spec, "engine_args": args, "max_replicas": 1}
         if name in urgent:
             spec["priority"] = 1
+        if share is not None:
+            spec["gpu_memory_share"] = share
         if mode == "sleep":
             spec |= {"sleep_after_s": idle, "sleep_level": 1}
         else:
@@ -451,7 +459,13 @@ def run(args: argparse.Namespace, per_card: int) -> None:
             for f in fleets:
                 f.start(
                     fleet_specs(
-                        names, f.mode, args.load_seconds, args.wake_seconds, args.idle, urgent
+                        names,
+                        f.mode,
+                        args.load_seconds,
+                        args.wake_seconds,
+                        args.idle,
+                        urgent,
+                        args.share,
                     )
                 )
             # --placement together: every model asked at once, so the cards each lands on
@@ -545,6 +559,12 @@ def main() -> int:
         choices=["together", "by-popularity"],
         default="together",
         help="the warm-up: every model at once, or the most popular first, a card each",
+    )
+    p.add_argument(
+        "--share",
+        type=float,
+        help="every model's gpu_memory_share: models whose shares add up to at most 1 are "
+        "awake on a card at once (0.45: two), where without it a card holds one awake",
     )
     p.add_argument(
         "--sleep-only",

@@ -74,6 +74,7 @@ from llmgw.wire.agent import (
     ReportReply,
     ShardAssignment,
     StorageLocation,
+    fit_together,
     reply_version,
 )
 from llmgw.wire.gateway import (
@@ -290,6 +291,7 @@ __all__ = [
     "Uuid",
     "WakingModel",
     "WhoAmI",
+    "fit_together",
     "host_problem",
     "may_hold_control",
     "node_name",

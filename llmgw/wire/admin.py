@@ -204,6 +204,13 @@ class ModelSpec(Inbound):
     stop_asleep_after_s: Annotated[float, Strict()] | None = Field(
         default=None, ge=0, le=MAX_FORCE_AFTER_S, allow_inf_nan=False
     )
+    # The share of each of its cards' memory one engine takes awake (vLLM's
+    # --gpu-memory-utilization, SGLang's --mem-fraction-static: the template passes it).
+    # Replicas of models that say theirs are awake on one card at once while the shares
+    # add up to at most 1; None: an awake engine has its cards to itself.
+    gpu_memory_share: Annotated[float, Strict()] | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False
+    )
 
     @property
     def sleeps(self) -> bool:

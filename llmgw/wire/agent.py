@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -198,6 +199,9 @@ class ShardAssignment(Outbound):
     port: int | None = None  # rendezvous port for multi-node engines
     sleep_mode: bool = False  # start the engine able to sleep (its spec asks for sleep)
     sleep_level: int | None = None  # asleep at this level (1, 2); None: awake
+    # Its spec's `gpu_memory_share`: the template tells the engine, and the agent wakes it
+    # beside other awake engines only while their shares add up to at most 1.
+    gpu_memory_share: float | None = None
     # LoRA adapters the engine should hold: name -> source (found in the agent's storage)
     adapters: dict[str, str] = Field(default_factory=dict)
     # The spec says `auto`: the agent picks the level from its host memory and the
@@ -213,6 +217,26 @@ class ShardAssignment(Outbound):
         if self.sleep_level is None and not self.sleep_auto and not self.adapters:
             return self
         return self.model_copy(update={"sleep_level": None, "sleep_auto": False, "adapters": {}})
+
+
+# Shares are written in decimals (0.45 + 0.55): their float sum may pass 1 by a rounding.
+_SHARE_SLACK = 1e-9
+
+
+def fit_together(shares: Iterable[float | None]) -> bool:
+    """Whether engines taking these shares of a card (`gpu_memory_share`; None: the
+    whole card) may be awake on it at once: one alone always; several only when each
+    says its share and they add up to at most 1. The controller wakes by this rule and
+    the agent holds to it whatever the controller says."""
+    shares = list(shares)
+    if len(shares) < 2:
+        return True
+    total = 0.0
+    for share in shares:
+        if share is None:
+            return False
+        total += share
+    return total <= 1 + _SHARE_SLACK
 
 
 class ReportReply(Outbound):

@@ -47,6 +47,7 @@ from llmgw.wire import (
     ShardState,
     SleepFailure,
     StartKind,
+    fit_together,
 )
 
 SLEEPY = CHAT.model_copy(update={"min_replicas": 0, "max_replicas": 2, "sleep_after_s": 30.0})
@@ -253,8 +254,27 @@ def test_turning_sleep_on_is_an_engine_change_its_idle_time_is_not() -> None:
     assert sleep_level(SLEEPY.model_copy(update={"sleep_level": 1})) == 1
 
 
+def test_a_share_of_the_cards_is_an_engine_change() -> None:
+    shared = SLEEPY.model_copy(update={"gpu_memory_share": 0.45})
+    assert not same_engine(SLEEPY, shared), "the engine is told its share when it starts"
+
+
+def test_shares_fit_together_only_when_each_is_said_and_they_add_up_to_one() -> None:
+    assert fit_together([None]) and fit_together([0.45])  # one alone, whatever it says
+    assert fit_together([0.45, 0.55]) and fit_together([0.3, 0.3, 0.4])
+    assert not fit_together([0.5, 0.6])
+    assert not fit_together([0.45, None])
+
+
 def test_spec_fields_are_strict() -> None:
-    for bad in ({"sleep_level": 3}, {"sleep_after_s": -1.0}, {"stop_asleep_after_s": "5"}):
+    for bad in (
+        {"sleep_level": 3},
+        {"sleep_after_s": -1.0},
+        {"stop_asleep_after_s": "5"},
+        {"gpu_memory_share": 0},
+        {"gpu_memory_share": 1.5},
+        {"gpu_memory_share": "0.5"},
+    ):
         with pytest.raises(ValidationError):
             ModelSpec.model_validate({"name": "m", "source": "s", **bad})
     assert ModelSpec(name="m", source="s").sleeps is False
@@ -394,6 +414,72 @@ def test_still_falling_asleep_the_wake_waits() -> None:
     plan = sleep_and_wake(snap)
 
     assert plan.put == [] and plan.removed == []  # b's engine has not said it sleeps
+
+
+def shared_card(shares: dict[str, float | None], idle: dict[str, float]) -> FleetSnapshot:
+    """chat's `a` asleep with a request held, on a card where each replica named in
+    `idle` (model of its name) is awake and idle that long; `shares`: each model's
+    `gpu_memory_share`."""
+    specs = [
+        SLEEPY.model_copy(update={"gpu_memory_share": shares.get("chat")}),
+        *(
+            OTHER.model_copy(
+                update={"name": n, "source": f"org/{n}", "gpu_memory_share": shares.get(n)}
+            )
+            for n in idle
+        ),
+    ]
+    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
+    awake = [on_card(replica(n, model=n, created_at=2.0)) for n in idle]
+    shards = {"a": shard(a, ShardState.SLEEPING)}
+    shards |= {r.id: shard(r, ShardState.READY, idle[r.id]) for r in awake}
+    gate = GateView(now=NOW, grace_s=math.inf, live=(), held={"chat": 1})
+    return reported([a, *awake], shards, specs, gate=gate)
+
+
+def test_a_wake_beside_an_awake_replica_whose_share_leaves_room_switches_nothing() -> None:
+    snap = shared_card({"chat": 0.45, "b": 0.45}, {"b": 20.0})
+
+    plan = sleep_and_wake(snap)
+
+    assert [(r.id, r.state) for r in plan.put] == [("a", ReplicaState.WAKING)]
+    assert [e.reason for e in plan.events] == [EventReason.WOKE]
+
+
+def test_shares_that_do_not_add_up_switch_out_the_longest_idle_and_no_more() -> None:
+    snap = shared_card({"chat": 0.45, "b": 0.45, "c": 0.45}, {"b": 20.0, "c": 10.0})
+
+    plan = sleep_and_wake(snap)
+
+    # b (idle longest) makes way; c stays awake beside a once b sleeps.
+    assert [(r.id, r.state) for r in plan.put] == [("b", ReplicaState.SLEEPING)]
+    [event] = plan.events
+    assert event.reason is EventReason.SLEPT and "wanted by chat" in event.message
+
+
+@pytest.mark.parametrize(
+    "shares",
+    [{"chat": 0.45}, {"b": 0.45}, {"chat": 0.6, "b": 0.45}],
+    ids=["the other says none", "the waking one says none", "more than the card"],
+)
+def test_without_shares_that_fit_the_awake_one_switches_out_as_before(
+    shares: dict[str, float | None],
+) -> None:
+    snap = shared_card(shares, {"b": 20.0})
+
+    plan = sleep_and_wake(snap)
+
+    assert [(r.id, r.state) for r in plan.put] == [("b", ReplicaState.SLEEPING)]
+
+
+def test_a_replica_running_an_older_share_counts_as_taking_its_whole_card() -> None:
+    snap = shared_card({"chat": 0.45, "b": 0.45}, {"b": 20.0})
+    snap = replace(snap, outdated=frozenset({"b"}))  # started before its share was set
+
+    plan = sleep_and_wake(snap)
+
+    # Out of the card (an outdated replica stops rather than sleeps); a waits for it.
+    assert [(r.id, r.state) for r in plan.put] == [("b", ReplicaState.DRAINING)]
 
 
 def free_node(name: str = "n2") -> NodeEntry:

@@ -16,6 +16,7 @@ from llmgw.agent.engine_proc import ref_for
 from llmgw.agent.engine_settings import SupervisorSettings
 from llmgw.agent.engine_shard import Kill, KillReason
 from llmgw.agent.engine_state import EngineRecord, load_state, save_state
+from llmgw.agent.engine_templates import EngineTemplate
 from llmgw.wire import ShardAssignment, ShardState
 
 
@@ -121,6 +122,22 @@ def test_a_start_that_cannot_be_built_fails_without_a_process(
     life.converge([worker], {})  # reported, and no longer assigned: dropped
     assert set(life.engines) == {("multi", 1)}, "still assigned: kept failed for the backoff"
     assert life.kills == dict.fromkeys(life.kills, 0), "a failed start is no kill"
+
+
+def test_a_share_of_the_card_for_a_template_without_its_option_fails_the_start(
+    tmp_path: Path, lifecycles: list[EngineLifecycle]
+) -> None:
+    plain = EngineTemplate(command="plain-engine --port {port}")  # no memory_share_arg
+    settings = SupervisorSettings(state_dir=tmp_path, node="n1", templates={"plain": plain})
+    life = EngineLifecycle(settings)
+    lifecycles.append(life)
+    life.converge([assignment("r1", engine="plain", gpu_memory_share=0.45)], {})
+    (report,) = life.reports()
+    assert report.state is ShardState.FAILED and report.error == (
+        "cannot build the engine command: the model asks for gpu_memory_share 0.45, and "
+        "template 'plain' has no memory_share_arg to give it to the engine: set one (vLLM: "
+        "--gpu-memory-utilization), or leave gpu_memory_share out"
+    )
 
 
 def test_a_kill_is_counted_by_reason_and_quotes_the_log(

@@ -67,6 +67,7 @@ def add(
     gpus: tuple[str, ...] = ("GPU-a",),
     sleep_level: int | None = None,
     mode: SleepMode | None = SleepMode(),  # noqa: B008 (frozen)
+    share: float | None = None,
 ) -> Engine:
     a = ShardAssignment(
         replica_id=replica,
@@ -76,6 +77,7 @@ def add(
         gpus=list(gpus),
         sleep_mode=True,
         sleep_level=sleep_level,
+        gpu_memory_share=share,
     )
     template = EngineTemplate(command="scripted --port {port}", sleep=mode)
     eng = Engine(assignment=a, template=template, state=state, port=port)
@@ -166,3 +168,34 @@ async def test_no_wake_beside_an_awake_engine_on_a_shared_card(
     awake.state = ShardState.FAILED  # a failed engine holds nothing awake
     await turned(node, asleep)
     assert asleep.state is ShardState.READY and script.calls == ["/wake_up"]
+
+
+@pytest.mark.parametrize(
+    ("shares", "wakes"),
+    [
+        ((0.45, 0.45, 0.55), True),  # 0.45 + 0.55 on GPU-b
+        ((0.45, 0.6, 0.45), False),
+        ((0.45, None, 0.45), False),  # the awake one has the card to itself
+        ((None, 0.45, 0.45), False),
+    ],
+    ids=["shares add up", "shares over the card", "awake one has no share", "no share"],
+)
+async def test_a_wake_beside_an_awake_engine_only_while_their_shares_fit(
+    aiohttp_server: AiohttpServer,
+    node: Node,
+    shares: tuple[float | None, float | None, float | None],
+    wakes: bool,
+) -> None:
+    mine, beside, other_card = shares
+    script = Script()
+    port = await scripted_engine(aiohttp_server, script)
+    asleep = add(node, port, ShardState.SLEEPING, replica="a", gpus=("GPU-b",), share=mine)
+    add(node, port, ShardState.READY, replica="b", gpus=("GPU-b",), share=beside)
+    add(node, port, ShardState.READY, replica="c", gpus=("GPU-c",), share=other_card)
+    node.sleep.steer()
+    if wakes:
+        assert asleep.turning is not None
+        await asleep.turning
+        assert asleep.state is ShardState.READY and script.calls == ["/wake_up"]
+    else:
+        assert asleep.state is ShardState.SLEEPING and asleep.turning is None

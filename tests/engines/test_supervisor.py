@@ -74,6 +74,18 @@ async def test_starts_engine_with_env_and_argv_then_ready(
     assert rec["pid"] == pid and rec["port"] == rep.port and rec["start_ticks"] > 0
 
 
+async def test_a_share_of_the_card_is_given_to_the_engine_last(
+    make_supervisor: SupervisorFactory,
+) -> None:
+    sup = make_supervisor()
+    args = ["--load-seconds", "0.3", "--gpu-memory-utilization", "0.9"]
+    await sup.apply([assignment(engine_args=args, gpu_memory_share=0.45)], {})
+    argv = [a.decode() for a in proc_file(pid_of(sup), "cmdline").split(b"\0")[:-1]]
+    # After engine_args, so the share the controller counts is the one the engine takes.
+    assert argv[-6:] == [*args, "--gpu-memory-utilization", "0.45"]
+    await wait_for(lambda: state_of(sup) is ShardState.READY, what="ready")
+
+
 async def test_traffic_resets_idle(make_supervisor: SupervisorFactory) -> None:
     sup = make_supervisor()
     await sup.apply([assignment(engine_args=["--load-seconds", "0"])], {})

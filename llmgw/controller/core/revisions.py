@@ -41,6 +41,7 @@ ENGINE_FIELDS = (
     "shards",
     "gpu_class",
     "sleeps",
+    "gpu_memory_share",
 )
 KEPT = 10
 # The change a model declared before revisions were kept gets as its revision 1.

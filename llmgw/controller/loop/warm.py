@@ -35,7 +35,7 @@ from llmgw.controller.loop.placing import placed_words, record_from, stoppable
 from llmgw.controller.loop.plans import MakingRoom, Plan, Planner
 from llmgw.controller.state.replicas import ReplicaStatus
 from llmgw.scheduler import Placement, place
-from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure
+from llmgw.wire import EventReason, ModelSpec, ReplicaState, SleepFailure, fit_together
 
 __all__ = ["sleep_and_wake"]
 
@@ -213,7 +213,7 @@ def _yielding(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: ReplicaSta
 
 
 class _Room(enum.Enum):
-    FREE = "free"  # no awake engine on its cards: it wakes now
+    FREE = "free"  # no awake engine on its cards that it does not fit beside: it wakes now
     SWITCHING = "switching"  # awake ones there go to sleep (or stop) first
     WAITING = "waiting"  # busy ones there, and no room elsewhere: it waits for them
     NONE = "none"  # busy ones there: it stops, and a replica is placed elsewhere
@@ -221,11 +221,13 @@ class _Room(enum.Enum):
 
 def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: ReplicaStatus) -> _Room:
     """Whether a sleeping replica may wake on its cards. A card shared with a replica
-    placed there while it slept (`fleet_snapshot.free_cards`) holds one awake engine:
-    two awake would not fit. Awake ones there that serve nothing and whose model has
-    no request held switch out (sleep, or stop for a model that does not sleep, never
-    below its minimum) and it wakes once they sleep: two models alternating on one card
-    each wait one sleep and one wake. So do busy ones of a model of lower priority,
+    placed there while it slept (`fleet_snapshot.free_cards`) holds one awake engine,
+    or several whose models' `gpu_memory_share`s add up to at most 1 (`_fits_beside`):
+    it wakes now when it fits beside those awake there. Else awake ones there that
+    serve nothing and whose model has no request held switch out (sleep, or stop for a
+    model that does not sleep, never below its minimum), the longest idle first and as
+    few as leave it room, and it wakes once they sleep: two models alternating on one
+    card each wait one sleep and one wake. So do busy ones of a model of lower priority,
     once what they serve is done, and idle ones of a higher priority once idle or
     waited for `OUTRANKING_IDLE_S`. Other busy ones stay, and it makes way: stopped (it is
     out of routing and asleep), its model's requests go to a replica placed afresh,
@@ -235,37 +237,88 @@ def _room_to_wake(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, s: Replic
         others = [o for o in _sharing(snap, plan, rec) if not _asleep(snap, o)]
     else:
         others = []  # never left its cards: nothing was placed on them
-    if not others:
-        return _Room.FREE
+    if _fits_beside(snap, rec, others):
+        return _Room.FREE  # none there, or their shares of the cards leave room for it
     # On their way to sleep, or out: the wake waits for them.
     switching = [
         o for o in others if o.state is ReplicaState.SLEEPING or o.leave_reason is not None
     ]
-    switchable = [o for o in others if o not in switching and _switchable(snap, o, spec)]
-    blocked = [o for o in others if o not in switching and o not in switchable]
-    if blocked and all(_makes_way_soon(snap, o, spec) for o in blocked):
+    staying = [o for o in others if o not in switching]
+    switchable = [o for o in staying if _switchable(snap, o, spec)]
+    blocked = [o for o in staying if o not in switchable]
+    making_way = _fewest_out(snap, rec, staying, switchable)
+    if making_way is not None:
+        for other in making_way:
+            _switch_out(snap, plan, other, spec)
+        return _Room.SWITCHING
+    # Room only once busy ones (`blocked`, never empty here) serve nothing.
+    if all(_makes_way_soon(snap, o, spec) for o in blocked):
         return _Room.WAITING  # seconds: never an engine start elsewhere for that
-    if blocked:
-        busy = sorted({o.model for o in blocked})
-        placed = _placed_elsewhere(snap, plan, spec, rec)
-        if placed is None:
-            return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
-        # Placed in this plan, not left to the shortfall step: a wake decided later in
-        # this pass must not take the cards it was counted on (it then waited for
-        # nothing, and its model read unplaceable).
-        plan.remove([rec.id])
-        plan.put([placed])
-        plan.event(
-            f"replica/{rec.id}",
-            EventReason.NO_ROOM_TO_WAKE,
-            f"{spec.name}: stopped instead of woken, its cards hold {', '.join(busy)} awake "
-            f"and busy; {placed.id} is placed afresh for its requests",
-        )
-        plan.event(f"model/{spec.name}", EventReason.PLACED, placed_words([placed]))
-        return _Room.NONE
-    for other in switchable:
-        _switch_out(snap, plan, other, spec)
-    return _Room.SWITCHING
+    busy = sorted({o.model for o in blocked})
+    placed = _placed_elsewhere(snap, plan, spec, rec)
+    if placed is None:
+        return _Room.WAITING  # nowhere else: it wakes here once they serve nothing
+    # Placed in this plan, not left to the shortfall step: a wake decided later in
+    # this pass must not take the cards it was counted on (it then waited for
+    # nothing, and its model read unplaceable).
+    plan.remove([rec.id])
+    plan.put([placed])
+    plan.event(
+        f"replica/{rec.id}",
+        EventReason.NO_ROOM_TO_WAKE,
+        f"{spec.name}: stopped instead of woken, its cards hold {', '.join(busy)} awake "
+        f"and busy; {placed.id} is placed afresh for its requests",
+    )
+    plan.event(f"model/{spec.name}", EventReason.PLACED, placed_words([placed]))
+    return _Room.NONE
+
+
+def _fewest_out(
+    snap: FleetSnapshot,
+    rec: ReplicaRecord,
+    staying: list[ReplicaRecord],
+    switchable: list[ReplicaRecord],
+) -> list[ReplicaRecord] | None:
+    """The switchable replicas that make room for `rec` by going to sleep, the longest
+    idle first, as few as leave it room (None: even all of them would not). Without
+    shares of the cards (`gpu_memory_share`), every awake one there."""
+    out: list[ReplicaRecord] = []
+    by_idle = sorted(switchable, key=lambda o: (_idle_since(snap, o), o.id))
+    for other in [None, *by_idle]:
+        if other is not None:
+            out.append(other)
+        if _fits_beside(snap, rec, [o for o in staying if o not in out]):
+            return out
+    return None
+
+
+def _idle_since(snap: FleetSnapshot, rec: ReplicaRecord) -> float:
+    status = snap.statuses.get(rec.id)
+    since = status.idle_since if status is not None else None
+    return snap.now if since is None else since
+
+
+def _share(snap: FleetSnapshot, rec: ReplicaRecord) -> float | None:
+    """The share of each card `rec`'s engine takes awake: its spec's `gpu_memory_share`
+    when it runs its model's spec as it is now (its agent was told that one), else the
+    whole card (None), which is never wrong."""
+    spec = snap.models.get(rec.model)
+    return spec.gpu_memory_share if spec is not None and snap.up_to_date(rec) else None
+
+
+def _fits_beside(snap: FleetSnapshot, rec: ReplicaRecord, awake: list[ReplicaRecord]) -> bool:
+    """Whether `rec` may be awake beside `awake` on every card it shares with them
+    (`wire.fit_together`, the rule its agent holds to)."""
+    mine = _share(snap, rec)
+    for node, gpu in {(sh.node, g) for sh in rec.shards for g in sh.gpus}:
+        beside = [
+            _share(snap, o)
+            for o in awake
+            if any(sh.node == node and gpu in sh.gpus for sh in o.shards)
+        ]
+        if beside and not fit_together([mine, *beside]):
+            return False
+    return True
 
 
 def _placed_elsewhere(

@@ -67,6 +67,7 @@ def assignments_for(facts: Facts, node: str) -> list[ShardAssignment]:
                     leader_address=leader_address,
                     port=rendezvous_port(rec.id) if len(rec.shards) > 1 else None,
                     sleep_mode=spec.sleeps,
+                    gpu_memory_share=spec.gpu_memory_share,
                     # Told only once the gateways let go of it (`warm`).
                     sleep_level=sleep_level(spec) if rec.asleep_since is not None else None,
                     adapters=adapters_for(facts, rec.id) if shard.rank == 0 else {},
