@@ -257,6 +257,48 @@ def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) 
     gw.stop()
 
 
+def test_two_models_whose_shares_fit_are_awake_on_one_card_at_once(cluster: Cluster) -> None:
+    # With gpu_memory_share 0.45 each, a request for the one asleep wakes it beside the
+    # other, which stays awake and keeps serving: no switch, each engine told its share.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    shared = {name: {**warm(name), "gpu_memory_share": 0.45} for name in ("left", "right")}
+    c.apply([shared["left"]])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("left")
+    wait_until(
+        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="left asleep",
+    )
+    c.apply([{**spec, "sleep_after_s": 600} for spec in shared.values()])
+    gw.wait_serving("right")  # placed beside the sleeping left
+    assert the_replica(c, "right")["state"] == "ready"
+    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    assert ask(gw, "left").status_code == 200
+    both = {name: the_replica(c, name) for name in ("left", "right")}
+    assert {name: (r["id"], r["state"]) for name, r in both.items()} == {
+        name: (ids[name], "ready") for name in ids
+    }, "left woken beside right, right still awake"
+    assert both["left"]["shards"][0]["gpus"] == both["right"]["shards"][0]["gpus"]
+    with ThreadPoolExecutor(4) as pool:  # both serve at once
+        codes = list(pool.map(lambda n: ask(gw, n).status_code, ["left", "right"] * 4))
+    assert codes == [200] * 8
+    events = c.ctl("events")
+    assert "Woke" in events and "switch:" not in events, events
+    argv = {
+        name: " ".join(rec["argv"])
+        for rec in c.engine_records("gpu1")
+        for name in ids
+        if rec["replica_id"] == ids[name]
+    }
+    assert all("--gpu-memory-utilization 0.45" in a for a in argv.values()), argv
+    gw.stop()
+
+
 def test_an_engine_killed_while_it_wakes_loses_no_held_request(cluster: Cluster) -> None:
     # SIGKILL in the middle of a switch (here the wake, 3 s long): the replica fails,
     # a new one is placed, and the requests the gateway held meanwhile are answered.
