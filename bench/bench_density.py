@@ -520,6 +520,7 @@ def run(args: argparse.Namespace, per_card: int) -> None:
                     + ", ".join(f"{a}<->{b} {n}" for (a, b), n in both.most_common(8))
                 )
             if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
                 for f in fleets:
                     (args.keep / f"events-{f.mode}-{per_card}.txt").write_text(
                         f.c.ctl("events", "-o", "wide")

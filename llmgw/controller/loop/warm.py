@@ -283,13 +283,11 @@ def _fewest_out(
     idle first, as few as leave it room (None: even all of them would not). Without
     shares of the cards (`gpu_memory_share`), every awake one there."""
     out: list[ReplicaRecord] = []
-    by_idle = sorted(switchable, key=lambda o: (_idle_since(snap, o), o.id))
-    for other in [None, *by_idle]:
-        if other is not None:
-            out.append(other)
+    for other in sorted(switchable, key=lambda o: (_idle_since(snap, o), o.id)):
         if _fits_beside(snap, rec, [o for o in staying if o not in out]):
             return out
-    return None
+        out.append(other)
+    return out if _fits_beside(snap, rec, [o for o in staying if o not in out]) else None
 
 
 def _idle_since(snap: FleetSnapshot, rec: ReplicaRecord) -> float:
