@@ -8,10 +8,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fleet_factories import FakeClock, make_fleet
+from fleet_factories import report as fleet_report
 from pydantic import ValidationError
 from test_steps import CHAT, replica, snapshot
 
@@ -851,3 +854,26 @@ def test_a_placement_where_the_weights_are_is_a_warm_start() -> None:
     assert isinstance(cold, Placement) and not cold.weights_local
     assert record_from(warm, 1.0, 1).start is StartKind.WARM
     assert record_from(cold, 1.0, 1).start is StartKind.COLD
+
+
+def test_a_woken_replica_is_not_idle_since_a_request_it_served_before_its_sleep(
+    tmp_path: Path,
+) -> None:
+    # The gateways' last request for it came before its sleep; read as its idleness once
+    # it woke, it put the replica back to sleep as the held requests were sent on to it
+    # (bench_density: "asleep, idle for 53s" a moment after the wake).
+    clock = FakeClock()
+    term = make_fleet(tmp_path, clock)
+    term.ingest_json(fleet_report("gpu1", n_gpus=1))
+    facts = term.facts
+    facts.put_models([SLEEPY])
+    rec = on_card(replica("a"), "GPU-gpu1-0")
+    facts.put_replicas([rec])
+    facts.note_requests(["a"], clock())
+    clock.t += 53
+    facts.put_replicas([replace(rec, state=ReplicaState.SLEEPING, asleep_since=clock.t)])
+    facts.put_replicas([replace(rec, state=ReplicaState.WAKING)])
+    facts.put_replicas([rec])  # ready: its engine's count of idleness starts afresh
+    assert term.replica_statuses()["a"].idle_since is None
+    facts.note_requests(["a"], clock())  # what a gateway sends it from now on counts
+    assert term.replica_statuses()["a"].idle_since == clock.t

@@ -471,6 +471,11 @@ class Facts:
                 self._ready_since.setdefault(rec.id, self.clock())
             else:
                 self._ready_since.pop(rec.id, None)
+            if rec.state is ReplicaState.WAKING:
+                # A gateway's last request for it came before its sleep: read as its
+                # idleness once awake, it put a replica woken for held requests back to
+                # sleep as they were sent on (its agent counts afresh from the wake).
+                self._gateway_activity.pop(rec.id, None)
             self.log.append(ChangeKind.REPLICA, rec.id)
         self._replicas_moved(touched)
 
