@@ -92,7 +92,6 @@ class FakeConfig:
     sleep_s: float = 0.2  # a sleep takes this long
     wake_s: float = 0.5  # a wake takes this long
     gpu_memory_mib: int = 16384  # held on each card awake
-    gpu_memory_utilization: float = 0.9  # vLLM's option, taken and checked; it holds the above
     sleep_keeps_memory: bool = False  # fault: a sleep answers 200 and frees nothing
     memory_dir: Path | None = None  # where it says what it holds (llmgw.agent.fake_process_memory)
     gpus: tuple[str, ...] = ()  # its cards (CUDA_VISIBLE_DEVICES)
@@ -941,8 +940,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--gpu-memory-utilization",
         type=_share,
         default=0.9,
-        help="the share of each card's memory it may take, above 0 and at most 1, as vLLM's "
-        "option (what it holds is --gpu-memory-mib)",
+        help="taken and checked as vLLM's option (a share of each card, above 0, at most 1); "
+        "what it holds is --gpu-memory-mib",
     )
     p.add_argument(
         "--sleep-keeps-memory",
@@ -999,7 +998,6 @@ async def _run(args: argparse.Namespace) -> int:
         sleep_s=args.sleep_seconds,
         wake_s=args.wake_seconds,
         gpu_memory_mib=args.gpu_memory_mib,
-        gpu_memory_utilization=args.gpu_memory_utilization,
         sleep_keeps_memory=args.sleep_keeps_memory,
         memory_dir=Path(d) if (d := os.environ.get(fake_process_memory.ENV_DIR)) else None,
         gpus=tuple(g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
