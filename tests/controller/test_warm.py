@@ -449,6 +449,39 @@ def test_a_wake_beside_an_awake_replica_whose_share_leaves_room_switches_nothing
     assert [e.reason for e in plan.events] == [EventReason.WOKE]
 
 
+def test_of_two_waiting_for_one_place_beside_an_awake_one_the_longest_held_wakes() -> None:
+    # c is awake (idle) on the card; chat's a and zzz's z sleep there, both asked for,
+    # zzz's request held longer. Room for one beside c: zzz's, then c makes way for chat.
+    chat = SLEEPY.model_copy(update={"gpu_memory_share": 0.45})
+    zzz, other = (
+        OTHER.model_copy(update={"name": n, "source": f"org/{n}", "gpu_memory_share": 0.45})
+        for n in ("zzz", "other")
+    )
+    a = on_card(replica("a", ReplicaState.SLEEPING, asleep_since=900.0))
+    z = on_card(replica("z", ReplicaState.SLEEPING, model="zzz", asleep_since=900.0))
+    c = on_card(replica("c", model="other", created_at=2.0))
+    shards = {
+        "a": shard(a, ShardState.SLEEPING),
+        "z": shard(z, ShardState.SLEEPING),
+        "c": shard(c, ShardState.READY, 20.0),
+    }
+    gate = GateView(
+        now=NOW,
+        grace_s=math.inf,
+        live=(),
+        held={"chat": 1, "zzz": 1},
+        held_age={"chat": 0.5, "zzz": 1.5},
+    )
+    snap = reported([a, z, c], shards, [chat, zzz, other], gate=gate)
+
+    plan = sleep_and_wake(snap)
+
+    assert sorted((r.id, r.state) for r in plan.put) == [
+        ("c", ReplicaState.SLEEPING),
+        ("z", ReplicaState.WAKING),
+    ]
+
+
 def test_shares_that_do_not_add_up_switch_out_the_longest_idle_and_no_more() -> None:
     snap = shared_card({"chat": 0.45, "b": 0.45, "c": 0.45}, {"b": 20.0, "c": 10.0})
 

@@ -52,7 +52,9 @@ def sleep_and_wake(snap: FleetSnapshot) -> Plan:
     """Per model: replicas that could not sleep stop; sleeping ones wake for the
     requests held or in flight that the awake ones cannot take; idle ones sleep."""
     plan = Planner(snap.records)
-    for name, spec in sorted(snap.models.items()):
+    # The longest held first: two models asleep on one card take the room a sleep makes
+    # there in the order their requests came, not by name.
+    for name, spec in sorted(snap.models.items(), key=lambda kv: (-snap.held_age(kv[0]), kv[0])):
         mine = snap.replicas_of(name)
         _could_not_sleep(snap, plan, mine)
         if not _wake(snap, plan, spec, mine):
