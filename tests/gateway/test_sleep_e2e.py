@@ -10,6 +10,7 @@ agent started it able to sleep, are not reachable through the gateway."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -254,6 +255,61 @@ def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) 
             client.join(timeout=60)
     assert set(left_codes) == {200}, left_codes
     assert "priority 1 over 0" in c.ctl("events")
+    gw.stop()
+
+
+def most_awake_at_once(agent_log: str) -> int:
+    """From an agent's log: the most engines awake at one moment, each from its start or
+    its wake to its sleep or stop (every engine here is on the node's one card)."""
+    awake: set[str] = set()
+    most = 0
+    for line in agent_log.splitlines():
+        if m := re.search(r"started (\S+)/0 |engine (\S+)/0 waking", line):
+            awake.add(m[1] or m[2])
+            most = max(most, len(awake))
+        elif m := re.search(r"engine (\S+)/0 asleep at level|stopped (\S+)/0:", line):
+            awake.discard(m[1] or m[2])
+    return most
+
+
+def test_a_controller_killed_mid_switch_never_has_two_engines_awake_on_a_card(
+    cluster: Cluster,
+) -> None:
+    # One card, two models that do not fit together: a request for the one asleep
+    # starts a switch, and the controller is SIGKILLed the moment the other is decided
+    # to sleep, then started again. Read from the agent's own log, no two engines were
+    # ever awake at once; the held request is answered by the same replica, woken.
+    c = cluster
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply([warm("left")])
+    gw = Gateway(c)
+    gw.start()
+    gw.wait_serving("left")
+    wait_until(
+        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
+        timeout=60,
+        what="left asleep",
+    )
+    c.apply([{**warm(name), "sleep_after_s": 600} for name in ("left", "right")])
+    gw.wait_serving("right")
+    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask, gw, "left")
+        wait_until(
+            lambda: the_replica(c, "right")["state"] == "sleeping",
+            timeout=30,
+            what="right switched out",
+            every=0.02,
+        )
+        assert c.kill_controller() == -signal.SIGKILL
+        c.start_controller(*CONTROLLER_ARGS)
+        r = answer.result(timeout=90)
+    assert r.status_code == 200, r.text
+    assert the_replica(c, "left")["id"] == ids["left"], "woken, not placed afresh"
+    assert ask(gw, "right").status_code == 200  # and a switch back, by the new controller
+    assert most_awake_at_once(c.agent_log("gpu1")) == 1, c.agent_log("gpu1")
     gw.stop()
 
 
