@@ -187,15 +187,14 @@ def test_a_sleep_that_keeps_the_memory_is_found_out_and_the_engine_woken(
     gw.stop()
 
 
-def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) -> None:
-    # One card, two models: the second is placed beside the first once it sleeps (the
-    # card's measured memory leaves room), and each request of the one asleep puts
-    # the other to sleep and wakes it, on the same card, with no request failed.
-    c = cluster
+def left_and_right_on_one_card(c: Cluster, **spec: Any) -> tuple[Gateway, dict[str, str]]:
+    """One card: `left` placed, then asleep, then `right` placed beside it and serving;
+    from then on neither sleeps by itself (only a switch puts one to sleep). `spec`:
+    fields both models' specs get. Returns the started gateway and each model's replica id."""
     c.start_controller(*CONTROLLER_ARGS)
     c.start_agent("gpu1", gpus="1xH100-80GB")
     wait_cluster_ready(c, ["gpu1"])
-    c.apply([warm("left")])
+    c.apply([{**warm("left"), **spec}])
     gw = Gateway(c)
     gw.start()
     gw.wait_serving("left")
@@ -204,10 +203,17 @@ def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) 
         timeout=60,
         what="left asleep",
     )
-    # From now on neither sleeps by itself: only a switch puts one to sleep.
-    c.apply([{**warm(name), "sleep_after_s": 600} for name in ("left", "right")])
-    gw.wait_serving("right")
-    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    c.apply([{**warm(name), **spec, "sleep_after_s": 600} for name in ("left", "right")])
+    gw.wait_serving("right")  # placed beside the sleeping left
+    return gw, {name: the_replica(c, name)["id"] for name in ("left", "right")}
+
+
+def test_two_models_switch_on_one_card_under_alternating_load(cluster: Cluster) -> None:
+    # One card, two models: the second is placed beside the first once it sleeps (the
+    # card's measured memory leaves room), and each request of the one asleep puts
+    # the other to sleep and wakes it, on the same card, with no request failed.
+    c = cluster
+    gw, ids = left_and_right_on_one_card(c)
     assert (
         the_replica(c, "left")["shards"][0]["gpus"] == the_replica(c, "right")["shards"][0]["gpus"]
     )
@@ -280,21 +286,7 @@ def test_a_controller_killed_mid_switch_never_has_two_engines_awake_on_a_card(
     # to sleep, then started again. Read from the agent's own log, no two engines were
     # ever awake at once; the held request is answered by the same replica, woken.
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([warm("left")])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("left")
-    wait_until(
-        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
-        timeout=60,
-        what="left asleep",
-    )
-    c.apply([{**warm(name), "sleep_after_s": 600} for name in ("left", "right")])
-    gw.wait_serving("right")
-    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
+    gw, ids = left_and_right_on_one_card(c)
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(ask, gw, "left")
         wait_until(
@@ -317,23 +309,8 @@ def test_two_models_whose_shares_fit_are_awake_on_one_card_at_once(cluster: Clus
     # With gpu_memory_share 0.45 each, a request for the one asleep wakes it beside the
     # other, which stays awake and keeps serving: no switch, each engine told its share.
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    shared = {name: {**warm(name), "gpu_memory_share": 0.45} for name in ("left", "right")}
-    c.apply([shared["left"]])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("left")
-    wait_until(
-        lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
-        timeout=60,
-        what="left asleep",
-    )
-    c.apply([{**spec, "sleep_after_s": 600} for spec in shared.values()])
-    gw.wait_serving("right")  # placed beside the sleeping left
+    gw, ids = left_and_right_on_one_card(c, gpu_memory_share=0.45)
     assert the_replica(c, "right")["state"] == "ready"
-    ids = {name: the_replica(c, name)["id"] for name in ("left", "right")}
     assert ask(gw, "left").status_code == 200
     both = {name: the_replica(c, name) for name in ("left", "right")}
     assert {name: (r["id"], r["state"]) for name, r in both.items()} == {
