@@ -285,14 +285,17 @@ def _fewest_out(
     idle first, as few as leave it room (None: even all of them would not). Without
     shares of the cards (`gpu_memory_share`), every awake one there."""
     out: list[ReplicaRecord] = []
-    for other in sorted(switchable, key=lambda o: (_idle_since(snap, o), o.id)):
-        if _fits_beside(snap, rec, [o for o in staying if o not in out]):
-            return out
+    longest_idle = iter(sorted(switchable, key=lambda o: (_idle_since(snap, o), o.id)))
+    while not _fits_beside(snap, rec, [o for o in staying if o not in out]):
+        other = next(longest_idle, None)
+        if other is None:
+            return None
         out.append(other)
-    return out if _fits_beside(snap, rec, [o for o in staying if o not in out]) else None
+    return out
 
 
 def _idle_since(snap: FleetSnapshot, rec: ReplicaRecord) -> float:
+    """Since when `rec` serves nothing (now when unknown): the longest idle sort first."""
     status = snap.statuses.get(rec.id)
     since = status.idle_since if status is not None else None
     return snap.now if since is None else since
@@ -509,7 +512,7 @@ def _room_for(snap: FleetSnapshot, plan: Planner, spec: ModelSpec, claimed: set[
         return f"waits for room: {going[0].model} ({going[0].id}) goes to sleep"
     idle = sorted(
         (r for r in shaped if _may_sleep_for(snap, plan, r, spec)),
-        key=lambda r: (snap.statuses[r.id].idle_since or snap.now, r.id),
+        key=lambda r: (_idle_since(snap, r), r.id),
     )
     if not idle:
         return None
