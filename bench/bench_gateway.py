@@ -285,7 +285,7 @@ async def serve_front(upstream: str, port: int) -> None:
     keyring = Keyring()
     keyring.set_controller_keys(ClientKeyEntry.model_validate(e) for e in given["keys"])
     options = {"declared": set(given["declared"])} if given.get("declared") else {}
-    front = Front(keyring, upstream, given["upstream_key"], **options)  # type: ignore[arg-type]
+    front = Front(keyring, lambda: upstream, given["upstream_key"], **options)  # type: ignore[arg-type]
     if given.get("limits"):
         from llmgw.wire import TenantLimitView
 

@@ -46,7 +46,6 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.front import MAX_BODY
-from llmgw.gateway.smg import free_loopback_port
 from llmgw.wire import Unserved, UnservedKind
 
 RETRY_AFTER_S = 5
@@ -173,8 +172,9 @@ class Explainer:
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False
         )
-        self.port = free_loopback_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        # Port 0, read back: a port picked first could be taken before the bind.
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -190,7 +190,7 @@ class Front:
     def __init__(
         self,
         keyring: Keyring,
-        upstream: str,
+        upstream: Callable[[], str],
         control_key: str | None = None,
         *,
         public: bool = False,
@@ -215,7 +215,8 @@ class Front:
         self.limiter = Limiter() if limiter is None else limiter
         # Declared LoRA adapter -> its base: `GET /v1/models` names it as `parent`, as vLLM.
         self.parents = parents or dict
-        self.upstream = upstream.rstrip("/")
+        # SMG's base URL now: it moves when a start finds its port taken (smg.py).
+        self.upstream = upstream
         # SMG's control-plane key (None: none passes): the one key that reaches SMG.
         self._control_auth = None if control_key is None else f"Bearer {control_key}"
         self._upstream_auth: str | None = None  # what a client's request carries to SMG
@@ -403,7 +404,7 @@ class Front:
         assert self._http is not None
         headers = {"Authorization": upstream_auth} if upstream_auth else {}
         try:
-            async with self._http.get(f"{self.upstream}/v1/models", headers=headers) as up:
+            async with self._http.get(f"{self.upstream()}/v1/models", headers=headers) as up:
                 if up.status != 200:
                     return web.Response(
                         status=up.status, body=await up.read(), content_type=up.content_type
@@ -445,7 +446,7 @@ class Front:
             if isinstance(read, web.Response):
                 return read
             body = read
-        url = f"{self.upstream}{request.rel_url}"
+        url = f"{self.upstream()}{request.rel_url}"
         answer: web.StreamResponse | None = None
         began = time.monotonic()
         deadline = began + UPSTREAM_RETRY_S

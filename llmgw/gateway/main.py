@@ -254,7 +254,7 @@ def main(argv: list[str]) -> int:
         )
         front = Front(
             keyring,
-            smg.base,
+            lambda: smg.base,
             smg.admin_key,
             public=public,
             body_timeout_s=args.request_timeout,

@@ -120,6 +120,7 @@ class Smg:
         self.options = options
         self.secrets = options.workdir / "smg-secrets.json"
         self.admin_key = secrets.token_urlsafe(24)
+        self.port = options.port
         self.metrics_port = free_loopback_port()
         self.proc: asyncio.subprocess.Process | None = None
         self.started = asyncio.Event()  # set while a child answers
@@ -139,7 +140,7 @@ class Smg:
         host = self.options.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.options.port}"
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     def argv(self) -> list[str]:
         o = self.options
@@ -150,7 +151,7 @@ class Smg:
             "--host",
             o.host,
             "--port",
-            str(o.port),
+            str(self.port),
             "--policy",
             o.policy,
             "--prometheus-host",
@@ -299,15 +300,23 @@ class Smg:
                 finally:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(copier, 2)
+                answered = self.started.is_set()
                 self.started.clear()
                 self._asked.clear()  # a new SMG starts with no workers
                 self._leaving.clear()
                 if time.monotonic() - t0 > 30:
                     backoff = BACKOFF_START_S  # it ran well: a new outage
+                moved = ""
+                if not answered:
+                    # Never up: most likely another process took a port between our
+                    # pick and SMG's bind (CI saw one held for good). Fresh ones each try.
+                    self.port, self.metrics_port = free_loopback_port(), free_loopback_port()
+                    moved = f" on port {self.port}"
                 log.warning(
-                    "SMG exited with code %s (log: %s); restarting in %.1fs",
+                    "SMG exited with code %s (log: %s); restarting%s in %.1fs",
                     code,
                     log_path,
+                    moved,
                     backoff,
                 )
                 await asyncio.sleep(backoff)

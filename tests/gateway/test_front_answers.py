@@ -78,7 +78,7 @@ async def smg() -> AsyncIterator[TestServer]:
 
 
 async def start(upstream: str, **options: object) -> tuple[Front, str]:
-    front = Front(Keyring([ApiKey("t", KEY)]), upstream, "up-key", **options)  # type: ignore[arg-type]
+    front = Front(Keyring([ApiKey("t", KEY)]), lambda: upstream, "up-key", **options)  # type: ignore[arg-type]
     port = unused_port()
     await front.start("127.0.0.1", port)
     return front, f"http://127.0.0.1:{port}"

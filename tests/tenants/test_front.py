@@ -53,7 +53,7 @@ async def smg() -> AsyncIterator[TestServer]:
 
 
 async def start(smg: TestServer, keyring: Keyring, *, public: bool = False) -> tuple[Front, str]:
-    front = Front(keyring, str(smg.make_url("")), CONTROL_KEY, public=public)
+    front = Front(keyring, lambda: str(smg.make_url("")).rstrip("/"), CONTROL_KEY, public=public)
     port = aiohttp.test_utils.unused_port()
     await front.start("127.0.0.1", port)
     return front, f"http://127.0.0.1:{port}"
@@ -185,7 +185,7 @@ async def test_a_cookie_an_answer_sets_reaches_its_client_and_no_other_request(
     """The front's client to SMG is shared by every client: a cookie kept there would
     go on with other clients' requests (aiohttp's jar takes none from an IP address,
     so SMG is named here as a host would be)."""
-    front = Front(ring(), f"http://localhost:{smg.port}", CONTROL_KEY)
+    front = Front(ring(), lambda: f"http://localhost:{smg.port}", CONTROL_KEY)
     port = aiohttp.test_utils.unused_port()
     await front.start("127.0.0.1", port)
     url = f"http://127.0.0.1:{port}"

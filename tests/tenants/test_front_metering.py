@@ -44,7 +44,7 @@ async def front(engine: TestServer) -> AsyncIterator[tuple[Front, str]]:
             ClientKeyEntry(id="b", tenant="beta", digest=digest(BETA), models=["m"]),
         ]
     )
-    front = Front(keyring, str(engine.make_url("")), "upstream", declared={"m"})
+    front = Front(keyring, lambda: str(engine.make_url("")).rstrip("/"), "upstream", declared={"m"})
     port = aiohttp.test_utils.unused_port()
     await front.start("127.0.0.1", port)
     yield front, f"http://127.0.0.1:{port}"
