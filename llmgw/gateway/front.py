@@ -51,12 +51,12 @@ import time
 from collections.abc import Callable, Container, Mapping
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from llmgw.gateway.keyring import Grant, Keyring
 from llmgw.gateway.limits import Limiter, Refusal
 from llmgw.gateway.metering import METERED, STREAMED, Meter, StreamTap, ask_usage, usage_of
+from llmgw.gateway.upstream import NotSent, Upstream, UpstreamError
 from llmgw.listen import start_site
 
 log = logging.getLogger("llmgw.gateway.front")
@@ -215,24 +215,14 @@ class Front:
         self.limiter = Limiter() if limiter is None else limiter
         # Declared LoRA adapter -> its base: `GET /v1/models` names it as `parent`, as vLLM.
         self.parents = parents or dict
-        # SMG's base URL now: it moves when a start finds its port taken (smg.py).
-        self.upstream = upstream
         # SMG's control-plane key (None: none passes): the one key that reaches SMG.
         self._control_auth = None if control_key is None else f"Bearer {control_key}"
         self._upstream_auth: str | None = None  # what a client's request carries to SMG
-        self._http: aiohttp.ClientSession | None = None
+        # SMG, at its base URL now: it moves when a start finds its port taken (smg.py).
+        self._upstream = Upstream(upstream)
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> None:
-        # No total timeout: SMG ends a request at --request-timeout. No cookie jar: a
-        # cookie one client's answer set would go on every other client's requests.
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        )
         # lingering_time: how long aiohttp goes on reading a body left unread (a slow
         # one refused with a 408) before that answer goes out; its default is 10 s.
         app = web.Application(
@@ -249,8 +239,7 @@ class Front:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._http is not None:
-            await self._http.close()
+        await self._upstream.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
@@ -401,16 +390,15 @@ class Front:
     ) -> web.Response:
         """SMG's model list, less what the key does not allow (`grant` None: all), each
         adapter with its `parent`."""
-        assert self._http is not None
-        headers = {"Authorization": upstream_auth} if upstream_auth else {}
+        headers = [("Authorization", upstream_auth)] if upstream_auth else []
         try:
-            async with self._http.get(f"{self.upstream()}/v1/models", headers=headers) as up:
+            async with await self._upstream.request("GET", "/v1/models", headers, None) as up:
                 if up.status != 200:
                     return web.Response(
                         status=up.status, body=await up.read(), content_type=up.content_type
                     )
-                listed: dict[str, Any] = await up.json()
-        except aiohttp.ClientConnectionError:  # SMG (re)starting
+                listed: dict[str, Any] = json.loads(await up.read())
+        except UpstreamError:  # SMG (re)starting
             return openai_error(
                 503,
                 "service_unavailable",
@@ -437,26 +425,24 @@ class Front:
     ) -> web.StreamResponse:
         """`request` to SMG with `authorization` in place of the client's; SMG's
         answer streamed back as it comes (through `metered`'s tap, when it has one)."""
-        assert self._http is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         if authorization:
-            headers["Authorization"] = authorization
+            headers.append(("Authorization", authorization))
         if body is None and request.body_exists:
             read = await self._body(request)
             if isinstance(read, web.Response):
                 return read
             body = read
-        url = f"{self.upstream()}{request.rel_url}"
         answer: web.StreamResponse | None = None
         began = time.monotonic()
         deadline = began + UPSTREAM_RETRY_S
         try:
             while True:
                 try:
-                    up = await self._http.request(
-                        request.method, url, headers=headers, data=body, allow_redirects=False
+                    up = await self._upstream.request(
+                        request.method, request.raw_path, headers, body
                     )
-                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                except NotSent:
                     # No answer began: SMG is not listening (restarting), or a kept-alive
                     # connection to the SMG that died was reused and found closed (a
                     # request on each pooled connection would fail so otherwise). Sent
@@ -497,14 +483,14 @@ class Front:
                     answer.content_length = up.content_length
                 await answer.prepare(request)
                 if metered is None:
-                    async for chunk in up.content.iter_any():
+                    async for chunk in up.chunks():
                         await answer.write(chunk)
                 elif tap is None:  # a whole answer: its usage is read at its end
-                    async for chunk in up.content.iter_any():
+                    async for chunk in up.chunks():
                         metered.body.append(chunk)
                         await answer.write(chunk)
                 else:
-                    async for chunk in up.content.iter_any():
+                    async for chunk in up.chunks():
                         sent = tap.feed(chunk)
                         if sent:
                             await answer.write(sent)
@@ -513,7 +499,7 @@ class Front:
                         await answer.write(rest)
                 await answer.write_eof()
                 return answer
-        except aiohttp.ClientError as exc:
+        except (UpstreamError, ConnectionResetError) as exc:
             if answer is not None and answer.prepared:
                 if metered is not None:  # the client gone (a write failed), or SMG's cut
                     transport = request.transport
