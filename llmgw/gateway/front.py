@@ -374,7 +374,11 @@ class Front:
         if (request.content_length or 0) > self.max_body:
             return too_large(self.max_body)
         try:
-            return await asyncio.wait_for(request.read(), self.body_timeout_s)
+            if request.content.is_eof():  # all of it came with the head: no timer
+                return await request.read()
+            # A timer on this task: wait_for would start a task a request.
+            async with asyncio.timeout(self.body_timeout_s):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:  # chunked, and over
             return too_large(self.max_body)
         except TimeoutError:
