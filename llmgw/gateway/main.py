@@ -153,21 +153,20 @@ async def _serve(
     await front.start(host, port)
     # Said once it is true: the port is open and a SIGTERM from now on stops it cleanly.
     print(banner, flush=True)
-    try:
-        await _run(follower, smg, stop)
-    finally:
-        await front.stop()
-
-
-async def _run(follower: Follower, smg: Smg, stop: asyncio.Event) -> None:
     tasks = [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
     waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-    for t in [*tasks, waiter]:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
+    try:
+        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # A stop: the front closes its port and lets the requests in flight end (aiohttp's
+        # shutdown bound, 60 s, within systemd's 90 s), with SMG and the follower still
+        # there for them (a held request waits for its wake); then those two go.
+        await front.stop()
+        for t in [*tasks, waiter]:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
     for t in done:
         if t is not waiter and not t.cancelled() and t.exception():
             raise t.exception()  # type: ignore[misc]

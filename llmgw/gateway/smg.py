@@ -348,17 +348,16 @@ class Smg:
         return True
 
     async def stop(self) -> None:
+        """End SMG now. On a SIGTERM it keeps its port open 5 s for load balancers to
+        notice (smg 1.13: "load-balancer propagation window", not an option), which
+        was every gateway stop's 5 s; the front, its one client, has let its requests
+        end before this (gateway/main.py), so nothing is in flight to wait for."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 5)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            proc.kill()
+        await proc.wait()
 
     # -- reading SMG ------------------------------------------------------------------
 
