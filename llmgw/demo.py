@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -51,6 +51,9 @@ from llmgw.controller.core.settings import ControllerSettings
 from llmgw.controller.http.app import create_app
 from llmgw.durations import duration_arg, format_duration
 from llmgw.wire import AdapterSpec, GpuHealth, ModelSpec, ShardState
+
+if TYPE_CHECKING:
+    from llmgw.gateway.smg import Smg  # imported when the demo starts its gateway
 
 log = logging.getLogger("llmgw.demo")
 
@@ -418,7 +421,7 @@ def banner(url: str, fleet: Sequence[DemoNode], root: Path, *, headless: bool = 
     )
 
 
-def _start_gateway(controller: str, root: Path) -> tuple[str, list[asyncio.Task[None]]]:
+def _start_gateway(controller: str, root: Path) -> tuple[Smg, list[asyncio.Task[None]]]:
     """One `llmgw gateway` in process: SMG on a free loopback port, following the demo."""
     from llmgw.gateway.smg import Smg, SmgOptions, free_loopback_port
     from llmgw.gateway.sync import Follower
@@ -432,7 +435,7 @@ def _start_gateway(controller: str, root: Path) -> tuple[str, list[asyncio.Task[
     )
     smg = Smg(options)
     follower = Follower(controller, None, "demo-gateway", smg)
-    return smg.base, [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
+    return smg, [asyncio.create_task(smg.run()), asyncio.create_task(follower.run())]
 
 
 SYSTEM_PROMPTS = 4  # shared prefixes, so cache-aware routing has something to find
@@ -450,7 +453,7 @@ def routed_rate(elapsed_s: float) -> float:
     return RUSH_RATE if elapsed_s >= RUSH_AFTER_S and in_cycle < RUSH_S else ROUTED_RATE
 
 
-async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> None:
+async def routed_traffic(gateway: Callable[[], str], stop: asyncio.Event, seed: int = 0) -> None:
     """Part of the demo's traffic goes through the gateway, as real clients would:
     chat requests behind a few long shared system prompts, arriving at random at
     `routed_rate`, each on its own (so a rush has many in flight and the model
@@ -466,7 +469,7 @@ async def routed_traffic(gateway: str, stop: asyncio.Event, seed: int = 0) -> No
     async def one(http: httpx.AsyncClient, body: dict[str, object]) -> None:
         try:
             with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{gateway}/v1/chat/completions", json=body)
+                await http.post(f"{gateway()}/v1/chat/completions", json=body)
         finally:
             slots.release()
 
@@ -553,16 +556,22 @@ async def run_demo(
         ]
         tasks = [asyncio.create_task(a.loop.run(stop)) for a in agents]
         tasks.append(asyncio.create_task(say_when_late(stop)))
-        gateway_url = None
+        smg: Smg | None = None
         if not args.no_engines:
             async with AdminClient(url) as client:
                 await client.apply_models(demo_specs(), demo_adapters())
-            gateway_url, gateway_tasks = _start_gateway(url, root)
-            tasks += [*gateway_tasks, asyncio.create_task(routed_traffic(gateway_url, stop))]
+            started, gateway_tasks = _start_gateway(url, root)
+            tasks += [
+                *gateway_tasks,
+                asyncio.create_task(routed_traffic(lambda: started.base, stop)),
+            ]
+            smg = started
             if args.fail_card_after > 0:
                 tasks.append(asyncio.create_task(fail_a_card(agents, args.fail_card_after, stop)))
         await _settled(url, len(fleet), settings.reconcile_interval_s)
         about = banner(url, fleet, root, headless=args.headless)
+        # Read once settled: a start of SMG that found its port taken moved it.
+        gateway_url = None if smg is None else smg.base
         if gateway_url is not None:
             about += "\n" + gateway_banner(gateway_url)
         print(about, flush=True)

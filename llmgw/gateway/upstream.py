@@ -140,14 +140,17 @@ class Answer:
         self.reason += reason.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        # As aiohttp's parser decodes them: the client gets the bytes SMG sent.
+        self._raw_headers.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.headers = CIMultiDictProxy(CIMultiDict(self._raw_headers))
         self._headers_in = True
         if self._head_only:
-            self._complete = True  # (and the connection is not reused: see __aexit__)
+            self._complete = True  # (and its connection not used again: see release)
         self._notify()
 
     def on_body(self, body: bytes) -> None:
@@ -265,7 +268,7 @@ class Upstream:
     def __init__(self, base: Callable[[], str]) -> None:
         self._base = base
         self._at = ("", "", 0, b"")  # base URL -> host, port, Host header
-        self._idle: list[_Connection] = []  # newest last
+        self._idle: collections.deque[_Connection] = collections.deque()  # newest last
         self._closed = False
 
     def _address(self) -> tuple[str, str, int, bytes]:
@@ -322,8 +325,12 @@ class Upstream:
         if self._closed:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
-        self._idle.append(conn)
+        now = conn.idle_since = time.monotonic()
+        idle = self._idle
+        # The oldest go once stale or closed by SMG: after a burst, the pool shrinks back.
+        while idle and (idle[0].lost or now - idle[0].idle_since >= KEEPALIVE_S):
+            idle.popleft().close()
+        idle.append(conn)
 
     async def close(self) -> None:
         self._closed = True

@@ -234,3 +234,39 @@ async def test_a_request_given_up_mid_answer_closes_its_connection() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(srv.closed.wait(), 5)  # the server saw the client go
+
+
+async def test_kept_connections_go_once_idle_past_the_keepalive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream_module, "KEEPALIVE_S", 0.3)
+    ended: list[int] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = srv.connections
+        while not reader.at_eof():
+            try:
+                await srv.read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            await asyncio.sleep(0.05)  # so that three at once take three connections
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        ended.append(n)
+
+    async with Server(script) as srv, client(srv.base) as up:
+
+        async def one() -> bytes:
+            async with await up.request("GET", "/", [], None) as answer:
+                return await answer.read()
+
+        assert await asyncio.gather(one(), one(), one()) == [b"ok"] * 3
+        assert srv.connections == 3 and ended == []
+        for _ in range(8):  # 0.4 s on the newest connection: the other two go stale
+            assert await one() == b"ok"
+        assert srv.connections == 3  # one kept and used again and again
+        for _ in range(50):
+            if len(ended) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(ended) == 2, ended  # the stale two closed, not left to SMG's timeout
