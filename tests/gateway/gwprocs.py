@@ -188,6 +188,19 @@ def wait_cluster_ready(c: Cluster, names: list[str]) -> None:
     wait_until(all_ready, timeout=30, what=f"{len(names)} ready nodes", diagnose=c.logs)
 
 
+def one_card_serving(c: Cluster, specs: list[dict[str, Any]], *gateway_args: str) -> Gateway:
+    """A controller (CONTROLLER_ARGS), one agent `gpu1` with one card, `specs` applied and a
+    gateway started that serves the first of them: what most one-node tests begin with."""
+    c.start_controller(*CONTROLLER_ARGS)
+    c.start_agent("gpu1", gpus="1xH100-80GB")
+    wait_cluster_ready(c, ["gpu1"])
+    c.apply(specs)
+    gw = Gateway(c, *gateway_args)
+    gw.start()
+    gw.wait_serving(specs[0]["name"])
+    return gw
+
+
 def root_of(tmp_path: Path) -> Path:
     return tmp_path / "cluster"
 

@@ -23,7 +23,14 @@ import pytest
 
 from llmgw.agent.metrics import parse_engine_metrics
 from tests.e2e.procs import Cluster, wait_until
-from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, Load, model, wait_cluster_ready
+from tests.gateway.gwprocs import (
+    CONTROLLER_ARGS,
+    Gateway,
+    Load,
+    model,
+    one_card_serving,
+    wait_cluster_ready,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -260,13 +267,7 @@ def test_engine_killed_mid_stream_and_controller_restart(cluster: Cluster) -> No
 
 def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([model("chat")])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("chat")
+    gw = one_card_serving(c, [model("chat")])
     assert gw.proc is not None
     children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
     (smg_pid,) = [int(p) for p in children]
@@ -281,13 +282,7 @@ def test_smg_killed_is_restarted_and_logged_once(cluster: Cluster) -> None:
 
 def test_routed_traffic_shows_per_model_in_the_summary_and_ctl(cluster: Cluster) -> None:
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([model("chat")])
-    gw = Gateway(c, "--policy", "round_robin")
-    gw.start()
-    gw.wait_serving("chat")
+    gw = one_card_serving(c, [model("chat")], "--policy", "round_robin")
     load = Load(gw.url, "chat").start()
 
     def figures() -> dict[str, object] | None:

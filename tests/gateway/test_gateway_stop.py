@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.procs import Cluster, wait_until
-from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, model, wait_cluster_ready
+from tests.gateway.gwprocs import model, one_card_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,15 +23,8 @@ TOKENS = 20  # 0.1 s apart (gwprocs.ENGINE_ARGS): a stream of about 2 s
 def test_a_stopped_gateway_ends_the_stream_in_flight_and_takes_no_new_one(
     cluster: Cluster,
 ) -> None:
-    c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([model("m")])
-    gw = Gateway(c)
-    gw.start()
+    gw = one_card_serving(cluster, [model("m")])
     try:
-        gw.wait_serving("m")
         events: list[str] = []
         began = threading.Event()
         ended: list[float] = []

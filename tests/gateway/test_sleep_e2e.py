@@ -20,7 +20,13 @@ import httpx
 import pytest
 
 from tests.e2e.procs import Cluster, wait_until
-from tests.gateway.gwprocs import CONTROLLER_ARGS, Gateway, model, wait_cluster_ready
+from tests.gateway.gwprocs import (
+    CONTROLLER_ARGS,
+    Gateway,
+    model,
+    one_card_serving,
+    wait_cluster_ready,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,13 +66,7 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_the_same_replica(
     cluster: Cluster,
 ) -> None:
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([warm("nap")])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("nap")
+    gw = one_card_serving(c, [warm("nap")])
     first = the_replica(c, "nap")
     pid = engine_pid(c, "gpu1")
     # The fake card counts what the engine process holds on it, as NVML would.
@@ -170,15 +170,9 @@ def test_a_sleep_that_keeps_the_memory_is_found_out_and_the_engine_woken(
     # vLLM #47654: /sleep answers 200 while the memory stays held. The agent measures
     # the card (the fake card counts what the engine says it holds, as NVML does).
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
     spec = warm("hoarder")
     spec["engine_args"] = [*spec["engine_args"], "--sleep-keeps-memory"]
-    c.apply([spec])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("hoarder")
+    gw = one_card_serving(c, [spec])
     first = the_replica(c, "hoarder")
     pid = engine_pid(c, "gpu1")
     wait_until(lambda: "SleepFailed" in c.ctl("events"), timeout=60, what="the failed sleep said")
@@ -199,13 +193,7 @@ def left_and_right_on_one_card(c: Cluster, **spec: Any) -> tuple[Gateway, dict[s
     """One card: `left` placed, then asleep, then `right` placed beside it and serving;
     from then on neither sleeps by itself (only a switch puts one to sleep). `spec`:
     fields both models' specs get. Returns the started gateway and each model's replica id."""
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
-    c.apply([{**warm("left"), **spec}])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("left")
+    gw = one_card_serving(c, [{**warm("left"), **spec}])
     wait_until(
         lambda: the_replica(c, "left")["shards"][0]["state"] == "sleeping",
         timeout=60,
@@ -344,15 +332,9 @@ def test_an_engine_killed_while_it_wakes_loses_no_held_request(cluster: Cluster)
     # SIGKILL in the middle of a switch (here the wake, 3 s long): the replica fails,
     # a new one is placed, and the requests the gateway held meanwhile are answered.
     c = cluster
-    c.start_controller(*CONTROLLER_ARGS)
-    c.start_agent("gpu1", gpus="1xH100-80GB")
-    wait_cluster_ready(c, ["gpu1"])
     spec = warm("fragile")
     spec["engine_args"] = [*spec["engine_args"], "--wake-seconds", "3"]
-    c.apply([spec])
-    gw = Gateway(c)
-    gw.start()
-    gw.wait_serving("fragile")
+    gw = one_card_serving(c, [spec])
     first = the_replica(c, "fragile")
     wait_until(
         lambda: the_replica(c, "fragile")["shards"][0]["state"] == "sleeping",
