@@ -36,13 +36,16 @@ from llmgw.agent.engine_templates import (
     render,
     render_env,
 )
-from llmgw.agent.exit_cause import exit_reason, sleep_refusal
+from llmgw.agent.exit_cause import exit_reason, port_taken, sleep_refusal
 from llmgw.agent.metrics import IdleTracker
 from llmgw.wire import AdapterFailure, ReplicaReport, ShardAssignment, ShardState, printable
 
 log = logging.getLogger(__name__)
 
 LOG_ROTATE_BYTES = 64 * 1024 * 1024  # past this, a relaunch moves the old log to .1
+# Starts again in a row on a fresh port after the engine found its port taken; past
+# them it fails as any start does (something else is wrong).
+PORT_RETRIES = 2
 
 
 class StateDirBusy(OSError):
@@ -354,6 +357,10 @@ class EngineLifecycle:
                     del self.engines[key]
                 elif self._refused_sleep_mode(eng):
                     self.engines[key] = self._start(eng.assignment, eng.local_weights)
+                elif self._lost_its_port(eng):
+                    again = self._start(eng.assignment, eng.local_weights)
+                    again.port_retries = eng.port_retries + 1
+                    self.engines[key] = again
                 else:
                     eng.state = ShardState.FAILED
                     eng.exit_code = code
@@ -373,6 +380,21 @@ class EngineLifecycle:
                 eng.killed = True
         if changed:
             self.save()
+
+    def _lost_its_port(self, eng: Engine) -> bool:
+        """A start whose port another process took between our pick and the engine's
+        bind (free_port's window, which a busy host hits): started again at once on a
+        fresh port, up to PORT_RETRIES times in a row, rather than failed and retried
+        by the controller after its backoff."""
+        if eng.state is not ShardState.STARTING or eng.log_path is None:
+            return False
+        if eng.port_retries >= PORT_RETRIES:
+            return False
+        found = port_taken(eng.log_path)
+        if found is None:
+            return False
+        log.warning("engine %s/%d lost port %s (%s): started again", *eng.key, eng.port, found)
+        return True
 
     def _refused_sleep_mode(self, eng: Engine) -> bool:
         """A start with sleep mode that the engine refused on this machine (its

@@ -143,7 +143,8 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 def free_port() -> int:
     """A TCP port free on every address right now. The engine binds it a moment
-    later: a small race that the health check turns into a visible failure."""
+    later: a start that loses that race is started again on a fresh one
+    (engine_lifecycle.EngineLifecycle._lost_its_port)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])

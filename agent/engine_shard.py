@@ -87,6 +87,7 @@ class Engine:
     local_weights: dict[str, str] = field(default_factory=dict)  # as it was started with
     sleeps: bool = False  # started able to sleep (its template's sleep mode on)
     last_wake: tuple[int, float] | None = None  # (level, seconds) of its last wake
+    port_retries: int = 0  # starts again in a row because its port was taken
 
     @property
     def key(self) -> Key:

@@ -73,6 +73,15 @@ def exit_reason(what: str, log_path: Path | None) -> str:
     return f"{text}; last lines of {log_path}:\n{tail}" if tail else f"{text}; log: {log_path}"
 
 
+def port_taken(path: Path) -> str | None:
+    """The line of this run's log saying its port was taken (EADDRINUSE, as Python's
+    asyncio and uvicorn word it: "address already in use"), or None."""
+    for line in _current_run(path):
+        if "address already in use" in line.lower():
+            return line.strip()[:ONE_LINE_CHARS]
+    return None
+
+
 def sleep_refusal(path: Path, words: str) -> str | None:
     """The line of this run's log saying the engine cannot start able to sleep here
     (its template's `SleepMode.unsupported` words), or None."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from llmgw.agent import engine_lifecycle
 from llmgw.agent.engine_lifecycle import StateDirBusy
 from llmgw.agent.engines import EngineSupervisor
 from llmgw.wire import ReplicaReport, ShardState
@@ -435,3 +437,40 @@ async def test_an_engine_that_exits_0_unasked_is_failed_with_the_cause_it_printe
     assert rep.exit_code == 0 and rep.error is not None
     first = rep.error.splitlines()[0]
     assert first.startswith("engine exited with code 0: ") and "simulated failure" in first
+
+
+@pytest.mark.parametrize(("taken_times", "ends"), [(2, ShardState.READY), (3, ShardState.FAILED)])
+async def test_an_engine_whose_port_was_taken_starts_again_on_a_fresh_one(
+    make_supervisor: SupervisorFactory,
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    taken_times: int,
+    ends: ShardState,
+) -> None:
+    # Another process binds the port between the agent's pick and the engine's bind.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = [taken] * taken_times
+        fresh = engine_lifecycle.free_port
+        monkeypatch.setattr(
+            engine_lifecycle, "free_port", lambda: picks.pop() if picks else fresh()
+        )
+        sup = make_supervisor()
+        await sup.apply([assignment()], {})
+        seen: list[ShardState | None] = []
+
+        def settled() -> bool:
+            seen.append(state_of(sup))
+            return seen[-1] in (ShardState.READY, ShardState.FAILED)
+
+        await wait_for(settled, within_s=30, what="ready or failed")
+        assert state_of(sup) is ends, only(sup)
+        log = (state_dir / "logs" / "r1-0.log").read_text()
+        assert log.lower().count("address already in use") == min(taken_times, 3), log
+        rep = only(sup)
+        if ends is ShardState.READY:  # no failed start on the way: the controller saw none
+            assert ShardState.FAILED not in seen and rep.port != taken
+        else:  # past two starts again, a failure as any other, with its cause
+            assert rep.error is not None and "address already in use" in rep.error.lower(), rep
