@@ -486,22 +486,31 @@ class Front:
                 ):
                     answer.content_length = up.content_length
                 await answer.prepare(request)
+                # A piece that came with the answer's end goes out with the end of
+                # ours (`write_eof`): one send, not two.
+                last = b""
                 if metered is None:
                     async for chunk in up.chunks():
-                        await answer.write(chunk)
+                        if up.ended:
+                            last = chunk
+                        else:
+                            await answer.write(chunk)
                 elif tap is None:  # a whole answer: its usage is read at its end
                     async for chunk in up.chunks():
                         metered.body.append(chunk)
-                        await answer.write(chunk)
+                        if up.ended:
+                            last = chunk
+                        else:
+                            await answer.write(chunk)
                 else:
                     async for chunk in up.chunks():
                         sent = tap.feed(chunk)
-                        if sent:
+                        if sent and not up.ended:
                             await answer.write(sent)
-                    rest = tap.close()
-                    if rest:
-                        await answer.write(rest)
-                await answer.write_eof()
+                        elif sent:
+                            last = sent
+                    last += tap.close()
+                await answer.write_eof(last)
                 return answer
         except (UpstreamError, ConnectionResetError) as exc:
             if answer is not None and answer.prepared:

@@ -219,6 +219,11 @@ class Answer:
     def content_type(self) -> str:
         return self.headers.get("Content-Type", "application/octet-stream").split(";")[0].strip()
 
+    @property
+    def ended(self) -> bool:
+        """The whole answer came and every piece of it was taken."""
+        return self._complete and not self._chunks
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's pieces as they come; Cut if it breaks off."""
         while True:
