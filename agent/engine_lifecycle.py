@@ -36,7 +36,7 @@ from llmgw.agent.engine_templates import (
     render,
     render_env,
 )
-from llmgw.agent.exit_cause import exit_reason, port_taken, sleep_refusal
+from llmgw.agent.exit_cause import PORT_TAKEN, exit_reason, line_with
 from llmgw.agent.metrics import IdleTracker
 from llmgw.wire import AdapterFailure, ReplicaReport, ShardAssignment, ShardState, printable
 
@@ -390,7 +390,7 @@ class EngineLifecycle:
             return False
         if eng.port_retries >= PORT_RETRIES:
             return False
-        found = port_taken(eng.log_path)
+        found = line_with(eng.log_path, PORT_TAKEN, any_case=True)
         if found is None:
             return False
         log.warning("engine %s/%d lost port %s (%s): started again", *eng.key, eng.port, found)
@@ -406,7 +406,7 @@ class EngineLifecycle:
             return False
         if not eng.sleeps or eng.log_path is None:
             return False
-        found = sleep_refusal(eng.log_path, mode.unsupported)
+        found = line_with(eng.log_path, mode.unsupported)
         if found is None:
             return False
         self.no_sleep_mode[eng.assignment.engine] = found

@@ -73,19 +73,15 @@ def exit_reason(what: str, log_path: Path | None) -> str:
     return f"{text}; last lines of {log_path}:\n{tail}" if tail else f"{text}; log: {log_path}"
 
 
-def port_taken(path: Path) -> str | None:
-    """The line of this run's log saying its port was taken (EADDRINUSE, as Python's
-    asyncio and uvicorn word it: "address already in use"), or None."""
-    for line in _current_run(path):
-        if "address already in use" in line.lower():
-            return line.strip()[:ONE_LINE_CHARS]
-    return None
+# EADDRINUSE as Python's asyncio and uvicorn word it (compared in lower case).
+PORT_TAKEN = "address already in use"
 
 
-def sleep_refusal(path: Path, words: str) -> str | None:
-    """The line of this run's log saying the engine cannot start able to sleep here
-    (its template's `SleepMode.unsupported` words), or None."""
+def line_with(path: Path, words: str, *, any_case: bool = False) -> str | None:
+    """The first line of this run's log holding `words` (in any case: `any_case`), cut to
+    one line's length, or None: a sleep mode refused (the template's `unsupported`
+    words), a port taken (`PORT_TAKEN`)."""
     for line in _current_run(path):
-        if words in line:
+        if words in (line.lower() if any_case else line):
             return line.strip()[:ONE_LINE_CHARS]
     return None

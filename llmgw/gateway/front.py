@@ -489,26 +489,16 @@ class Front:
                 # A piece that came with the answer's end goes out with the end of
                 # ours (`write_eof`): one send, not two.
                 last = b""
-                if metered is None:
-                    async for chunk in up.chunks():
-                        if up.ended:
-                            last = chunk
-                        else:
-                            await answer.write(chunk)
-                elif tap is None:  # a whole answer: its usage is read at its end
-                    async for chunk in up.chunks():
+                async for chunk in up.chunks():
+                    if tap is not None:
+                        chunk = tap.feed(chunk)
+                    elif metered is not None:  # a whole answer: its usage read at its end
                         metered.body.append(chunk)
-                        if up.ended:
-                            last = chunk
-                        else:
-                            await answer.write(chunk)
-                else:
-                    async for chunk in up.chunks():
-                        sent = tap.feed(chunk)
-                        if sent and not up.ended:
-                            await answer.write(sent)
-                        elif sent:
-                            last = sent
+                    if up.ended:
+                        last = chunk
+                    elif chunk:
+                        await answer.write(chunk)
+                if tap is not None:
                     last += tap.close()
                 await answer.write_eof(last)
                 return answer

@@ -120,8 +120,8 @@ class Smg:
         self.options = options
         self.secrets = options.workdir / "smg-secrets.json"
         self.admin_key = secrets.token_urlsafe(24)
-        self.port = options.port
         self.metrics_port = free_loopback_port()
+        self._listen_on(options.port)
         self.proc: asyncio.subprocess.Process | None = None
         self.started = asyncio.Event()  # set while a child answers
         self.runs = 0
@@ -135,12 +135,13 @@ class Smg:
         self._refused: set[str] = set()  # URLs SMG refused to register (said once each)
         self._converge_now = asyncio.Event()
 
-    @property
-    def base(self) -> str:
+    def _listen_on(self, port: int) -> None:
+        """SMG's port, and its URL as `base` (read for every request the front sends)."""
+        self.port = port
         host = self.options.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        self.base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def argv(self) -> list[str]:
         o = self.options
@@ -310,7 +311,8 @@ class Smg:
                 if not answered:
                     # Never up: most likely another process took a port between our
                     # pick and SMG's bind (CI saw one held for good). Fresh ones each try.
-                    self.port, self.metrics_port = free_loopback_port(), free_loopback_port()
+                    self._listen_on(free_loopback_port())
+                    self.metrics_port = free_loopback_port()
                     moved = f" on port {self.port}"
                 log.warning(
                     "SMG exited with code %s (log: %s); restarting%s in %.1fs",
@@ -349,9 +351,9 @@ class Smg:
 
     async def stop(self) -> None:
         """End SMG now. On a SIGTERM it keeps its port open 5 s for load balancers to
-        notice (smg 1.13: "load-balancer propagation window", not an option), which
-        was every gateway stop's 5 s; the front, its one client, has let its requests
-        end before this (gateway/main.py), so nothing is in flight to wait for."""
+        notice (smg 1.13: "load-balancer propagation window", not an option); the front,
+        its one client, has let its requests end before this (gateway/main.py), so
+        nothing is in flight to wait for."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return

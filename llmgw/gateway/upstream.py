@@ -84,12 +84,6 @@ class _Connection(asyncio.Protocol):
         if self._answer is not None:
             self._answer.connection_lost()
 
-    def pause_writing(self) -> None:  # a whole body is written at once: nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # -- used by Upstream and Answer ---------------------------------------------------------
 
     def usable(self) -> bool:
